@@ -1,0 +1,76 @@
+"""An agent: a name, a system prompt, tools, and optional model and per-source policies."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from .errors import ConfigurationError
+from .tools import Tool
+
+if TYPE_CHECKING:
+    from .models import Model
+
+AuthorizeAnswer = Callable[[Mapping[str, Any]], Awaitable[bool]]
+
+
+@dataclass(frozen=True, slots=True)
+class SurfacePolicy:
+    """How turns from one source differ (F10).
+
+    Attributes:
+        mode: ``append`` adds ``instructions.<source>.md`` to the base prompt; ``replace``
+            makes it the whole prompt.
+        deny_tools: tools that source's turns may not use; enforced in code.
+        instructions: the overlay text (the loader reads it from the app folder).
+    """
+
+    mode: Literal["append", "replace"] = "append"
+    deny_tools: tuple[str, ...] = ()
+    instructions: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"mode": self.mode, "deny_tools": list(self.deny_tools),
+                "instructions": self.instructions}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> SurfacePolicy:
+        return cls(data.get("mode", "append"), tuple(data.get("deny_tools", ())),
+                   data.get("instructions"))
+
+
+@dataclass(slots=True)
+class Agent:
+    """What a runtime drives.
+
+    Args:
+        name: how sessions address it.
+        instructions: the base system prompt.
+        tools: the tools the model may call (names must be unique).
+        model: this agent's model; else the runtime's.
+        surfaces: per-source policies keyed on an inbound event's ``source``.
+        authorize_answer: decides ``{policy, scope}`` answerers at resume time (F6).
+    """
+
+    name: str
+    instructions: str = ""
+    tools: Iterable[Tool] = ()
+    model: Model | None = None
+    surfaces: Mapping[str, SurfacePolicy] = field(default_factory=dict)
+    authorize_answer: AuthorizeAnswer | None = None
+    tools_by_name: dict[str, Tool] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.name or "/" in self.name:
+            raise ConfigurationError(f"agent name {self.name!r} must be non-empty, without '/'")
+        self.tools = tuple(self.tools)
+        by_name: dict[str, Tool] = {}
+        for t in self.tools:
+            if not isinstance(t, Tool):
+                raise ConfigurationError(f"agent {self.name!r}: {t!r} is not a Tool")
+            if t.name in by_name:
+                raise ConfigurationError(f"agent {self.name!r}: two tools named {t.name!r}")
+            by_name[t.name] = t
+        self.tools_by_name = by_name
+        self.surfaces = dict(self.surfaces)

@@ -1,0 +1,113 @@
+"""Every exception durable_turns raises, in one place.
+
+Failures (subclasses of ``Exception``, names ending in ``Error``)::
+
+    DurableTurnsError
+    ├── ConfigurationError          an agent, tool or app folder is declared wrongly
+    │   └── ToolDeclarationError    a tool's declaration contradicts what it does
+    ├── UnknownAgentError           runtime.session() names an agent the runtime lacks
+    ├── UnknownTurnError            a turn id the session never accepted
+    ├── SessionBusyError            the session cannot take this turn now
+    ├── TurnSuspendedError          turn() parked; resume it instead
+    ├── LeaseTimeoutError           another process drives the session and did not let go
+    ├── StoreError                  the store cannot be opened or used
+    ├── ModelError                  the model call failed (carries provider and status)
+    └── FatalToolError              raised *by a tool* to fail the turn on purpose
+
+Control-flow signals (subclasses of ``BaseException``, so a tool's ``except Exception``
+cannot swallow them): :class:`Parked` and :class:`Cancelled`.
+"""
+
+from __future__ import annotations
+
+
+class DurableTurnsError(Exception):
+    """Base class of every failure this package raises."""
+
+
+class ConfigurationError(DurableTurnsError):
+    """An agent, a tool or an app folder is declared wrongly."""
+
+
+class ToolDeclarationError(ConfigurationError):
+    """A tool's declaration contradicts what it does (e.g. a plain ``def`` that awaits)."""
+
+
+class UnknownAgentError(DurableTurnsError, LookupError):
+    """The runtime has no agent of that name."""
+
+
+class UnknownTurnError(DurableTurnsError, LookupError):
+    """The session never accepted a turn with that id."""
+
+    def __init__(self, session: str, turn_id: str) -> None:
+        super().__init__(f"session {session!r} has no turn {turn_id!r}")
+        self.session = session
+        self.turn_id = turn_id
+
+
+class SessionBusyError(DurableTurnsError):
+    """The session cannot accept this turn now (for example it is parked on a person)."""
+
+
+class TurnSuspendedError(DurableTurnsError):
+    """``turn()`` is non-interactive: the turn parked waiting for input."""
+
+    def __init__(self, turn_id: str, request: object) -> None:
+        super().__init__(f"turn {turn_id!r} is parked waiting for input; use start() and resume()")
+        self.turn_id = turn_id
+        self.request = request
+
+
+class LeaseTimeoutError(DurableTurnsError):
+    """Another process holds the session's lease and did not release it in time."""
+
+
+class StoreError(DurableTurnsError):
+    """The store cannot be opened or used (corrupt file, foreign database, bad schema)."""
+
+
+class ModelError(DurableTurnsError):
+    """A model call failed; nothing of it was committed.
+
+    Attributes:
+        provider: which adapter failed (``"anthropic"``, ``"scripted"``, …).
+        status: the HTTP status when there was one.
+        retryable: whether calling again might succeed.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        provider: str,
+        status: int | None = None,
+        retryable: bool = False,
+    ) -> None:
+        super().__init__(message)
+        self.provider = provider
+        self.status = status
+        self.retryable = retryable
+
+
+class FatalToolError(DurableTurnsError):
+    """Raise from a tool to fail the whole turn instead of reporting an error to the model.
+
+    Use it for a mistake the model cannot fix: a misconfigured deployment, a broken invariant.
+    """
+
+
+class ResumeAuthorizationError(DurableTurnsError):
+    """The resumer is not an allowed answerer of the pending input request."""
+
+
+class Parked(BaseException):  # noqa: N818 - a signal, not an error
+    """Signal: the running tool parked the turn to wait for a person (F6)."""
+
+
+class Cancelled(BaseException):  # noqa: N818 - a signal, not an error
+    """Signal: the turn was cancelled at a checkpoint boundary (F7)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason

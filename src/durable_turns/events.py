@@ -1,0 +1,185 @@
+"""Turn events: what a running turn tells its observers (F5).
+
+Every event carries ``type`` (the seed's names, exactly), ``agent``, ``session``, ``turn_id``
+and ``seq``, a per-session sequence number. Every event but ``message.delta`` is written to the
+store in the same transaction as the step that caused it, and only published after that
+transaction commits, so an observer never sees an event that was rolled back, and the log can
+be replayed (``observe(replay=True)``, ``Last-Event-ID``). Live tokens are never persisted: a
+``message.delta`` carries the ``seq`` of the last durable event before it and is not replayed.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar, Literal, Protocol
+
+from .messages import ToolCall
+
+EventType = Literal[
+    "turn.started",
+    "message.delta",
+    "message.completed",
+    "action.requested",
+    "action.completed",
+    "input.requested",
+    "turn.completed",
+    "turn.failed",
+    "turn.cancelled",
+]
+
+TERMINAL_TYPES: frozenset[str] = frozenset(
+    {"turn.completed", "turn.failed", "turn.cancelled", "input.requested"}
+)
+"""Event types a stream of one turn ends on (``input.requested`` parks it)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TurnEvent:
+    """Fields every event has."""
+
+    type: ClassVar[EventType]
+    agent: str
+    session: str
+    turn_id: str
+    seq: int = 0
+
+    def payload(self) -> dict[str, Any]:
+        """The event's own fields as JSON values (without the common ones)."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            if f.name in _COMMON:
+                continue
+            value = getattr(self, f.name)
+            if isinstance(value, ToolCall):
+                value = value.to_dict()
+            elif isinstance(value, tuple) and value and isinstance(value[0], ToolCall):
+                value = [c.to_dict() for c in value]
+            elif hasattr(value, "to_dict"):
+                value = value.to_dict()
+            out[f.name] = value
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """The whole event as JSON values, ``type`` first."""
+        return {
+            "type": self.type,
+            "agent": self.agent,
+            "session": self.session,
+            "turn_id": self.turn_id,
+            "seq": self.seq,
+            **self.payload(),
+        }
+
+
+_COMMON = frozenset({"agent", "session", "turn_id", "seq"})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TurnStarted(TurnEvent):
+    type: ClassVar[EventType] = "turn.started"
+    text: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MessageDelta(TurnEvent):
+    type: ClassVar[EventType] = "message.delta"
+    text: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MessageCompleted(TurnEvent):
+    type: ClassVar[EventType] = "message.completed"
+    text: str
+    tool_calls: tuple[ToolCall, ...] = ()
+    stop_reason: str | None = None
+    usage: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ActionRequested(TurnEvent):
+    type: ClassVar[EventType] = "action.requested"
+    call: ToolCall
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ActionCompleted(TurnEvent):
+    type: ClassVar[EventType] = "action.completed"
+    call: ToolCall
+    result: Any
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InputRequested(TurnEvent):
+    type: ClassVar[EventType] = "input.requested"
+    request: Any
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TurnCompleted(TurnEvent):
+    type: ClassVar[EventType] = "turn.completed"
+    text: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TurnFailed(TurnEvent):
+    type: ClassVar[EventType] = "turn.failed"
+    error: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TurnCancelled(TurnEvent):
+    type: ClassVar[EventType] = "turn.cancelled"
+    reason: str
+
+
+_BY_TYPE: dict[str, type[TurnEvent]] = {
+    cls.type: cls
+    for cls in (
+        TurnStarted,
+        MessageDelta,
+        MessageCompleted,
+        ActionRequested,
+        ActionCompleted,
+        InputRequested,
+        TurnCompleted,
+        TurnFailed,
+        TurnCancelled,
+    )
+}
+
+
+@dataclass(frozen=True, slots=True)
+class EventRecord:
+    """An event as a store keeps it: its sequence number, turn, type and JSON payload."""
+
+    seq: int
+    turn_id: str
+    type: str
+    data: str
+
+
+def encode_event(event: TurnEvent) -> str:
+    return json.dumps(event.payload(), separators=(",", ":"), ensure_ascii=False)
+
+
+def decode_event(agent: str, session: str, record: EventRecord) -> TurnEvent:
+    """Rebuild a typed event from its stored record."""
+    cls = _BY_TYPE[record.type]
+    data = json.loads(record.data)
+    if "call" in data:
+        data["call"] = ToolCall.from_dict(data["call"])
+    if "tool_calls" in data:
+        data["tool_calls"] = tuple(ToolCall.from_dict(c) for c in data["tool_calls"])
+    return cls(agent=agent, session=session, turn_id=record.turn_id, seq=record.seq, **data)
+
+
+class EventSink(Protocol):
+    """Receives every event of every turn a runtime drives, after its step committed.
+
+    Called on the event loop, synchronously: it must not block. It must not raise either;
+    an exception is logged and the turn goes on.
+    """
+
+    def emit(self, event: TurnEvent) -> None: ...

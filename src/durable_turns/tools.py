@@ -1,0 +1,243 @@
+"""Tools: what the model may call, and how the engine classifies them (F3).
+
+A tool's ``run`` decides its delivery guarantee by how it is declared:
+
+- a plain ``def`` is **local**: it runs inside the step's store transaction, so writes made
+  through ``ctx.store.unwrap()`` commit or roll back with the step — exactly once;
+- an ``async def`` is **remote**: it cannot join the transaction, so a crash between its
+  effect and the commit re-runs it — at least once; key remote effects on
+  ``ctx.idempotency_key``.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol, get_type_hints
+
+import jsonschema
+import pydantic
+
+from .errors import ConfigurationError
+from .inbound import InboundEvent, User
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSpec:
+    """What the model is told about a tool."""
+
+    name: str
+    description: str
+    input: Mapping[str, Any] = field(
+        default_factory=lambda: {"type": "object", "properties": {}}
+    )
+    """A JSON schema (an object schema) for the call's input."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "description": self.description, "input": dict(self.input)}
+
+
+class StoreHandle(Protocol):
+    """The step transaction as a tool sees it."""
+
+    def unwrap(self) -> Any:
+        """The backend's raw handle, inside the step's transaction (``None`` in memory)."""
+        ...
+
+
+@dataclass(slots=True)
+class ToolContext:
+    """What a tool's ``run`` receives beside its input."""
+
+    agent: str
+    session: str
+    turn_id: str
+    call_id: str
+    step_id: str
+    idempotency_key: str
+    """Stable for this (session, turn, step) across replays: key remote side effects on it."""
+    store: StoreHandle
+    event: InboundEvent | None = None
+    user: User | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ActionContext:
+    """What a :func:`define_action` run receives: only who asked."""
+
+    user: User | None = None
+
+
+RunFn = Callable[[dict[str, Any], ToolContext], Any]
+
+
+class Tool:
+    """A tool: its spec and its ``run(input, ctx)``.
+
+    Args:
+        spec: name, description and input schema shown to the model.
+        run: ``def run(input, ctx)`` (local) or ``async def run(input, ctx)`` (remote).
+    """
+
+    __slots__ = ("_check", "remote", "run", "spec")
+
+    def __init__(
+        self,
+        spec: ToolSpec,
+        run: RunFn,
+        *,
+        validate: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+    ) -> None:
+        if not callable(run):
+            raise ConfigurationError(f"tool {spec.name!r}: run must be callable")
+        self.spec = spec
+        self.run = run
+        self.remote = _is_async(run)
+        self._check = validate or _schema_validator(spec)
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def validate(self, data: dict[str, Any]) -> dict[str, Any]:
+        """Check a call's input against the schema.
+
+        Raises:
+            ValueError: naming the field that is wrong.
+        """
+        return self._check(data)
+
+    def __repr__(self) -> str:
+        kind = "remote" if self.remote else "local"
+        return f"Tool({self.spec.name!r}, {kind})"
+
+
+def _is_async(fn: Callable[..., Any]) -> bool:
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+        getattr(fn, "__call__", None)  # noqa: B004 - callable objects
+    )
+
+
+def _schema_validator(spec: ToolSpec) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    try:
+        cls = jsonschema.validators.validator_for(spec.input)
+        cls.check_schema(spec.input)
+    except jsonschema.SchemaError as e:
+        raise ConfigurationError(f"tool {spec.name!r}: invalid input schema: {e.message}") from e
+    validator = cls(spec.input)
+
+    def check(data: dict[str, Any]) -> dict[str, Any]:
+        error = jsonschema.exceptions.best_match(validator.iter_errors(data))
+        if error is not None:
+            where = ".".join(str(p) for p in error.absolute_path)
+            raise ValueError(f"{where}: {error.message}" if where else error.message)
+        return data
+
+    return check
+
+
+def _pydantic_validator(
+    model: type[pydantic.BaseModel],
+) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    def check(data: dict[str, Any]) -> dict[str, Any]:
+        try:
+            obj = model.model_validate(data)
+        except pydantic.ValidationError as e:
+            first = e.errors()[0]
+            where = ".".join(str(p) for p in first["loc"])
+            raise ValueError(f"{where}: {first['msg']}" if where else first["msg"]) from None
+        return {name: getattr(obj, name) for name in type(obj).model_fields}
+
+    return check
+
+
+def tool(
+    fn: Callable[..., Any] | None = None, *, name: str | None = None,
+    description: str | None = None,
+) -> Any:
+    """Make a :class:`Tool` from a function's signature and docstring.
+
+    The JSON schema comes from the parameters' type hints (pydantic), the description from the
+    docstring. A parameter annotated :class:`ToolContext` receives the context. Use as
+    ``@tool`` or ``@tool(name=…)``.
+    """
+
+    def build(f: Callable[..., Any]) -> Tool:
+        tool_name = name or f.__name__
+        hints = get_type_hints(f)
+        fields: dict[str, Any] = {}
+        ctx_param: str | None = None
+        for p in inspect.signature(f).parameters.values():
+            hint = hints.get(p.name, Any)
+            if hint is ToolContext:
+                ctx_param = p.name
+                continue
+            if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+                raise ConfigurationError(f"tool {tool_name!r}: *args/**kwargs have no schema")
+            default = ... if p.default is p.empty else p.default
+            fields[p.name] = (hint, default)
+        model = pydantic.create_model(f"{tool_name}_input", **fields)
+        schema = model.model_json_schema()
+        schema.pop("title", None)
+        desc = description or inspect.getdoc(f) or ""
+        if not desc:
+            raise ConfigurationError(f"tool {tool_name!r} needs a docstring or a description")
+        spec = ToolSpec(tool_name, desc, schema)
+
+        def call_args(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+            return {**args, ctx_param: ctx} if ctx_param else args
+
+        run: RunFn
+        if _is_async(f):
+            async def run_async(args: dict[str, Any], ctx: ToolContext) -> Any:
+                return await f(**call_args(args, ctx))
+
+            run = run_async
+        else:
+            def run_sync(args: dict[str, Any], ctx: ToolContext) -> Any:
+                return f(**call_args(args, ctx))
+
+            run = run_sync
+        return Tool(spec, run, validate=_pydantic_validator(model))
+
+    return build(fn) if fn is not None else build
+
+
+def define_action(
+    name: str,
+    description: str,
+    input: Mapping[str, Any] | type[pydantic.BaseModel],
+    run: Callable[[Any, ActionContext], Any],
+) -> Tool:
+    """A tool whose ``run(input, ActionContext)`` sees only who asked, not the store.
+
+    ``input`` is a JSON schema or a pydantic model (then ``run`` gets the model instance).
+    An ``async`` run is remote, a plain one local.
+    """
+    validate: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    model: type[pydantic.BaseModel] | None = None
+    if isinstance(input, type) and issubclass(input, pydantic.BaseModel):
+        model = input
+        schema = model.model_json_schema()
+        schema.pop("title", None)
+        validate = _pydantic_validator(model)
+    else:
+        schema = dict(input)
+    spec = ToolSpec(name, description, schema)
+
+    def arg(data: dict[str, Any]) -> Any:
+        return model(**data) if model else data
+
+    wrapped: RunFn
+    if _is_async(run):
+        async def run_async(data: dict[str, Any], ctx: ToolContext) -> Any:
+            return await run(arg(data), ActionContext(user=ctx.user))
+
+        wrapped = run_async
+    else:
+        def run_sync(data: dict[str, Any], ctx: ToolContext) -> Any:
+            return run(arg(data), ActionContext(user=ctx.user))
+
+        wrapped = run_sync
+    return Tool(spec, wrapped, validate=validate)
