@@ -101,11 +101,11 @@ class ResumeAuthorizationError(DurableTurnsError):
     """The resumer is not an allowed answerer of the pending input request."""
 
 
-class Parked(BaseException):  # noqa: N818 - a signal, not an error
+class Parked(BaseException):
     """Signal: the running tool parked the turn to wait for a person (F6)."""
 
 
-class Cancelled(BaseException):  # noqa: N818 - a signal, not an error
+class Cancelled(BaseException):
     """Signal: the turn was cancelled at a checkpoint boundary (F7)."""
 
     def __init__(self, reason: str) -> None:

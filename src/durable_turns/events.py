@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar, Literal, Protocol
+from typing import Any, ClassVar, Literal, Protocol, TypedDict
 
 from .messages import ToolCall
 
@@ -34,6 +34,14 @@ TERMINAL_TYPES: frozenset[str] = frozenset(
 """Event types a stream of one turn ends on (``input.requested`` parks it)."""
 
 
+class EventIds(TypedDict):
+    """The fields that say whose event it is."""
+
+    agent: str
+    session: str
+    turn_id: str
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TurnEvent:
     """Fields every event has."""
@@ -53,8 +61,8 @@ class TurnEvent:
             value = getattr(self, f.name)
             if isinstance(value, ToolCall):
                 value = value.to_dict()
-            elif isinstance(value, tuple) and value and isinstance(value[0], ToolCall):
-                value = [c.to_dict() for c in value]
+            elif isinstance(value, tuple):
+                value = [c.to_dict() if isinstance(c, ToolCall) else c for c in value]
             elif hasattr(value, "to_dict"):
                 value = value.to_dict()
             out[f.name] = value

@@ -121,11 +121,12 @@ def _is_async(fn: Callable[..., Any]) -> bool:
 
 def _schema_validator(spec: ToolSpec) -> Callable[[dict[str, Any]], dict[str, Any]]:
     try:
-        cls = jsonschema.validators.validator_for(spec.input)
-        cls.check_schema(spec.input)
+        schema = dict(spec.input)
+        cls = jsonschema.validators.validator_for(schema)
+        cls.check_schema(schema)
     except jsonschema.SchemaError as e:
         raise ConfigurationError(f"tool {spec.name!r}: invalid input schema: {e.message}") from e
-    validator = cls(spec.input)
+    validator = cls(schema)
 
     def check(data: dict[str, Any]) -> dict[str, Any]:
         error = jsonschema.exceptions.best_match(validator.iter_errors(data))

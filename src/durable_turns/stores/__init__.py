@@ -106,6 +106,9 @@ class Transaction(Protocol):
     but :meth:`run_local`, so no other task can interleave on a shared connection.
     """
 
+    writes: Writes
+    """What the transaction will write (read by the engine after commit)."""
+
     def unwrap(self) -> Any:
         """The backend's raw handle, inside this transaction (``None`` for MemoryStore)."""
         ...
@@ -191,6 +194,10 @@ class SessionStore(Protocol):
         """Durably ask unfinished turns (one, or all with ``None``) to cancel; returns their ids."""
         ...
 
+    async def cancel_requested(self, key: SessionKey, turn_id: str) -> str | None:
+        """The reason of a durable cancellation request for the turn, if one was made."""
+        ...
+
     async def get_turn(self, key: SessionKey, turn_id: str) -> TurnRecord | None: ...
 
     async def turns(self, key: SessionKey, *, unfinished: bool = False) -> list[TurnRecord]:
@@ -213,10 +220,3 @@ class SessionStore(Protocol):
         """Sessions with a queued or running turn (what ``Runtime.recover()`` replays)."""
         ...
 
-
-def __getattr__(name: str) -> Any:
-    if name == "PostgresStore":
-        from .postgres import PostgresStore  # type: ignore[import-not-found, unused-ignore]
-
-        return PostgresStore
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

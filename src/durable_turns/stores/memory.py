@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
@@ -146,6 +145,10 @@ class MemoryStore:
         for t in hit:
             s.turns[t.turn_id] = replace(t, cancel=reason)
         return [t.turn_id for t in hit]
+
+    async def cancel_requested(self, key: SessionKey, turn_id: str) -> str | None:
+        t = await self.get_turn(key, turn_id)
+        return t.cancel if t else None
 
     async def get_turn(self, key: SessionKey, turn_id: str) -> TurnRecord | None:
         s = self._sessions.get(key)

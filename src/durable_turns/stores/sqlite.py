@@ -74,7 +74,9 @@ MIGRATIONS: list[str] = [
 ]
 
 _SID = "(SELECT sid FROM sessions WHERE agent = ? AND session = ?)"
-_TURN_COLS = "turn_id, ordinal, status, opening, event, policy, request, text, error, reason, cancel"
+_TURN_COLS = (
+    "turn_id, ordinal, status, opening, event, policy, request, text, error, reason, cancel"
+)
 _F_OFD_SETLK = getattr(fcntl, "F_OFD_SETLK", 37)
 
 
@@ -397,6 +399,13 @@ class SqliteStore:
         return [r[0] for r in rows]
 
     # -- reads -----------------------------------------------------------------------------
+
+    async def cancel_requested(self, key: SessionKey, turn_id: str) -> str | None:
+        row = self._conn_or_raise().execute(
+            f"SELECT cancel FROM turns WHERE sid = {_SID} AND turn_id = ?",
+            (key.agent, key.session, turn_id),
+        ).fetchone()
+        return None if row is None else row[0]
 
     async def get_turn(self, key: SessionKey, turn_id: str) -> TurnRecord | None:
         row = self._conn_or_raise().execute(

@@ -1,0 +1,362 @@
+"""The turn loop: read the position off the transcript, run the next step, commit it.
+
+A turn is driven under the session's lease. Its position is read off the message log, which
+is authoritative: every step commits its memo row and its message in one transaction, so a
+step with a stored result is always visible in the transcript, and the loop simply picks up
+at the first step the transcript does not show yet.
+
+- no assistant message after the opening (or the last calls all answered) → model step
+  ``model:<n>``, ``n`` = the index the reply will get;
+- the last assistant message has calls with no tool message → tool step ``tool:<n>:<id>``
+  for the first owed call, ``n`` = that assistant message's index;
+- the last assistant message has no calls → the turn is complete (committed with it).
+
+The engine imports seams only (stores, models, events): never an adapter.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import Any
+
+from .agent import Agent, SurfacePolicy
+from .errors import Cancelled, FatalToolError, ModelError, ToolDeclarationError
+from .events import (
+    ActionCompleted,
+    ActionRequested,
+    EventIds,
+    MessageCompleted,
+    MessageDelta,
+    TurnCancelled,
+    TurnCompleted,
+    TurnEvent,
+    TurnFailed,
+    TurnStarted,
+)
+from .inbound import InboundEvent
+from .messages import Message, ToolCall, owed_calls
+from .models import ABNORMAL_STOPS, Model, ModelRequest, Stop, TextDelta
+from .stores import Lease, Transaction, TurnRecord, TurnUpdate
+from .tools import Tool, ToolContext
+
+log = logging.getLogger("durable_turns")
+
+ERROR_LIMIT = 2000
+"""A tool error's text is cut to this many characters before the model reads it."""
+
+Publish = Callable[[list[TurnEvent]], None]
+CancelCheck = Callable[[str, bool], Awaitable[str | None]]
+"""``check(turn_id, durable)`` → a cancellation reason or ``None``. ``durable=False`` may only
+look at in-memory requests (it runs between model deltas)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TurnOutcome:
+    status: str
+    text: str | None = None
+    error: str | None = None
+    reason: str | None = None
+    request: dict[str, Any] | None = None
+
+
+def error_text(e: BaseException) -> str:
+    """What the model reads for a tool's exception: ``Class: message``, no traceback."""
+    msg = str(e)
+    name = type(e).__name__
+    text = msg if type(e) is Exception else (f"{name}: {msg}" if msg else name)
+    return text[:ERROR_LIMIT]
+
+
+def idempotency_key(lease: Lease, turn_id: str, step_id: str) -> str:
+    raw = f"{lease.key}#g{lease.generation}/{turn_id}/{step_id}"
+    return hashlib.sha256(raw.encode()).hexdigest()[:32]
+
+
+class ToolResultError(Exception):
+    pass
+
+
+def _encode_result(value: Any) -> Any:
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError) as e:
+        raise ToolResultError(
+            f"the tool returned a {type(value).__name__}, which is not JSON-serialisable ({e}); "
+            "return dicts, lists, strings, numbers, booleans or None"
+        ) from None
+    return value
+
+
+class TurnEngine:
+    """Drives the turns of one session while its lease is held."""
+
+    def __init__(
+        self,
+        agent: Agent,
+        model: Model,
+        lease: Lease,
+        transcript: list[Message],
+        publish: Publish,
+        cancel_check: CancelCheck,
+    ) -> None:
+        self.agent = agent
+        self.model = model
+        self.lease = lease
+        self.transcript = transcript
+        self._publish = publish
+        self._cancel_check = cancel_check
+
+    # -- the loop --------------------------------------------------------------------------
+
+    async def run(self, turn: TurnRecord) -> TurnOutcome:
+        """Drive ``turn`` from wherever the transcript shows it to its end (or its park)."""
+        policy = SurfacePolicy.from_dict(turn.policy) if turn.policy else None
+        event = InboundEvent.from_dict(turn.event) if turn.event else None
+        try:
+            if not self._has_opening(turn.turn_id):
+                await self._check_cancel(turn.turn_id)
+                await self._open(turn)
+            while True:
+                await self._check_cancel(turn.turn_id)
+                n, owed = owed_calls(self.transcript)
+                last = self.transcript[n] if n >= 0 else None
+                if owed:
+                    await self._tool_step(turn, n, owed[0], policy, event)
+                elif last and last.role == "assistant" and last.turn_id == turn.turn_id:
+                    # The reply that ended the turn committed (with the turn's end, normally).
+                    return await self._finish(turn.turn_id, TurnOutcome("completed", last.text))
+                else:
+                    done = await self._model_step(turn, policy)
+                    if done is not None:
+                        return done
+        except Cancelled as c:
+            return await self._finish(turn.turn_id, TurnOutcome("cancelled", reason=c.reason))
+        except (ModelError, FatalToolError, ToolDeclarationError) as e:
+            return await self._finish(turn.turn_id, TurnOutcome("failed", error=str(e)))
+
+    def _has_opening(self, turn_id: str) -> bool:
+        # Turns run in chain order, so this turn's messages are at the end of the log.
+        for m in reversed(self.transcript):
+            if m.turn_id != turn_id:
+                return False
+            if m.is_opening:
+                return True
+        return False
+
+    async def _check_cancel(self, turn_id: str, durable: bool = True) -> None:
+        reason = await self._cancel_check(turn_id, durable)
+        if reason is not None:
+            raise Cancelled(reason)
+
+    async def _commit(self, fill: Callable[[Transaction], Awaitable[list[TurnEvent]]]) -> None:
+        """One transaction: ``fill(tx)`` buffers messages/steps/events; publish after commit."""
+        async with self.lease.transaction() as tx:
+            events = await fill(tx)
+        self.transcript.extend(tx.writes.messages)
+        self._publish(events)
+
+    async def _open(self, turn: TurnRecord) -> None:
+        opening = turn.opening
+
+        async def fill(tx: Transaction) -> list[TurnEvent]:
+            tx.add_message(opening)
+            tx.set_turn(turn.turn_id, TurnUpdate("running"))
+            tx.set_status("running")
+            return [tx.add_event(TurnStarted(**self._ids(turn.turn_id), text=opening.text))]
+
+        await self._commit(fill)
+
+    def _ids(self, turn_id: str) -> EventIds:
+        return {"agent": self.lease.key.agent, "session": self.lease.key.session,
+                "turn_id": turn_id}
+
+    # -- model step ------------------------------------------------------------------------
+
+    def _system(self, policy: SurfacePolicy | None) -> str:
+        base = self.agent.instructions
+        if policy is None or not policy.instructions:
+            return base
+        if policy.mode == "replace":
+            return policy.instructions
+        return f"{base}\n\n{policy.instructions}" if base else policy.instructions
+
+    def _tools(self, policy: SurfacePolicy | None) -> dict[str, Tool]:
+        tools = self.agent.tools_by_name
+        if policy is None or not policy.deny_tools:
+            return tools
+        return {k: t for k, t in tools.items() if k not in policy.deny_tools}
+
+    async def _model_step(self, turn: TurnRecord, policy: SurfacePolicy | None
+                          ) -> TurnOutcome | None:
+        turn_id = turn.turn_id
+        n = len(self.transcript)
+        request = ModelRequest(
+            system=self._system(policy),
+            messages=self.transcript,
+            tools=[t.spec for t in self._tools(policy).values()],
+            turn_id=turn_id,
+        )
+        parts: list[str] = []
+        calls: list[ToolCall] = []
+        stop: Stop | None = None
+        ids = self._ids(turn_id)
+        async with aclosing(self.model.stream(request)) as stream:  # type: ignore[type-var]
+            async for ev in stream:
+                if isinstance(ev, TextDelta):
+                    await self._check_cancel(turn_id, durable=False)
+                    parts.append(ev.text)
+                    self._publish([MessageDelta(**ids, seq=self.lease.last_seq, text=ev.text)])
+                elif isinstance(ev, ToolCall):
+                    calls.append(ev)
+                elif isinstance(ev, Stop):
+                    stop = ev
+        if stop is None:
+            raise ModelError("the model's stream ended without a stop", provider="engine")
+        text = "".join(parts)
+        if stop.reason in ABNORMAL_STOPS and not text and not calls:
+            raise ModelError(
+                f"the model stopped ({stop.reason}) with an empty reply", provider="engine"
+            )
+        reply = Message("assistant", text, tuple(calls), turn_id=turn_id,
+                        content=stop.content, usage=dict(stop.usage))
+        memo = json.dumps({"m": n, "stop": stop.reason}, separators=(",", ":"))
+
+        async def fill(tx: Transaction) -> list[TurnEvent]:
+            tx.add_message(reply)
+            tx.add_step(f"model:{n}", turn_id, memo)
+            out = [tx.add_event(MessageCompleted(**ids, text=text, tool_calls=tuple(calls),
+                                                 stop_reason=stop.reason, usage=reply.usage))]
+            out += [tx.add_event(ActionRequested(**ids, call=c)) for c in calls]
+            if not calls:
+                out += self._end(tx, turn_id, TurnOutcome("completed", text))
+            return out
+
+        await self._commit(fill)
+        return None if calls else TurnOutcome("completed", text)
+
+    # -- tool step -------------------------------------------------------------------------
+
+    async def _tool_step(self, turn: TurnRecord, n: int, call: ToolCall,
+                         policy: SurfacePolicy | None, event: InboundEvent | None) -> None:
+        turn_id = turn.turn_id
+        step_id = f"tool:{n}:{call.id}"
+        tool = self._tools(policy).get(call.name)
+        args: dict[str, Any] = {}
+        problem: str | None = None
+        if tool is None:
+            problem = f"unknown tool: {call.name}"
+        else:
+            try:
+                args = tool.validate(dict(call.input))
+            except ValueError as e:
+                problem = f"invalid input for {call.name}: {e}"[:ERROR_LIMIT]
+        ctx = ToolContext(
+            agent=self.lease.key.agent, session=self.lease.key.session, turn_id=turn_id,
+            call_id=call.id, step_id=step_id,
+            idempotency_key=idempotency_key(self.lease, turn_id, step_id),
+            store=_NoHandle(), event=event, user=event.user if event else None,
+        )
+        if problem is not None or tool is None:
+            await self._record(turn_id, n, call, step_id, {"error": problem}, problem)
+        elif tool.remote:
+            try:
+                result = _encode_result(await tool.run(args, ctx))
+                error = None
+            except (FatalToolError, ToolDeclarationError):
+                raise
+            except Exception as e:
+                error = error_text(e)
+                result = {"error": error}
+            await self._record(turn_id, n, call, step_id, result, error)
+        else:
+            await self._record(turn_id, n, call, step_id, None, None, local=(tool, args, ctx))
+
+    async def _record(self, turn_id: str, n: int, call: ToolCall, step_id: str, result: Any,
+                      error: str | None, local: tuple[Tool, dict[str, Any], ToolContext] | None
+                      = None) -> None:
+        ids = self._ids(turn_id)
+
+        async def fill(tx: Transaction) -> list[TurnEvent]:
+            nonlocal result, error
+            if local is not None:
+                tool, args, ctx = local
+                ctx.store = tx
+                try:
+                    result = await tx.run_local(lambda _h: _run_local(tool, args, ctx))
+                except (FatalToolError, ToolDeclarationError):
+                    raise
+                except Exception as e:
+                    error = error_text(e)
+                    result = {"error": error}
+            msg = Message("tool", call_id=call.id, result=result, is_error=error is not None,
+                          turn_id=turn_id)
+            idx = tx.add_message(msg)
+            tx.add_step(step_id, turn_id, f'{{"m":{idx}}}')
+            return [tx.add_event(ActionCompleted(**ids, call=call, result=result, error=error))]
+
+        await self._commit(fill)
+
+    # -- the end ---------------------------------------------------------------------------
+
+    def _end(self, tx: Transaction, turn_id: str, out: TurnOutcome) -> list[TurnEvent]:
+        ids = self._ids(turn_id)
+        tx.set_turn(turn_id, TurnUpdate(out.status, text=out.text, error=out.error,  # type: ignore[arg-type]
+                                        reason=out.reason, request=out.request))
+        tx.set_status("suspended" if out.status == "suspended" else "idle")
+        if out.status == "completed":
+            return [tx.add_event(TurnCompleted(**ids, text=out.text or ""))]
+        if out.status == "failed":
+            return [tx.add_event(TurnFailed(**ids, error=out.error or ""))]
+        if out.status == "cancelled":
+            return [tx.add_event(TurnCancelled(**ids, reason=out.reason or ""))]
+        return []
+
+    async def _finish(self, turn_id: str, out: TurnOutcome) -> TurnOutcome:
+        """Record a turn's end that no step committed (failure, cancellation, replay)."""
+
+        async def fill(tx: Transaction) -> list[TurnEvent]:
+            events: list[TurnEvent] = []
+            if out.status == "cancelled":
+                # Unrun calls of the batch get a synthetic result, so the transcript stays a
+                # valid conversation for the next model call.
+                n, owed = owed_calls(self.transcript)
+                for c in owed if n >= 0 and self.transcript[n].turn_id == turn_id else []:
+                    result = {"cancelled": True}
+                    idx = tx.add_message(Message("tool", call_id=c.id, result=result,
+                                                 turn_id=turn_id))
+                    tx.add_step(f"tool:{n}:{c.id}", turn_id, f'{{"m":{idx}}}')
+                    events.append(tx.add_event(ActionCompleted(
+                        **self._ids(turn_id), call=c, result=result, error=None)))
+            return events + self._end(tx, turn_id, out)
+
+        await self._commit(fill)
+        return out
+
+
+class _NoHandle:
+    """The store handle a remote tool sees: there is no transaction to join."""
+
+    def unwrap(self) -> Any:
+        raise FatalToolError(
+            "ctx.store.unwrap() is only available to local tools (a plain def): an async "
+            "tool runs outside the step's transaction"
+        )
+
+
+def _run_local(tool: Tool, args: dict[str, Any], ctx: ToolContext) -> Any:
+    out = tool.run(args, ctx)
+    if inspect.isawaitable(out):
+        close = getattr(out, "close", None)
+        if close is not None:
+            close()  # never awaited: don't leave a dangling coroutine behind
+        raise ToolDeclarationError(
+            f"tool {tool.name!r} is a plain def that returned an awaitable; declare it "
+            "`async def` so the engine awaits it as a remote tool (its result would be lost)"
+        )
+    return _encode_result(out)

@@ -1,0 +1,424 @@
+"""``Runtime`` and ``AgentSession``: the public API over the engine (F2, F5).
+
+A runtime drives each session through one *pump*: an asyncio task that takes the session's
+lease, runs its unfinished turns in chain order, and exits when none is left. ``start()``
+makes a turn durable (a row in the store) before it returns and wakes the pump; a crash loses
+nothing, because ``Runtime.recover()`` or a redelivery of the turn id starts a pump again and
+the engine replays from the transcript. Nothing per session stays in memory once its pump
+has exited, except a bounded cache of recent transcripts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from .agent import Agent
+from .engine import TurnEngine, TurnOutcome
+from .errors import ConfigurationError, TurnSuspendedError, UnknownAgentError, UnknownTurnError
+from .events import EventSink, TurnEvent, decode_event
+from .inbound import InboundEvent, Trigger
+from .messages import Message
+from .models import Model
+from .stores import FINAL, Lease, SessionKey, SessionStore, TurnRecord
+
+log = logging.getLogger("durable_turns")
+
+Observer = Callable[[TurnEvent], None]
+TRANSCRIPT_CACHE = 64
+"""How many recent sessions' transcripts a runtime keeps, so a step never re-reads history."""
+
+
+@dataclass(frozen=True, slots=True)
+class StartedTurn:
+    """What ``start()`` returns: the turn is durable and queued."""
+
+    turn_id: str
+    new: bool = True
+    """False when the turn id was already accepted (a redelivery)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TurnResult:
+    """How a turn ended (or where it parked)."""
+
+    turn_id: str
+    status: Literal["completed", "suspended", "failed", "cancelled"]
+    text: str | None = None
+    request: Any = None
+    error: str | None = None
+    reason: str | None = None
+
+
+def _result(rec: TurnRecord) -> TurnResult:
+    return TurnResult(rec.turn_id, rec.status, rec.text, rec.request,  # type: ignore[arg-type]
+                      rec.error, rec.reason)
+
+
+class Runtime:
+    """Drives agents' turns on a store.
+
+    Args:
+        agents: the agents sessions may address, by name.
+        store: where sessions live.
+        model: the model for agents that carry none.
+        sink: receives every event of every turn this runtime drives.
+        lease_timeout: how long a pump waits for another process to release a session
+            (``None``: as long as it takes).
+        poll_interval: how often ``result()`` re-reads a turn driven by another process.
+    """
+
+    def __init__(
+        self,
+        agents: Iterable[Agent],
+        store: SessionStore,
+        model: Model | str | None = None,
+        sink: EventSink | None = None,
+        *,
+        lease_timeout: float | None = None,
+        poll_interval: float = 0.2,
+    ) -> None:
+        self.agents: dict[str, Agent] = {}
+        for a in agents:
+            if a.name in self.agents:
+                raise ConfigurationError(f"two agents named {a.name!r}")
+            self.agents[a.name] = a
+        self.store = store
+        self._model = model
+        self._models: dict[str, Model] = {}
+        self.sink = sink
+        self.lease_timeout = lease_timeout
+        self.poll_interval = poll_interval
+        self._opened = False
+        self._pumps: dict[SessionKey, asyncio.Task[None]] = {}
+        self._wake: set[SessionKey] = set()
+        self._observers: dict[SessionKey, list[tuple[str | None, Observer]]] = {}
+        self._waiters: dict[tuple[SessionKey, str], list[asyncio.Future[None]]] = {}
+        self._cache: OrderedDict[SessionKey, tuple[int, list[Message]]] = OrderedDict()
+        self._cancels: dict[tuple[SessionKey, str], str] = {}
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        if not self._opened:
+            await self.store.open()
+            self._opened = True
+
+    async def close(self) -> None:
+        """Stop driving (unfinished turns stay durable for ``recover()``) and close the store."""
+        pumps = list(self._pumps.values())
+        for t in pumps:
+            t.cancel()
+        await asyncio.gather(*pumps, return_exceptions=True)
+        if self._opened:
+            await self.store.close()
+            self._opened = False
+
+    async def __aenter__(self) -> Runtime:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def session(self, agent: str, session_id: str) -> AgentSession:
+        """The session ``session_id`` of agent ``agent`` (created on its first turn).
+
+        Raises:
+            UnknownAgentError: the runtime has no such agent.
+        """
+        if agent not in self.agents:
+            raise UnknownAgentError(
+                f"unknown agent {agent!r}; this runtime has {sorted(self.agents) or 'none'}"
+            )
+        if not session_id or not isinstance(session_id, str):
+            raise ValueError("a session id must be a non-empty string")
+        return AgentSession(self, SessionKey(agent, session_id))
+
+    async def recover(self) -> list[SessionKey]:
+        """Replay every unfinished turn in the store (run it when a worker starts).
+
+        Returns the sessions whose pumps were started. Sessions of agents this runtime does
+        not have are left for a runtime that has them.
+        """
+        await self.open()
+        keys = []
+        for key in await self.store.unfinished_sessions():
+            if key.agent not in self.agents:
+                log.warning("recover: no agent %r in this runtime; skipping %s", key.agent, key)
+                continue
+            self._kick(key)
+            keys.append(key)
+        return keys
+
+    async def idle(self) -> None:
+        """Wait until this runtime drives no session (for tests and orderly shutdown)."""
+        while self._pumps:
+            await asyncio.gather(*list(self._pumps.values()), return_exceptions=True)
+
+    # -- the pump --------------------------------------------------------------------------
+
+    def model_for(self, agent: Agent) -> Model:
+        if agent.name in self._models:
+            return self._models[agent.name]
+        model: Model | str | None = agent.model or self._model
+        if model is None:
+            raise ConfigurationError(
+                f"agent {agent.name!r} has no model and the runtime has none: pass "
+                "Runtime(model=…) or Agent(model=…)"
+            )
+        if isinstance(model, str):
+            from .models.resolve import resolve_model  # adapters load only when named
+
+            model = resolve_model(model)
+        assert not isinstance(model, str)
+        self._models[agent.name] = model
+        return model
+
+    def _kick(self, key: SessionKey) -> None:
+        self._wake.add(key)
+        if key not in self._pumps:
+            self._pumps[key] = asyncio.create_task(self._pump(key), name=f"durable-turns {key}")
+
+    async def _pump(self, key: SessionKey) -> None:
+        agent = self.agents[key.agent]
+        try:
+            while key in self._wake:
+                self._wake.discard(key)
+                lease = await self.store.acquire(key, timeout=self.lease_timeout)
+                try:
+                    await self._drive(agent, lease)
+                finally:
+                    await lease.release()
+        except Exception:
+            log.exception("durable_turns: driving %s failed; its turns stay for recover()", key)
+            self._cache.pop(key, None)
+        finally:
+            del self._pumps[key]
+            self._wake_all(key)
+
+    async def _drive(self, agent: Agent, lease: Lease) -> None:
+        key = lease.key
+        engine = TurnEngine(agent, self.model_for(agent), lease, await self._transcript(lease),
+                            lambda events: self._publish(key, events), self._cancel_check(key))
+        while True:
+            pending = await self.store.turns(key, unfinished=True)
+            if not pending or pending[0].status == "suspended":
+                return
+            turn = pending[0]
+            outcome: TurnOutcome = await engine.run(turn)
+            log.debug("turn %s of %s: %s", turn.turn_id, key, outcome.status)
+            self._cancels.pop((key, turn.turn_id), None)
+            self._wake_turn(key, turn.turn_id)
+
+    async def _transcript(self, lease: Lease) -> list[Message]:
+        """The live log, from the cache when it is current; only the missing tail is read."""
+        key = lease.key
+        cached = self._cache.pop(key, None)
+        if cached is None or cached[0] != lease.generation or len(cached[1]) > lease.message_count:
+            cached = (lease.generation, [])
+        log_ = cached[1]
+        if len(log_) < lease.message_count:
+            log_.extend(await self.store.read_messages(key, after=len(log_)))
+        self._cache[key] = cached
+        while len(self._cache) > TRANSCRIPT_CACHE:
+            self._cache.popitem(last=False)
+        return log_
+
+    def _cancel_check(self, key: SessionKey) -> Callable[[str, bool], Any]:
+        async def check(turn_id: str, durable: bool) -> str | None:
+            reason = self._cancels.get((key, turn_id))
+            if reason is None and durable:
+                reason = await self.store.cancel_requested(key, turn_id)
+            return reason
+
+        return check
+
+    # -- events and waiting ----------------------------------------------------------------
+
+    def _publish(self, key: SessionKey, events: list[TurnEvent]) -> None:
+        observers = self._observers.get(key, ())
+        for e in events:
+            if self.sink is not None:
+                try:
+                    self.sink.emit(e)
+                except Exception:
+                    log.exception("event sink failed on %s", e.type)
+            for turn_id, cb in list(observers):
+                if turn_id is None or turn_id == e.turn_id:
+                    try:
+                        cb(e)
+                    except Exception:
+                        log.exception("observer failed on %s", e.type)
+
+    def _wake_turn(self, key: SessionKey, turn_id: str) -> None:
+        for f in self._waiters.pop((key, turn_id), ()):
+            if not f.done():
+                f.set_result(None)
+
+    def _wake_all(self, key: SessionKey) -> None:
+        for k in [k for k in self._waiters if k[0] == key]:
+            self._wake_turn(*k)
+
+
+class AgentSession:
+    """One conversation of one agent: start turns, watch them, read their results."""
+
+    def __init__(self, runtime: Runtime, key: SessionKey) -> None:
+        self.runtime = runtime
+        self.key = key
+
+    @property
+    def agent(self) -> Agent:
+        return self.runtime.agents[self.key.agent]
+
+    async def start(
+        self,
+        user_text: str | None = None,
+        *,
+        turn_id: str | None = None,
+        event: InboundEvent | None = None,
+        trigger: Trigger | None = None,
+        replace: bool = False,
+    ) -> StartedTurn:
+        """Accept a turn and return once it is durable, without waiting for it to run.
+
+        Delivering a turn id the session already has is a redelivery: nothing is appended
+        twice, and an unfinished turn is driven again from where it stopped.
+
+        Raises:
+            SessionBusyError: the session is parked on another turn.
+            ValueError: no text to open the turn with.
+        """
+        rt = self.runtime
+        await rt.open()
+        rt.model_for(self.agent)  # fail now, not in the background, when there is no model
+        text = user_text if user_text is not None else (event.text if event else None)
+        if not isinstance(text, str) or not text.strip():
+            raise ValueError("a turn needs non-empty text (user_text=…, or event.text)")
+        turn_id = turn_id or uuid.uuid4().hex
+        if trigger is not None:
+            opening = Message("trigger", text, turn_id=turn_id, by=trigger.by)
+        else:
+            by = event.user.id if event and event.user else None
+            opening = Message("user", text, turn_id=turn_id, by=by)
+        policy = None
+        if event is not None and event.source in self.agent.surfaces:
+            policy = self.agent.surfaces[event.source].to_dict()
+        rec, new = await rt.store.enqueue_turn(
+            self.key, turn_id, opening, event.to_dict() if event else None, policy
+        )
+        if rec.status not in FINAL:
+            rt._kick(self.key)
+        return StartedTurn(turn_id, new)
+
+    async def result(self, turn_id: str) -> TurnResult:
+        """Wait until the turn completes, fails, is cancelled or parks.
+
+        Raises:
+            UnknownTurnError: the session has no such turn.
+        """
+        rt = self.runtime
+        await rt.open()
+        loop = asyncio.get_running_loop()
+        while True:
+            fut: asyncio.Future[None] = loop.create_future()
+            waiters = rt._waiters.setdefault((self.key, turn_id), [])
+            waiters.append(fut)
+            try:
+                rec = await rt.store.get_turn(self.key, turn_id)
+                if rec is None:
+                    raise UnknownTurnError(str(self.key), turn_id)
+                if rec.status in FINAL or rec.status == "suspended":
+                    return _result(rec)
+                # Woken by our own pump; the timeout catches a turn driven elsewhere.
+                await asyncio.wait([fut], timeout=rt.poll_interval)
+            finally:
+                if fut in waiters:
+                    waiters.remove(fut)
+                if not waiters:
+                    rt._waiters.pop((self.key, turn_id), None)
+
+    async def turn(self, user_text: str | None = None, **kw: Any) -> TurnResult:
+        """Start a turn and wait for its end. Non-interactive.
+
+        Raises:
+            TurnSuspendedError: the turn parked waiting for input.
+        """
+        started = await self.start(user_text, **kw)
+        res = await self.result(started.turn_id)
+        if res.status == "suspended":
+            raise TurnSuspendedError(res.turn_id, res.request)
+        return res
+
+    def observe(self, cb: Observer, *, turn_id: str | None = None,
+                replay: bool = False) -> Callable[[], None]:
+        """Call ``cb`` with each event of the session (or of one turn) this runtime drives.
+
+        May be called before ``start()`` with the turn id that will be passed to it, so no
+        event is missed. With ``replay=True`` the logged events come first, then live ones,
+        with no gap and no duplicate. Returns a function that unsubscribes.
+        """
+        rt = self.runtime
+        observers = rt._observers.setdefault(self.key, [])
+        if not replay:
+            entry: tuple[str | None, Observer] = (turn_id, cb)
+        else:
+            buffered: list[TurnEvent] = []
+            live = False
+
+            def gate(e: TurnEvent) -> None:
+                if live:
+                    cb(e)
+                else:
+                    buffered.append(e)
+
+            async def catch_up() -> None:
+                nonlocal live
+                last = 0
+                try:
+                    await rt.open()
+                    for r in await rt.store.read_events(self.key, turn_id=turn_id):
+                        last = r.seq
+                        cb(decode_event(self.key.agent, self.key.session, r))
+                finally:
+                    for e in buffered:
+                        # A delta carries the seq of the durable event before it.
+                        if e.seq > last or (e.type == "message.delta" and e.seq >= last):
+                            cb(e)
+                    live = True
+
+            entry = (turn_id, gate)
+            task = asyncio.get_running_loop().create_task(catch_up())
+            task.add_done_callback(lambda t: t.exception() if not t.cancelled() else None)
+        observers.append(entry)
+
+        def unsubscribe() -> None:
+            if entry in observers:
+                observers.remove(entry)
+            if not observers:
+                rt._observers.pop(self.key, None)
+
+        return unsubscribe
+
+    async def transcript(self) -> list[Message]:
+        """The session's message log (the live generation)."""
+        await self.runtime.open()
+        return await self.runtime.store.read_messages(self.key)
+
+    async def status(self) -> str:
+        """``new``, ``idle``, ``running`` or ``suspended``."""
+        await self.runtime.open()
+        info = await self.runtime.store.session_info(self.key)
+        return info.status if info else "new"
+
+    async def events(self, after_seq: int = 0) -> list[TurnEvent]:
+        """The session's logged events after ``after_seq`` (every type but deltas)."""
+        await self.runtime.open()
+        records = await self.runtime.store.read_events(self.key, after_seq=after_seq)
+        return [decode_event(self.key.agent, self.key.session, r) for r in records]
