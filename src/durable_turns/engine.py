@@ -128,7 +128,8 @@ class TurnEngine:
                 last = self.transcript[n] if n >= 0 else None
                 if owed:
                     await self._tool_step(turn, n, owed[0], policy, event)
-                elif last and last.role == "assistant" and last.turn_id == turn.turn_id:
+                elif last and last.role == "assistant" and not last.tool_calls \
+                        and last.turn_id == turn.turn_id:
                     # The reply that ended the turn committed (with the turn's end, normally).
                     return await self._finish(turn.turn_id, TurnOutcome("completed", last.text))
                 else:

@@ -1,0 +1,216 @@
+"""Helpers for testing stores and agents, shipped with the package.
+
+The store conformance suite: every :class:`~durable_turns.stores.SessionStore` backend must
+pass every check in :data:`CONFORMANCE`. Run it from your own tests with a factory that
+returns a fresh, opened store::
+
+    @pytest.mark.parametrize("check", CONFORMANCE, ids=lambda c: c.__name__)
+    async def test_my_store(check, tmp_path):
+        await run_check(check, lambda: MyStore(tmp_path / "db"))
+
+Checks are plain coroutines taking a store, so they need no test framework.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from .errors import LeaseTimeoutError, SessionBusyError
+from .events import ActionCompleted, TurnStarted
+from .messages import Message, ToolCall
+from .stores import SessionKey, SessionStore, TurnUpdate
+
+Check = Callable[[SessionStore], Awaitable[None]]
+KEY = SessionKey("agent", "s1")
+
+
+def _opening(turn_id: str, text: str = "hello") -> Message:
+    return Message("user", text, turn_id=turn_id)
+
+
+def _ids(turn_id: str) -> dict[str, Any]:
+    return {"agent": KEY.agent, "session": KEY.session, "turn_id": turn_id}
+
+
+async def check_enqueue_is_durable_and_idempotent(store: SessionStore) -> None:
+    assert await store.session_info(KEY) is None
+    t1, new1 = await store.enqueue_turn(KEY, "t1", _opening("t1"), {"source": "x"}, None)
+    t2, new2 = await store.enqueue_turn(KEY, "t2", _opening("t2"))
+    again, new3 = await store.enqueue_turn(KEY, "t1", _opening("t1", "other text"))
+    assert (new1, new2, new3) == (True, True, False)
+    assert t1.status == "queued" and t1.ordinal < t2.ordinal
+    assert again.opening.text == "hello" and again.event == {"source": "x"}
+    info = await store.session_info(KEY)
+    assert info is not None and info.status == "new" and info.generation == 0
+    assert [t.turn_id for t in await store.turns(KEY, unfinished=True)] == ["t1", "t2"]
+    assert await store.unfinished_sessions() == [KEY]
+    got = await store.get_turn(KEY, "t2")
+    assert got is not None and got.opening == _opening("t2")
+    assert await store.get_turn(KEY, "nope") is None
+
+
+async def check_lease_is_exclusive(store: SessionStore) -> None:
+    lease = await store.acquire(KEY)
+    try:
+        await store.acquire(KEY, timeout=0.05)
+    except LeaseTimeoutError:
+        pass
+    else:
+        raise AssertionError("a second lease on one session was granted")
+    other = await store.acquire(SessionKey("agent", "s2"), timeout=0.05)
+    await other.release()
+    await lease.release()
+    again = await store.acquire(KEY, timeout=1)
+    await again.release()
+
+
+async def check_transaction_commits_everything(store: SessionStore) -> None:
+    await store.enqueue_turn(KEY, "t1", _opening("t1"))
+    lease = await store.acquire(KEY)
+    call = ToolCall("c1", "tool", {"a": 1})
+    async with lease.transaction() as tx:
+        assert tx.add_message(_opening("t1")) == 0
+        assert tx.add_message(Message("assistant", "hi", (call,), turn_id="t1")) == 1
+        tx.add_step("model:1", "t1", '{"m":1}')
+        e1 = tx.add_event(TurnStarted(**_ids("t1"), text="hello"))
+        e2 = tx.add_event(ActionCompleted(**_ids("t1"), call=call, result={"ok": True}))
+        tx.set_turn("t1", TurnUpdate("running"))
+        tx.set_status("running")
+    assert (e1.seq, e2.seq) == (1, 2)
+    assert (lease.last_seq, lease.message_count) == (2, 2)
+    await lease.release()
+    msgs = await store.read_messages(KEY)
+    assert msgs == [_opening("t1"), Message("assistant", "hi", (call,), turn_id="t1")]
+    assert await store.read_messages(KEY, after=1) == msgs[1:]
+    assert await store.read_step(KEY, "model:1") == '{"m":1}'
+    assert await store.read_step(KEY, "model:9") is None
+    events = await store.read_events(KEY)
+    assert [(e.seq, e.type) for e in events] == [(1, "turn.started"), (2, "action.completed")]
+    assert json.loads(events[1].data)["result"] == {"ok": True}
+    assert [e.seq for e in await store.read_events(KEY, after_seq=1)] == [2]
+    info = await store.session_info(KEY)
+    assert info is not None and info.status == "running"
+    turn = await store.get_turn(KEY, "t1")
+    assert turn is not None and turn.status == "running"
+    # A new lease continues the numbering where the last one stopped.
+    lease = await store.acquire(KEY)
+    assert (lease.last_seq, lease.message_count) == (2, 2)
+    async with lease.transaction() as tx:
+        assert tx.add_message(Message("assistant", "bye", turn_id="t1")) == 2
+        tx.set_turn("t1", TurnUpdate("completed", text="bye"))
+        tx.set_status("idle")
+    await lease.release()
+    turn = await store.get_turn(KEY, "t1")
+    assert turn is not None and (turn.status, turn.text) == ("completed", "bye")
+    assert await store.unfinished_sessions() == []
+
+
+async def check_failed_transaction_writes_nothing(store: SessionStore) -> None:
+    await store.enqueue_turn(KEY, "t1", _opening("t1"))
+    lease = await store.acquire(KEY)
+    try:
+        async with lease.transaction() as tx:
+            tx.add_message(_opening("t1"))
+            tx.add_event(TurnStarted(**_ids("t1")))
+            tx.set_status("running")
+            raise RuntimeError("boom")
+    except RuntimeError:
+        pass
+    assert (lease.last_seq, lease.message_count) == (0, 0)
+    await lease.release()
+    assert await store.read_messages(KEY) == []
+    assert await store.read_events(KEY) == []
+    info = await store.session_info(KEY)
+    assert info is not None and info.status == "new"
+
+
+async def check_local_writes_join_the_transaction(store: SessionStore) -> None:
+    if store.unwrap() is None:
+        return  # no raw handle, no rollback: nothing to check (documented for MemoryStore)
+    await store.enqueue_turn(KEY, "t1", _opening("t1"))
+    lease = await store.acquire(KEY)
+
+    def setup(h: Any) -> None:
+        h.execute("CREATE TABLE IF NOT EXISTS conformance_rows (v TEXT)")
+
+    def write(value: str, fail: bool) -> Callable[[Any], None]:
+        def run(h: Any) -> None:
+            h.execute("INSERT INTO conformance_rows (v) VALUES (?)", (value,))
+            if fail:
+                raise ValueError("tool failed")
+
+        return run
+
+    async with lease.transaction() as tx:
+        await tx.run_local(setup)
+    async with lease.transaction() as tx:
+        await tx.run_local(write("kept", False))
+        try:
+            await tx.run_local(write("rolled back", True))
+        except ValueError:
+            pass
+        tx.add_message(_opening("t1"))
+    try:
+        async with lease.transaction() as tx:
+            await tx.run_local(write("lost with the step", False))
+            raise RuntimeError("crash before commit")
+    except RuntimeError:
+        pass
+    await lease.release()
+    rows = store.unwrap().execute("SELECT v FROM conformance_rows").fetchall()
+    assert [r[0] for r in rows] == ["kept"]
+    assert len(await store.read_messages(KEY)) == 1
+
+
+async def check_cancel_requests_are_durable(store: SessionStore) -> None:
+    await store.enqueue_turn(KEY, "t1", _opening("t1"))
+    await store.enqueue_turn(KEY, "t2", _opening("t2"))
+    assert await store.request_cancel(KEY, "t1", "stop") == ["t1"]
+    assert await store.request_cancel(KEY, "t1", "again") == []
+    assert await store.cancel_requested(KEY, "t1") == "stop"
+    assert await store.cancel_requested(KEY, "t2") is None
+    assert await store.request_cancel(KEY, None, "all") == ["t2"]
+    assert await store.request_cancel(SessionKey("agent", "none"), None, "x") == []
+
+
+async def check_parked_session_refuses_other_turns(store: SessionStore) -> None:
+    await store.enqueue_turn(KEY, "t1", _opening("t1"))
+    lease = await store.acquire(KEY)
+    async with lease.transaction() as tx:
+        tx.set_turn("t1", TurnUpdate("suspended", request={"id": "approve"}))
+        tx.set_status("suspended")
+    await lease.release()
+    try:
+        await store.enqueue_turn(KEY, "t2", _opening("t2"))
+    except SessionBusyError:
+        pass
+    else:
+        raise AssertionError("a parked session accepted another turn")
+    rec, new = await store.enqueue_turn(KEY, "t1", _opening("t1"))
+    assert not new and rec.status == "suspended" and rec.request == {"id": "approve"}
+    assert [t.turn_id for t in await store.turns(KEY, unfinished=True)] == ["t1"]
+    assert await store.unfinished_sessions() == []
+
+
+CONFORMANCE: list[Check] = [
+    check_enqueue_is_durable_and_idempotent,
+    check_lease_is_exclusive,
+    check_transaction_commits_everything,
+    check_failed_transaction_writes_nothing,
+    check_local_writes_join_the_transaction,
+    check_cancel_requests_are_durable,
+    check_parked_session_refuses_other_turns,
+]
+"""Every check a store must pass."""
+
+
+async def run_check(check: Check, factory: Callable[[], SessionStore]) -> None:
+    """Open a fresh store from ``factory``, run ``check`` on it, close it."""
+    store = factory()
+    await store.open()
+    try:
+        await check(store)
+    finally:
+        await store.close()
