@@ -14,7 +14,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol, get_type_hints
+from typing import Any, Protocol, get_args, get_type_hints
 
 import jsonschema
 import pydantic
@@ -171,7 +171,7 @@ def tool(
         ctx_param: str | None = None
         for p in inspect.signature(f).parameters.values():
             hint = hints.get(p.name, Any)
-            if hint is ToolContext:
+            if hint is ToolContext or ToolContext in get_args(hint):
                 ctx_param = p.name
                 continue
             if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):

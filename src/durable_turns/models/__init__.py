@@ -18,13 +18,10 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from ..messages import Message, ToolCall
 from ..tools import ToolSpec
-
-if TYPE_CHECKING:
-    from .scripted import ModelReply
 
 
 ABNORMAL_STOPS: frozenset[str] = frozenset(

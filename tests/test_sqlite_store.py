@@ -1,0 +1,72 @@
+"""SqliteStore: opening, refusing foreign files, persistence across reopen."""
+
+from __future__ import annotations
+
+import hashlib
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from durable_turns import Agent, ModelReply, Runtime, SqliteStore, scripted
+from durable_turns.errors import StoreError
+
+
+def digest(p: Path) -> str:
+    return hashlib.sha256(p.read_bytes()).hexdigest()
+
+
+async def test_a_foreign_sqlite_database_is_refused_untouched(tmp_path: Path) -> None:
+    db = tmp_path / "app.db"
+    conn = sqlite3.connect(db)
+    conn.execute("CREATE TABLE customers (id INTEGER)")
+    conn.commit()
+    conn.close()
+    before = digest(db)
+    with pytest.raises(StoreError, match="another application"):
+        await SqliteStore(db).open()
+    assert digest(db) == before
+    assert not (tmp_path / "app.db-wal").exists()
+
+
+async def test_a_corrupt_file_is_refused_untouched(tmp_path: Path) -> None:
+    db = tmp_path / "notes.txt"
+    db.write_bytes(b"this is not a database at all\n" * 200)
+    before = digest(db)
+    with pytest.raises(StoreError, match="not a SQLite database or is corrupt"):
+        await SqliteStore(db).open()
+    assert digest(db) == before
+
+
+async def test_a_newer_schema_is_refused(tmp_path: Path) -> None:
+    db = tmp_path / "db.sqlite"
+    store = SqliteStore(db)
+    await store.open()
+    store.unwrap().execute("PRAGMA user_version = 99")
+    await store.close()
+    with pytest.raises(StoreError, match="newer than this durable_turns knows"):
+        await SqliteStore(db).open()
+
+
+async def test_bad_arguments(tmp_path: Path) -> None:
+    with pytest.raises(StoreError, match="needs a file"):
+        SqliteStore(":memory:")
+    with pytest.raises(ValueError, match="synchronous"):
+        SqliteStore(tmp_path / "x", synchronous="sometimes")
+    with pytest.raises(StoreError, match="not open"):
+        SqliteStore(tmp_path / "x").unwrap()
+
+
+async def test_sessions_survive_a_reopen_in_wal_mode(tmp_path: Path) -> None:
+    db = tmp_path / "db.sqlite"
+    agent = Agent("ops", "")
+    rt = Runtime([agent], SqliteStore(db), scripted([ModelReply("first")]))
+    await rt.session("ops", "s1").turn("hello")
+    assert rt.store.unwrap().execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    await rt.close()
+    rt2 = Runtime([agent], SqliteStore(db), scripted([ModelReply("second")]))
+    s = rt2.session("ops", "s1")
+    await s.turn("again")
+    assert [m.text for m in await s.transcript()] == ["hello", "first", "again", "second"]
+    assert [e.seq for e in await s.events()] == list(range(1, 7))
+    await rt2.close()

@@ -1,0 +1,102 @@
+"""Tool declarations: schemas from type hints, classification, define_action."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import pydantic
+import pytest
+
+from durable_turns import ActionContext, Tool, ToolContext, ToolSpec, User, define_action, tool
+from durable_turns.errors import ConfigurationError
+
+
+def test_tool_schema_comes_from_type_hints_and_docstring() -> None:
+    @tool
+    def create_order(item: str, quantity: int = 1, rush: Literal["no", "yes"] = "no",
+                     ctx: ToolContext | None = None) -> dict[str, Any]:
+        """Place an order for an item."""
+        return {}
+
+    spec = create_order.spec
+    assert spec.name == "create_order"
+    assert spec.description == "Place an order for an item."
+    props = spec.input["properties"]
+    assert props["item"]["type"] == "string"
+    assert props["quantity"] == {"default": 1, "title": "Quantity", "type": "integer"}
+    assert props["rush"]["enum"] == ["no", "yes"]
+    assert spec.input["required"] == ["item"]
+    assert not create_order.remote
+
+
+def test_context_parameter_is_not_part_of_the_schema() -> None:
+    @tool(name="ping", description="Ping a host.")
+    async def anything(host: str, ctx: ToolContext) -> str:
+        return host
+
+    assert anything.name == "ping" and anything.remote
+    assert set(anything.spec.input["properties"]) == {"host"}
+
+
+def test_validation_names_the_field() -> None:
+    @tool
+    def add(a: int, b: int) -> int:
+        """Add."""
+        return a + b
+
+    assert add.validate({"a": 1, "b": "2"}) == {"a": 1, "b": 2}
+    with pytest.raises(ValueError, match="^b: "):
+        add.validate({"a": 1, "b": "two"})
+    with pytest.raises(ValueError, match="^a: Field required"):
+        add.validate({"b": 1})
+
+
+def test_raw_tool_validates_against_its_json_schema() -> None:
+    t = Tool(ToolSpec("t", "d", {"type": "object", "properties": {"n": {"type": "integer"}},
+                                  "required": ["n"]}), lambda i, c: i)
+    assert t.validate({"n": 3}) == {"n": 3}
+    with pytest.raises(ValueError, match="^n: 'x' is not of type 'integer'"):
+        t.validate({"n": "x"})
+    with pytest.raises(ValueError, match="'n' is a required property"):
+        t.validate({})
+
+
+def test_bad_declarations_are_refused() -> None:
+    with pytest.raises(ConfigurationError, match="docstring"):
+        @tool
+        def undocumented(x: int) -> int:
+            return x
+
+    with pytest.raises(ConfigurationError, match="invalid input schema"):
+        Tool(ToolSpec("t", "d", {"type": "no-such-type"}), lambda i, c: i)
+    with pytest.raises(ConfigurationError, match="must be callable"):
+        Tool(ToolSpec("t", "d"), "not a function")  # type: ignore[arg-type]
+
+
+def test_define_action_gets_only_the_user() -> None:
+    class Refund(pydantic.BaseModel):
+        order_id: str
+        amount: float
+
+    seen: list[Any] = []
+
+    def run(data: Refund, ctx: ActionContext) -> str:
+        seen.append((data, ctx))
+        return "ok"
+
+    action = define_action("refund", "Refund an order.", Refund, run)
+    assert not action.remote
+    assert action.spec.input["required"] == ["order_id", "amount"]
+    args = action.validate({"order_id": "42", "amount": "9.5"})
+    ctx = ToolContext("a", "s", "t", "c", "tool:1:c", "k", store=None,  # type: ignore[arg-type]
+                      user=User("U1", True))
+    assert action.run(args, ctx) == "ok"
+    data, actx = seen[0]
+    assert data == Refund(order_id="42", amount=9.5)
+    assert actx == ActionContext(user=User("U1", True))
+
+    async def remote_run(data: dict[str, Any], ctx: ActionContext) -> None:
+        return None
+
+    schema = {"type": "object", "properties": {}}
+    assert define_action("notify", "Notify.", schema, remote_run).remote
