@@ -1,0 +1,44 @@
+"""Serve an ASGI app for a test: on loopback with uvicorn, or in-process with httpx2.
+
+Loopback runs uvicorn as a task in the test's own event loop, so ``asyncio`` primitives work
+across the app and the test (a uvicorn in a thread breaks them). Use it for anything about
+timing: stalls, read timeouts, cut connections, cancellation, other processes. In-process
+(``httpx2.ASGITransport``) buffers the whole response: use it for contents only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx2
+import uvicorn
+
+
+@asynccontextmanager
+async def serving(app: Any) -> AsyncIterator[str]:
+    """Run ``app`` on ``127.0.0.1:<free port>``; yields its base URL (no trailing slash)."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(app, log_level="warning", lifespan="off", timeout_graceful_shutdown=1)
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    try:
+        while not server.started:
+            if task.done():
+                task.result()
+            await asyncio.sleep(0.005)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        await task
+        sock.close()
+
+
+def in_process(app: Any) -> httpx2.AsyncClient:
+    """An ``httpx2`` client that calls ``app`` directly (pass it as an SDK's ``http_client``)."""
+    return httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app), base_url="http://fake")
