@@ -1,0 +1,54 @@
+"""Provider strings: ``"anthropic:claude-…"`` or ``"openai:gpt-…"`` → a :class:`Model`.
+
+The adapter module, and so its SDK, is imported only when a string names it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from ..errors import ConfigurationError
+from . import Model
+
+PROVIDERS: dict[str, tuple[str, str, str]] = {
+    "anthropic": ("anthropic", "anthropic", "anthropic"),
+    "openai": ("openai_compat", "openai_compatible", "openai"),
+}
+"""prefix → (module under ``durable_turns.models``, factory, install extra)."""
+
+
+def resolve_model(spec: str | Model, **options: Any) -> Model:
+    """The model a provider string names; a :class:`Model` is returned as it is.
+
+    ``"anthropic:claude-sonnet-4-5"`` → ``anthropic(model="claude-sonnet-4-5", **options)``;
+    ``"openai:gpt-4o"`` → ``openai_compatible(model="gpt-4o", **options)``. Credentials and
+    base URLs come from ``options`` or from the SDK's environment variables.
+
+    Raises:
+        ConfigurationError: a malformed string, an unknown provider, or the provider's SDK
+            is not installed (naming the extra to install).
+    """
+    if not isinstance(spec, str):
+        return spec
+    prefix, sep, name = spec.partition(":")
+    if not sep or not prefix.strip() or not name.strip():
+        raise ConfigurationError(
+            f"model {spec!r}: expected '<provider>:<model>', e.g. "
+            "'anthropic:claude-sonnet-4-5' or 'openai:gpt-4o'"
+        )
+    entry = PROVIDERS.get(prefix.strip().lower())
+    if entry is None:
+        raise ConfigurationError(
+            f"model {spec!r}: unknown provider {prefix!r}; known: {', '.join(PROVIDERS)} "
+            "(pass a Model object for anything else)"
+        )
+    module_name, factory, extra = entry
+    try:
+        module = importlib.import_module(f"{__package__}.{module_name}")
+    except ImportError as e:
+        raise ConfigurationError(
+            f"model {spec!r} needs the {extra} SDK: pip install 'durable-turns[{extra}]'"
+        ) from e
+    model: Model = getattr(module, factory)(name.strip(), **options)
+    return model

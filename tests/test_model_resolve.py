@@ -1,0 +1,92 @@
+"""Provider strings and the lazy adapter names of ``durable_turns.models`` (F11)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import durable_turns.models as models
+from durable_turns.errors import ConfigurationError
+from durable_turns.models import Model
+from durable_turns.models.anthropic import AnthropicModel
+from durable_turns.models.openai_compat import OpenAICompatibleModel
+from durable_turns.models.resolve import resolve_model
+from durable_turns.models.scripted import ModelReply, scripted
+from fakes import clear_provider_env
+
+
+@pytest.fixture(autouse=True)
+def _no_ambient_credentials(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    clear_provider_env(monkeypatch, tmp_path)
+
+
+def test_provider_strings_name_the_adapters() -> None:
+    a = resolve_model("anthropic:claude-test", api_key="k", thinking=True)
+    assert isinstance(a, AnthropicModel)
+    assert (a.model, a.thinking) == ("claude-test", {"type": "adaptive"})
+    o = resolve_model("openai:gpt-test", api_key="k")
+    assert isinstance(o, OpenAICompatibleModel) and o.model == "gpt-test"
+    local = resolve_model("openai:llama3.1:8b", base_url="http://127.0.0.1:11434/v1")
+    assert isinstance(local, OpenAICompatibleModel) and local.model == "llama3.1:8b"
+
+
+def test_credentials_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-env")
+    model = resolve_model("anthropic:claude-test")
+    assert isinstance(model, AnthropicModel) and model.client.api_key == "sk-env"
+    with pytest.raises(ConfigurationError, match="OPENAI_API_KEY"):
+        resolve_model("openai:gpt-4o")
+
+
+def test_a_model_object_is_returned_as_it_is() -> None:
+    model: Model = scripted([ModelReply("hi")])
+    assert resolve_model(model) is model
+
+
+@pytest.mark.parametrize("spec", ["claude-test", "anthropic:", ":gpt-4o", ""])
+def test_malformed_strings_are_refused(spec: str) -> None:
+    with pytest.raises(ConfigurationError, match="expected '<provider>:<model>'"):
+        resolve_model(spec)
+
+
+def test_an_unknown_provider_is_refused() -> None:
+    with pytest.raises(ConfigurationError, match="unknown provider 'gemini'; known: anthropic, "
+                                                 "openai"):
+        resolve_model("gemini:pro")
+
+
+@pytest.mark.parametrize(("spec", "sdk", "module", "extra"), [
+    ("anthropic:claude-test", "anthropic", "durable_turns.models.anthropic", "anthropic"),
+    ("openai:gpt-test", "openai", "durable_turns.models.openai_compat", "openai"),
+])
+def test_a_missing_sdk_names_the_extra(monkeypatch: pytest.MonkeyPatch, spec: str, sdk: str,
+                                       module: str, extra: str) -> None:
+    monkeypatch.setitem(sys.modules, sdk, None)  # what an uninstalled package looks like
+    monkeypatch.delitem(sys.modules, module)
+    monkeypatch.delattr(models, module.rsplit(".", 1)[1], raising=False)
+    with pytest.raises(ConfigurationError,
+                       match=rf"needs the {extra} SDK: pip install 'durable-turns\[{extra}\]'"):
+        resolve_model(spec, api_key="k")
+
+
+def test_models_anthropic_is_the_factory_whatever_was_imported_first() -> None:
+    # The submodule `models/anthropic.py` shadows the package's lazy `anthropic` name; the
+    # module is callable so the spelling in the spec works (type checkers see a module).
+    assert isinstance(models.anthropic("claude-test", api_key="k"),  # type: ignore[operator]
+                      AnthropicModel)
+    from durable_turns.models import anthropic, openai_compatible
+
+    assert isinstance(anthropic("claude-test", api_key="k"),  # type: ignore[operator]
+                      AnthropicModel)
+    assert isinstance(openai_compatible("gpt-test", api_key="k"), OpenAICompatibleModel)
+
+
+def test_import_durable_turns_imports_no_sdk() -> None:
+    code = ("import sys, durable_turns, durable_turns.models; "
+            "print(sorted(m for m in ('anthropic', 'openai', 'httpx2') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "[]"
