@@ -1,0 +1,113 @@
+"""The demo's scripted "brain": a deterministic stand-in for an LLM, driven by the transcript.
+
+For "Order a keyboard, a mouse and a monitor …, then tell the team." it makes one
+``create_order`` call per model call (three in sequence), then one ``notify`` call, then
+answers with a summary. Which reply comes next is decided by how many model calls the current
+turn has made, counted from the transcript (:func:`calls_this_turn`), never by a counter in
+memory — so a new process replaying the turn gets exactly the reply the killed one would have.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..messages import Message, ToolCall
+from ..models import ModelRequest
+from ..models.scripted import ModelReply, ScriptedModel, calls_this_turn, scripted
+
+_NUMBERS = {"a": 1, "an": 1, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6,
+            "seven": 7, "eight": 8, "nine": 9, "ten": 10}
+# Where the list of things to order ends: the recipient, the sentence, or the "tell" clause.
+_END_OF_ITEMS = re.compile(
+    r"\s+for\s|[.!?;]|,?\s+(?:and\s+|then\s+)*(?:tell|notify|let|inform)\b", re.IGNORECASE
+)
+_TELLS = re.compile(r"\b(?:tell|notify|let\s+\w+\s+know|inform)\b", re.IGNORECASE)
+
+
+@dataclass(frozen=True, slots=True)
+class Item:
+    """One thing to order."""
+
+    name: str
+    quantity: int = 1
+
+
+def parse_request(text: str) -> tuple[list[Item], bool]:
+    """The items an "order …" request asks for, and whether it asks to tell the team."""
+    m = re.search(r"\border\s+(.*)", text, re.IGNORECASE | re.DOTALL)
+    if m is None:
+        return [], False
+    listed = _END_OF_ITEMS.split(m.group(1), maxsplit=1)[0]
+    items = []
+    for part in re.split(r",\s*(?:and\s+)?|\s+and\s+", listed):
+        words = part.strip().split(maxsplit=1)
+        if not words:
+            continue
+        count = _NUMBERS.get(words[0].lower()) or (int(words[0]) if words[0].isdigit() else 0)
+        if count and len(words) == 2:
+            name = words[1]
+            if count > 1 and name.endswith("s"):
+                name = name[:-1]
+        else:
+            count, name = 1, part.strip()
+        items.append(Item(name, count))
+    return items, bool(_TELLS.search(text))
+
+
+def _this_turn(messages: Sequence[Message]) -> list[Message]:
+    for i in range(len(messages) - 1, -1, -1):
+        if messages[i].is_opening:
+            return list(messages[i:])
+    return []
+
+
+def _describe(item: Item) -> str:
+    return item.name if item.quantity == 1 else f"{item.quantity} {item.name}s"
+
+
+def ops_brain(request: ModelRequest) -> ModelReply:
+    """The reply to the i-th model call of the turn (see the module docstring)."""
+    turn = _this_turn(request.messages)
+    items, tell = parse_request(turn[0].text if turn else "")
+    if not items:
+        return ModelReply(
+            "I place orders and tell the team. Try: "
+            "“order a keyboard and a mouse, then tell the team”."
+        )
+    i = calls_this_turn(request)
+    results: dict[str, Any] = {m.call_id: m.result for m in turn if m.role == "tool" and m.call_id}
+    if i < len(items):
+        item = items[i]
+        return ModelReply(
+            f"Ordering {_describe(item)} ({i + 1} of {len(items)}).",
+            [ToolCall(f"order-{i + 1}", "create_order",
+                      {"item": item.name, "quantity": item.quantity})],
+        )
+    placed = []
+    for n, item in enumerate(items, 1):
+        result = results.get(f"order-{n}")
+        if isinstance(result, dict) and "order_id" in result:
+            placed.append(f"{_describe(item)} (order #{result['order_id']})")
+        else:
+            placed.append(f"{_describe(item)} (FAILED: {result})")
+    summary = ", ".join(placed)
+    if tell and i == len(items):
+        return ModelReply(
+            "All orders are in; telling the team.",
+            [ToolCall("notify-1", "notify",
+                      {"channel": "#ops", "text": f"New orders for the new hire: {summary}."})],
+        )
+    told = ""
+    if tell:
+        posted = results.get("notify-1")
+        ok = isinstance(posted, dict) and posted.get("posted")
+        told = " and told #ops" if ok else f"; telling #ops failed ({posted})"
+    return ModelReply(f"Done: I ordered {summary}{told}.")
+
+
+def ops_model() -> ScriptedModel:
+    """The scripted model the demo runs on."""
+    return scripted(ops_brain)

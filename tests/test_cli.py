@@ -1,0 +1,233 @@
+"""``durable-turns``: the CLI, and the demo run for real (child processes, SIGKILL, replay)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import sqlite3
+import subprocess
+import sys
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from durable_turns import Agent, Message, Runtime, SqliteStore
+from durable_turns.demo import KILL_POINTS
+
+TIMEOUT = 60
+
+
+def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "durable_turns.cli", *args],
+        capture_output=True, text=True, timeout=TIMEOUT, env=env,
+    )
+
+
+def digest(p: Path) -> str:
+    return hashlib.sha256(p.read_bytes()).hexdigest()
+
+
+@dataclass
+class Left:
+    """What a demo run left in its SQLite file and outbox."""
+
+    turn_status: str | None
+    transcript: list[Message]
+    steps: dict[str, str | None]
+    orders: list[tuple[Any, ...]]
+    outbox: list[dict[str, Any]]
+
+
+async def read_left(db: Path, stdout: str) -> Left:
+    m = re.search(r"session\s+(\S+), turn (\S+)", stdout)
+    assert m, stdout
+    session_id, turn_id = m.groups()
+    store = SqliteStore(db)
+    async with Runtime([Agent("ops")], store) as rt:
+        session = rt.session("ops", session_id)
+        transcript = [x for x in await session.transcript() if x.turn_id == turn_id]
+        rec = await store.get_turn(session.key, turn_id)
+        steps = {}
+        for i, msg in enumerate(await session.transcript()):
+            if msg.turn_id != turn_id:
+                continue
+            if msg.role == "assistant":
+                steps[f"model:{i}"] = await store.read_step(session.key, f"model:{i}")
+                for c in msg.tool_calls:
+                    sid = f"tool:{i}:{c.id}"
+                    steps[sid] = await store.read_step(session.key, sid)
+        orders = store.unwrap().execute(
+            "SELECT call_id, item, quantity, delivery FROM orders WHERE turn_id = ? "
+            "ORDER BY order_id", (turn_id,)
+        ).fetchall()
+    outbox_file = db.with_name(db.name + "-outbox.jsonl")
+    lines = outbox_file.read_text().splitlines() if outbox_file.exists() else []
+    outbox = [e for e in map(json.loads, lines) if e["turn_id"] == turn_id]
+    return Left(rec.status if rec else None, transcript, steps, orders, outbox)
+
+
+def assert_well_formed(t: list[Message]) -> None:
+    """One opening; one tool message per call id; ends on an answer without calls."""
+    assert [m.role for m in t if m.is_opening] == ["user"]
+    assert t[0].is_opening
+    calls = [c.id for m in t if m.role == "assistant" for c in m.tool_calls]
+    answered = Counter(m.call_id for m in t if m.role == "tool")
+    assert len(calls) == len(set(calls))
+    assert answered == Counter(calls)
+    assert t[-1].role == "assistant" and not t[-1].tool_calls
+    assert not any(m.is_error for m in t)
+
+
+# -- help ------------------------------------------------------------------------------------
+
+
+def test_help() -> None:
+    top = cli("--help")
+    assert top.returncode == 0
+    assert "demo" in top.stdout
+    assert "demo-worker" not in top.stdout  # the child's subcommand stays hidden
+    demo = cli("demo", "--help")
+    assert demo.returncode == 0
+    for word in ("--db", "--keep", "--kill-at", *KILL_POINTS, "exit status"):
+        assert word in demo.stdout
+
+
+def test_no_command_is_a_usage_error() -> None:
+    out = cli()
+    assert out.returncode == 2
+    assert "COMMAND" in out.stderr
+
+
+# -- the demo --------------------------------------------------------------------------------
+
+ORDER_DELIVERIES = {  # which delivery wrote each order, by kill point
+    "after-order-2": [1, 1, 2],
+    "inside-order-2": [1, 2, 2],  # the killed process's 2nd INSERT was rolled back
+    "inside-notify": [1, 1, 1],
+}
+
+
+@pytest.mark.parametrize("kill_at", list(KILL_POINTS))
+async def test_demo_kills_mid_turn_and_nothing_runs_twice(tmp_path: Path, kill_at: str) -> None:
+    db = tmp_path / "demo.sqlite"
+    out = cli("demo", "--db", str(db), "--kill-at", kill_at)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stderr == ""
+    text = out.stdout
+    assert "scripted" in text and "no ANTHROPIC_API_KEY is set" in text
+    assert "SIGKILL sent to pid" in text and "(exit status -9)" in text
+    assert "VERDICT: PASS" in text and "✗" not in text.split("SIGKILL sent")[1]
+    assert "\x1b[" not in text  # not a terminal: no escape codes
+    # The redelivery streams only the steps it runs: no cached model text is re-emitted.
+    second = text.split("delivery 2 · pid")[1].split("what the store shows")[0]
+    assert "Ordering keyboard" not in second
+
+    left = await read_left(db, text)
+    assert left.turn_status == "completed"
+    assert_well_formed(left.transcript)
+    assert left.transcript[-1].text.startswith("Done: I ordered keyboard (order #1)")
+    assert all(v is not None for v in left.steps.values())
+    assert len(left.steps) == 9  # 5 model steps, 4 tool steps
+    assert [(c, i, q) for c, i, q, _ in left.orders] == [
+        ("order-1", "keyboard", 1), ("order-2", "mouse", 1), ("order-3", "monitor", 1)
+    ]
+    assert [d for *_, d in left.orders] == ORDER_DELIVERIES[kill_at]
+    keys = {e["key"] for e in left.outbox}
+    assert len(keys) == 1
+    deliveries = [e["delivery"] for e in left.outbox]
+    assert deliveries == ([1, 2] if kill_at == "inside-notify" else [2])
+
+
+async def test_demo_twice_on_one_database(tmp_path: Path) -> None:
+    db = tmp_path / "ops.sqlite"
+    first = cli("demo", "--db", str(db))
+    second = cli("demo", "--db", str(db))
+    assert first.returncode == 0 and second.returncode == 0, second.stdout + second.stderr
+    for out in (first, second):
+        left = await read_left(db, out.stdout)
+        assert_well_formed(left.transcript)
+        assert len(left.orders) == 3
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("SELECT count(*) FROM orders").fetchone() == (6,)
+    conn.close()
+
+
+def test_demo_temp_dir_is_removed_unless_kept(tmp_path: Path) -> None:
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    out = cli("demo", env=env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert list(tmp_path.iterdir()) == []
+    kept = cli("demo", "--keep", env=env)
+    assert kept.returncode == 0
+    (workdir,) = tmp_path.iterdir()
+    assert f"kept {workdir}" in kept.stdout
+    assert (workdir / "demo.sqlite").exists()
+    assert (workdir / "demo.sqlite-outbox.jsonl").exists()
+
+
+# -- bad input -------------------------------------------------------------------------------
+
+
+def test_demo_refuses_a_file_that_is_not_sqlite_and_leaves_it_alone(tmp_path: Path) -> None:
+    notes = tmp_path / "notes.txt"
+    notes.write_bytes(b"groceries: milk, eggs\n" * 100)
+    before = digest(notes)
+    out = cli("demo", "--db", str(notes))
+    assert out.returncode == 2
+    assert "durable-turns demo: error:" in out.stderr
+    assert "not a SQLite database or is corrupt" in out.stderr
+    assert "Traceback" not in out.stderr
+    assert out.stdout == ""
+    assert digest(notes) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+
+
+def test_demo_refuses_another_applications_database(tmp_path: Path) -> None:
+    db = tmp_path / "crm.db"
+    with sqlite3.connect(db) as conn:
+        conn.execute("CREATE TABLE customers (id INTEGER)")
+    conn.close()
+    before = digest(db)
+    out = cli("demo", "--db", str(db))
+    assert out.returncode == 2
+    assert "another application" in out.stderr
+    assert digest(db) == before
+
+
+@pytest.mark.parametrize("where", ["directory", "missing-parent"])
+def test_demo_refuses_a_path_it_cannot_use(tmp_path: Path, where: str) -> None:
+    db = tmp_path if where == "directory" else tmp_path / "nowhere" / "demo.sqlite"
+    out = cli("demo", "--db", str(db))
+    assert out.returncode == 2
+    assert ("is a directory" if where == "directory" else "does not exist") in out.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_worker_kill_point_needs_a_control_pipe(tmp_path: Path) -> None:
+    out = cli("demo-worker", "--db", str(tmp_path / "x.sqlite"), "--session", "s",
+              "--turn", "t", "--delivery", "1", "--kill-at", "after-order-2")
+    assert out.returncode == 2
+    assert "--control-fd" in out.stderr
+
+
+def test_a_paused_worker_leaves_when_its_parent_goes_away(tmp_path: Path) -> None:
+    """Closing the paused child's stdin (what the parent's death does) ends it: no orphan."""
+    read_fd, write_fd = os.pipe()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "durable_turns.cli", "demo-worker",
+         "--db", str(tmp_path / "w.sqlite"), "--session", "s", "--turn", "t",
+         "--delivery", "1", "--kill-at", "after-order-2", "--control-fd", str(write_fd)],
+        stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, pass_fds=(write_fd,),
+    )
+    os.close(write_fd)
+    with os.fdopen(read_fd, "rb") as control:
+        assert control.readline() == b"paused after-order-2\n"
+        assert proc.stdin is not None
+        proc.stdin.close()
+        assert proc.wait(timeout=TIMEOUT) == 70
