@@ -16,6 +16,7 @@ The engine imports seams only (stores, models, events): never an adapter.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import inspect
 import json
@@ -47,13 +48,15 @@ from .tools import Tool, ToolContext
 
 log = logging.getLogger("durable_turns")
 
+CANCEL_POLL = 0.25
+"""Seconds between looks at the store for a cancel while a model streams."""
+
 ERROR_LIMIT = 2000
 """A tool error's text is cut to this many characters before the model reads it."""
 
 Publish = Callable[[list[TurnEvent]], None]
-CancelCheck = Callable[[str, bool], Awaitable[str | None]]
-"""``check(turn_id, durable)`` → a cancellation reason or ``None``. ``durable=False`` may only
-look at in-memory requests (it runs between model deltas)."""
+CancelCheck = Callable[[str], Awaitable[str | None]]
+"""``check(turn_id)`` → the reason of a durable cancellation request, or ``None``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +114,16 @@ class TurnEngine:
         self.transcript = transcript
         self._publish = publish
         self._cancel_check = cancel_check
+        self.turn_id: str | None = None
+        self._model_task: asyncio.Task[tuple[str, list[ToolCall], Stop | None]] | None = None
+
+    def interrupt(self, turn_id: str) -> None:
+        """Stop waiting on the model if ``turn_id`` is streaming: a cancel was requested.
+
+        Closing the stream closes the adapter's HTTP stream instead of reading it to the end.
+        """
+        if self.turn_id == turn_id and self._model_task is not None:
+            self._model_task.cancel()
 
     # -- the loop --------------------------------------------------------------------------
 
@@ -118,6 +131,7 @@ class TurnEngine:
         """Drive ``turn`` from wherever the transcript shows it to its end (or its park)."""
         policy = SurfacePolicy.from_dict(turn.policy) if turn.policy else None
         event = InboundEvent.from_dict(turn.event) if turn.event else None
+        self.turn_id = turn.turn_id
         try:
             if not self._has_opening(turn.turn_id):
                 await self._check_cancel(turn.turn_id)
@@ -140,6 +154,12 @@ class TurnEngine:
             return await self._finish(turn.turn_id, TurnOutcome("cancelled", reason=c.reason))
         except (ModelError, FatalToolError, ToolDeclarationError) as e:
             return await self._finish(turn.turn_id, TurnOutcome("failed", error=str(e)))
+        except Exception as e:
+            log.exception("turn %s of %s failed inside the engine", turn.turn_id, self.lease.key)
+            error = f"internal error: {type(e).__name__}: {e}"
+            return await self._finish(turn.turn_id, TurnOutcome("failed", error=error))
+        finally:
+            self.turn_id = None
 
     def _has_opening(self, turn_id: str) -> bool:
         # Turns run in chain order, so this turn's messages are at the end of the log.
@@ -150,8 +170,8 @@ class TurnEngine:
                 return True
         return False
 
-    async def _check_cancel(self, turn_id: str, durable: bool = True) -> None:
-        reason = await self._cancel_check(turn_id, durable)
+    async def _check_cancel(self, turn_id: str) -> None:
+        reason = await self._cancel_check(turn_id)
         if reason is not None:
             raise Cancelled(reason)
 
@@ -203,23 +223,23 @@ class TurnEngine:
             tools=[t.spec for t in self._tools(policy).values()],
             turn_id=turn_id,
         )
-        parts: list[str] = []
-        calls: list[ToolCall] = []
-        stop: Stop | None = None
-        ids = self._ids(turn_id)
-        async with aclosing(self.model.stream(request)) as stream:  # type: ignore[type-var]
-            async for ev in stream:
-                if isinstance(ev, TextDelta):
-                    await self._check_cancel(turn_id, durable=False)
-                    parts.append(ev.text)
-                    self._publish([MessageDelta(**ids, seq=self.lease.last_seq, text=ev.text)])
-                elif isinstance(ev, ToolCall):
-                    calls.append(ev)
-                elif isinstance(ev, Stop):
-                    stop = ev
+        task = asyncio.ensure_future(self._stream(request))
+        self._model_task = task
+        try:
+            # Wake now and then to see a cancel requested by another process.
+            while not (await asyncio.wait([task], timeout=CANCEL_POLL))[0]:
+                await self._check_cancel(turn_id)
+        finally:
+            self._model_task = None
+            if not task.done():
+                task.cancel()
+                await asyncio.wait([task])
+        if task.cancelled():
+            await self._check_cancel(turn_id)  # interrupt() was called: say why
+            raise Cancelled("cancelled")
+        text, calls, stop = task.result()
         if stop is None:
             raise ModelError("the model's stream ended without a stop", provider="engine")
-        text = "".join(parts)
         if stop.reason in ABNORMAL_STOPS and not text and not calls:
             raise ModelError(
                 f"the model stopped ({stop.reason}) with an empty reply", provider="engine"
@@ -227,6 +247,7 @@ class TurnEngine:
         reply = Message("assistant", text, tuple(calls), turn_id=turn_id,
                         content=stop.content, usage=dict(stop.usage))
         memo = json.dumps({"m": n, "stop": stop.reason}, separators=(",", ":"))
+        ids = self._ids(turn_id)
 
         async def fill(tx: Transaction) -> list[TurnEvent]:
             tx.add_message(reply)
@@ -240,6 +261,23 @@ class TurnEngine:
 
         await self._commit(fill)
         return None if calls else TurnOutcome("completed", text)
+
+    async def _stream(self, request: ModelRequest) -> tuple[str, list[ToolCall], Stop | None]:
+        turn_id = request.turn_id
+        ids = self._ids(turn_id)
+        parts: list[str] = []
+        calls: list[ToolCall] = []
+        stop: Stop | None = None
+        async with aclosing(self.model.stream(request)) as stream:  # type: ignore[type-var]
+            async for ev in stream:
+                if isinstance(ev, TextDelta):
+                    parts.append(ev.text)
+                    self._publish([MessageDelta(**ids, seq=self.lease.last_seq, text=ev.text)])
+                elif isinstance(ev, ToolCall):
+                    calls.append(ev)
+                elif isinstance(ev, Stop):
+                    stop = ev
+        return "".join(parts), calls, stop
 
     # -- tool step -------------------------------------------------------------------------
 
@@ -317,6 +355,26 @@ class TurnEngine:
         if out.status == "cancelled":
             return [tx.add_event(TurnCancelled(**ids, reason=out.reason or ""))]
         return []
+
+    async def reset(self, entry: TurnRecord, parked: list[str]) -> TurnOutcome:
+        """Archive the live generation now that the reset's place in the chain has come (F8).
+
+        Args:
+            entry: the reset's chain entry.
+            parked: suspended turns the reset cancels (a stale park is archived too).
+        """
+        key, gen = self.lease.key, self.lease.generation
+        done = TurnOutcome("completed", text=json.dumps(
+            {"previous_session": f"{key.session}#g{gen}", "generation": gen + 1}))
+
+        async def fill(tx: Transaction) -> list[TurnEvent]:
+            tx.set_turn(entry.turn_id, TurnUpdate("completed", text=done.text))
+            tx.new_generation()
+            return [tx.add_event(TurnCancelled(**self._ids(t), reason="reset")) for t in parked]
+
+        await self._commit(fill)
+        self.transcript.clear()
+        return done
 
     async def _finish(self, turn_id: str, out: TurnOutcome) -> TurnOutcome:
         """Record a turn's end that no step committed (failure, cancellation, replay)."""

@@ -11,15 +11,16 @@ has exited, except a bounded cache of recent transcripts.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from .agent import Agent
-from .engine import TurnEngine, TurnOutcome
+from .engine import TurnEngine
 from .errors import ConfigurationError, TurnSuspendedError, UnknownAgentError, UnknownTurnError
 from .events import EventSink, TurnEvent, decode_event
 from .inbound import InboundEvent, Trigger
@@ -53,6 +54,24 @@ class TurnResult:
     request: Any = None
     error: str | None = None
     reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ResetResult:
+    """What ``reset()`` returns: the archived address and the new generation."""
+
+    previous_session: str
+    """``<session>#g<archived generation>``."""
+    generation: int
+
+
+@dataclass(frozen=True, slots=True)
+class Archive:
+    """One generation of a session's log."""
+
+    generation: int
+    messages: list[Message]
+    steps: dict[str, str]
 
 
 def _result(rec: TurnRecord) -> TurnResult:
@@ -100,7 +119,7 @@ class Runtime:
         self._observers: dict[SessionKey, list[tuple[str | None, Observer]]] = {}
         self._waiters: dict[tuple[SessionKey, str], list[asyncio.Future[None]]] = {}
         self._cache: OrderedDict[SessionKey, tuple[int, list[Message]]] = OrderedDict()
-        self._cancels: dict[tuple[SessionKey, str], str] = {}
+        self._engines: dict[SessionKey, TurnEngine] = {}
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -206,15 +225,32 @@ class Runtime:
         key = lease.key
         engine = TurnEngine(agent, self.model_for(agent), lease, await self._transcript(lease),
                             lambda events: self._publish(key, events), self._cancel_check(key))
-        while True:
-            pending = await self.store.turns(key, unfinished=True)
-            if not pending or pending[0].status == "suspended":
-                return
-            turn = pending[0]
-            outcome: TurnOutcome = await engine.run(turn)
-            log.debug("turn %s of %s: %s", turn.turn_id, key, outcome.status)
-            self._cancels.pop((key, turn.turn_id), None)
-            self._wake_turn(key, turn.turn_id)
+        self._engines[key] = engine
+        try:
+            while True:
+                pending = await self.store.turns(key, unfinished=True)
+                parked = [t.turn_id for t in pending if t.status == "suspended"]
+                runnable = [t for t in pending if t.status != "suspended"]
+                if not runnable or (parked and not any(t.kind == "reset" for t in runnable)):
+                    return  # nothing to do, or the chain waits on a person
+                turn = runnable[0]
+                if turn.kind == "reset":
+                    outcome = await engine.reset(turn, parked)
+                    self._cache[key] = (lease.generation, engine.transcript)
+                    for t in parked:
+                        self._wake_turn(key, t)
+                else:
+                    outcome = await engine.run(turn)
+                log.debug("turn %s of %s: %s", turn.turn_id, key, outcome.status)
+                self._wake_turn(key, turn.turn_id)
+        finally:
+            del self._engines[key]
+
+    def _interrupt(self, key: SessionKey, turn_ids: Iterable[str]) -> None:
+        engine = self._engines.get(key)
+        if engine is not None:
+            for t in turn_ids:
+                engine.interrupt(t)
 
     async def _transcript(self, lease: Lease) -> list[Message]:
         """The live log, from the cache when it is current; only the missing tail is read."""
@@ -230,12 +266,9 @@ class Runtime:
             self._cache.popitem(last=False)
         return log_
 
-    def _cancel_check(self, key: SessionKey) -> Callable[[str, bool], Any]:
-        async def check(turn_id: str, durable: bool) -> str | None:
-            reason = self._cancels.get((key, turn_id))
-            if reason is None and durable:
-                reason = await self.store.cancel_requested(key, turn_id)
-            return reason
+    def _cancel_check(self, key: SessionKey) -> Callable[[str], Awaitable[str | None]]:
+        async def check(turn_id: str) -> str | None:
+            return await self.store.cancel_requested(key, turn_id)
 
         return check
 
@@ -310,12 +343,67 @@ class AgentSession:
         policy = None
         if event is not None and event.source in self.agent.surfaces:
             policy = self.agent.surfaces[event.source].to_dict()
+        supersede = f"superseded by turn {turn_id}" if replace else None
         rec, new = await rt.store.enqueue_turn(
-            self.key, turn_id, opening, event.to_dict() if event else None, policy
+            self.key, turn_id, opening, event.to_dict() if event else None, policy,
+            supersede=supersede,
         )
+        if new and replace:
+            running = rt._engines.get(self.key)
+            if running is not None and running.turn_id is not None:
+                running.interrupt(running.turn_id)
         if rec.status not in FINAL:
             rt._kick(self.key)
         return StartedTurn(turn_id, new)
+
+    async def cancel(self, turn_id: str | None = None, *,
+                     reason: str = "cancelled by request") -> list[str]:
+        """Ask for a turn (or every unfinished turn) to be cancelled; returns at once.
+
+        The request is durable: it takes effect at the turn's next checkpoint boundary, in
+        this process or another, and survives a crash. What committed stays committed.
+        Cancelling a turn that already ended is a no-op (an empty list); a parked turn is
+        not cancelled (answer it, or reset the session).
+
+        Returns:
+            The ids of the turns that got the request.
+
+        Raises:
+            UnknownTurnError: the session has no turn ``turn_id``.
+        """
+        rt = self.runtime
+        await rt.open()
+        if turn_id is not None and await rt.store.get_turn(self.key, turn_id) is None:
+            raise UnknownTurnError(str(self.key), turn_id)
+        ids = await rt.store.request_cancel(self.key, turn_id, reason)
+        rt._interrupt(self.key, ids)
+        return ids
+
+    async def reset(self) -> ResetResult:
+        """Retire the session's history, keeping its address (F8).
+
+        Cancels its unfinished turns (reason ``reset``); then, in order on the turn chain,
+        archives the messages and steps under the current generation, cancels a stale park
+        and sets the status to ``new``. Turns started meanwhile queue behind the reset.
+        A session that never existed is reset all the same (generation 0 → 1).
+        """
+        rt = self.runtime
+        await rt.open()
+        entry = f"reset:{uuid.uuid4().hex}"
+        opening = Message("trigger", "reset", turn_id=entry, by="reset")
+        await rt.store.enqueue_turn(self.key, entry, opening, kind="reset")
+        rt._interrupt(self.key, [e.turn_id for e in rt._engines.values() if e.turn_id] if
+                      self.key in rt._engines else [])
+        rt._kick(self.key)
+        done = await self.result(entry)
+        return ResetResult(**json.loads(done.text or "{}"))
+
+    async def archive(self, generation: int) -> Archive:
+        """The messages and steps of a generation (an archived one, or the live one)."""
+        await self.runtime.open()
+        store = self.runtime.store
+        return Archive(generation, await store.read_messages(self.key, generation=generation),
+                       await store.read_steps(self.key, generation))
 
     async def result(self, turn_id: str) -> TurnResult:
         """Wait until the turn completes, fails, is cancelled or parks.

@@ -29,6 +29,7 @@ T = TypeVar("T")
 
 SessionStatus = Literal["new", "idle", "running", "suspended"]
 TurnStatus = Literal["queued", "running", "suspended", "completed", "failed", "cancelled"]
+TurnKind = Literal["turn", "reset"]
 
 UNFINISHED: frozenset[str] = frozenset({"queued", "running"})
 """Turn statuses the turn chain still has to drive."""
@@ -67,6 +68,8 @@ class TurnRecord:
     reason: str | None = None
     cancel: str | None = None
     """A durable cancellation request's reason, if one was made."""
+    kind: TurnKind = "turn"
+    """``reset`` for a session reset waiting its place in the chain (F8)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +99,8 @@ class Writes:
     events: list[TurnEvent] = field(default_factory=list)
     turns: dict[str, TurnUpdate] = field(default_factory=dict)
     status: SessionStatus | None = None
+    new_generation: bool = False
+    """Archive the live log: bump the generation, status ``new``, cancel a stale park."""
 
 
 class Transaction(Protocol):
@@ -134,6 +139,13 @@ class Transaction(Protocol):
     def set_turn(self, turn_id: str, update: TurnUpdate) -> None: ...
 
     def set_status(self, status: SessionStatus) -> None: ...
+
+    def new_generation(self) -> None:
+        """Archive the live log under the current generation and start an empty one (F8).
+
+        The session's status becomes ``new`` and a suspended turn is cancelled (``reset``).
+        """
+        ...
 
 
 class Lease(Protocol):
@@ -179,14 +191,19 @@ class SessionStore(Protocol):
 
     async def enqueue_turn(self, key: SessionKey, turn_id: str, opening: Message,
                            event: dict[str, Any] | None = None,
-                           policy: dict[str, Any] | None = None) -> tuple[TurnRecord, bool]:
+                           policy: dict[str, Any] | None = None, *, kind: TurnKind = "turn",
+                           supersede: str | None = None) -> tuple[TurnRecord, bool]:
         """Accept a turn at the end of the chain, durably; creates the session if needed.
+
+        In the same transaction, with ``supersede`` set, every queued or running turn gets a
+        cancellation request with that reason (``replace=True``). A ``reset`` entry always
+        supersedes (reason ``reset``) and is accepted even while the session is parked.
 
         Returns the turn and whether it was new. A turn id the session already has is
         returned as it is (a redelivery).
 
         Raises:
-            SessionBusyError: another turn of the session is suspended.
+            SessionBusyError: a turn of the session is suspended and no reset is queued.
         """
         ...
 
@@ -212,6 +229,10 @@ class SessionStore(Protocol):
         ...
 
     async def read_step(self, key: SessionKey, step_id: str) -> str | None: ...
+
+    async def read_steps(self, key: SessionKey, generation: int) -> dict[str, str]:
+        """Every step of one generation (live or archived), by step id."""
+        ...
 
     async def read_events(self, key: SessionKey, *, after_seq: int = 0,
                           turn_id: str | None = None) -> list[EventRecord]: ...

@@ -5,11 +5,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+from collections.abc import Iterable
 
-from ..errors import LeaseTimeoutError
+from ..errors import LeaseTimeoutError, SessionBusyError
 from ..events import TurnEvent
 from ..messages import Message
-from . import SessionKey, SessionStatus, TurnUpdate, Writes
+from . import SessionKey, SessionStatus, TurnRecord, TurnUpdate, Writes
 
 
 class LeaseBase:
@@ -51,6 +52,9 @@ class BufferedTransaction:
     def set_status(self, status: SessionStatus) -> None:
         self.writes.status = status
 
+    def new_generation(self) -> None:
+        self.writes.new_generation = True
+
     def first_index(self) -> int:
         """The index the first buffered message gets."""
         return self.lease.message_count
@@ -59,6 +63,9 @@ class BufferedTransaction:
         """Advance the lease's counters once the backend committed."""
         self.lease.last_seq = self._seq
         self.lease.message_count = self._count
+        if self.writes.new_generation:
+            self.lease.generation += 1
+            self.lease.message_count = 0
 
 
 async def poll_until(
@@ -75,3 +82,18 @@ async def poll_until(
             )
         await asyncio.sleep(pause)
         pause = min(pause * 2, 0.1)
+
+
+def check_not_parked(key: SessionKey, turns: Iterable[TurnRecord]) -> None:
+    """Refuse a new turn while one is parked, unless a reset is queued to clear the park."""
+    parked = None
+    for t in turns:
+        if t.status == "suspended":
+            parked = t
+        elif t.kind == "reset" and t.status == "queued":
+            return
+    if parked is not None:
+        raise SessionBusyError(
+            f"session {key} is parked on turn {parked.turn_id!r} waiting for input; "
+            "resume it (or reset the session) before starting another turn"
+        )

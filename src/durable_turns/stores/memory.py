@@ -7,7 +7,6 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
-from ..errors import SessionBusyError
 from ..events import EventRecord, encode_event
 from ..messages import Message
 from . import (
@@ -16,9 +15,10 @@ from . import (
     SessionKey,
     SessionStatus,
     Transaction,
+    TurnKind,
     TurnRecord,
 )
-from ._base import BufferedTransaction, LeaseBase, poll_until
+from ._base import BufferedTransaction, LeaseBase, check_not_parked, poll_until
 
 T = TypeVar("T")
 
@@ -71,6 +71,13 @@ class _MemoryLease(LeaseBase):
             )
         if w.status is not None:
             s.status = w.status
+        if w.new_generation:
+            s.generation += 1
+            s.status = "new"
+            for t in list(s.turns.values()):
+                if t.status == "suspended":
+                    s.turns[t.turn_id] = replace(t, status="cancelled", reason="reset",
+                                                 request=None)
         tx.committed()
 
     async def release(self) -> None:
@@ -122,13 +129,20 @@ class MemoryStore:
         opening: Message,
         event: dict[str, Any] | None = None,
         policy: dict[str, Any] | None = None,
+        *,
+        kind: TurnKind = "turn",
+        supersede: str | None = None,
     ) -> tuple[TurnRecord, bool]:
         s = self._get(key)
         if turn_id in s.turns:
             return s.turns[turn_id], False
-        _check_not_parked(key, s.turns.values())
+        if kind == "turn":
+            check_not_parked(key, s.turns.values())
+        reason = "reset" if kind == "reset" else supersede
+        if reason is not None:
+            await self.request_cancel(key, None, reason)
         self._ordinal += 1
-        rec = TurnRecord(turn_id, self._ordinal, "queued", opening, event, policy)
+        rec = TurnRecord(turn_id, self._ordinal, "queued", opening, event, policy, kind=kind)
         s.turns[turn_id] = rec
         return rec, True
 
@@ -179,6 +193,12 @@ class MemoryStore:
         s = self._sessions.get(key)
         return s.steps.get((s.generation, step_id)) if s else None
 
+    async def read_steps(self, key: SessionKey, generation: int) -> dict[str, str]:
+        s = self._sessions.get(key)
+        if s is None:
+            return {}
+        return {sid: d for (g, sid), d in s.steps.items() if g == generation}
+
     async def read_events(
         self, key: SessionKey, *, after_seq: int = 0, turn_id: str | None = None
     ) -> list[EventRecord]:
@@ -195,11 +215,3 @@ class MemoryStore:
             if any(t.status in UNFINISHED for t in s.turns.values())
         )
 
-
-def _check_not_parked(key: SessionKey, turns: Any) -> None:
-    for t in turns:
-        if t.status == "suspended":
-            raise SessionBusyError(
-                f"session {key} is parked on turn {t.turn_id!r} waiting for input; "
-                "resume it (or reset the session) before starting another turn"
-            )

@@ -23,11 +23,11 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ..errors import FatalToolError, SessionBusyError, StoreError
+from ..errors import FatalToolError, StoreError
 from ..events import EventRecord, encode_event
 from ..messages import Message, decode_message, encode_message
-from . import SessionInfo, SessionKey, Transaction, TurnRecord
-from ._base import BufferedTransaction, LeaseBase, poll_until
+from . import SessionInfo, SessionKey, Transaction, TurnKind, TurnRecord
+from ._base import BufferedTransaction, LeaseBase, check_not_parked, poll_until
 
 T = TypeVar("T")
 
@@ -48,6 +48,7 @@ MIGRATIONS: list[str] = [
         ordinal INTEGER PRIMARY KEY,
         sid INTEGER NOT NULL,
         turn_id TEXT NOT NULL,
+        kind TEXT NOT NULL DEFAULT 'turn',
         status TEXT NOT NULL,
         opening TEXT NOT NULL,
         event TEXT, policy TEXT, request TEXT,
@@ -75,7 +76,7 @@ MIGRATIONS: list[str] = [
 
 _SID = "(SELECT sid FROM sessions WHERE agent = ? AND session = ?)"
 _TURN_COLS = (
-    "turn_id, ordinal, status, opening, event, policy, request, text, error, reason, cancel"
+    "turn_id, ordinal, status, opening, event, policy, request, text, error, reason, cancel, kind"
 )
 _F_OFD_SETLK = getattr(fcntl, "F_OFD_SETLK", 37)
 
@@ -105,7 +106,7 @@ def _turn(row: tuple[Any, ...]) -> TurnRecord:
     return TurnRecord(
         turn_id=row[0], ordinal=row[1], status=row[2], opening=decode_message(row[3]),
         event=_load(row[4]), policy=_load(row[5]), request=_load(row[6]),
-        text=row[7], error=row[8], reason=row[9], cancel=row[10],
+        text=row[7], error=row[8], reason=row[9], cancel=row[10], kind=row[11],
     )
 
 
@@ -344,6 +345,16 @@ class SqliteStore:
             )
         if w.status is not None:
             c.execute("UPDATE sessions SET status = ? WHERE sid = ?", (w.status, sid))
+        if w.new_generation:
+            c.execute(
+                "UPDATE sessions SET generation = generation + 1, status = 'new' WHERE sid = ?",
+                (sid,),
+            )
+            c.execute(
+                "UPDATE turns SET status = 'cancelled', reason = 'reset', request = NULL "
+                "WHERE sid = ? AND status = 'suspended'",
+                (sid,),
+            )
 
     async def enqueue_turn(
         self,
@@ -352,6 +363,9 @@ class SqliteStore:
         opening: Message,
         event: dict[str, Any] | None = None,
         policy: dict[str, Any] | None = None,
+        *,
+        kind: TurnKind = "turn",
+        supersede: str | None = None,
     ) -> tuple[TurnRecord, bool]:
         c = self._conn_or_raise()
         async with self._write_lock:
@@ -365,25 +379,32 @@ class SqliteStore:
                 if row is not None:
                     c.execute("COMMIT")
                     return _turn(row), False
-                parked = c.execute(
-                    "SELECT turn_id FROM turns WHERE sid = ? AND status = 'suspended'", (sid,)
-                ).fetchone()
-                if parked is not None:
-                    raise SessionBusyError(
-                        f"session {key} is parked on turn {parked[0]!r} waiting for input; "
-                        "resume it (or reset the session) before starting another turn"
+                if kind == "turn":
+                    open_turns = c.execute(
+                        f"SELECT {_TURN_COLS} FROM turns WHERE sid = ? "
+                        "AND status IN ('queued', 'running', 'suspended') ORDER BY ordinal",
+                        (sid,),
+                    ).fetchall()
+                    check_not_parked(key, [_turn(r) for r in open_turns])
+                reason = "reset" if kind == "reset" else supersede
+                if reason is not None:
+                    c.execute(
+                        "UPDATE turns SET cancel = ? WHERE sid = ? AND cancel IS NULL "
+                        "AND status IN ('queued', 'running')",
+                        (reason, sid),
                     )
                 cur = c.execute(
-                    "INSERT INTO turns (sid, turn_id, status, opening, event, policy) "
-                    "VALUES (?, ?, 'queued', ?, ?, ?)",
-                    (sid, turn_id, encode_message(opening), _dump(event), _dump(policy)),
+                    "INSERT INTO turns (sid, turn_id, kind, status, opening, event, policy) "
+                    "VALUES (?, ?, ?, 'queued', ?, ?, ?)",
+                    (sid, turn_id, kind, encode_message(opening), _dump(event), _dump(policy)),
                 )
                 c.execute("COMMIT")
             except BaseException:
                 c.execute("ROLLBACK")
                 raise
         assert cur.lastrowid is not None
-        return TurnRecord(turn_id, cur.lastrowid, "queued", opening, event, policy), True
+        rec = TurnRecord(turn_id, cur.lastrowid, "queued", opening, event, policy, kind=kind)
+        return rec, True
 
     async def request_cancel(
         self, key: SessionKey, turn_id: str | None, reason: str
@@ -450,6 +471,13 @@ class SqliteStore:
             (key.agent, key.session, step_id),
         ).fetchone()
         return None if row is None else str(row[0])
+
+    async def read_steps(self, key: SessionKey, generation: int) -> dict[str, str]:
+        rows = self._conn_or_raise().execute(
+            f"SELECT step_id, data FROM steps WHERE sid = {_SID} AND gen = ?",
+            (key.agent, key.session, generation),
+        ).fetchall()
+        return dict(rows)
 
     async def read_events(
         self, key: SessionKey, *, after_seq: int = 0, turn_id: str | None = None

@@ -1,0 +1,259 @@
+"""Cancellation, replace and reset (F7, F8), on every store.
+
+Timing is made deterministic by a gated model and gated tools: the test waits on the events
+they set, never on sleeps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from durable_turns import Agent, Runtime, Stop, TextDelta, ToolCall, ToolContext, tool
+from durable_turns.errors import UnknownTurnError
+from durable_turns.events import TurnEvent
+from durable_turns.models import ModelEvent, ModelRequest
+from durable_turns.models.scripted import calls_this_turn
+from durable_turns.stores import SessionStore
+
+
+class GatedModel:
+    """Replies from a script; a reply marked ``gate`` streams one delta, then waits."""
+
+    def __init__(self, script: list[Any]) -> None:
+        self.script = script
+        self.streaming = asyncio.Event()
+        self.gate = asyncio.Event()
+        self.closed = 0
+        self.calls = 0
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
+        self.calls += 1
+        reply = self.script[min(calls_this_turn(request), len(self.script) - 1)]
+        try:
+            if reply == "gate":
+                yield TextDelta("thinking about it")
+                self.streaming.set()
+                await self.gate.wait()
+                yield Stop("end_turn")
+                return
+            text, calls = reply
+            if text:
+                yield TextDelta(text)
+            for c in calls:
+                yield c
+            yield Stop("tool_use" if calls else "end_turn")
+        finally:
+            self.closed += 1
+
+
+runs: list[str] = []
+
+
+def make_runtime(store: SessionStore, model: GatedModel, *tools: Any) -> Runtime:
+    return Runtime([Agent("ops", "", list(tools))], store, model)
+
+
+@tool
+async def note(text: str) -> str:
+    """Note something."""
+    runs.append(text)
+    return text
+
+
+@pytest.fixture(autouse=True)
+def _clear() -> None:
+    runs.clear()
+
+
+def call(cid: str, name: str = "note", **args: Any) -> ToolCall:
+    return ToolCall(cid, name, args or {"text": cid})
+
+
+async def test_cancel_while_the_model_streams_closes_the_stream(store: SessionStore) -> None:
+    model = GatedModel(["gate"])
+    rt = make_runtime(store, model, note)
+    s = rt.session("ops", "s1")
+    seen: list[TurnEvent] = []
+    s.observe(seen.append)
+    t = await s.start("go")
+    await model.streaming.wait()
+    assert await s.cancel(t.turn_id, reason="user pressed stop") == [t.turn_id]
+    r = await s.result(t.turn_id)
+    assert (r.status, r.reason) == ("cancelled", "user pressed stop")
+    assert model.closed == 1 and not model.gate.is_set()  # closed, not read to the end
+    assert [m.role for m in await s.transcript()] == ["user"]  # the partial reply never committed
+    assert seen[-1].type == "turn.cancelled" and seen[-1].reason == "user pressed stop"  # type: ignore[attr-defined]
+    assert await s.status() == "idle"
+    await rt.close()
+
+
+async def test_a_queued_turn_cancelled_before_its_opening_commits(store: SessionStore) -> None:
+    model = GatedModel(["gate"])
+    rt = make_runtime(store, model, note)
+    s = rt.session("ops", "s1")
+    first = await s.start("first")
+    second = await s.start("second")
+    await model.streaming.wait()
+    await s.cancel(second.turn_id)
+    model.gate.set()
+    assert (await s.result(first.turn_id)).status == "completed"
+    assert (await s.result(second.turn_id)).status == "cancelled"
+    assert [m.text for m in await s.transcript() if m.role == "user"] == ["first"]
+    await rt.close()
+
+
+async def test_a_tool_cancelling_its_own_turn_stops_at_the_next_boundary(
+    store: SessionStore,
+) -> None:
+    holder: dict[str, Any] = {}
+
+    @tool
+    async def stop_me(ctx: ToolContext) -> str:
+        """Cancel the turn this tool runs in."""
+        await holder["session"].cancel(ctx.turn_id, reason="tool said stop")
+        return "stopping"
+
+    model = GatedModel([("", [call("c1"), call("c2", "stop_me"), call("c3"), call("c4")]),
+                        ("never asked", [])])
+    rt = make_runtime(store, model, note, stop_me)
+    s = holder["session"] = rt.session("ops", "s1")
+    r = await s.turn("go")
+    assert (r.status, r.reason) == ("cancelled", "tool said stop")
+    tools = [(m.call_id, m.result) for m in await s.transcript() if m.role == "tool"]
+    assert tools == [("c1", "c1"), ("c2", "stopping"),
+                     ("c3", {"cancelled": True}), ("c4", {"cancelled": True})]
+    assert runs == ["c1"]  # the unrun calls never ran
+    assert model.calls == 1  # no model call after the cancel
+    # the transcript stays a valid conversation: the next turn runs on it
+    model.script = [("next", [])]
+    assert (await s.turn("again")).text == "next"
+    await rt.close()
+
+
+async def test_replace_cancels_running_and_queued_turns(store: SessionStore) -> None:
+    model = GatedModel(["gate"])
+    rt = make_runtime(store, model, note)
+    s = rt.session("ops", "s1")
+    a = await s.start("a")
+    b = await s.start("b")
+    c = await s.start("c")
+    await model.streaming.wait()
+    model.script = [("fresh answer", [])]
+    d = await s.start("d", turn_id="d", replace=True)
+    results = [await s.result(t.turn_id) for t in (a, b, c, d)]
+    assert [r.status for r in results] == ["cancelled", "cancelled", "cancelled", "completed"]
+    assert all(r.reason == "superseded by turn d" for r in results[:3])
+    assert results[3].text == "fresh answer"
+    assert [m.text for m in await s.transcript() if m.role == "user"] == ["a", "d"]
+    await rt.close()
+
+
+async def test_cancel_bad_input(store: SessionStore) -> None:
+    rt = make_runtime(store, GatedModel([("done", [])]), note)
+    s = rt.session("ops", "s1")
+    with pytest.raises(UnknownTurnError):
+        await s.cancel("no-such-turn")
+    t = await s.turn("hi")
+    assert await s.cancel(t.turn_id) == []  # already finished: a no-op that says so
+    assert await s.cancel() == []
+    await rt.close()
+
+
+async def test_reset_archives_the_log_and_the_next_turn_starts_empty(
+    store: SessionStore,
+) -> None:
+    model = GatedModel([("", [call("c1")]), ("first answer", [])])
+    rt = make_runtime(store, model, note)
+    s = rt.session("ops", "s1")
+    await s.turn("before")
+    before = await s.transcript()
+    steps_before = await s.archive(0)
+    model.script = ["gate"]
+    running = await s.start("running")
+    queued = await s.start("queued")
+    await model.streaming.wait()
+    reset = asyncio.create_task(s.reset())
+    await asyncio.sleep(0)
+    model.script = [("after reset", [])]
+    after = await s.start("after", turn_id="after")
+    res = await reset
+    assert (res.previous_session, res.generation) == ("s1#g0", 1)
+    assert (await s.result(running.turn_id)).reason == "reset"
+    assert (await s.result(queued.turn_id)).status == "cancelled"
+    assert (await s.result("after")).text == "after reset"
+    live = await s.transcript()
+    assert [m.text for m in live if m.role != "tool"] == ["after", "after reset"]
+    archived = await s.archive(0)
+    assert archived.messages[: len(before)] == before
+    assert archived.steps.items() >= steps_before.steps.items()
+    assert (await s.reset()).previous_session == "s1#g1"
+    assert await s.status() == "new" and await s.transcript() == []
+    await rt.close()
+
+
+async def test_reset_of_a_session_that_never_existed(store: SessionStore) -> None:
+    rt = make_runtime(store, GatedModel([("x", [])]))
+    res = await rt.session("ops", "ghost").reset()
+    assert (res.previous_session, res.generation) == ("ghost#g0", 1)
+    await rt.close()
+
+
+CHILD = """
+import asyncio, sys, pathlib
+from durable_turns import Agent, ModelReply, Runtime, SqliteStore, ToolCall, scripted, tool
+
+db, marks = sys.argv[1], pathlib.Path(sys.argv[2])
+
+@tool
+async def slow(n: int) -> int:
+    '''Writes a mark, then waits for ever.'''
+    with marks.open("a") as f:
+        f.write(f"{n}\\n")
+    await asyncio.Event().wait()
+    return n
+
+model = scripted([ModelReply("", [ToolCall("c1", "slow", {"n": 1}), ToolCall("c2", "slow", {"n": 2})]),
+                  ModelReply("done")])
+
+async def main():
+    rt = Runtime([Agent("ops", "", [slow])], SqliteStore(db), model)
+    await rt.session("ops", "s1").start("go", turn_id="t1")
+    await asyncio.Event().wait()
+
+asyncio.run(main())
+"""
+
+
+async def test_a_cancel_survives_a_crash(tmp_path: Any) -> None:
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from durable_turns import ModelReply, SqliteStore, scripted
+
+    db, marks = tmp_path / "db.sqlite", tmp_path / "marks"
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(db), str(marks)])
+    try:
+        deadline = time.monotonic() + 30
+        while not (marks.exists() and marks.read_text()):
+            assert child.poll() is None and time.monotonic() < deadline
+            await asyncio.sleep(0.02)
+        rt = Runtime([Agent("ops", "", [note])], SqliteStore(db),
+                     scripted([ModelReply("never")]))
+        s = rt.session("ops", "s1")
+        assert await s.cancel("t1", reason="operator") == ["t1"]
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    await rt.recover()
+    r = await s.result("t1")
+    assert (r.status, r.reason) == ("cancelled", "operator")
+    assert marks.read_text() == "1\n"  # the interrupted call was not run again
+    tools = [(m.call_id, m.result) for m in await s.transcript() if m.role == "tool"]
+    assert tools == [("c1", {"cancelled": True}), ("c2", {"cancelled": True})]
+    await rt.close()
