@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
+import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -11,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from durable_turns import Agent, Runtime, SqliteStore, Tool, ToolContext
 from durable_turns.errors import ConfigurationError, ModelError
 from durable_turns.messages import Message, ToolCall
 from durable_turns.models import ModelRequest, Stop, TextDelta, ThinkingDelta
@@ -405,7 +408,7 @@ async def test_a_mid_stream_stall_hits_the_read_timeout() -> None:
 
 
 async def test_closing_the_stream_closes_the_http_response_promptly() -> None:
-    app = anthropic_app([Reply([Text("one two three four five six")], delay=0.2)])
+    app = anthropic_app([Reply([Text("one two three four five six")], stall_after=4, stall=10)])
     async with serving(app) as url:
         model = anthropic("claude-test", api_key="k", base_url=url, max_retries=0)
         try:
@@ -440,3 +443,173 @@ def test_repr_and_request_shape() -> None:
                       "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
                       "thinking": {"type": "adaptive"}}
     assert json.dumps(params)  # plain JSON: no SDK objects
+
+
+# -- through the engine ------------------------------------------------------------------------
+
+
+def ops_agent(counts: dict[str, int] | None = None) -> Agent:
+    seen = counts if counts is not None else {}
+
+    def add(args: dict[str, Any], ctx: ToolContext) -> int:
+        seen["add"] = seen.get("add", 0) + 1
+        return int(args["a"]) + int(args["b"])
+
+    async def weather(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+        seen["weather"] = seen.get("weather", 0) + 1
+        return {"city": args["city"], "sky": "sunny"}
+
+    async def broken(args: dict[str, Any], ctx: ToolContext) -> None:
+        raise RuntimeError("the sensor is offline")
+
+    city = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    return Agent("ops", "You are terse.", tools=[
+        Tool(ADD, add), Tool(ToolSpec("weather", "Weather in a city.", city), weather),
+        Tool(ToolSpec("sensor", "Read the sensor."), broken)])
+
+
+async def test_a_multi_tool_turn_through_the_engine(tmp_path: Path) -> None:
+    add, weather = ToolUse("add", {"a": 2, "b": 40}), ToolUse("weather", {"city": "Paris"})
+    sensor = ToolUse("sensor", {})
+    app = anthropic_app([
+        Reply([Text("Let me check both."), add, weather], cache_read_input_tokens=8),
+        Reply([sensor]),
+        Reply([Text("42, sunny in Paris; the sensor is offline.")]),
+    ])
+    counts: dict[str, int] = {}
+    events: list[Any] = []
+    runtime = Runtime(agents=[ops_agent(counts)], store=SqliteStore(tmp_path / "s.sqlite"),
+                      model=model_for(app))
+    async with runtime:
+        session = runtime.session("ops", "s1")
+        session.observe(events.append, turn_id="t1")
+        result = await session.turn(user_text="2+40, Paris weather, and the sensor?",
+                                    turn_id="t1")
+        transcript = await session.transcript()
+    assert (result.status, result.text) == ("completed",
+                                            "42, sunny in Paris; the sensor is offline.")
+    assert counts == {"add": 1, "weather": 1}
+    assert [m.role for m in transcript] == ["user", "assistant", "tool", "tool", "assistant",
+                                            "tool", "assistant"]
+    assert transcript[1].usage == {"input_tokens": 21, "output_tokens": 34,
+                                   "cache_read_input_tokens": 8}
+    second, third = (r["body"]["messages"] for r in app.state.requests[1:])
+    assert second[-1] == {"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": add.id, "content": "42"},
+        {"type": "tool_result", "tool_use_id": weather.id,
+         "content": '{"city": "Paris", "sky": "sunny"}'}]}
+    assert third[-1] == {"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": sensor.id,
+         "content": '{"error": "RuntimeError: the sensor is offline"}', "is_error": True}]}
+    types = [e.type for e in events]
+    assert "message.delta" in types and types[-1] == "turn.completed"
+    completed = [e for e in events if e.type == "message.completed"]
+    assert [e.stop_reason for e in completed] == ["tool_use", "tool_use", "end_turn"]
+
+
+async def test_thinking_across_tool_use_through_the_engine(tmp_path: Path) -> None:
+    first, second = Thinking("Need the sum first."), Thinking("Now the weather.")
+    add, weather = ToolUse("add", {"a": 1, "b": 2}), ToolUse("weather", {"city": "Oslo"})
+    app = anthropic_app([Reply([first, add]), Reply([second, Text("Also:"), weather]),
+                         Reply([Thinking("Both done."), Text("3, and sunny in Oslo.")])])
+    runtime = Runtime(agents=[ops_agent()], store=SqliteStore(tmp_path / "s.sqlite"),
+                      model=model_for(app, thinking=True))
+    async with runtime:
+        session = runtime.session("ops", "s1")
+        result = await session.turn(user_text="1+2 and Oslo?", turn_id="t1")
+        transcript = await session.transcript()
+    assert (result.status, result.text) == ("completed", "3, and sunny in Oslo.")
+    # Stored verbatim (read back from SQLite) and sent back unchanged on every later call.
+    stored = [list(m.content) for m in transcript if m.role == "assistant"]
+    assert stored[0] == [
+        {"type": "thinking", "thinking": first.thinking, "signature": first.signature},
+        {"type": "tool_use", "id": add.id, "name": "add", "input": {"a": 1, "b": 2}}]
+    assert stored[1][0]["signature"] == second.signature
+    assert assistant_blocks(app.state.requests[1]["body"]) == stored[:1]
+    assert assistant_blocks(app.state.requests[2]["body"]) == stored[:2]
+    assert all(r["body"]["thinking"] == {"type": "adaptive"} for r in app.state.requests)
+
+
+@pytest.mark.parametrize(("script", "error"), [
+    ([Fail(529, "Overloaded", headers={"retry-after-ms": "1"})] * 3,
+     "anthropic: HTTP 529 overloaded_error: Overloaded (after 2 retries; request-id req_"),
+    ([Reply([Text("Hello there, world")], cut_after=5)],
+     "anthropic: the stream ended before message_stop"),
+    ([Reply([Text("Hello there, world")], error_after=4)],
+     "anthropic: error event mid-stream: overloaded_error: Overloaded"),
+])
+async def test_a_failed_model_call_fails_the_turn_and_commits_nothing(
+    tmp_path: Path, script: list[Any], error: str,
+) -> None:
+    app = anthropic_app(script)
+    events: list[Any] = []
+    runtime = Runtime(agents=[ops_agent()], store=SqliteStore(tmp_path / "s.sqlite"),
+                      model=model_for(app, max_retries=2))
+    async with runtime:
+        session = runtime.session("ops", "s1")
+        session.observe(events.append, turn_id="t1")
+        result = await session.turn(user_text="hi", turn_id="t1")
+        transcript = await session.transcript()
+    assert result.status == "failed" and (result.error or "").startswith(error)
+    assert [m.role for m in transcript] == ["user"]
+    failed = [e for e in events if e.type == "turn.failed"]
+    assert len(failed) == 1 and failed[0].error.startswith(error)
+
+
+async def test_thinking_survives_a_sigkill_and_a_replay_in_a_new_process(tmp_path: Path) -> None:
+    think = Thinking("The disk check needs the probe tool.")
+    probe = ToolUse("probe", {"path": "/"})
+    app = anthropic_app([Reply([think, Text("Checking."), probe]),
+                         Reply([Text("The disk is fine: 81% free.")])])
+    child = Path(__file__).parent / "fakes" / "thinking_child.py"
+    db = tmp_path / "s.sqlite"
+
+    async def deliver(url: str, mode: str) -> tuple[int, str]:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, str(child), str(db), url, "turn-1", mode,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
+        assert proc.returncode is not None
+        return proc.returncode, out.decode() + err.decode()
+
+    async with serving(app) as url:
+        code, output = await deliver(url, "crash")
+        assert code == -signal.SIGKILL, output
+        assert len(app.state.requests) == 1  # the thinking step committed, then the kill
+        code, output = await deliver(url, "replay")
+        assert code == 0, output
+    result = json.loads(output.strip().splitlines()[-1])
+    assert result == {"status": "completed", "text": "The disk is fine: 81% free.",
+                      "error": None}
+    assert len(app.state.requests) == 2  # the replay did not call the model for step 1 again
+    replayed = app.state.requests[1]["body"]["messages"]
+    assert replayed[1] == {"role": "assistant", "content": [
+        {"type": "thinking", "thinking": think.thinking, "signature": think.signature},
+        {"type": "text", "text": "Checking."},
+        {"type": "tool_use", "id": probe.id, "name": "probe", "input": {"path": "/"}}]}
+    assert replayed[2] == {"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": probe.id,
+         "content": '{"path": "/", "free": "81%"}'}]}
+
+
+async def test_cancelling_a_turn_closes_the_model_stream_promptly(tmp_path: Path) -> None:
+    app = anthropic_app([Reply([Text("one two three four five six")], stall_after=4, stall=10)])
+    events: list[Any] = []
+    async with serving(app) as url:
+        model = anthropic("claude-test", api_key="k", base_url=url, max_retries=0)
+        async with Runtime(agents=[ops_agent()], store=SqliteStore(tmp_path / "s.sqlite"),
+                           model=model) as runtime:
+            session = runtime.session("ops", "s1")
+            session.observe(events.append, turn_id="t1")
+            await session.start(user_text="count slowly", turn_id="t1")
+            while not any(e.type == "message.delta" for e in events):
+                await asyncio.sleep(0.01)  # the stream is open and stalled mid-reply
+            began = time.monotonic()
+            await session.cancel("t1", reason="the user left")
+            result = await asyncio.wait_for(session.result("t1"), 5)
+            await asyncio.wait_for(app.state.closed[0].wait(), 2)
+            assert time.monotonic() - began < 1.5
+            transcript = await session.transcript()
+        await model.aclose()
+    assert (result.status, result.reason) == ("cancelled", "the user left")
+    assert [m.role for m in transcript] == ["user"]

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from durable_turns import Agent, Runtime, SqliteStore, Tool, ToolContext
 from durable_turns.errors import ConfigurationError, ModelError
 from durable_turns.messages import Message, ToolCall
 from durable_turns.models import ModelRequest, Stop, TextDelta, ThinkingDelta
@@ -368,7 +369,7 @@ async def test_a_mid_stream_stall_hits_the_read_timeout() -> None:
 
 
 async def test_closing_the_stream_closes_the_http_response_promptly() -> None:
-    app = openai_app([Completion("one two three four five six", delay=0.2)])
+    app = openai_app([Completion("one two three four five six", stall_after=2, stall=10)])
     async with serving(app) as url:
         model = openai_compatible("gpt-test", api_key="k", base_url=f"{url}/v1", max_retries=0)
         try:
@@ -392,3 +393,45 @@ async def test_connection_refused_is_a_retryable_model_error() -> None:
     finally:
         await model.aclose()
     assert info.value.retryable
+
+
+# -- through the engine ------------------------------------------------------------------------
+
+
+async def test_a_multi_tool_turn_through_the_engine(tmp_path: Path) -> None:
+    calls = {"add": 0, "now": 0}
+
+    def add(args: dict[str, Any], ctx: ToolContext) -> int:
+        calls["add"] += 1
+        return int(args["a"]) + int(args["b"])
+
+    async def now(args: dict[str, Any], ctx: ToolContext) -> str:
+        calls["now"] += 1
+        return "12:00"
+
+    a, b = Call("add", {"a": 2, "b": 40}), Call("now", {}, id=None)
+    app = openai_app([Completion("Checking.", calls=[a, b], finish_reason="stop",
+                                 whole_calls=True),
+                      Completion("42, at 12:00.")])
+    agent = Agent("ops", "You are terse.", tools=[Tool(ADD, add), Tool(NOW, now)])
+    model = openai_compatible("llama3.1", base_url="http://fake/v1", max_retries=0,
+                              http_client=in_process(app))
+    async with Runtime(agents=[agent], store=SqliteStore(tmp_path / "s.sqlite"),
+                       model=model) as runtime:
+        session = runtime.session("ops", "s1")
+        result = await session.turn(user_text="2+40, and the time?", turn_id="t1")
+        transcript = await session.transcript()
+    assert (result.status, result.text) == ("completed", "42, at 12:00.")
+    assert calls == {"add": 1, "now": 1}
+    assert [m.role for m in transcript] == ["user", "assistant", "tool", "tool", "assistant"]
+    minted = transcript[1].tool_calls[1].id  # the server sent no id: one was made and kept
+    assert app.state.requests[1]["body"]["messages"][2:] == [
+        {"role": "assistant", "content": "Checking.", "tool_calls": [
+            {"id": a.id, "type": "function",
+             "function": {"name": "add", "arguments": '{"a": 2, "b": 40}'}},
+            {"id": minted, "type": "function", "function": {"name": "now", "arguments": "{}"}},
+        ]},
+        {"role": "tool", "tool_call_id": a.id, "content": "42"},
+        {"role": "tool", "tool_call_id": minted, "content": "12:00"},
+    ]
+    assert app.state.requests[0]["headers"]["authorization"] == "Bearer unused"
