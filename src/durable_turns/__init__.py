@@ -18,16 +18,26 @@ from __future__ import annotations
 from .agent import Agent, SurfacePolicy
 from .errors import (
     FatalToolError,
+    InvalidInputError,
     ResumeAuthorizationError,
+    ResumeConflictError,
     SessionBusyError,
     TurnSuspendedError,
 )
+from .hitl import InputRequest
 from .events import TurnEvent
 from .inbound import InboundEvent, Trigger, User
 from .messages import Message, ToolCall
 from .models import Model, ModelRequest, Stop, TextDelta
 from .models.scripted import ModelReply, scripted
-from .sessions import AgentSession, Runtime, StartedTurn, TurnResult
+from .sessions import (
+    AgentSession,
+    ResetResult,
+    Runtime,
+    StartedTurn,
+    TurnResult,
+    grant_answer,
+)
 from .stores.memory import MemoryStore
 from .stores.sqlite import SqliteStore
 from .tools import ActionContext, Tool, ToolContext, ToolSpec, define_action, tool
@@ -38,12 +48,16 @@ __all__ = [
     "AgentSession",
     "FatalToolError",
     "InboundEvent",
+    "InputRequest",
+    "InvalidInputError",
     "MemoryStore",
     "Message",
     "Model",
     "ModelReply",
     "ModelRequest",
+    "ResetResult",
     "ResumeAuthorizationError",
+    "ResumeConflictError",
     "Runtime",
     "SessionBusyError",
     "SqliteStore",
@@ -61,6 +75,7 @@ __all__ = [
     "TurnSuspendedError",
     "User",
     "define_action",
+    "grant_answer",
     "scripted",
     "tool",
 ]

@@ -26,12 +26,15 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
+import jsonschema
+
 from .agent import Agent, SurfacePolicy
-from .errors import Cancelled, FatalToolError, ModelError, ToolDeclarationError
+from .errors import Cancelled, ConfigurationError, FatalToolError, ModelError, Parked
 from .events import (
     ActionCompleted,
     ActionRequested,
     EventIds,
+    InputRequested,
     MessageCompleted,
     MessageDelta,
     TurnCancelled,
@@ -40,6 +43,7 @@ from .events import (
     TurnFailed,
     TurnStarted,
 )
+from .hitl import InputRequest, default_answerers, input_step_id
 from .inbound import InboundEvent
 from .messages import Message, ToolCall, owed_calls
 from .models import ABNORMAL_STOPS, Model, ModelRequest, Stop, TextDelta
@@ -107,6 +111,7 @@ class TurnEngine:
         transcript: list[Message],
         publish: Publish,
         cancel_check: CancelCheck,
+        read_step: Callable[[str], Awaitable[str | None]],
     ) -> None:
         self.agent = agent
         self.model = model
@@ -114,6 +119,7 @@ class TurnEngine:
         self.transcript = transcript
         self._publish = publish
         self._cancel_check = cancel_check
+        self._read_step = read_step
         self.turn_id: str | None = None
         self._model_task: asyncio.Task[tuple[str, list[ToolCall], Stop | None]] | None = None
 
@@ -141,7 +147,9 @@ class TurnEngine:
                 n, owed = owed_calls(self.transcript)
                 last = self.transcript[n] if n >= 0 else None
                 if owed:
-                    await self._tool_step(turn, n, owed[0], policy, event)
+                    parked = await self._tool_step(turn, n, owed[0], policy, event)
+                    if parked is not None:
+                        return parked
                 elif last and last.role == "assistant" and not last.tool_calls \
                         and last.turn_id == turn.turn_id:
                     # The reply that ended the turn committed (with the turn's end, normally).
@@ -152,7 +160,7 @@ class TurnEngine:
                         return done
         except Cancelled as c:
             return await self._finish(turn.turn_id, TurnOutcome("cancelled", reason=c.reason))
-        except (ModelError, FatalToolError, ToolDeclarationError) as e:
+        except (ModelError, FatalToolError, ConfigurationError) as e:
             return await self._finish(turn.turn_id, TurnOutcome("failed", error=str(e)))
         except Exception as e:
             log.exception("turn %s of %s failed inside the engine", turn.turn_id, self.lease.key)
@@ -282,7 +290,9 @@ class TurnEngine:
     # -- tool step -------------------------------------------------------------------------
 
     async def _tool_step(self, turn: TurnRecord, n: int, call: ToolCall,
-                         policy: SurfacePolicy | None, event: InboundEvent | None) -> None:
+                         policy: SurfacePolicy | None, event: InboundEvent | None
+                         ) -> TurnOutcome | None:
+        """Run one owed call and commit its result; returns an outcome only if it parked."""
         turn_id = turn.turn_id
         step_id = f"tool:{n}:{call.id}"
         tool = self._tools(policy).get(call.name)
@@ -304,10 +314,16 @@ class TurnEngine:
         if problem is not None or tool is None:
             await self._record(turn_id, n, call, step_id, {"error": problem}, problem)
         elif tool.remote:
+            ctx.park = self._parker(turn_id, call.id, event)
             try:
                 result = _encode_result(await tool.run(args, ctx))
                 error = None
-            except (FatalToolError, ToolDeclarationError):
+            except Parked as p:
+                assert isinstance(p.request, InputRequest)
+                out = TurnOutcome("suspended", request=p.request.to_dict())
+                await self._commit(lambda tx: _now(self._end(tx, turn_id, out)))
+                return out
+            except (FatalToolError, ConfigurationError):
                 raise
             except Exception as e:
                 error = error_text(e)
@@ -315,6 +331,26 @@ class TurnEngine:
             await self._record(turn_id, n, call, step_id, result, error)
         else:
             await self._record(turn_id, n, call, step_id, None, None, local=(tool, args, ctx))
+        return None
+
+    def _parker(self, turn_id: str, call_id: str, event: InboundEvent | None
+                ) -> Callable[..., Awaitable[Any]]:
+        async def park(input_id: str, prompt: str, schema: Any, answerers: Any) -> Any:
+            stored = await self._read_step(input_step_id(turn_id, input_id))
+            if stored is not None:
+                return json.loads(stored)["value"]
+            if schema is not None:
+                try:
+                    jsonschema.validators.validator_for(schema).check_schema(schema)
+                except jsonschema.SchemaError as e:
+                    raise ConfigurationError(
+                        f"request_input({input_id!r}): invalid schema: {e.message}") from e
+            request = InputRequest(input_id, prompt, dict(schema) if schema else None,
+                                   default_answerers(answerers, event, input_id),
+                                   turn_id, call_id)
+            raise Parked(request)
+
+        return park
 
     async def _record(self, turn_id: str, n: int, call: ToolCall, step_id: str, result: Any,
                       error: str | None, local: tuple[Tool, dict[str, Any], ToolContext] | None
@@ -328,7 +364,7 @@ class TurnEngine:
                 ctx.store = tx
                 try:
                     result = await tx.run_local(lambda _h: _run_local(tool, args, ctx))
-                except (FatalToolError, ToolDeclarationError):
+                except (FatalToolError, ConfigurationError):
                     raise
                 except Exception as e:
                     error = error_text(e)
@@ -354,7 +390,8 @@ class TurnEngine:
             return [tx.add_event(TurnFailed(**ids, error=out.error or ""))]
         if out.status == "cancelled":
             return [tx.add_event(TurnCancelled(**ids, reason=out.reason or ""))]
-        return []
+        assert out.request is not None
+        return [tx.add_event(InputRequested(**ids, request=InputRequest.from_dict(out.request)))]
 
     async def reset(self, entry: TurnRecord, parked: list[str]) -> TurnOutcome:
         """Archive the live generation now that the reset's place in the chain has come (F8).
@@ -398,6 +435,10 @@ class TurnEngine:
         return out
 
 
+async def _now(value: list[TurnEvent]) -> list[TurnEvent]:
+    return value
+
+
 class _NoHandle:
     """The store handle a remote tool sees: there is no transaction to join."""
 
@@ -414,7 +455,7 @@ def _run_local(tool: Tool, args: dict[str, Any], ctx: ToolContext) -> Any:
         close = getattr(out, "close", None)
         if close is not None:
             close()  # never awaited: don't leave a dangling coroutine behind
-        raise ToolDeclarationError(
+        raise ConfigurationError(
             f"tool {tool.name!r} is a plain def that returned an awaitable; declare it "
             "`async def` so the engine awaits it as a remote tool (its result would be lost)"
         )

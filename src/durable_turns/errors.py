@@ -9,6 +9,9 @@ Failures (subclasses of ``Exception``, names ending in ``Error``)::
     ├── UnknownTurnError            a turn id the session never accepted
     ├── SessionBusyError            the session cannot take this turn now
     ├── TurnSuspendedError          turn() parked; resume it instead
+    ├── ResumeConflictError         resume() of a turn that is not parked on that input (409)
+    ├── ResumeAuthorizationError    the resumer may not answer that input (403)
+    ├── InvalidInputError           an answer that does not fit the request's schema
     ├── LeaseTimeoutError           another process drives the session and did not let go
     ├── StoreError                  the store cannot be opened or used
     ├── ModelError                  the model call failed (carries provider and status)
@@ -59,6 +62,15 @@ class TurnSuspendedError(DurableTurnsError):
         self.request = request
 
 
+class ResumeConflictError(DurableTurnsError):
+    """``resume()`` does not match the park: wrong turn, wrong input id, not suspended, or a
+    reset is pending."""
+
+
+class InvalidInputError(DurableTurnsError, ValueError):
+    """An answer that does not fit the input request's schema; nothing was stored."""
+
+
 class LeaseTimeoutError(DurableTurnsError):
     """Another process holds the session's lease and did not release it in time."""
 
@@ -103,6 +115,10 @@ class ResumeAuthorizationError(DurableTurnsError):
 
 class Parked(BaseException):
     """Signal: the running tool parked the turn to wait for a person (F6)."""
+
+    def __init__(self, request: object) -> None:
+        super().__init__(request)
+        self.request = request
 
 
 class Cancelled(BaseException):

@@ -178,6 +178,10 @@ def decode_event(agent: str, session: str, record: EventRecord) -> TurnEvent:
     data = json.loads(record.data)
     if "call" in data:
         data["call"] = ToolCall.from_dict(data["call"])
+    if record.type == "input.requested":
+        from .hitl import InputRequest
+
+        data["request"] = InputRequest.from_dict(data["request"])
     if "tool_calls" in data:
         data["tool_calls"] = tuple(ToolCall.from_dict(c) for c in data["tool_calls"])
     return cls(agent=agent, session=session, turn_id=record.turn_id, seq=record.seq, **data)

@@ -13,20 +13,37 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import uuid
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from .agent import Agent
+from .agent import Agent, AuthorizeAnswer
 from .engine import TurnEngine
-from .errors import ConfigurationError, TurnSuspendedError, UnknownAgentError, UnknownTurnError
+from .errors import (
+    ConfigurationError,
+    DurableTurnsError,
+    ResumeAuthorizationError,
+    ResumeConflictError,
+    TurnSuspendedError,
+    UnknownAgentError,
+    UnknownTurnError,
+)
 from .events import EventSink, TurnEvent, decode_event
+from .hitl import (
+    Grant,
+    InputRequest,
+    check_answerer,
+    input_step_id,
+    sign,
+    validate_answer,
+)
 from .inbound import InboundEvent, Trigger
 from .messages import Message
 from .models import Model
-from .stores import FINAL, Lease, SessionKey, SessionStore, TurnRecord
+from .stores import FINAL, Lease, SessionKey, SessionStore, TurnRecord, TurnUpdate
 
 log = logging.getLogger("durable_turns")
 
@@ -75,7 +92,8 @@ class Archive:
 
 
 def _result(rec: TurnRecord) -> TurnResult:
-    return TurnResult(rec.turn_id, rec.status, rec.text, rec.request,  # type: ignore[arg-type]
+    request = InputRequest.from_dict(rec.request) if rec.request else None
+    return TurnResult(rec.turn_id, rec.status, rec.text, request,  # type: ignore[arg-type]
                       rec.error, rec.reason)
 
 
@@ -90,6 +108,8 @@ class Runtime:
         lease_timeout: how long a pump waits for another process to release a session
             (``None``: as long as it takes).
         poll_interval: how often ``result()`` re-reads a turn driven by another process.
+        secret: signs answer grants (F6); random per runtime unless given, so a grant is
+            only good on the runtime (or the runtimes sharing the secret) that issued it.
     """
 
     def __init__(
@@ -101,6 +121,7 @@ class Runtime:
         *,
         lease_timeout: float | None = None,
         poll_interval: float = 0.2,
+        secret: bytes | None = None,
     ) -> None:
         self.agents: dict[str, Agent] = {}
         for a in agents:
@@ -120,6 +141,8 @@ class Runtime:
         self._waiters: dict[tuple[SessionKey, str], list[asyncio.Future[None]]] = {}
         self._cache: OrderedDict[SessionKey, tuple[int, list[Message]]] = OrderedDict()
         self._engines: dict[SessionKey, TurnEngine] = {}
+        self._failures: dict[SessionKey, Exception] = {}
+        self.secret = secret or os.urandom(32)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -200,6 +223,7 @@ class Runtime:
         return model
 
     def _kick(self, key: SessionKey) -> None:
+        self._failures.pop(key, None)
         self._wake.add(key)
         if key not in self._pumps:
             self._pumps[key] = asyncio.create_task(self._pump(key), name=f"durable-turns {key}")
@@ -214,17 +238,26 @@ class Runtime:
                     await self._drive(agent, lease)
                 finally:
                     await lease.release()
-        except Exception:
+        except Exception as e:
             log.exception("durable_turns: driving %s failed; its turns stay for recover()", key)
             self._cache.pop(key, None)
+            self._failures[key] = e
         finally:
             del self._pumps[key]
             self._wake_all(key)
 
     async def _drive(self, agent: Agent, lease: Lease) -> None:
         key = lease.key
+        store = self.store
+
+        async def cancel_check(turn_id: str) -> str | None:
+            return await store.cancel_requested(key, turn_id)
+
+        async def read_step(step_id: str) -> str | None:
+            return await store.read_step(key, step_id)
+
         engine = TurnEngine(agent, self.model_for(agent), lease, await self._transcript(lease),
-                            lambda events: self._publish(key, events), self._cancel_check(key))
+                            lambda events: self._publish(key, events), cancel_check, read_step)
         self._engines[key] = engine
         try:
             while True:
@@ -265,12 +298,6 @@ class Runtime:
         while len(self._cache) > TRANSCRIPT_CACHE:
             self._cache.popitem(last=False)
         return log_
-
-    def _cancel_check(self, key: SessionKey) -> Callable[[str], Awaitable[str | None]]:
-        async def check(turn_id: str) -> str | None:
-            return await self.store.cancel_requested(key, turn_id)
-
-        return check
 
     # -- events and waiting ----------------------------------------------------------------
 
@@ -424,6 +451,12 @@ class AgentSession:
                     raise UnknownTurnError(str(self.key), turn_id)
                 if rec.status in FINAL or rec.status == "suspended":
                     return _result(rec)
+                failure = rt._failures.get(self.key)
+                if failure is not None and self.key not in rt._pumps:
+                    raise DurableTurnsError(
+                        f"driving session {self.key} failed, turn {turn_id!r} is unfinished "
+                        f"(Runtime.recover() retries it): {type(failure).__name__}: {failure}"
+                    ) from failure
                 # Woken by our own pump; the timeout catches a turn driven elsewhere.
                 await asyncio.wait([fut], timeout=rt.poll_interval)
             finally:
@@ -494,6 +527,66 @@ class AgentSession:
 
         return unsubscribe
 
+    async def pending(self) -> InputRequest | None:
+        """The input request the session is parked on, or ``None``."""
+        await self.runtime.open()
+        for t in await self.runtime.store.turns(self.key, unfinished=True):
+            if t.status == "suspended" and t.request:
+                return InputRequest.from_dict(t.request)
+        return None
+
+    async def resume(self, turn_id: str, input_id: str, value: Any, *, by: str | None = None,
+                     granted: Grant | None = None) -> None:
+        """Answer the parked turn's input request and replay the turn (F6).
+
+        The answer is stored as step ``input:<turn_id>:<input_id>``; the parked tool runs
+        again from the top and its ``request_input`` returns ``value``.
+
+        Args:
+            by: the resumer's *verified* identity (e.g. a signature-checked Slack user id).
+            granted: for a ``{policy, scope}`` request, the grant from :func:`grant_answer`.
+
+        Raises:
+            ResumeConflictError: wrong turn, wrong input id, not parked, or a reset pending.
+            ResumeAuthorizationError: the resumer may not answer this request.
+            InvalidInputError: ``value`` does not fit the request's schema.
+        """
+        rt = self.runtime
+        await rt.open()
+        lease = await rt.store.acquire(self.key, timeout=rt.lease_timeout)
+        try:
+            request = await self._parked_on(turn_id, input_id)
+            check_answerer(request, str(self.key), by, granted, rt.secret)
+            validate_answer(request, value)
+            answer = json.dumps({"value": value, "by": by}, separators=(",", ":"))
+            async with lease.transaction() as tx:
+                tx.add_step(input_step_id(turn_id, input_id), turn_id, answer)
+                tx.set_turn(turn_id, TurnUpdate("running"))
+                tx.set_status("running")
+        finally:
+            await lease.release()
+        rt._kick(self.key)
+
+    async def _parked_on(self, turn_id: str, input_id: str) -> InputRequest:
+        turns = await self.runtime.store.turns(self.key, unfinished=True)
+        if any(t.kind == "reset" for t in turns):
+            raise ResumeConflictError(
+                f"a reset of session {self.key} is pending; its park is being archived"
+            )
+        parked = next((t for t in turns if t.status == "suspended"), None)
+        if parked is None or parked.request is None:
+            raise ResumeConflictError(f"session {self.key} is not waiting for input")
+        if parked.turn_id != turn_id:
+            raise ResumeConflictError(
+                f"session {self.key} is parked on turn {parked.turn_id!r}, not {turn_id!r}"
+            )
+        request = InputRequest.from_dict(parked.request)
+        if request.id != input_id:
+            raise ResumeConflictError(
+                f"turn {turn_id!r} waits for input {request.id!r}, not {input_id!r}"
+            )
+        return request
+
     async def transcript(self) -> list[Message]:
         """The session's message log (the live generation)."""
         await self.runtime.open()
@@ -510,3 +603,49 @@ class AgentSession:
         await self.runtime.open()
         records = await self.runtime.store.read_events(self.key, after_seq=after_seq)
         return [decode_event(self.key.agent, self.key.session, r) for r in records]
+
+
+async def grant_answer(
+    session: AgentSession,
+    resume: Mapping[str, Any],
+    authorize_answer: AuthorizeAnswer | None = None,
+) -> Grant:
+    """Ask the app whether this resumer may answer a ``{policy, scope}`` request (F6).
+
+    Args:
+        session: the parked session.
+        resume: ``turn_id``, ``input_id``, ``by`` and ``principal`` of the resume.
+        authorize_answer: the decision; defaults to the agent's ``authorize_answer``.
+
+    Returns:
+        A grant to pass to ``resume(granted=…)``; it is signed and good for exactly that
+        request, policy, scope and resumer.
+
+    Raises:
+        ResumeConflictError: the session is not parked on that request.
+        ResumeAuthorizationError: the request is not policy-restricted, or the app said no.
+        Exception: whatever ``authorize_answer`` raised; nothing was applied, retry later.
+    """
+    await session.runtime.open()
+    request = await session._parked_on(resume["turn_id"], resume["input_id"])
+    who = request.answerers or {}
+    if "policy" not in who:
+        raise ResumeAuthorizationError(
+            f"{request.id!r} is not answered under a policy; resume it with by=… instead"
+        )
+    decide = authorize_answer or session.agent.authorize_answer
+    if decide is None:
+        raise ConfigurationError(
+            f"agent {session.agent.name!r} has no authorize_answer to decide policy "
+            f"{who['policy']!r}"
+        )
+    by = resume.get("by")
+    ok = await decide({"policy": who["policy"], "scope": who.get("scope"), "by": by,
+                       "principal": resume.get("principal")})
+    if ok is not True:
+        raise ResumeAuthorizationError(
+            f"{by!r} may not answer {request.id!r} under policy {who['policy']!r}"
+        )
+    grant = Grant(str(session.key), request.turn_id, request.id, who["policy"],
+                  who.get("scope"), by)
+    return sign(grant, session.runtime.secret)

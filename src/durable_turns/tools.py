@@ -12,14 +12,14 @@ A tool's ``run`` decides its delivery guarantee by how it is declared:
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, get_args, get_type_hints
 
 import jsonschema
 import pydantic
 
-from .errors import ConfigurationError
+from .errors import ConfigurationError, ToolDeclarationError
 from .inbound import InboundEvent, User
 
 
@@ -60,6 +60,37 @@ class ToolContext:
     store: StoreHandle
     event: InboundEvent | None = None
     user: User | None = None
+    park: Callable[..., Awaitable[Any]] | None = field(default=None, repr=False)
+    """Set by the engine for remote tools: what :meth:`request_input` calls."""
+
+    def request_input(
+        self,
+        id: str,
+        prompt: str,
+        schema: Mapping[str, Any] | None = None,
+        answerers: Mapping[str, Any] | None = None,
+    ) -> Awaitable[Any]:
+        """Ask a person; the first call parks the turn, the replay after ``resume()`` returns
+        the answer (F6). The tool runs again from the top on resume: put side effects after
+        this call.
+
+        Args:
+            id: stable within the turn; it keys the answer.
+            prompt: what to ask.
+            schema: a JSON schema the answer must fit.
+            answerers: ``{"user": id}`` or ``{"policy": p, "scope": s}``; default: the
+                turn's attested speaker.
+
+        Raises:
+            ToolDeclarationError: in a local tool, whose transaction cannot stay open.
+        """
+        if self.park is None:
+            raise ToolDeclarationError(
+                f"request_input({id!r}) in a local tool: a plain def runs inside the step's "
+                "store transaction, which cannot stay open while a person answers; declare "
+                "the tool `async def`"
+            )
+        return self.park(id, prompt, schema, answerers)
 
 
 @dataclass(frozen=True, slots=True)

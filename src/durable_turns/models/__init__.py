@@ -23,7 +23,6 @@ from typing import Any, Protocol
 from ..messages import Message, ToolCall
 from ..tools import ToolSpec
 
-
 ABNORMAL_STOPS: frozenset[str] = frozenset(
     {
         "max_tokens",

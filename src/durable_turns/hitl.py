@@ -1,0 +1,165 @@
+"""Human in the loop (F6): input requests, who may answer them, and grants. Pure logic.
+
+A remote tool parks its turn with ``await ctx.request_input(...)``. Who may answer:
+
+- ``{"user": id}``: exactly that verified identity (the resumer's ``by``);
+- ``{"policy": p, "scope": s}``: only with a :class:`Grant` that :func:`grant_answer` issued
+  after the agent's ``authorize_answer`` said yes — ``by`` alone never answers a policy, and
+  a grant never answers a user;
+- none named: the turn's speaker if the channel attested them; an unattested speaker cannot
+  park (name an answerer); a turn with no inbound event has no restriction.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import jsonschema
+
+from .errors import ConfigurationError, InvalidInputError, ResumeAuthorizationError
+from .inbound import InboundEvent
+
+
+@dataclass(frozen=True, slots=True)
+class InputRequest:
+    """What a parked turn waits for."""
+
+    id: str
+    """Stable within the turn: it keys the answer (step ``input:<turn_id>:<id>``)."""
+    prompt: str
+    schema: dict[str, Any] | None = None
+    answerers: dict[str, Any] | None = None
+    turn_id: str = ""
+    call_id: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "prompt": self.prompt, "schema": self.schema,
+                "answerers": self.answerers, "turn_id": self.turn_id, "call_id": self.call_id}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> InputRequest:
+        return cls(data["id"], data["prompt"], data.get("schema"), data.get("answerers"),
+                   data.get("turn_id", ""), data.get("call_id", ""))
+
+
+def input_step_id(turn_id: str, input_id: str) -> str:
+    return f"input:{turn_id}:{input_id}"
+
+
+def default_answerers(
+    answerers: Mapping[str, Any] | None, event: InboundEvent | None, input_id: str
+) -> dict[str, Any] | None:
+    """The answerers a request gets: the named ones, else the attested speaker.
+
+    Raises:
+        ConfigurationError: nobody is named and the speaker is not attested.
+    """
+    if answerers is not None:
+        answerers = dict(answerers)
+        if set(answerers) == {"user"} and answerers["user"]:
+            return answerers
+        if "policy" in answerers and set(answerers) <= {"policy", "scope"}:
+            return {"policy": answerers["policy"], "scope": answerers.get("scope")}
+        raise ConfigurationError(
+            f"request_input({input_id!r}): answerers must be {{'user': id}} or "
+            f"{{'policy': p, 'scope': s}}, not {answerers!r}"
+        )
+    if event is None:
+        return None  # programmatic or proactive turn: the app drives its own resume
+    if event.user is not None and event.user.attested:
+        return {"user": event.user.id}
+    raise ConfigurationError(
+        f"request_input({input_id!r}): the turn's speaker is not attested by its channel "
+        f"({event.source!r}), so nobody could be trusted to answer; name an answerer "
+        "(answerers={'user': …} or {'policy': …, 'scope': …})"
+    )
+
+
+def validate_answer(request: InputRequest, value: Any) -> None:
+    """Check an answer against the request's schema.
+
+    Raises:
+        InvalidInputError: saying what is wrong.
+    """
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError) as e:
+        raise InvalidInputError(f"the answer to {request.id!r} is not JSON: {e}") from None
+    if request.schema is None:
+        return
+    validator = jsonschema.validators.validator_for(request.schema)(request.schema)
+    error = jsonschema.exceptions.best_match(validator.iter_errors(value))
+    if error is not None:
+        where = ".".join(str(p) for p in error.absolute_path)
+        raise InvalidInputError(
+            f"the answer to {request.id!r} does not fit its schema: "
+            + (f"{where}: {error.message}" if where else error.message)
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """Permission for one resumer to answer one policy-restricted request.
+
+    Only :func:`grant_answer` makes valid ones: the signature is keyed by a secret of the
+    runtime, so a grant built by hand (or for another request) is refused.
+    """
+
+    session: str
+    turn_id: str
+    input_id: str
+    policy: str
+    scope: Any
+    by: str | None
+    signature: str = field(default="", repr=False)
+
+    def payload(self) -> bytes:
+        return json.dumps([self.session, self.turn_id, self.input_id, self.policy, self.scope,
+                           self.by], separators=(",", ":")).encode()
+
+
+def sign(grant: Grant, secret: bytes) -> Grant:
+    sig = hmac.new(secret, grant.payload(), hashlib.sha256).hexdigest()
+    return Grant(grant.session, grant.turn_id, grant.input_id, grant.policy, grant.scope,
+                 grant.by, sig)
+
+
+def check_answerer(
+    request: InputRequest, session: str, by: str | None, granted: Grant | None, secret: bytes
+) -> None:
+    """May ``by`` (with ``granted``) answer ``request``?
+
+    Raises:
+        ResumeAuthorizationError: saying who may answer instead.
+    """
+    who = request.answerers
+    if who is None:
+        return
+    if "user" in who:
+        if not by or by != who["user"]:
+            raise ResumeAuthorizationError(
+                f"only user {who['user']!r} may answer {request.id!r}"
+                + (f"; {by!r} may not" if by else "; the resume named nobody (by=…)")
+            )
+        return
+    policy, scope = who["policy"], who.get("scope")
+    if granted is None:
+        raise ResumeAuthorizationError(
+            f"{request.id!r} is answered under policy {policy!r}: resume with a grant from "
+            "grant_answer() (by alone never answers a policy)"
+        )
+    if not isinstance(granted, Grant) or not hmac.compare_digest(
+        granted.signature, sign(granted, secret).signature
+    ):
+        raise ResumeAuthorizationError("the grant is forged or was issued by another runtime")
+    if (granted.session, granted.turn_id, granted.input_id, granted.policy, granted.scope,
+            granted.by) != (session, request.turn_id, request.id, policy, scope, by):
+        raise ResumeAuthorizationError(
+            f"the grant is for another request, policy, scope or resumer than {request.id!r} "
+            f"under {policy!r}/{scope!r} by {by!r}"
+        )
