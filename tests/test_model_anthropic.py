@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import anthropic as sdk
 import pytest
 
 from durable_turns import Agent, Runtime, SqliteStore, Tool, ToolContext
@@ -87,6 +88,36 @@ def reply_message(events: list[Any]) -> Message:
     calls = tuple(e for e in events if isinstance(e, ToolCall))
     return Message("assistant", text_of(events), calls, turn_id="t1", content=stop.content,
                    usage=dict(stop.usage))
+
+
+# -- the fake itself, checked by the SDK -------------------------------------------------------
+
+
+@pytest.mark.parametrize("reason", ["end_turn", "max_tokens", "stop_sequence", "tool_use",
+                                    "pause_turn", "refusal", "model_context_window_exceeded"])
+async def test_the_fake_passes_the_sdks_strict_validation(reason: str) -> None:
+    # The SDK's own stream helper, with strict validation, puts the fake's frames together.
+    think, redacted = Thinking("Let me think."), RedactedThinking()
+    call = ToolUse("add", {"a": 1, "b": 2})
+    app = anthropic_app([Reply([think, redacted, Text("Hi there."), call], stop_reason=reason,
+                               cache_read_input_tokens=5)])
+    client = sdk.AsyncAnthropic(api_key="k", http_client=in_process(app), max_retries=0,
+                                _strict_response_validation=True)
+    try:
+        async with client.messages.stream(model="claude-test", max_tokens=64,
+                                          messages=[{"role": "user", "content": "hi"}]) as s:
+            final = await s.get_final_message()
+    finally:
+        await client.close()
+    assert final.stop_reason == reason
+    assert [b.model_dump(exclude_none=True) for b in final.content] == [
+        {"type": "thinking", "thinking": think.thinking, "signature": think.signature},
+        {"type": "redacted_thinking", "data": redacted.data},
+        {"type": "text", "text": "Hi there."},
+        {"type": "tool_use", "id": call.id, "name": "add", "input": {"a": 1, "b": 2}},
+    ]
+    assert (final.usage.input_tokens, final.usage.output_tokens,
+            final.usage.cache_read_input_tokens) == (21, 34, 5)
 
 
 # -- happy paths -------------------------------------------------------------------------------
@@ -505,6 +536,7 @@ async def test_a_multi_tool_turn_through_the_engine(tmp_path: Path) -> None:
     assert "message.delta" in types and types[-1] == "turn.completed"
     completed = [e for e in events if e.type == "message.completed"]
     assert [e.stop_reason for e in completed] == ["tool_use", "tool_use", "end_turn"]
+    assert completed[0].usage == transcript[1].usage  # usage rides on message.completed
 
 
 async def test_thinking_across_tool_use_through_the_engine(tmp_path: Path) -> None:

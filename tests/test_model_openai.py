@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import openai as sdk
 import pytest
 
 from durable_turns import Agent, Runtime, SqliteStore, Tool, ToolContext
@@ -75,6 +76,36 @@ def only_stop(events: list[Any]) -> Stop:
     return stops[0]
 
 
+# -- the fake itself, checked by the SDK -------------------------------------------------------
+
+
+@pytest.mark.parametrize("finish", ["stop", "tool_calls", "length", "content_filter"])
+async def test_the_fake_passes_the_sdks_strict_validation(finish: str) -> None:
+    # The SDK's own accumulator, with strict validation, puts the fake's chunks together.
+    call = Call("add", {"a": 1, "b": 2})
+    app = openai_app([Completion("Hi there.", calls=[call], finish_reason=finish,
+                                 cached_tokens=3)])
+    client = sdk.AsyncOpenAI(api_key="k", base_url="http://fake/v1",
+                             http_client=in_process(app), max_retries=0,
+                             _strict_response_validation=True)
+    snapshot = None
+    try:
+        async with client.chat.completions.stream(
+            model="gpt-test", messages=[{"role": "user", "content": "hi"}],
+            stream_options={"include_usage": True},
+        ) as stream:
+            async for _ in stream:
+                snapshot = stream.current_completion_snapshot
+    finally:
+        await client.close()
+    assert snapshot is not None
+    choice = snapshot.choices[0]
+    assert (choice.finish_reason, choice.message.content) == (finish, "Hi there.")
+    assert [(c.id, c.function.name, c.function.arguments)
+            for c in choice.message.tool_calls or []] == [(call.id, "add", '{"a": 1, "b": 2}')]
+    assert snapshot.usage is not None and snapshot.usage.prompt_tokens == 17
+
+
 # -- happy paths -------------------------------------------------------------------------------
 
 
@@ -132,24 +163,34 @@ async def test_calls_without_ids_get_unique_ones(make: Any) -> None:
     assert len({c.id for c in calls}) == 2 and all(c.id.startswith("call_") for c in calls)
 
 
-async def test_several_whole_calls_at_index_zero_with_their_own_ids() -> None:
-    # Some servers number every call 0; their ids tell them apart.
-    from openai.types.chat import ChatCompletionChunk
+def _choice(delta: dict[str, Any] | None, finish: str | None = None) -> dict[str, Any]:
+    choice: dict[str, Any] = {"index": 0, "finish_reason": finish}
+    if delta is not None:
+        choice["delta"] = delta
+    return {"choices": [choice]}
 
-    from durable_turns.models.openai_compat import _Reply
-    from fakes.openai_api import chunks
 
-    raw = chunks(Completion(calls=[Call("now", {}, id="c1"), Call("now", {}, id="c2")],
-                            whole_calls=True), "m", include_usage=False)
-    reply = _Reply()
-    for data in raw:
-        chunk = ChatCompletionChunk.model_validate_json(data)
-        for choice in chunk.choices:
-            for tc in choice.delta.tool_calls or []:
-                tc.index = 0
-        reply.feed(chunk)
-    assert [e for e in reply.end() if isinstance(e, ToolCall)] == [
-        ToolCall("c1", "now", {}), ToolCall("c2", "now", {})]
+async def test_servers_that_bend_the_chunk_format(make: Any) -> None:
+    # Every call at index 0 told apart by its id; arguments sent as an object, not text; a
+    # final chunk with no delta; a call with no index at all.
+    def call(cid: str | None, name: str, args: Any, index: int | None = 0) -> dict[str, Any]:
+        tc: dict[str, Any] = {"function": {"name": name, "arguments": args}}
+        if index is not None:
+            tc["index"] = index
+        if cid is not None:
+            tc.update(id=cid, type="function")
+        return {"tool_calls": [tc]}
+
+    raw = [_choice({"role": "assistant", "content": ""}),
+           _choice(call("c1", "now", "{}")),
+           _choice(call("c2", "add", {"a": 1, "b": 2})),
+           _choice(call("c3", "now", "", index=None)),
+           _choice(None, "tool_calls")]
+    app = openai_app([Completion(raw=raw)])
+    events = await collect(make(app), ask(user("go")))
+    assert calls_of(events) == [ToolCall("c1", "now", {}), ToolCall("c2", "add", {"a": 1, "b": 2}),
+                                ToolCall("c3", "now", {})]
+    assert only_stop(events).reason == "tool_use"
 
 
 @pytest.mark.parametrize(("finish", "reason"), [("length", "max_tokens"),

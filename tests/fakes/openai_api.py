@@ -83,6 +83,9 @@ class Completion:
     stall_after: int | None = None
     stall: float = 30.0
     delay: float = 0.0
+    raw: list[dict[str, Any]] | None = None
+    """Stream these chunk objects as they are, instead of the ones built from the fields
+    above: for servers that bend the chunk format itself."""
 
     @property
     def reason(self) -> str:
@@ -118,6 +121,10 @@ def _pieces(s: str, n: int = 3) -> list[str]:
 def chunks(c: Completion, model: str, include_usage: bool) -> list[str]:
     """The ``data:`` payloads of ``c``, in order, without ``[DONE]``."""
     cid = f"chatcmpl-{secrets.token_hex(8)}"
+    if c.raw is not None:
+        base = {"id": cid, "object": "chat.completion.chunk", "created": 1767225600,
+                "model": model}
+        return [json.dumps({**base, **r}) for r in c.raw]
 
     def chunk(delta: ChoiceDelta | None, finish: str | None = None,
               usage: CompletionUsage | None = None) -> str:

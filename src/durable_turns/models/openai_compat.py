@@ -242,7 +242,11 @@ class _Reply:
         for choice in getattr(chunk, "choices", None) or []:
             if getattr(choice, "index", 0) != 0:
                 continue
-            delta = choice.delta
+            if choice.finish_reason is not None:
+                self.finish = choice.finish_reason
+            delta = getattr(choice, "delta", None)
+            if delta is None:
+                continue
             extra = getattr(delta, "model_extra", None) or {}
             thought = extra.get("reasoning_content") or extra.get("reasoning")
             if isinstance(thought, str) and thought:
@@ -255,8 +259,6 @@ class _Reply:
                 out.append(TextDelta(delta.refusal))
             for position, tc in enumerate(delta.tool_calls or []):
                 self._call(tc, position)
-            if choice.finish_reason is not None:
-                self.finish = choice.finish_reason
         return out
 
     def _call(self, tc: Any, position: int) -> None:
@@ -274,7 +276,9 @@ class _Reply:
         if fn is not None:
             if fn.name:
                 call.name = fn.name  # some servers repeat the name on every fragment
-            if fn.arguments:
+            if isinstance(fn.arguments, dict):  # a server that sends an object, not text
+                call.args.append(json.dumps(fn.arguments))
+            elif fn.arguments:
                 call.args.append(fn.arguments)
 
     def _usage(self, usage: Any) -> None:
