@@ -24,9 +24,10 @@ from .errors import (
     SessionBusyError,
     TurnSuspendedError,
 )
-from .hitl import InputRequest
 from .events import TurnEvent
+from .hitl import InputRequest
 from .inbound import InboundEvent, Trigger, User
+from .loader import load_agent
 from .messages import Message, ToolCall
 from .models import Model, ModelRequest, Stop, TextDelta
 from .models.scripted import ModelReply, scripted
@@ -76,6 +77,7 @@ __all__ = [
     "User",
     "define_action",
     "grant_answer",
+    "load_agent",
     "scripted",
     "tool",
 ]

@@ -74,3 +74,14 @@ class Agent:
             by_name[t.name] = t
         self.tools_by_name = by_name
         self.surfaces = dict(self.surfaces)
+        for source, policy in self.surfaces.items():
+            unknown = sorted(set(policy.deny_tools) - set(by_name))
+            if unknown and by_name:
+                raise ConfigurationError(
+                    f"agent {self.name!r}: surfaces[{source!r}] denies unknown tools {unknown}"
+                )
+            if policy.mode == "replace" and not policy.instructions:
+                raise ConfigurationError(
+                    f"agent {self.name!r}: surfaces[{source!r}] replaces the prompt but has "
+                    "no instructions"
+                )

@@ -48,7 +48,7 @@ from .inbound import InboundEvent
 from .messages import Message, ToolCall, owed_calls
 from .models import ABNORMAL_STOPS, Model, ModelRequest, Stop, TextDelta
 from .stores import Lease, Transaction, TurnRecord, TurnUpdate
-from .tools import Tool, ToolContext
+from .tools import Tool, ToolContext, compile_schema
 
 log = logging.getLogger("durable_turns")
 
@@ -341,7 +341,7 @@ class TurnEngine:
                 return json.loads(stored)["value"]
             if schema is not None:
                 try:
-                    jsonschema.validators.validator_for(schema).check_schema(schema)
+                    compile_schema(schema)
                 except jsonschema.SchemaError as e:
                     raise ConfigurationError(
                         f"request_input({input_id!r}): invalid schema: {e.message}") from e

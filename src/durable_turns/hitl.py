@@ -19,10 +19,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import jsonschema
-
 from .errors import ConfigurationError, InvalidInputError, ResumeAuthorizationError
 from .inbound import InboundEvent
+from .tools import compile_schema, schema_problem
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,14 +91,9 @@ def validate_answer(request: InputRequest, value: Any) -> None:
         raise InvalidInputError(f"the answer to {request.id!r} is not JSON: {e}") from None
     if request.schema is None:
         return
-    validator = jsonschema.validators.validator_for(request.schema)(request.schema)
-    error = jsonschema.exceptions.best_match(validator.iter_errors(value))
-    if error is not None:
-        where = ".".join(str(p) for p in error.absolute_path)
-        raise InvalidInputError(
-            f"the answer to {request.id!r} does not fit its schema: "
-            + (f"{where}: {error.message}" if where else error.message)
-        )
+    problem = schema_problem(compile_schema(request.schema), value)
+    if problem is not None:
+        raise InvalidInputError(f"the answer to {request.id!r} does not fit its schema: {problem}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,9 @@ A tool's ``run`` decides its delivery guarantee by how it is declared:
 
 from __future__ import annotations
 
+import functools
 import inspect
+import json
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, get_args, get_type_hints
@@ -150,20 +152,42 @@ def _is_async(fn: Callable[..., Any]) -> bool:
     )
 
 
+def compile_schema(schema: Mapping[str, Any]) -> Any:
+    """A checked, reusable validator for a JSON schema (cached: checking is costly).
+
+    Raises:
+        jsonschema.SchemaError: the schema itself is invalid.
+    """
+    return _compile(json.dumps(schema, sort_keys=True))
+
+
+@functools.lru_cache(maxsize=256)
+def _compile(canonical: str) -> Any:
+    schema = json.loads(canonical)
+    cls = jsonschema.validators.validator_for(schema)
+    cls.check_schema(schema)
+    return cls(schema)
+
+
+def schema_problem(validator: Any, value: Any) -> str | None:
+    """The most relevant reason ``value`` does not fit, naming the field; ``None`` if it fits."""
+    error = jsonschema.exceptions.best_match(validator.iter_errors(value))
+    if error is None:
+        return None
+    where = ".".join(str(p) for p in error.absolute_path)
+    return f"{where}: {error.message}" if where else str(error.message)
+
+
 def _schema_validator(spec: ToolSpec) -> Callable[[dict[str, Any]], dict[str, Any]]:
     try:
-        schema = dict(spec.input)
-        cls = jsonschema.validators.validator_for(schema)
-        cls.check_schema(schema)
+        validator = compile_schema(spec.input)
     except jsonschema.SchemaError as e:
         raise ConfigurationError(f"tool {spec.name!r}: invalid input schema: {e.message}") from e
-    validator = cls(schema)
 
     def check(data: dict[str, Any]) -> dict[str, Any]:
-        error = jsonschema.exceptions.best_match(validator.iter_errors(data))
-        if error is not None:
-            where = ".".join(str(p) for p in error.absolute_path)
-            raise ValueError(f"{where}: {error.message}" if where else error.message)
+        problem = schema_problem(validator, data)
+        if problem is not None:
+            raise ValueError(problem)
         return data
 
     return check

@@ -1,0 +1,124 @@
+"""The app folder → an :class:`~durable_turns.agent.Agent` (F10).
+
+::
+
+    app/agent/
+      instructions.md          the base system prompt (required)
+      instructions.slack.md    the overlay for turns whose event source is "slack"
+      agent.py                 name, surfaces, authorize_answer, model (all optional)
+      tools/*.py               one Tool per module: a @tool function or `tool = Tool(…)`
+
+Every mistake is an assembly error (:class:`~durable_turns.errors.ConfigurationError`) that
+names the file: a policy with no overlay file, a tool module that fails to import or holds
+no Tool or two, a denied tool that does not exist.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import sys
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from .agent import Agent, SurfacePolicy
+from .errors import ConfigurationError
+from .tools import Tool
+
+log = logging.getLogger("durable_turns")
+
+
+def _import(path: Path, name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ConfigurationError(f"{path}: cannot be imported as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:
+        del sys.modules[name]
+        raise ConfigurationError(f"{path}: failed to import: {type(e).__name__}: {e}") from e
+    return module
+
+
+def _the_tool(module: ModuleType, path: Path) -> Tool:
+    found = {id(v): v for v in vars(module).values() if isinstance(v, Tool)}
+    if len(found) != 1:
+        names = sorted(t.name for t in found.values())
+        raise ConfigurationError(
+            f"{path}: a tool module must hold exactly one Tool (a @tool function or "
+            f"`tool = Tool(…)`); found {len(found)}{': ' + ', '.join(names) if names else ''}"
+        )
+    return next(iter(found.values()))
+
+
+def _policy(source: str, value: Any, overlay: Path) -> SurfacePolicy:
+    if isinstance(value, Mapping):
+        value = SurfacePolicy(value.get("mode", "append"), tuple(value.get("deny_tools", ())))
+    if not isinstance(value, SurfacePolicy):
+        raise ConfigurationError(f"surfaces[{source!r}] must be a SurfacePolicy or a mapping")
+    if value.mode not in ("append", "replace"):
+        raise ConfigurationError(f"surfaces[{source!r}]: mode must be 'append' or 'replace'")
+    if not overlay.is_file():
+        raise ConfigurationError(
+            f"surfaces[{source!r}] (mode {value.mode!r}) has no overlay file: "
+            f"{overlay} is missing"
+        )
+    return SurfacePolicy(value.mode, tuple(value.deny_tools), overlay.read_text())
+
+
+def load_agent(path: str | Path) -> Agent:
+    """Assemble the agent in the app folder ``path``.
+
+    Raises:
+        ConfigurationError: naming the file that is wrong or missing.
+    """
+    root = Path(path)
+    base = root / "instructions.md"
+    if not base.is_file():
+        raise ConfigurationError(f"{base} is missing: an app folder needs its base prompt")
+    prefix = f"durable_turns_app_{abs(hash(root.resolve()))}"
+    settings: dict[str, Any] = {}
+    if (root / "agent.py").is_file():
+        settings = vars(_import(root / "agent.py", f"{prefix}.agent"))
+    tools = [
+        _the_tool(_import(f, f"{prefix}.tools.{f.stem}"), f)
+        for f in sorted((root / "tools").glob("*.py")) if not f.name.startswith("_")
+    ]
+    names = {t.name for t in tools}
+    surfaces = {
+        source: _policy(source, value, root / f"instructions.{source}.md")
+        for source, value in dict(settings.get("surfaces") or {}).items()
+    }
+    for source, policy in surfaces.items():
+        unknown = sorted(set(policy.deny_tools) - names)
+        if unknown:
+            raise ConfigurationError(
+                f"{root / 'agent.py'}: surfaces[{source!r}] denies unknown tools {unknown}"
+            )
+    return Agent(
+        name=settings.get("name") or root.name,
+        instructions=base.read_text(),
+        tools=tools,
+        model=settings.get("model"),
+        surfaces=surfaces,
+        authorize_answer=settings.get("authorize_answer"),
+    )
+
+
+def check_surfaces(agent: Agent, sources: Iterable[str]) -> list[str]:
+    """Warn about policies for sources no mounted channel emits; returns those sources.
+
+    Channels call this when they mount an agent, with the sources they emit.
+    """
+    emitted = set(sources)
+    unused = sorted(s for s in agent.surfaces if s not in emitted)
+    for source in unused:
+        log.warning(
+            "agent %r has a policy for source %r, but no mounted channel emits it "
+            "(mounted: %s)", agent.name, source, sorted(emitted) or "none",
+        )
+    return unused

@@ -1,0 +1,103 @@
+"""The app folder (F10): load_agent assembles it, and names the file when it cannot."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from durable_turns import Agent, SurfacePolicy, load_agent
+from durable_turns.errors import ConfigurationError
+from durable_turns.loader import check_surfaces
+
+AGENT_PY = '''
+from durable_turns import SurfacePolicy
+
+name = "ops"
+surfaces = {"slack": SurfacePolicy(mode="replace", deny_tools=["issue_refund"]),
+            "email": {"mode": "append"}}
+
+async def authorize_answer(d):
+    return d["policy"] == "operator"
+'''
+
+REFUND = '''
+from durable_turns import ToolContext, tool
+
+@tool
+async def issue_refund(order_id: str, ctx: ToolContext) -> dict:
+    """Refund an order once a person approves it."""
+    ok = await ctx.request_input("approve", f"Refund {order_id}?", schema={"type": "boolean"})
+    return {"refunded": ok is True}
+'''
+
+LOOKUP = '''
+from durable_turns import Tool, ToolSpec
+
+def _run(input, ctx):
+    return {"order": input["order_id"]}
+
+tool = Tool(ToolSpec("lookup", "Look an order up.",
+                     {"type": "object", "properties": {"order_id": {"type": "string"}}}), _run)
+'''
+
+
+def app(tmp_path: Path, **files: str) -> Path:
+    root = tmp_path / "agent"
+    defaults = {
+        "instructions.md": "You run ops.",
+        "instructions.slack.md": "Slack rules.",
+        "instructions.email.md": "Be formal.",
+        "agent.py": AGENT_PY,
+        "tools/issue_refund.py": REFUND,
+        "tools/lookup.py": LOOKUP,
+    }
+    for name, text in {**defaults, **files}.items():
+        if text is None:
+            continue
+        p = root / name
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+    return root
+
+
+async def test_load_agent_assembles_the_folder(tmp_path: Path) -> None:
+    agent = load_agent(app(tmp_path))
+    assert agent.name == "ops" and agent.instructions == "You run ops."
+    assert sorted(agent.tools_by_name) == ["issue_refund", "lookup"]
+    assert agent.tools_by_name["issue_refund"].remote
+    assert not agent.tools_by_name["lookup"].remote
+    assert agent.surfaces["slack"] == SurfacePolicy("replace", ("issue_refund",), "Slack rules.")
+    assert agent.surfaces["email"] == SurfacePolicy("append", (), "Be formal.")
+    assert agent.authorize_answer is not None
+    assert await agent.authorize_answer({"policy": "operator"}) is True
+
+
+@pytest.mark.parametrize(
+    ("files", "message"),
+    [
+        ({"instructions.md": None}, "instructions.md is missing"),
+        ({"instructions.slack.md": None}, r"surfaces\['slack'\] \(mode 'replace'\) has no overlay"),
+        ({"tools/broken.py": "def oops(:\n"}, r"broken.py: failed to import: SyntaxError"),
+        ({"tools/raises.py": "raise RuntimeError('no config')"}, "raises.py: failed to import"),
+        ({"tools/empty.py": "x = 1\n"}, "empty.py: a tool module must hold exactly one Tool"),
+        ({"tools/two.py": REFUND + LOOKUP}, "two.py: .*found 2: issue_refund, lookup"),
+        ({"agent.py": "surfaces = {'slack': {'mode': 'replace', 'deny_tools': ['nope']}}"},
+         r"denies unknown tools \['nope'\]"),
+        ({"agent.py": "surfaces = {'slack': {'mode': 'sideways'}}"}, "mode must be"),
+    ],
+)
+def test_assembly_errors_name_the_file(tmp_path: Path, files: dict[str, str | None],
+                                       message: str) -> None:
+    with pytest.raises(ConfigurationError, match=message):
+        load_agent(app(tmp_path, **files))
+
+
+def test_a_policy_for_a_source_no_channel_emits_logs_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    agent = Agent("ops", surfaces={"slack": SurfacePolicy(), "email": SurfacePolicy()})
+    with caplog.at_level(logging.WARNING, logger="durable_turns"):
+        assert check_surfaces(agent, ["slack"]) == ["email"]
+    assert "policy for source 'email'" in caplog.text
