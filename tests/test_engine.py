@@ -105,7 +105,8 @@ async def test_a_turn_runs_tools_and_logs_every_step(store: SessionStore) -> Non
         "turn.started", "message.completed", "action.requested", "action.requested",
         "action.completed", "action.completed", "message.completed", "turn.completed",
     ]
-    assert "".join(e.text for e in seen if e.type == "message.delta") == "Recording.Done: a, B."
+    streamed = "".join(e.to_dict()["text"] for e in seen if e.type == "message.delta")
+    assert streamed == "Recording.Done: a, B."
     durable = [e for e in seen if e.type != "message.delta"]
     assert [e.seq for e in durable] == list(range(1, 9))
     # Logged events are exactly the durable ones, deltas never persisted.
@@ -214,7 +215,8 @@ async def test_abnormal_stop_with_empty_reply_fails_before_commit(
 
 
 async def test_abnormal_stop_with_content_still_commits(store: SessionStore) -> None:
-    rt = Runtime([Agent("ops", "", TOOLS)], store, _Stream(TextDelta("partial"), Stop("max_tokens")))
+    model = _Stream(TextDelta("partial"), Stop("max_tokens"))
+    rt = Runtime([Agent("ops", "", TOOLS)], store, model)
     r = await rt.session("ops", "s1").turn("go")
     assert (r.status, r.text) == ("completed", "partial")
     await rt.close()

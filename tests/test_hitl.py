@@ -251,7 +251,7 @@ async def test_reset_archives_a_stale_park_and_resume_refuses_while_it_is_pendin
     await s.result(t.turn_id)
     # another process accepted a reset that has not run yet
     await store.enqueue_turn(s.key, "reset:other", Message("trigger", "reset"), kind="reset")
-    with pytest.raises(ResumeConflictError, match="reset .* is pending"):
+    with pytest.raises(ResumeConflictError, match=r"reset .* is pending"):
         await s.resume(t.turn_id, "approve-refund", True)
     res = await s.reset()  # runs after the pending one: two generations archived
     assert (res.previous_session, res.generation) == ("s1#g1", 2)

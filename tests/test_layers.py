@@ -13,7 +13,8 @@ PKG = Path(durable_turns.__file__).parent
 CORE = ["errors", "messages", "events", "inbound", "tools", "agent", "engine", "sessions",
         "models/__init__", "stores/__init__", "stores/_base"]
 ADAPTERS = ("stores.memory", "stores.sqlite", "stores.postgres", "models.scripted",
-            "models.anthropic", "models.openai_compat", "server", "channels", "cli", "demo")
+            "models.anthropic_messages", "models.openai_compat", "server", "channels", "cli",
+            "demo")
 # sessions resolves a provider string ("anthropic:…") through models.resolve, lazily.
 ALLOWED = {("sessions", "models.resolve")}
 

@@ -43,7 +43,7 @@ tool = Tool(ToolSpec("lookup", "Look an order up.",
 '''
 
 
-def app(tmp_path: Path, **files: str) -> Path:
+def app(tmp_path: Path, **files: str | None) -> Path:
     root = tmp_path / "agent"
     defaults = {
         "instructions.md": "You run ops.",

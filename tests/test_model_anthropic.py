@@ -18,7 +18,7 @@ from durable_turns import Agent, Runtime, SqliteStore, Tool, ToolContext
 from durable_turns.errors import ConfigurationError, ModelError
 from durable_turns.messages import Message, ToolCall
 from durable_turns.models import ModelRequest, Stop, TextDelta, ThinkingDelta
-from durable_turns.models.anthropic import AnthropicModel, anthropic
+from durable_turns.models.anthropic_messages import AnthropicModel, anthropic
 from durable_turns.tools import ToolSpec
 from fakes import clear_provider_env, collect
 from fakes.anthropic_api import (

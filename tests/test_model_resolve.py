@@ -11,7 +11,7 @@ import pytest
 import durable_turns.models as models
 from durable_turns.errors import ConfigurationError
 from durable_turns.models import Model
-from durable_turns.models.anthropic import AnthropicModel
+from durable_turns.models.anthropic_messages import AnthropicModel
 from durable_turns.models.openai_compat import OpenAICompatibleModel
 from durable_turns.models.resolve import resolve_model
 from durable_turns.models.scripted import ModelReply, scripted
@@ -59,7 +59,7 @@ def test_an_unknown_provider_is_refused() -> None:
 
 
 @pytest.mark.parametrize(("spec", "sdk", "module", "extra"), [
-    ("anthropic:claude-test", "anthropic", "durable_turns.models.anthropic", "anthropic"),
+    ("anthropic:claude-test", "anthropic", "durable_turns.models.anthropic_messages", "anthropic"),
     ("openai:gpt-test", "openai", "durable_turns.models.openai_compat", "openai"),
 ])
 def test_a_missing_sdk_names_the_extra(monkeypatch: pytest.MonkeyPatch, spec: str, sdk: str,
@@ -73,14 +73,12 @@ def test_a_missing_sdk_names_the_extra(monkeypatch: pytest.MonkeyPatch, spec: st
 
 
 def test_models_anthropic_is_the_factory_whatever_was_imported_first() -> None:
-    # The submodule `models/anthropic.py` shadows the package's lazy `anthropic` name; the
-    # module is callable so the spelling in the spec works (type checkers see a module).
-    assert isinstance(models.anthropic("claude-test", api_key="k"),  # type: ignore[operator]
-                      AnthropicModel)
+    # The adapter lives in models/anthropic_messages.py, so no submodule shadows the
+    # package's lazy `anthropic` factory, whatever was imported first.
+    assert isinstance(models.anthropic("claude-test", api_key="k"), AnthropicModel)
     from durable_turns.models import anthropic, openai_compatible
 
-    assert isinstance(anthropic("claude-test", api_key="k"),  # type: ignore[operator]
-                      AnthropicModel)
+    assert isinstance(anthropic("claude-test", api_key="k"), AnthropicModel)
     assert isinstance(openai_compatible("gpt-test", api_key="k"), OpenAICompatibleModel)
 
 

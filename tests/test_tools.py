@@ -45,9 +45,9 @@ def test_validation_names_the_field() -> None:
         return a + b
 
     assert add.validate({"a": 1, "b": "2"}) == {"a": 1, "b": 2}
-    with pytest.raises(ValueError, match="^b: "):
+    with pytest.raises(ValueError, match=r"^b: "):
         add.validate({"a": 1, "b": "two"})
-    with pytest.raises(ValueError, match="^a: Field required"):
+    with pytest.raises(ValueError, match=r"^a: Field required"):
         add.validate({"b": 1})
 
 
@@ -55,7 +55,7 @@ def test_raw_tool_validates_against_its_json_schema() -> None:
     t = Tool(ToolSpec("t", "d", {"type": "object", "properties": {"n": {"type": "integer"}},
                                   "required": ["n"]}), lambda i, c: i)
     assert t.validate({"n": 3}) == {"n": 3}
-    with pytest.raises(ValueError, match="^n: 'x' is not of type 'integer'"):
+    with pytest.raises(ValueError, match=r"^n: 'x' is not of type 'integer'"):
         t.validate({"n": "x"})
     with pytest.raises(ValueError, match="'n' is a required property"):
         t.validate({})

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -18,7 +18,7 @@ class User:
         return {"id": self.id, "attested": self.attested}
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class InboundEvent:
     """A message that arrived from a channel.
 
@@ -32,16 +32,28 @@ class InboundEvent:
     """
 
     source: str
-    user: User | None = None
-    text: str = ""
-    raw: Any = None
-    meta: Mapping[str, Any] = field(default_factory=dict)
+    user: User | None
+    text: str
+    raw: Any
+    meta: Mapping[str, Any]
 
-    def __post_init__(self) -> None:
-        if isinstance(self.user, Mapping):
-            object.__setattr__(
-                self, "user", User(str(self.user["id"]), bool(self.user.get("attested", False)))
-            )
+    def __init__(
+        self,
+        source: str,
+        user: User | Mapping[str, Any] | None = None,
+        text: str = "",
+        raw: Any = None,
+        meta: Mapping[str, Any] | None = None,
+    ) -> None:
+        if not source or not isinstance(source, str):
+            raise ValueError("an inbound event needs its source (the channel's name)")
+        if isinstance(user, Mapping):
+            user = User(str(user["id"]), bool(user.get("attested", False)))
+        object.__setattr__(self, "source", source)
+        object.__setattr__(self, "user", user)
+        object.__setattr__(self, "text", text)
+        object.__setattr__(self, "raw", raw)
+        object.__setattr__(self, "meta", dict(meta or {}))
 
     def to_dict(self) -> dict[str, Any]:
         """The event as stored: everything but ``raw``."""

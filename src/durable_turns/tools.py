@@ -16,7 +16,7 @@ import inspect
 import json
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol, get_args, get_type_hints
+from typing import Any, Protocol, get_args, get_type_hints, overload
 
 import jsonschema
 import pydantic
@@ -208,10 +208,20 @@ def _pydantic_validator(
     return check
 
 
+@overload
+def tool(fn: Callable[..., Any], *, name: str | None = None,
+         description: str | None = None) -> Tool: ...
+
+
+@overload
+def tool(fn: None = None, *, name: str | None = None,
+         description: str | None = None) -> Callable[[Callable[..., Any]], Tool]: ...
+
+
 def tool(
     fn: Callable[..., Any] | None = None, *, name: str | None = None,
     description: str | None = None,
-) -> Any:
+) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Make a :class:`Tool` from a function's signature and docstring.
 
     The JSON schema comes from the parameters' type hints (pydantic), the description from the

@@ -19,7 +19,7 @@ import sys
 from typing import Any
 
 from durable_turns import Agent, Runtime, SqliteStore, Tool, ToolContext, ToolSpec
-from durable_turns.models.anthropic import anthropic
+from durable_turns.models.anthropic_messages import anthropic
 
 
 def build(db: str, base_url: str, mode: str) -> Runtime:

@@ -10,7 +10,7 @@ live in their own modules and import their SDK lazily, so ``import durable_turns
 imports ``anthropic`` or ``openai``:
 
 - :func:`scripted` (``models/scripted.py``): offline and deterministic, for tests and demos;
-- ``anthropic(...)`` (``models/anthropic.py``, extra ``[anthropic]``);
+- ``anthropic(...)`` (``models/anthropic_messages.py``, extra ``[anthropic]``);
 - ``openai_compatible(...)`` (``models/openai_compat.py``, extra ``[openai]``).
 """
 
@@ -94,7 +94,7 @@ class Model(Protocol):
 def __getattr__(name: str) -> Any:
     # Adapters import their SDK; resolve them only when asked for.
     if name == "anthropic":
-        from .anthropic import anthropic
+        from .anthropic_messages import anthropic
 
         return anthropic
     if name == "openai_compatible":

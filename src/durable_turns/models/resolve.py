@@ -12,7 +12,7 @@ from ..errors import ConfigurationError
 from . import Model
 
 PROVIDERS: dict[str, tuple[str, str, str]] = {
-    "anthropic": ("anthropic", "anthropic", "anthropic"),
+    "anthropic": ("anthropic_messages", "anthropic", "anthropic"),
     "openai": ("openai_compat", "openai_compatible", "openai"),
 }
 """prefix → (module under ``durable_turns.models``, factory, install extra)."""

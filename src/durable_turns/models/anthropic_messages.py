@@ -16,8 +16,6 @@ tool-use loop with thinking on, including after a crash and a replay in another 
 from __future__ import annotations
 
 import json
-import sys
-import types
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -408,15 +406,3 @@ def status_error(e: sdk.APIStatusError) -> ModelError:
         provider=PROVIDER, status=status,
         retryable=status in (408, 409, 429) or status >= 500,
     )
-
-
-class _CallableModule(types.ModuleType):
-    # `durable_turns.models.anthropic` names both this module and its factory (F11). Once
-    # the module is imported, Python binds the package attribute to the module, hiding the
-    # package's lazy `__getattr__`; making the module callable keeps
-    # `durable_turns.models.anthropic(model=…)` working whatever was imported first.
-    def __call__(self, model: str, **kwargs: Any) -> AnthropicModel:
-        return anthropic(model, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule
