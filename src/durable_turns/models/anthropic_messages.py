@@ -33,6 +33,7 @@ from ..errors import ConfigurationError, ModelError
 from ..messages import Message, ToolCall
 from ..tools import ToolSpec
 from . import ModelEvent, ModelRequest, Stop, TextDelta, ThinkingDelta
+from ._sdk_errors import translate
 
 PROVIDER = "anthropic"
 DEFAULT_MAX_TOKENS = 8192
@@ -94,28 +95,9 @@ class AnthropicModel:
                 async for event in events:
                     for out in reply.feed(event):
                         yield out
-        except sdk.APIStatusError as e:
-            raise status_error(e) from e
-        except sdk.APITimeoutError as e:
-            raise ModelError(f"{PROVIDER}: the request timed out", provider=PROVIDER,
-                             retryable=True) from e
-        except sdk.APIConnectionError as e:
-            raise ModelError(f"{PROVIDER}: connection failed: {e.__cause__ or e}",
-                             provider=PROVIDER, retryable=True) from e
-        except httpx2.TimeoutException as e:
-            # A stall mid-stream surfaces as httpx2's own ReadTimeout, not the SDK's.
-            raise ModelError(
-                f"{PROVIDER}: the stream stalled past the read timeout ({type(e).__name__})",
-                provider=PROVIDER, retryable=True) from e
-        except httpx2.TransportError as e:
-            raise ModelError(f"{PROVIDER}: the stream broke: {type(e).__name__}: {e}",
-                             provider=PROVIDER, retryable=True) from e
-        except sdk.AnthropicError as e:
-            raise ModelError(f"{PROVIDER}: {type(e).__name__}: {e}", provider=PROVIDER) from e
-        except ValueError as e:
-            # A frame that is not JSON or not the documented shape.
-            raise ModelError(f"{PROVIDER}: malformed stream: {type(e).__name__}: {e}",
-                             provider=PROVIDER, retryable=True) from e
+        except (sdk.AnthropicError, httpx2.TransportError, ValueError) as e:
+            raise translate(PROVIDER, sdk, e, midstream="error event",
+                            retryable_types=_RETRYABLE_TYPES) from e
         yield reply.stop()
 
 
@@ -371,38 +353,3 @@ class _Reply:
             kept.append(b.data)
         has_thinking = any(b["type"] in _THINKING for b in kept)
         return Stop(self.stop_reason, dict(self.usage), tuple(kept) if has_thinking else ())
-
-
-# -- errors ----------------------------------------------------------------------------------
-
-
-def _error_fields(body: object) -> tuple[str, str]:
-    err = body.get("error", body) if isinstance(body, dict) else None
-    if isinstance(err, dict):
-        return str(err.get("type") or "error"), str(err.get("message") or "")
-    return "error", str(body or "")
-
-
-def status_error(e: sdk.APIStatusError) -> ModelError:
-    """Translate an SDK status error (an HTTP error, or an ``error`` event mid-stream)."""
-    kind, message = _error_fields(e.body)
-    if e.status_code == 200:
-        # An `error` event after the 200: the SDK reports the stream's status. Not retried
-        # by the SDK, so say whether calling again may help.
-        return ModelError(
-            f"{PROVIDER}: error event mid-stream: {kind}: {message}",
-            provider=PROVIDER, retryable=kind in _RETRYABLE_TYPES,
-        )
-    status = e.status_code
-    retries = e.response.request.headers.get("x-stainless-retry-count", "0")
-    notes = []
-    if retries.isdigit() and int(retries) > 0:
-        notes.append(f"after {retries} {'retry' if retries == '1' else 'retries'}")
-    if e.request_id:
-        notes.append(f"request-id {e.request_id}")
-    suffix = f" ({'; '.join(notes)})" if notes else ""
-    return ModelError(
-        f"{PROVIDER}: HTTP {status} {kind}: {message}{suffix}",
-        provider=PROVIDER, status=status,
-        retryable=status in (408, 409, 429) or status >= 500,
-    )

@@ -40,6 +40,7 @@ from ..errors import ConfigurationError, ModelError
 from ..messages import Message, ToolCall
 from ..tools import ToolSpec
 from . import ModelEvent, ModelRequest, Stop, TextDelta, ThinkingDelta
+from ._sdk_errors import translate
 
 PROVIDER = "openai"
 
@@ -93,31 +94,9 @@ class OpenAICompatibleModel:
                 async for chunk in chunks:
                     for out in reply.feed(chunk):
                         yield out
-        except sdk.APIStatusError as e:
-            raise status_error(e) from e
-        except sdk.APITimeoutError as e:
-            raise ModelError(f"{PROVIDER}: the request timed out (or the stream stalled past "
-                             "the read timeout)", provider=PROVIDER, retryable=True) from e
-        except sdk.APIConnectionError as e:
-            raise ModelError(f"{PROVIDER}: connection failed: {e.__cause__ or e}",
-                             provider=PROVIDER, retryable=True) from e
-        except sdk.APIError as e:
-            # An error object in the stream after the 200: no status, not retried by the SDK.
-            kind, message = _error_fields(e.body, e.message)
-            raise ModelError(f"{PROVIDER}: error object mid-stream: {kind}: {message}",
-                             provider=PROVIDER, retryable=kind in _RETRYABLE_TYPES) from e
-        except httpx2.TimeoutException as e:
-            raise ModelError(
-                f"{PROVIDER}: the stream stalled past the read timeout ({type(e).__name__})",
-                provider=PROVIDER, retryable=True) from e
-        except httpx2.TransportError as e:
-            raise ModelError(f"{PROVIDER}: the stream broke: {type(e).__name__}: {e}",
-                             provider=PROVIDER, retryable=True) from e
-        except sdk.OpenAIError as e:
-            raise ModelError(f"{PROVIDER}: {type(e).__name__}: {e}", provider=PROVIDER) from e
-        except ValueError as e:
-            raise ModelError(f"{PROVIDER}: malformed stream: {type(e).__name__}: {e}",
-                             provider=PROVIDER, retryable=True) from e
+        except (sdk.OpenAIError, httpx2.TransportError, ValueError) as e:
+            raise translate(PROVIDER, sdk, e, midstream="error object",
+                            retryable_types=_RETRYABLE_TYPES) from e
         for out in reply.end():
             yield out
 
@@ -327,32 +306,3 @@ class _Reply:
         else:
             reason = _FINISH.get(self.finish, self.finish)
         return [*calls, Stop(reason, dict(self.usage))]
-
-
-# -- errors ----------------------------------------------------------------------------------
-
-
-def _error_fields(body: object, fallback: str) -> tuple[str, str]:
-    err = body.get("error", body) if isinstance(body, dict) else None
-    if isinstance(err, dict):
-        kind = err.get("type") or err.get("code") or "error"
-        return str(kind), str(err.get("message") or fallback)
-    return "error", str(body or fallback)
-
-
-def status_error(e: sdk.APIStatusError) -> ModelError:
-    """Translate an SDK HTTP error, saying the status and how many retries were spent."""
-    kind, message = _error_fields(e.body, e.message)
-    status = e.status_code
-    retries = e.response.request.headers.get("x-stainless-retry-count", "0")
-    notes = []
-    if retries.isdigit() and int(retries) > 0:
-        notes.append(f"after {retries} {'retry' if retries == '1' else 'retries'}")
-    if e.request_id:
-        notes.append(f"request-id {e.request_id}")
-    suffix = f" ({'; '.join(notes)})" if notes else ""
-    return ModelError(
-        f"{PROVIDER}: HTTP {status} {kind}: {message}{suffix}",
-        provider=PROVIDER, status=status,
-        retryable=status in (408, 409, 429) or status >= 500,
-    )
