@@ -6,7 +6,8 @@
 - ``notify`` is an ``async def``: it stands for a call to another service (a chat webhook).
   It cannot join the transaction, so it is at-least-once; it appends one line per attempt to
   an outbox file, keyed by ``ctx.idempotency_key``, which is what a receiver deduplicates on.
-- ``list_orders`` reads the session's orders (a local tool that only reads).
+- ``list_orders`` reads the session's orders (a local tool that only reads);
+- ``issue_refund`` (:mod:`.refunds`) parks the turn until a person approves, then pays.
 
 Each row and outbox line records which *delivery* of the turn (1 = the process that gets
 killed, 2 = the redelivery) and which process wrote it, so the report can prove who ran what.
@@ -26,11 +27,14 @@ from typing import Any
 from ..agent import Agent
 from ..errors import FatalToolError, StoreError
 from ..tools import Tool, ToolContext, tool
+from .refunds import ensure_refunds_schema, refund_tool
 
 AGENT_NAME = "ops"
 INSTRUCTIONS = (
     "You are an office operations agent. Place orders with create_order, one call per "
-    "item, then tell the team with notify, then summarise what you did."
+    "item; tell the team with notify when asked to; refund an order with issue_refund (it "
+    "waits for a person to approve it, so call it once and report what came of it). Then "
+    "summarise what you did in one or two sentences."
 )
 REQUEST = "Order a keyboard, a mouse and a monitor for the new hire, then tell the team."
 
@@ -75,10 +79,10 @@ def outbox_path(db: Path) -> Path:
 
 
 def ensure_schema(conn: sqlite3.Connection) -> None:
-    """Create the ``orders`` table, or check that an existing one is the demo's.
+    """Create the ``orders`` and ``refunds`` tables, or check that existing ones are the demo's.
 
     Raises:
-        StoreError: the database has an ``orders`` table of another shape.
+        StoreError: the database has an ``orders`` or ``refunds`` table of another shape.
     """
     conn.execute(ORDERS_SCHEMA)
     columns = tuple(r[1] for r in conn.execute("PRAGMA table_info(orders)"))
@@ -87,6 +91,7 @@ def ensure_schema(conn: sqlite3.Connection) -> None:
             f"the database already has an 'orders' table that is not the demo's "
             f"(columns {', '.join(columns)}); point --db at a fresh file"
         )
+    ensure_refunds_schema(conn)
 
 
 def read_orders(conn: sqlite3.Connection, turn_id: str | None = None) -> list[OrderRow]:
@@ -115,9 +120,10 @@ def _append_line(path: Path, entry: dict[str, Any]) -> None:
         os.fsync(f.fileno())
 
 
-def ops_tools(outbox: Path, delivery: int, after_effect: AfterEffect | None = None
+def ops_tools(db: Path, delivery: int, after_effect: AfterEffect | None = None
               ) -> list[Tool]:
-    """The ops agent's tools, writing as delivery number ``delivery`` of the turn."""
+    """The ops agent's tools on the SQLite file ``db``, writing as delivery ``delivery``."""
+    outbox = outbox_path(db)
 
     def effect_done(name: str) -> None:
         if after_effect is not None:
@@ -163,10 +169,10 @@ def ops_tools(outbox: Path, delivery: int, after_effect: AfterEffect | None = No
         effect_done("notify")
         return {"posted": True, "channel": channel, "key": ctx.idempotency_key}
 
-    return [create_order, list_orders, notify]
+    return [create_order, list_orders, notify, refund_tool(db)]
 
 
-def build_agent(outbox: Path, delivery: int = 0, after_effect: AfterEffect | None = None
+def build_agent(db: Path, delivery: int = 0, after_effect: AfterEffect | None = None
                 ) -> Agent:
-    """The ops agent (its model is the runtime's)."""
-    return Agent(AGENT_NAME, INSTRUCTIONS, ops_tools(outbox, delivery, after_effect))
+    """The ops agent on the SQLite file ``db`` (its model is the runtime's)."""
+    return Agent(AGENT_NAME, INSTRUCTIONS, ops_tools(db, delivery, after_effect))

@@ -56,7 +56,7 @@ def step_id(index: int, m: Message, messages: list[tuple[int, Message]]) -> str:
 async def read_state(db: Path, session_id: str, turn_id: str) -> StoreState:
     """Open the store, read the turn's state, close it again."""
     store = SqliteStore(db)
-    async with Runtime([build_agent(outbox_path(db))], store) as runtime:
+    async with Runtime([build_agent(db)], store) as runtime:
         session = runtime.session(AGENT_NAME, session_id)
         transcript = await session.transcript()
         status = await session.status()

@@ -37,7 +37,7 @@ from ..messages import Message
 from ..sessions import Runtime
 from ..stores.sqlite import SqliteStore
 from .brain import ops_model
-from .ops import AGENT_NAME, REQUEST, build_agent, ensure_schema, outbox_path
+from .ops import AGENT_NAME, REQUEST, build_agent, ensure_schema
 from .term import call_text, compact
 
 KILL_POINTS: dict[str, str] = {
@@ -179,7 +179,7 @@ async def run_worker(opts: WorkerOptions, console: Console) -> int:
     """
     freezer = Freezer(console, opts.kill_at, opts.control_fd)
     store = SqliteStore(opts.db)
-    agent = build_agent(outbox_path(opts.db), opts.delivery, freezer.effect)
+    agent = build_agent(opts.db, opts.delivery, freezer.effect)
     async with Runtime([agent], store, ops_model(), lease_timeout=LEASE_TIMEOUT) as runtime:
         ensure_schema(store.unwrap())
         session = runtime.session(AGENT_NAME, opts.session)
