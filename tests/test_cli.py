@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import os
@@ -10,6 +11,7 @@ import sqlite3
 import subprocess
 import sys
 from collections import Counter
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,8 @@ import pytest
 
 from durable_turns import Agent, Message, Runtime, SqliteStore
 from durable_turns.demo import KILL_POINTS
+from fakes.anthropic_api import Reply, Text, ToolUse, anthropic_app
+from fakes.serving import serving
 
 TIMEOUT = 60
 
@@ -94,7 +98,8 @@ def test_help() -> None:
     assert "demo-worker" not in top.stdout  # the child's subcommand stays hidden
     demo = cli("demo", "--help")
     assert demo.returncode == 0
-    for word in ("--db", "--keep", "--kill-at", *KILL_POINTS, "exit status"):
+    for word in ("--db", "--keep", "--kill-at", *KILL_POINTS, "exit status", "--model",
+                 "ANTHROPIC_API_KEY", "scripted"):
         assert word in demo.stdout
 
 
@@ -231,3 +236,107 @@ def test_a_paused_worker_leaves_when_its_parent_goes_away(tmp_path: Path) -> Non
         assert proc.stdin is not None
         proc.stdin.close()
         assert proc.wait(timeout=TIMEOUT) == 70
+
+
+# -- which model -------------------------------------------------------------------------------
+
+ALICE = {"USER": "alice", "LOGNAME": "alice"}
+
+
+def run(*args: str, user: str = "alice", **env: str) -> tuple[int, str, str, int]:
+    """One CLI process: (exit code, stdout, stderr, pid)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "durable_turns.cli", *args],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "USER": user, "LOGNAME": user, **env},
+    )
+    out, err = proc.communicate(timeout=TIMEOUT)
+    return proc.returncode, out, err, proc.pid
+
+
+@pytest.mark.parametrize(("spec", "needle"), [
+    ("nope:x", "unknown provider 'nope'"),
+    ("claude", "expected 'scripted' or '<provider>:<model>'"),
+    ("openai:gpt-4o", "OPENAI_API_KEY"),
+    ("anthropic:claude-sonnet-4-5", "no credentials"),
+])
+def test_an_unusable_model_fails_clearly_before_anything_runs(tmp_path: Path, spec: str,
+                                                              needle: str) -> None:
+    db = tmp_path / "m.sqlite"
+    for command in (["demo"],):
+        code, out, err, _ = run(*command, "--db", str(db), "--model", spec, HOME=str(tmp_path))
+        assert code == 2, out + err
+        assert f"durable-turns {command[0]}: error: --model: " in err and needle in err
+        assert "Traceback" not in err and out == ""
+    assert not db.exists()
+
+
+def test_model_scripted_overrides_an_anthropic_key(tmp_path: Path) -> None:
+    # The base URL is a closed port: had the demo called Anthropic, it would have failed.
+    code, out, err, _ = run("demo", "--db", str(tmp_path / "d.sqlite"), "--model", "scripted",
+                            ANTHROPIC_API_KEY="sk-test", ANTHROPIC_BASE_URL="http://127.0.0.1:9")
+    assert code == 0, out + err
+    assert "model    scripted (offline, deterministic): chosen with --model" in out
+    assert "VERDICT: PASS" in out
+
+
+def ops_replies(body: dict[str, Any]) -> Reply:
+    """The fake Anthropic model's side of the demo's two stories, read off the request."""
+    messages = body["messages"]
+    opening = messages[0]["content"]
+    opening = opening if isinstance(opening, str) else opening[0]["text"]
+    results = [b for m in messages if m["role"] == "user" and not isinstance(m["content"], str)
+               for b in m["content"] if b.get("type") == "tool_result"]
+    if opening.startswith("Refund"):
+        if not results:
+            return Reply([Text("I need approval for that."),
+                          ToolUse("issue_refund", {"order_id": "42", "amount": 30})])
+        paid = json.loads(results[0]["content"]).get("refunded")
+        return Reply([Text("Refund issued." if paid else "Refund declined.")])
+    items = ["keyboard", "mouse", "monitor"]
+    if len(results) < len(items):
+        return Reply([ToolUse("create_order", {"item": items[len(results)]})])
+    if len(results) == len(items):
+        return Reply([ToolUse("notify", {"channel": "#ops", "text": "three orders placed"})])
+    return Reply([Text("Ordered a keyboard, a mouse and a monitor, and told #ops.")])
+
+
+async def arun(*args: str, env: dict[str, str]) -> tuple[int, str, str]:
+    """A CLI process that does not block this loop (which serves the fake API)."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "durable_turns.cli", *args, env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), TIMEOUT)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+@pytest.fixture
+async def fake_anthropic(tmp_path: Path) -> AsyncIterator[tuple[Any, dict[str, str]]]:
+    """The fake Messages API on loopback, and an environment whose key points at it."""
+    app = anthropic_app([ops_replies] * 20)
+    async with serving(app) as url:
+        yield app, {**os.environ, **ALICE, "HOME": str(tmp_path),
+                    "ANTHROPIC_API_KEY": "sk-test", "ANTHROPIC_BASE_URL": url}
+
+
+async def test_demo_uses_anthropic_when_its_key_is_set(
+    tmp_path: Path, fake_anthropic: tuple[Any, dict[str, str]]
+) -> None:
+    app, env = fake_anthropic
+    db = tmp_path / "demo.sqlite"
+    code, out, err = await arun("demo", "--db", str(db), env=env)
+    assert code == 0, out + err
+    assert ("model    anthropic:claude-sonnet-4-5 (a real model, over the network): "
+            "ANTHROPIC_API_KEY is set") in out
+    assert "VERDICT: PASS" in out and "SIGKILL sent to pid" in out
+    models = {r["body"]["model"] for r in app.state.requests}
+    assert models == {"claude-sonnet-4-5"}
+    # Five model steps; the two committed before the kill were not asked again.
+    assert len(app.state.requests) == 5
+    left = await read_left(db, out)
+    assert left.turn_status == "completed"
+    assert_well_formed(left.transcript)
+    assert [item for _, item, *_ in left.orders] == ["keyboard", "mouse", "monitor"]
+    assert [d for *_, d in left.orders] == ORDER_DELIVERIES["after-order-2"]
+    assert len({call for call, *_ in left.orders}) == 3

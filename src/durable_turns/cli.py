@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
@@ -23,18 +24,25 @@ from .demo import (
     run_demo,
     run_worker,
 )
+from .demo.choice import DEFAULT_ANTHROPIC, ModelChoice, choose_model
 from .demo.term import make_console
-from .errors import DurableTurnsError, StoreError
+from .errors import ConfigurationError, DurableTurnsError, StoreError
 
 PROG = "durable-turns"
 
-DEMO_HELP = """\
+DEMO_HELP = f"""\
 Run a small ops agent's turn ("order a keyboard, a mouse and a monitor, then tell the team")
-on a SQLite file with a scripted model, offline. The turn runs in a child process that is
-killed with SIGKILL mid-turn; a new process delivers the same turn id again; then the
-transcript, the orders table and the outbox are read back from the store to prove that
-nothing ran twice.
+on a SQLite file. The turn runs in a child process that is killed with SIGKILL mid-turn; a
+new process delivers the same turn id again; then the transcript, the orders table and the
+outbox are read back from the store to prove that nothing ran twice.
+
+The model: Anthropic ({DEFAULT_ANTHROPIC}) when ANTHROPIC_API_KEY is set, else a scripted one
+(offline, deterministic); --model overrides. The banner says which.
 """
+MODEL_HELP = ("the model: 'scripted' (offline, deterministic) or PROVIDER:NAME, e.g. "
+              f"{DEFAULT_ANTHROPIC} or openai:gpt-4o (credentials and base URLs from the "
+              "SDK's environment variables). Default: Anthropic when ANTHROPIC_API_KEY is "
+              "set, else scripted")
 DEMO_EPILOG = """\
 kill points:
 """ + "\n".join(f"  {name:<16} {what}" for name, what in KILL_POINTS.items()) + """
@@ -74,6 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="keep the temporary directory and print where it is")
     demo.add_argument("--kill-at", choices=list(KILL_POINTS), default="after-order-2",
                       help="where the first delivery is killed (default: %(default)s)")
+    demo.add_argument("--model", metavar="PROVIDER:NAME", help=MODEL_HELP)
     demo.set_defaults(run=_demo)
 
     # Hidden: one delivery of the demo's turn, in the child process the demo starts.
@@ -84,8 +93,17 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--delivery", type=int, required=True)
     worker.add_argument("--kill-at", choices=list(KILL_POINTS))
     worker.add_argument("--control-fd", type=int)
+    worker.add_argument("--model", default="scripted")
     worker.set_defaults(run=_demo_worker)
     return parser
+
+
+def _model(command: str, spec: str | None) -> ModelChoice | int:
+    """The model choice, or the exit code of a clear error."""
+    try:
+        return choose_model(spec, os.environ)
+    except ConfigurationError as e:
+        return _fail(command, f"--model: {e}", 2)
 
 
 def _fail(command: str, message: str, code: int) -> int:
@@ -95,7 +113,10 @@ def _fail(command: str, message: str, code: int) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    opts = DemoOptions(db=args.db, keep=args.keep, kill_at=args.kill_at)
+    model = _model("demo", args.model)
+    if isinstance(model, int):
+        return model
+    opts = DemoOptions(db=args.db, keep=args.keep, kill_at=args.kill_at, model=model)
     try:
         return asyncio.run(run_demo(opts, make_console()))
     except DemoInputError as e:
@@ -109,7 +130,7 @@ def _demo_worker(args: argparse.Namespace) -> int:
         return _fail("demo-worker", "--kill-at needs --control-fd", 2)
     opts = WorkerOptions(db=args.db, session=args.session, turn_id=args.turn,
                          delivery=args.delivery, kill_at=args.kill_at,
-                         control_fd=args.control_fd)
+                         control_fd=args.control_fd, model=args.model)
     try:
         return asyncio.run(run_worker(opts, make_console()))
     except StoreError as e:

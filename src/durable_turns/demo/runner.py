@@ -26,6 +26,7 @@ from rich.text import Text
 
 from ..errors import StoreError
 from ..stores.sqlite import SqliteStore
+from .choice import OFFLINE, ModelChoice
 from .ops import AGENT_NAME, REQUEST, ensure_schema, outbox_path
 from .report import StoreState, judge, read_state, render
 from .term import rule
@@ -58,8 +59,17 @@ class DemoOptions:
     keep: bool = False
     """Keep the temporary directory (and say where it is)."""
     kill_at: str = DEFAULT_KILL_POINT
-    timeout: float = 60.0
-    """Seconds a child may take before the demo gives up on it."""
+    model: ModelChoice = OFFLINE
+    """The model every delivery runs on (:func:`~.choice.choose_model` decides it)."""
+    timeout: float | None = None
+    """Seconds a child may take before the demo gives up on it (default: 60 with the
+    scripted model, 600 with a real one)."""
+
+    @property
+    def child_timeout(self) -> float:
+        if self.timeout is not None:
+            return self.timeout
+        return 60.0 if self.model.scripted else 600.0
 
 
 async def run_demo(opts: DemoOptions, console: Console) -> int:
@@ -78,7 +88,7 @@ async def run_demo(opts: DemoOptions, console: Console) -> int:
     else:
         db = opts.db.expanduser().absolute()
     try:
-        await _open_db(db)
+        await prepare_db(db)
         return await _run(db, opts, console)
     finally:
         if workdir is not None:
@@ -88,9 +98,17 @@ async def run_demo(opts: DemoOptions, console: Console) -> int:
                 shutil.rmtree(workdir, ignore_errors=True)
 
 
-async def _open_db(db: Path) -> None:
+async def prepare_db(db: Path, *, create: bool = True) -> None:
+    """Check that ``db`` is (or, with ``create``, may become) the demo's SQLite store.
+
+    Raises:
+        DemoInputError: it is a directory, its directory is missing, it does not exist
+            (without ``create``), or it is not a durable_turns store (left untouched).
+    """
     if db.is_dir():
         raise DemoInputError(f"--db {db} is a directory; give the path of a file")
+    if not create and not db.exists():
+        raise DemoInputError(f"--db {db}: no such file")
     if not db.parent.is_dir():
         raise DemoInputError(f"--db {db}: the directory {db.parent} does not exist")
     store = SqliteStore(db)
@@ -106,18 +124,20 @@ async def _open_db(db: Path) -> None:
 async def _run(db: Path, opts: DemoOptions, console: Console) -> int:
     session_id = f"desk-{uuid.uuid4().hex[:8]}"
     turn_id = f"turn-{uuid.uuid4().hex[:12]}"
-    _header(console, db, session_id, turn_id, opts.kill_at)
-    common = ["--db", str(db), "--session", session_id, "--turn", turn_id]
+    _header(console, db, session_id, turn_id, opts)
+    common = ["--db", str(db), "--session", session_id, "--turn", turn_id,
+              "--model", opts.model.spec]
 
     rule(console, f"delivery 1: a child process; SIGKILL {KILL_POINTS[opts.kill_at]}")
     killed = await _deliver_and_kill(console, [*common, "--delivery", "1",
-                                               "--kill-at", opts.kill_at], opts.timeout)
+                                               "--kill-at", opts.kill_at],
+                                    opts.child_timeout)
     at_kill = await read_state(db, session_id, turn_id)
     console.print(_describe(at_kill, "the store after the kill"))
     console.print(Text(f"    {AFTER_KILL[opts.kill_at]}", style="dim"))
 
     rule(console, "delivery 2: the same turn id, delivered again in a new process")
-    code = await _deliver(console, [*common, "--delivery", "2"], opts.timeout)
+    code = await _deliver(console, [*common, "--delivery", "2"], opts.child_timeout)
     if code != 0:
         raise DemoFailure(f"delivery 2 exited with code {code}; the turn did not complete")
     final = await read_state(db, session_id, turn_id)
@@ -128,15 +148,13 @@ async def _run(db: Path, opts: DemoOptions, console: Console) -> int:
     return 0 if verdict.ok else 1
 
 
-def _header(console: Console, db: Path, session_id: str, turn_id: str, kill_at: str) -> None:
-    if os.environ.get("ANTHROPIC_API_KEY"):
-        why = "ANTHROPIC_API_KEY is set, but the demo cannot drive a real model yet"
-    else:
-        why = "no ANTHROPIC_API_KEY is set"
+def _header(console: Console, db: Path, session_id: str, turn_id: str,
+            opts: DemoOptions) -> None:
+    kill_at = opts.kill_at
     rows = [
         ("store", f"{db} (SqliteStore, WAL)"),
         ("outbox", f"{outbox_path(db)} (notify's stand-in for a chat webhook)"),
-        ("model", f"scripted (offline, deterministic): {why}"),
+        ("model", opts.model.label),
         ("agent", f"{AGENT_NAME}: create_order (local, exactly once), notify (remote, "
                   "at least once), list_orders"),
         ("session", f"{session_id}, turn {turn_id}"),
@@ -144,6 +162,10 @@ def _header(console: Console, db: Path, session_id: str, turn_id: str, kill_at: 
         ("plan", f"run the turn in a child process, SIGKILL it {KILL_POINTS[kill_at]}, "
                  "deliver the same turn id again in a new process, then check the store"),
     ]
+    if not opts.model.scripted:
+        rows.append(("note", "a real model words its replies differently every run; the kill "
+                             "still lands on a committed tool step, watched in the event "
+                             "stream, never on what the model says"))
     console.print(Text("durable-turns demo: an agent turn killed mid-way and delivered again",
                        style="bold"))
     for name, value in rows:
@@ -202,7 +224,9 @@ async def _deliver_and_kill(console: Console, args: list[str], timeout: float) -
         code = await proc.wait()
         raise DemoFailure(
             f"delivery 1 (pid {proc.pid}) exited with code {code} before reaching its kill "
-            "point; the turn ended sooner than the demo's script expects"
+            "point; the turn ended sooner than the demo's script expects (with a real model: "
+            "it did not make the tool calls the kill point waits for; run it again, or pick "
+            "another --kill-at)"
         )
     proc.send_signal(signal.SIGKILL)
     code = await proc.wait()

@@ -25,6 +25,7 @@ from rich.text import Text
 from ..events import (
     ActionCompleted,
     ActionRequested,
+    InputRequested,
     MessageCompleted,
     MessageDelta,
     TurnCancelled,
@@ -33,10 +34,11 @@ from ..events import (
     TurnFailed,
     TurnStarted,
 )
+from ..hitl import InputRequest
 from ..messages import Message
 from ..sessions import Runtime
 from ..stores.sqlite import SqliteStore
-from .brain import ops_model
+from .choice import SCRIPTED, ModelChoice, build_model
 from .ops import AGENT_NAME, REQUEST, build_agent, ensure_schema
 from .term import call_text, compact
 
@@ -49,6 +51,8 @@ EXIT_ORPHANED = 70
 """The worker's exit code when its parent went away while it waited at a kill point."""
 LEASE_TIMEOUT = 15.0
 TURN_TIMEOUT = 30.0
+REAL_MODEL_TURN_TIMEOUT = 300.0
+"""A real model takes seconds per call, and the turn makes five."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +66,8 @@ class WorkerOptions:
     kill_at: str | None = None
     control_fd: int | None = None
     """A pipe to the parent: the worker writes one line there when it reaches ``kill_at``."""
+    model: str = SCRIPTED
+    """``scripted`` or ``PROVIDER:NAME``, as the parent chose it."""
 
 
 class Freezer:
@@ -105,7 +111,8 @@ class EventPrinter:
     its id (``model:<n>``, ``tool:<n>:<call_id>``), as the engine does.
     """
 
-    def __init__(self, console: Console, transcript: list[Message], freezer: Freezer) -> None:
+    def __init__(self, console: Console, transcript: list[Message],
+                 freezer: Freezer | None = None) -> None:
         self.console = console
         self.freezer = freezer
         self.next_index = len(transcript)
@@ -144,8 +151,14 @@ class EventPrinter:
                 self.line(e, step, f"{e.call.name} → {compact(e.result, 70)}", "green")
             if e.call.name == "create_order" and e.error is None:
                 self.orders_done += 1
-                if self.orders_done == 2:
+                if self.orders_done == 2 and self.freezer is not None:
                     self.freezer.reached("after-order-2", f"step {step} committed")
+        elif isinstance(e, InputRequested):
+            req = e.request
+            if isinstance(req, dict):
+                req = InputRequest.from_dict(req)
+            self.line(e, "", f"parked on input {req.id!r}: {req.prompt} "
+                             f"(answerers: {compact(req.answerers)})", "bold yellow")
         elif isinstance(e, TurnCompleted):
             self.line(e, "", "turn completed", "bold green")
         elif isinstance(e, TurnFailed):
@@ -173,14 +186,18 @@ async def run_worker(opts: WorkerOptions, console: Console) -> int:
     """Deliver the turn once; 0 when it completed, 1 when it failed or was cancelled.
 
     Raises:
+        ConfigurationError: the model cannot be built (unknown provider, no SDK, no key).
         StoreError: the database cannot be used.
         TimeoutError: the turn did not end in time (for instance, another process holds
             the session's lease).
     """
     freezer = Freezer(console, opts.kill_at, opts.control_fd)
+    choice = ModelChoice(opts.model, "chosen by the parent")
+    model = build_model(choice)
     store = SqliteStore(opts.db)
     agent = build_agent(opts.db, opts.delivery, freezer.effect)
-    async with Runtime([agent], store, ops_model(), lease_timeout=LEASE_TIMEOUT) as runtime:
+    timeout = TURN_TIMEOUT if choice.scripted else REAL_MODEL_TURN_TIMEOUT
+    async with Runtime([agent], store, model, lease_timeout=LEASE_TIMEOUT) as runtime:
         ensure_schema(store.unwrap())
         session = runtime.session(AGENT_NAME, opts.session)
         before = await session.transcript()
@@ -195,7 +212,7 @@ async def run_worker(opts: WorkerOptions, console: Console) -> int:
         printer = EventPrinter(console, before, freezer)
         session.observe(printer, turn_id=opts.turn_id)
         await session.start(REQUEST, turn_id=opts.turn_id)
-        result = await asyncio.wait_for(session.result(opts.turn_id), TURN_TIMEOUT)
+        result = await asyncio.wait_for(session.result(opts.turn_id), timeout)
         printer.end_line()
     if result.status == "completed":
         console.print(Text(f"  answer: {result.text}", style="bold"))
