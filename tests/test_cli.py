@@ -96,11 +96,19 @@ def test_help() -> None:
     assert top.returncode == 0
     assert "demo" in top.stdout
     assert "demo-worker" not in top.stdout  # the child's subcommand stays hidden
+    for command in ("refund", "approve", "pending"):
+        assert command in top.stdout
     demo = cli("demo", "--help")
     assert demo.returncode == 0
     for word in ("--db", "--keep", "--kill-at", *KILL_POINTS, "exit status", "--model",
                  "ANTHROPIC_API_KEY", "scripted"):
         assert word in demo.stdout
+    for command, words in {"refund": ("--order", "--amount", "--user", "--approver"),
+                           "approve": ("--turn", "--input", "--deny", "--by")}.items():
+        out = cli(command, "--help")
+        assert out.returncode == 0
+        for word in (*words, "--db", "--model", "exit status"):
+            assert word in out.stdout
 
 
 def test_no_command_is_a_usage_error() -> None:
@@ -238,7 +246,7 @@ def test_a_paused_worker_leaves_when_its_parent_goes_away(tmp_path: Path) -> Non
         assert proc.wait(timeout=TIMEOUT) == 70
 
 
-# -- which model -------------------------------------------------------------------------------
+# -- approval across processes: refund, pending, approve -------------------------------------
 
 ALICE = {"USER": "alice", "LOGNAME": "alice"}
 
@@ -254,6 +262,172 @@ def run(*args: str, user: str = "alice", **env: str) -> tuple[int, str, str, int
     return proc.returncode, out, err, proc.pid
 
 
+def parked_turn(stdout: str) -> str:
+    m = re.search(r"--turn (turn-[0-9a-f]+) --input approve-refund", stdout)
+    assert m, stdout
+    return m.group(1)
+
+
+def refunds(db: Path) -> list[tuple[Any, ...]]:
+    with sqlite3.connect(db) as conn:
+        rows = conn.execute("SELECT order_id, amount, requested_by, pid, attempts, key "
+                            "FROM refunds ORDER BY refund_id").fetchall()
+    conn.close()
+    return rows
+
+
+async def turn_of(db: Path, turn_id: str) -> tuple[str | None, list[Message], str | None]:
+    """The turn's status, its messages, and the stored answer step."""
+    store = SqliteStore(db)
+    async with Runtime([Agent("ops")], store) as rt:
+        (agent, session_id), = store.unwrap().execute(
+            "SELECT s.agent, s.session FROM turns t JOIN sessions s USING (sid) "
+            "WHERE t.turn_id = ?", (turn_id,)).fetchall()
+        session = rt.session(agent, session_id)
+        rec = await store.get_turn(session.key, turn_id)
+        messages = [m for m in await session.transcript() if m.turn_id == turn_id]
+        answer = await store.read_step(session.key, f"input:{turn_id}:approve-refund")
+    return (rec.status if rec else None), messages, answer
+
+
+def assert_refused(code: int, out: str, err: str, command: str, *needles: str) -> None:
+    assert code == 2, out + err
+    assert err.startswith(f"durable-turns {command}: error: "), err
+    for needle in needles:
+        assert needle in err
+    assert "Traceback" not in err and out == ""
+
+
+async def test_refund_parks_and_a_second_process_approves_it(tmp_path: Path) -> None:
+    db = tmp_path / "shop.sqlite"
+    code, out, err, refund_pid = run("refund", "--db", str(db), "--order", "42",
+                                     "--amount", "30")
+    assert code == 0 and err == "", out + err
+    assert "scripted" in out and "no ANTHROPIC_API_KEY is set" in out
+    assert "input.requested" in out and "Approve a $30 refund on order 42?" in out
+    assert f"The turn is parked. pid {refund_pid} now exits" in out
+    turn = parked_turn(out)
+    # The refund process is gone and paid nothing: the park is a row in the file, no more.
+    assert refunds(db) == []
+    status, messages, answer = await turn_of(db, turn)
+    assert status == "suspended" and answer is None
+    assert [m.role for m in messages] == ["user", "assistant"]
+    assert messages[0].by == "alice"
+
+    code, out, err, _ = run("pending", "--db", str(db))
+    assert code == 0 and err == ""
+    assert turn in out and "approve-refund" in out and "user alice" in out
+    assert f"--turn {turn} --input approve-refund --by alice" in out
+
+    # Bad answers are refused with a clear message, exit 2, no traceback, nothing stored.
+    assert_refused(*run("approve", "--db", str(db), "--turn", turn, user="mallory")[:3],
+                   "approve", "ResumeAuthorizationError", "only user 'alice' may answer",
+                   "'mallory' may not")
+    assert_refused(*run("approve", "--db", str(db), "--turn", turn, "--by", "bob")[:3],
+                   "approve", "ResumeAuthorizationError")
+    assert_refused(*run("approve", "--db", str(db), "--turn", turn, "--input", "approve")[:3],
+                   "approve", "ResumeConflictError", "waits for input 'approve-refund'")
+    assert_refused(*run("approve", "--db", str(db), "--turn", "turn-nope")[:3],
+                   "approve", "no turn 'turn-nope'", "durable-turns pending")
+    assert refunds(db) == []
+    assert (await turn_of(db, turn))[0] == "suspended"
+
+    code, out, err, approve_pid = run("approve", "--db", str(db), "--turn", turn,
+                                      "--input", "approve-refund")
+    assert code == 0 and err == "", out + err
+    assert f"pid {approve_pid} replays the turn" in out
+    assert "issue_refund → {\"refunded\": true" in out
+    assert "answer: Refunded $30 on order 42 (refund #1), as approved." in out
+    assert f"pid {approve_pid} (this process)" in out
+    # Paid exactly once, by the approving process, after the answer; keyed by the step.
+    (row,) = refunds(db)
+    assert row[:5] == ("42", 30.0, "alice", approve_pid, 1)
+    assert row[5][:12] + "…" in out
+    status, messages, answer = await turn_of(db, turn)
+    assert status == "completed"
+    assert_well_formed(messages)
+    assert json.loads(answer or "null") == {"value": True, "by": "alice"}
+    (result,) = [m.result for m in messages if m.role == "tool"]
+    assert result["refunded"] is True and result["idempotency_key"] == row[5]
+
+    # Answering twice: the turn is no longer waiting; nothing is paid again.
+    assert_refused(*run("approve", "--db", str(db), "--turn", turn)[:3], "approve",
+                   "ResumeConflictError", "not waiting for input", "already completed")
+    assert len(refunds(db)) == 1
+    code, out, _, _ = run("pending", "--db", str(db))
+    assert code == 0 and "nothing" in out and "is waiting for input" in out
+
+
+async def test_a_denied_refund_pays_nothing(tmp_path: Path) -> None:
+    db = tmp_path / "shop.sqlite"
+    code, out, err, _ = run("refund", "--db", str(db), "--order", "A-7", "--amount", "12.50")
+    assert code == 0, out + err
+    turn = parked_turn(out)
+    code, out, err, _ = run("approve", "--db", str(db), "--turn", turn, "--deny")
+    assert code == 0 and err == "", out + err
+    assert "approve-refund = no (--deny), by alice" in out
+    assert "answer: The refund of $12.50 on order A-7 was not approved" in out
+    assert refunds(db) == []
+    status, messages, answer = await turn_of(db, turn)
+    assert status == "completed"
+    assert json.loads(answer or "null") == {"value": False, "by": "alice"}
+    assert [m.result for m in messages if m.role == "tool"] == [
+        {"refunded": False, "order_id": "A-7", "amount": 12.5}]
+
+
+async def test_an_approver_other_than_the_asker(tmp_path: Path) -> None:
+    db = tmp_path / "shop.sqlite"
+    code, out, err, _ = run("refund", "--db", str(db), "--order", "7", "--amount", "5",
+                            "--approver", "bob", "--session", "desk-1")
+    assert code == 0, out + err
+    assert "ops/desk-1" in out and "--by bob" in out
+    turn = parked_turn(out)
+    # One park at a time: the session takes no other turn until this one is answered.
+    busy = run("refund", "--db", str(db), "--order", "8", "--amount", "5", "--session",
+               "desk-1")
+    assert_refused(*busy[:3], "refund", "is parked on turn", "durable-turns pending")
+    assert_refused(*run("approve", "--db", str(db), "--turn", turn)[:3], "approve",
+                   "only user 'bob' may answer", "'alice' may not")
+    code, out, err, pid = run("approve", "--db", str(db), "--turn", turn, "--by", "bob")
+    assert code == 0, out + err
+    assert [r[:4] for r in refunds(db)] == [("7", 5.0, "alice", pid)]
+
+
+def test_approval_commands_refuse_bad_input(tmp_path: Path) -> None:
+    missing = tmp_path / "missing.sqlite"
+    assert_refused(*run("approve", "--db", str(missing), "--turn", "t")[:3], "approve",
+                   "no such file")
+    assert_refused(*run("pending", "--db", str(missing))[:3], "pending", "no such file")
+    assert not missing.exists()
+    notes = tmp_path / "notes.txt"
+    notes.write_text("not a database\n" * 50)
+    before = digest(notes)
+    assert_refused(*run("pending", "--db", str(notes))[:3], "pending",
+                   "not a SQLite database")
+    assert digest(notes) == before
+    for bad in (["--amount", "-5"], ["--amount", "1.234"], ["--amount", "ten"],
+                ["--order", "4 2"], ["--user", " "]):
+        args = {"--order": "42", "--amount": "30", **dict(zip(bad[::2], bad[1::2], strict=True))}
+        out = cli("refund", "--db", str(tmp_path / "r.sqlite"),
+                  *[x for kv in args.items() for x in kv])
+        assert out.returncode == 2 and "Traceback" not in out.stderr, (bad, out.stderr)
+        assert bad[0] in out.stderr
+    assert not (tmp_path / "r.sqlite").exists()
+
+
+def test_approve_refuses_a_turn_that_is_not_parked(tmp_path: Path) -> None:
+    db = tmp_path / "ops.sqlite"
+    demo = cli("demo", "--db", str(db))
+    assert demo.returncode == 0
+    m = re.search(r"session\s+\S+, turn (\S+)", demo.stdout)
+    assert m
+    assert_refused(*run("approve", "--db", str(db), "--turn", m.group(1))[:3], "approve",
+                   "ResumeConflictError", "not waiting for input", "already completed")
+
+
+# -- which model -------------------------------------------------------------------------------
+
+
 @pytest.mark.parametrize(("spec", "needle"), [
     ("nope:x", "unknown provider 'nope'"),
     ("claude", "expected 'scripted' or '<provider>:<model>'"),
@@ -263,7 +437,7 @@ def run(*args: str, user: str = "alice", **env: str) -> tuple[int, str, str, int
 def test_an_unusable_model_fails_clearly_before_anything_runs(tmp_path: Path, spec: str,
                                                               needle: str) -> None:
     db = tmp_path / "m.sqlite"
-    for command in (["demo"],):
+    for command in (["demo"], ["refund", "--order", "1", "--amount", "1"]):
         code, out, err, _ = run(*command, "--db", str(db), "--model", spec, HOME=str(tmp_path))
         assert code == 2, out + err
         assert f"durable-turns {command[0]}: error: --model: " in err and needle in err
@@ -340,3 +514,22 @@ async def test_demo_uses_anthropic_when_its_key_is_set(
     assert [item for _, item, *_ in left.orders] == ["keyboard", "mouse", "monitor"]
     assert [d for *_, d in left.orders] == ORDER_DELIVERIES["after-order-2"]
     assert len({call for call, *_ in left.orders}) == 3
+
+
+async def test_refund_and_approve_on_anthropic_across_processes(
+    tmp_path: Path, fake_anthropic: tuple[Any, dict[str, str]]
+) -> None:
+    app, env = fake_anthropic
+    db = tmp_path / "shop.sqlite"
+    code, out, err = await arun("refund", "--db", str(db), "--order", "42", "--amount", "30",
+                                env=env)
+    assert code == 0, out + err
+    assert "anthropic:claude-sonnet-4-5" in out and len(app.state.requests) == 1
+    turn = parked_turn(out)
+    assert refunds(db) == []
+    code, out, err = await arun("approve", "--db", str(db), "--turn", turn, env=env)
+    assert code == 0, out + err
+    assert "answer: Refund issued." in out
+    assert len(app.state.requests) == 2  # the first model step was replayed from the store
+    (row,) = refunds(db)
+    assert row[:3] == ("42", 30.0, "alice")

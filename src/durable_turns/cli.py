@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import getpass
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+from typing import Any
 
 from .demo import (
     KILL_POINTS,
@@ -24,7 +26,9 @@ from .demo import (
     run_demo,
     run_worker,
 )
+from .demo.approval import ApproveOptions, RefundOptions, run_approve, run_pending, run_refund
 from .demo.choice import DEFAULT_ANTHROPIC, ModelChoice, choose_model
+from .demo.refunds import APPROVAL_ID, ORDER_ID
 from .demo.term import make_console
 from .errors import ConfigurationError, DurableTurnsError, StoreError
 
@@ -43,6 +47,26 @@ MODEL_HELP = ("the model: 'scripted' (offline, deterministic) or PROVIDER:NAME, 
               f"{DEFAULT_ANTHROPIC} or openai:gpt-4o (credentials and base URLs from the "
               "SDK's environment variables). Default: Anthropic when ANTHROPIC_API_KEY is "
               "set, else scripted")
+REFUND_HELP = """\
+Ask the demo's ops agent to refund an order. Its issue_refund tool parks the turn until a
+person approves: this command prints the request (session, turn id, input id, prompt) and
+exits. The park lives only in the SQLite file; answer it later, from any process, with
+'durable-turns approve'.
+
+The CLI stands in for a channel that verifies who is typing (as Slack signs its requests):
+it attests --user, by default the operating-system user, who is then the one allowed to
+approve unless --approver names someone else.
+"""
+APPROVE_HELP = """\
+Answer a parked turn from a new process: the answer is stored, the turn replays, the parked
+tool runs again from the top and gets the answer, and the rest of the turn streams here.
+Then the result and the refunds table are printed.
+"""
+APPROVAL_EPILOG = """\
+exit status: 0 done, 1 the turn failed, 2 bad input (unknown turn, wrong input id, a turn
+that is not waiting for input or was answered already, --by not allowed to answer, an
+unusable --db or --model).
+"""
 DEMO_EPILOG = """\
 kill points:
 """ + "\n".join(f"  {name:<16} {what}" for name, what in KILL_POINTS.items()) + """
@@ -85,6 +109,54 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--model", metavar="PROVIDER:NAME", help=MODEL_HELP)
     demo.set_defaults(run=_demo)
 
+    refund = commands.add_parser(
+        "refund", help="start a refund that waits for approval, print the request, exit",
+        description=REFUND_HELP, epilog=APPROVAL_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    refund.add_argument("--db", type=Path, metavar="PATH", required=True,
+                        help="the SQLite file (created if missing; an existing one must be a "
+                             "durable_turns store)")
+    refund.add_argument("--order", type=_order_id, required=True, metavar="ID",
+                        help="the order to refund (letters, digits, '-' and '_')")
+    refund.add_argument("--amount", type=_amount, required=True, metavar="DOLLARS",
+                        help="how much to refund, e.g. 30 or 12.50")
+    refund.add_argument("--user", type=_name, metavar="USER",
+                        help="who asks (attested by the CLI); default: $USER")
+    refund.add_argument("--approver", type=_name, metavar="USER",
+                        help="who must approve; default: the asker")
+    refund.add_argument("--session", type=_name, metavar="ID",
+                        help="the session to run in (default: a new one)")
+    refund.add_argument("--model", metavar="PROVIDER:NAME", help=MODEL_HELP)
+    refund.set_defaults(run=_refund)
+
+    approve = commands.add_parser(
+        "approve", help="answer a parked turn from a new process and finish it",
+        description=APPROVE_HELP, epilog=APPROVAL_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    approve.add_argument("--db", type=Path, metavar="PATH", required=True,
+                         help="the SQLite file the turn is parked in")
+    approve.add_argument("--turn", required=True, metavar="TURN", help="the parked turn's id")
+    approve.add_argument("--input", default=APPROVAL_ID, metavar="ID",
+                         help="the input id it waits for (default: %(default)s)")
+    approve.add_argument("--deny", action="store_true", help="answer no instead of yes")
+    approve.add_argument("--by", type=_name, metavar="USER",
+                         help="who answers (attested by the CLI); default: $USER")
+    approve.add_argument("--session", type=_name, metavar="ID",
+                         help="the turn's session, if two sessions have a turn of that id")
+    approve.add_argument("--model", metavar="PROVIDER:NAME", help=MODEL_HELP)
+    approve.set_defaults(run=_approve)
+
+    pending = commands.add_parser(
+        "pending", help="list the sessions waiting for input, and what they wait for",
+        description="List the sessions of a SQLite store that are parked waiting for a "
+                    "person, with the request each one waits for and who may answer it.",
+    )
+    pending.add_argument("--db", type=Path, metavar="PATH", required=True,
+                         help="the SQLite file")
+    pending.set_defaults(run=_pending)
+
     # Hidden: one delivery of the demo's turn, in the child process the demo starts.
     worker = commands.add_parser("demo-worker")
     worker.add_argument("--db", type=Path, required=True)
@@ -96,6 +168,43 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--model", default="scripted")
     worker.set_defaults(run=_demo_worker)
     return parser
+
+
+def _order_id(text: str) -> str:
+    if not ORDER_ID.fullmatch(text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not an order id (1-40 letters, digits, '-' or '_')"
+        )
+    return text
+
+
+def _amount(text: str) -> float:
+    try:
+        value = float(text.removeprefix("$"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an amount of dollars") from None
+    if not 0 < value <= 1_000_000 or round(value, 2) != value:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: an amount is above 0, at most 1000000, in whole cents"
+        )
+    return value
+
+
+def _name(text: str) -> str:
+    if not text.strip() or text != text.strip():
+        raise argparse.ArgumentTypeError(f"{text!r}: a name is non-empty, without spaces "
+                                         "around it")
+    return text
+
+
+def _os_user() -> str | None:
+    name = os.environ.get("USER") or os.environ.get("LOGNAME")
+    if name:
+        return name
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no passwd entry, as in some containers
+        return None
 
 
 def _model(command: str, spec: str | None) -> ModelChoice | int:
@@ -139,6 +248,45 @@ def _demo_worker(args: argparse.Namespace) -> int:
         return _fail("demo-worker", f"turn {args.turn} did not end in time", 1)
     except DurableTurnsError as e:
         return _fail("demo-worker", f"{type(e).__name__}: {e}", 1)
+
+
+def _refund(args: argparse.Namespace) -> int:
+    user = args.user or _os_user()
+    if user is None:
+        return _fail("refund", "who is asking? $USER is not set: pass --user", 2)
+    model = _model("refund", args.model)
+    if isinstance(model, int):
+        return model
+    opts = RefundOptions(db=args.db, order_id=args.order, amount=args.amount, user=user,
+                         approver=args.approver, session=args.session, model=model)
+    return _run_approval("refund", run_refund(opts, make_console()))
+
+
+def _approve(args: argparse.Namespace) -> int:
+    by = args.by or _os_user()
+    if by is None:
+        return _fail("approve", "who is answering? $USER is not set: pass --by", 2)
+    model = _model("approve", args.model)
+    if isinstance(model, int):
+        return model
+    opts = ApproveOptions(db=args.db, turn_id=args.turn, input_id=args.input,
+                          approve=not args.deny, by=by, session=args.session, model=model)
+    return _run_approval("approve", run_approve(opts, make_console()))
+
+
+def _pending(args: argparse.Namespace) -> int:
+    return _run_approval("pending", run_pending(args.db, make_console()))
+
+
+def _run_approval(command: str, work: Coroutine[Any, Any, int]) -> int:
+    try:
+        return asyncio.run(work)
+    except (DemoInputError, StoreError, ConfigurationError) as e:
+        return _fail(command, str(e), 2)
+    except TimeoutError:
+        return _fail(command, "the turn did not end in time", 1)
+    except (DemoFailure, DurableTurnsError) as e:
+        return _fail(command, f"{type(e).__name__}: {e}", 1)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
