@@ -257,3 +257,21 @@ async def test_a_cancel_survives_a_crash(tmp_path: Any) -> None:
     tools = [(m.call_id, m.result) for m in await s.transcript() if m.role == "tool"]
     assert tools == [("c1", {"cancelled": True}), ("c2", {"cancelled": True})]
     await rt.close()
+
+
+async def test_a_cancel_from_another_runtime_stops_a_streaming_model(tmp_path: Any) -> None:
+    from durable_turns import SqliteStore
+
+    db = tmp_path / "db.sqlite"
+    model = GatedModel(["gate"])
+    driver = make_runtime(SqliteStore(db), model, note)
+    other = make_runtime(SqliteStore(db), GatedModel([("", [])]), note)
+    t = await driver.session("ops", "s1").start("go")
+    await model.streaming.wait()
+    # `other` shares only the file: it cannot reach the driver's memory, only the store
+    assert await other.session("ops", "s1").cancel(t.turn_id, reason="from elsewhere")
+    r = await driver.session("ops", "s1").result(t.turn_id)
+    assert (r.status, r.reason) == ("cancelled", "from elsewhere")
+    assert model.closed == 1 and not model.gate.is_set()
+    await other.close()
+    await driver.close()

@@ -24,7 +24,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import jsonschema
 
@@ -45,12 +45,13 @@ from .events import (
 )
 from .hitl import InputRequest, default_answerers, input_step_id
 from .inbound import InboundEvent
-from .messages import Message, ToolCall, owed_calls
+from .messages import Message, ToolCall, encode_json, owed_calls
 from .models import ABNORMAL_STOPS, Model, ModelRequest, Stop, TextDelta
 from .stores import Lease, Transaction, TurnRecord, TurnUpdate
 from .tools import Tool, ToolContext, compile_schema
 
 log = logging.getLogger("durable_turns")
+T = TypeVar("T")
 
 CANCEL_POLL = 0.25
 """Seconds between looks at the store for a cancel while a model streams."""
@@ -59,8 +60,6 @@ ERROR_LIMIT = 2000
 """A tool error's text is cut to this many characters before the model reads it."""
 
 Publish = Callable[[list[TurnEvent]], None]
-CancelCheck = Callable[[str], Awaitable[str | None]]
-"""``check(turn_id)`` → the reason of a durable cancellation request, or ``None``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +90,7 @@ class ToolResultError(Exception):
 
 def _encode_result(value: Any) -> Any:
     try:
-        json.dumps(value)
+        encode_json(value)
     except (TypeError, ValueError) as e:
         raise ToolResultError(
             f"the tool returned a {type(value).__name__}, which is not JSON-serialisable ({e}); "
@@ -110,7 +109,6 @@ class TurnEngine:
         lease: Lease,
         transcript: list[Message],
         publish: Publish,
-        cancel_check: CancelCheck,
         read_step: Callable[[str], Awaitable[str | None]],
     ) -> None:
         self.agent = agent
@@ -118,18 +116,55 @@ class TurnEngine:
         self.lease = lease
         self.transcript = transcript
         self._publish = publish
-        self._cancel_check = cancel_check
         self._read_step = read_step
         self.turn_id: str | None = None
-        self._model_task: asyncio.Task[tuple[str, list[ToolCall], Stop | None]] | None = None
+        self._streaming: asyncio.Task[Any] | None = None
+        self._interrupted = False
 
     def interrupt(self, turn_id: str) -> None:
-        """Stop waiting on the model if ``turn_id`` is streaming: a cancel was requested.
+        """Stop the model's stream if ``turn_id`` is streaming: a cancel was requested.
 
         Closing the stream closes the adapter's HTTP stream instead of reading it to the end.
         """
-        if self.turn_id == turn_id and self._model_task is not None:
-            self._model_task.cancel()
+        if self.turn_id == turn_id and self._streaming is not None and not self._interrupted:
+            self._interrupted = True
+            self._streaming.cancel()
+
+    async def _interruptible(self, stream: Awaitable[T], turn_id: str) -> T:
+        """Await the model's reply in the driving task, so that :meth:`interrupt` can stop it.
+
+        No task per step: ``interrupt()`` cancels the driving task itself, and the
+        cancellation is taken back (``uncancel``) and turned into :class:`Cancelled`. While
+        the reply streams, a timer looks for a cancel made by another process.
+        """
+        task = asyncio.current_task()
+        assert task is not None
+        loop = asyncio.get_running_loop()
+        self._streaming, self._interrupted = task, False
+        timer: asyncio.TimerHandle | None = None
+
+        def poll() -> None:
+            nonlocal timer
+            checker = loop.create_task(self._remote_cancel(turn_id))
+            checker.add_done_callback(lambda t: t.cancelled() or t.exception())
+            timer = loop.call_later(CANCEL_POLL, poll)
+
+        timer = loop.call_later(CANCEL_POLL, poll)
+        try:
+            return await stream
+        except asyncio.CancelledError:
+            if self._interrupted and task.uncancel() == 0:
+                raise Cancelled(await self.lease.cancel_requested(turn_id) or "cancelled") \
+                    from None
+            raise
+        finally:
+            assert timer is not None
+            timer.cancel()
+            self._streaming = None
+
+    async def _remote_cancel(self, turn_id: str) -> None:
+        if self._streaming is not None and await self.lease.cancel_requested(turn_id):
+            self.interrupt(turn_id)
 
     # -- the loop --------------------------------------------------------------------------
 
@@ -179,7 +214,7 @@ class TurnEngine:
         return False
 
     async def _check_cancel(self, turn_id: str) -> None:
-        reason = await self._cancel_check(turn_id)
+        reason = await self.lease.cancel_requested(turn_id)
         if reason is not None:
             raise Cancelled(reason)
 
@@ -231,21 +266,7 @@ class TurnEngine:
             tools=[t.spec for t in self._tools(policy).values()],
             turn_id=turn_id,
         )
-        task = asyncio.ensure_future(self._stream(request))
-        self._model_task = task
-        try:
-            # Wake now and then to see a cancel requested by another process.
-            while not (await asyncio.wait([task], timeout=CANCEL_POLL))[0]:
-                await self._check_cancel(turn_id)
-        finally:
-            self._model_task = None
-            if not task.done():
-                task.cancel()
-                await asyncio.wait([task])
-        if task.cancelled():
-            await self._check_cancel(turn_id)  # interrupt() was called: say why
-            raise Cancelled("cancelled")
-        text, calls, stop = task.result()
+        text, calls, stop = await self._interruptible(self._stream(request), turn_id)
         if stop is None:
             raise ModelError("the model's stream ended without a stop", provider="engine")
         if stop.reason in ABNORMAL_STOPS and not text and not calls:
@@ -254,7 +275,7 @@ class TurnEngine:
             )
         reply = Message("assistant", text, tuple(calls), turn_id=turn_id,
                         content=stop.content, usage=dict(stop.usage))
-        memo = json.dumps({"m": n, "stop": stop.reason}, separators=(",", ":"))
+        memo = encode_json({"m": n, "stop": stop.reason})
         ids = self._ids(turn_id)
 
         async def fill(tx: Transaction) -> list[TurnEvent]:

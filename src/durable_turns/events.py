@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Literal, Protocol, TypedDict
 
-from .messages import ToolCall
+from .messages import ToolCall, encode_json
 
 EventType = Literal[
     "turn.started",
@@ -47,6 +47,7 @@ class TurnEvent:
     """Fields every event has."""
 
     type: ClassVar[EventType]
+    _own_fields: ClassVar[tuple[str, ...]] = ()
     agent: str
     session: str
     turn_id: str
@@ -55,17 +56,15 @@ class TurnEvent:
     def payload(self) -> dict[str, Any]:
         """The event's own fields as JSON values (without the common ones)."""
         out: dict[str, Any] = {}
-        for f in fields(self):
-            if f.name in _COMMON:
-                continue
-            value = getattr(self, f.name)
+        for name in self._own_fields:
+            value = getattr(self, name)
             if isinstance(value, ToolCall):
                 value = value.to_dict()
             elif isinstance(value, tuple):
                 value = [c.to_dict() if isinstance(c, ToolCall) else c for c in value]
             elif hasattr(value, "to_dict"):
                 value = value.to_dict()
-            out[f.name] = value
+            out[name] = value
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -156,6 +155,9 @@ _BY_TYPE: dict[str, type[TurnEvent]] = {
         TurnCancelled,
     )
 }
+for _cls in _BY_TYPE.values():
+    # payload() runs for every event of every step: look the field names up once.
+    _cls._own_fields = tuple(f.name for f in fields(_cls) if f.name not in _COMMON)
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,7 +171,7 @@ class EventRecord:
 
 
 def encode_event(event: TurnEvent) -> str:
-    return json.dumps(event.payload(), separators=(",", ":"), ensure_ascii=False)
+    return encode_json(event.payload())
 
 
 def decode_event(agent: str, session: str, record: EventRecord) -> TurnEvent:

@@ -16,6 +16,9 @@ Role = Literal["user", "trigger", "assistant", "tool"]
 
 MESSAGE_VERSION = 1
 
+encode_json = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+"""The one compact JSON encoding of every stored record (one encoder, built once)."""
+
 
 @dataclass(frozen=True, slots=True)
 class ToolCall:
@@ -80,7 +83,7 @@ def encode_message(m: Message) -> str:
         data["content"] = list(m.content)
     if m.usage:
         data["usage"] = m.usage
-    return json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+    return encode_json(data)
 
 
 def decode_message(raw: str | bytes) -> Message:

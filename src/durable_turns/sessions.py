@@ -138,7 +138,7 @@ class Runtime:
         self._pumps: dict[SessionKey, asyncio.Task[None]] = {}
         self._wake: set[SessionKey] = set()
         self._observers: dict[SessionKey, list[tuple[str | None, Observer]]] = {}
-        self._waiters: dict[tuple[SessionKey, str], list[asyncio.Future[None]]] = {}
+        self._waiters: dict[tuple[SessionKey, str], list[asyncio.Future[TurnResult | None]]] = {}
         self._cache: OrderedDict[SessionKey, tuple[int, list[Message]]] = OrderedDict()
         self._engines: dict[SessionKey, TurnEngine] = {}
         self._failures: dict[SessionKey, Exception] = {}
@@ -250,14 +250,11 @@ class Runtime:
         key = lease.key
         store = self.store
 
-        async def cancel_check(turn_id: str) -> str | None:
-            return await store.cancel_requested(key, turn_id)
-
         async def read_step(step_id: str) -> str | None:
             return await store.read_step(key, step_id)
 
         engine = TurnEngine(agent, self.model_for(agent), lease, await self._transcript(lease),
-                            lambda events: self._publish(key, events), cancel_check, read_step)
+                            lambda events: self._publish(key, events), read_step)
         self._engines[key] = engine
         try:
             while True:
@@ -275,7 +272,10 @@ class Runtime:
                 else:
                     outcome = await engine.run(turn)
                 log.debug("turn %s of %s: %s", turn.turn_id, key, outcome.status)
-                self._wake_turn(key, turn.turn_id)
+                request = InputRequest.from_dict(outcome.request) if outcome.request else None
+                self._wake_turn(key, turn.turn_id, TurnResult(
+                    turn.turn_id, outcome.status, outcome.text, request,  # type: ignore[arg-type]
+                    outcome.error, outcome.reason))
         finally:
             del self._engines[key]
 
@@ -316,10 +316,12 @@ class Runtime:
                     except Exception:
                         log.exception("observer failed on %s", e.type)
 
-    def _wake_turn(self, key: SessionKey, turn_id: str) -> None:
+    def _wake_turn(self, key: SessionKey, turn_id: str,
+                   result: TurnResult | None = None) -> None:
+        """Wake ``result()`` callers, handing them the result when this pump knows it."""
         for f in self._waiters.pop((key, turn_id), ()):
             if not f.done():
-                f.set_result(None)
+                f.set_result(result)
 
     def _wake_all(self, key: SessionKey) -> None:
         for k in [k for k in self._waiters if k[0] == key]:
@@ -442,7 +444,7 @@ class AgentSession:
         await rt.open()
         loop = asyncio.get_running_loop()
         while True:
-            fut: asyncio.Future[None] = loop.create_future()
+            fut: asyncio.Future[TurnResult | None] = loop.create_future()
             waiters = rt._waiters.setdefault((self.key, turn_id), [])
             waiters.append(fut)
             try:
@@ -459,6 +461,8 @@ class AgentSession:
                     ) from failure
                 # Woken by our own pump; the timeout catches a turn driven elsewhere.
                 await asyncio.wait([fut], timeout=rt.poll_interval)
+                if fut.done() and (known := fut.result()) is not None:
+                    return known
             finally:
                 if fut in waiters:
                     waiters.remove(fut)

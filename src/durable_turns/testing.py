@@ -168,9 +168,12 @@ async def check_cancel_requests_are_durable(store: SessionStore) -> None:
     await store.enqueue_turn(KEY, "t2", _opening("t2"))
     assert await store.request_cancel(KEY, "t1", "stop") == ["t1"]
     assert await store.request_cancel(KEY, "t1", "again") == []
-    assert await store.cancel_requested(KEY, "t1") == "stop"
-    assert await store.cancel_requested(KEY, "t2") is None
+    lease = await store.acquire(KEY)
+    assert await lease.cancel_requested("t1") == "stop"
+    assert await lease.cancel_requested("t2") is None
     assert await store.request_cancel(KEY, None, "all") == ["t2"]
+    assert await lease.cancel_requested("t2") == "all"
+    await lease.release()
     assert await store.request_cancel(SessionKey("agent", "none"), None, "x") == []
 
 

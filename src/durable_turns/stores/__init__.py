@@ -165,6 +165,13 @@ class Lease(Protocol):
 
     def transaction(self) -> AbstractAsyncContextManager[Transaction]: ...
 
+    async def cancel_requested(self, turn_id: str) -> str | None:
+        """The reason of a durable cancellation request for the turn, if one was made.
+
+        Read at every checkpoint boundary: keep it one indexed lookup.
+        """
+        ...
+
     async def release(self) -> None: ...
 
 
@@ -209,10 +216,6 @@ class SessionStore(Protocol):
 
     async def request_cancel(self, key: SessionKey, turn_id: str | None, reason: str) -> list[str]:
         """Durably ask unfinished turns (one, or all with ``None``) to cancel; returns their ids."""
-        ...
-
-    async def cancel_requested(self, key: SessionKey, turn_id: str) -> str | None:
-        """The reason of a durable cancellation request for the turn, if one was made."""
         ...
 
     async def get_turn(self, key: SessionKey, turn_id: str) -> TurnRecord | None: ...

@@ -80,6 +80,10 @@ class _MemoryLease(LeaseBase):
                                                  request=None)
         tx.committed()
 
+    async def cancel_requested(self, turn_id: str) -> str | None:
+        t = self._s.turns.get(turn_id)
+        return t.cancel if t else None
+
     async def release(self) -> None:
         self._s.held = False
 
@@ -137,7 +141,7 @@ class MemoryStore:
         if turn_id in s.turns:
             return s.turns[turn_id], False
         if kind == "turn":
-            check_not_parked(key, s.turns.values())
+            check_not_parked(key, ((t.turn_id, t.status, t.kind) for t in s.turns.values()))
         reason = "reset" if kind == "reset" else supersede
         if reason is not None:
             await self.request_cancel(key, None, reason)
@@ -159,10 +163,6 @@ class MemoryStore:
         for t in hit:
             s.turns[t.turn_id] = replace(t, cancel=reason)
         return [t.turn_id for t in hit]
-
-    async def cancel_requested(self, key: SessionKey, turn_id: str) -> str | None:
-        t = await self.get_turn(key, turn_id)
-        return t.cancel if t else None
 
     async def get_turn(self, key: SessionKey, turn_id: str) -> TurnRecord | None:
         s = self._sessions.get(key)

@@ -18,15 +18,14 @@ import json
 import os
 import sqlite3
 import struct
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 from ..errors import FatalToolError, StoreError
 from ..events import EventRecord, encode_event
-from ..messages import Message, decode_message, encode_message
-from . import SessionInfo, SessionKey, Transaction, TurnKind, TurnRecord
+from ..messages import Message, decode_message, encode_json, encode_message
+from . import SessionInfo, SessionKey, TurnKind, TurnRecord
 from ._base import BufferedTransaction, LeaseBase, check_not_parked, poll_until
 
 T = TypeVar("T")
@@ -99,7 +98,7 @@ def _load(v: str | None) -> Any:
 
 
 def _dump(v: Any) -> str | None:
-    return None if v is None else json.dumps(v, separators=(",", ":"), ensure_ascii=False)
+    return None if v is None else encode_json(v)
 
 
 def _turn(row: tuple[Any, ...]) -> TurnRecord:
@@ -111,8 +110,11 @@ def _turn(row: tuple[Any, ...]) -> TurnRecord:
 
 
 class _SqliteTransaction(BufferedTransaction):
+    """One step's transaction; its own ``async with`` (cheaper than a generator-based one)."""
+
     def __init__(self, lease: _SqliteLease) -> None:
         super().__init__(lease)
+        self._store = lease.store
         self._conn = lease.store._conn_or_raise()
         self.begun = False
 
@@ -124,14 +126,46 @@ class _SqliteTransaction(BufferedTransaction):
             self._conn.execute("BEGIN IMMEDIATE")
             self.begun = True
 
-    async def run_local(self, fn: Callable[[Any], T]) -> T:
-        self.begin()
+    async def __aenter__(self) -> _SqliteTransaction:
+        # One connection serves every session of this store: keep transactions apart.
+        await self._store._write_lock.acquire()
+        return self
+
+    async def __aexit__(self, exc_type: object, exc: object, tb: object) -> None:
         c = self._conn
-        c.execute("SAVEPOINT local_tool")
+        try:
+            if exc_type is None:
+                try:
+                    self.begin()
+                    self._store._flush(self.lease, self)  # type: ignore[arg-type]
+                    c.execute("COMMIT")
+                except BaseException:
+                    if c.in_transaction:
+                        c.execute("ROLLBACK")
+                    raise
+                self.committed()
+            elif c.in_transaction:
+                c.execute("ROLLBACK")
+        finally:
+            self._store._write_lock.release()
+
+    async def run_local(self, fn: Callable[[Any], T]) -> T:
+        c = self._conn
+        # Our own rows are buffered until commit, so when the tool is the first to write, a
+        # rollback of the whole transaction undoes exactly the tool's writes: no savepoint.
+        first = not self.begun
+        self.begin()
+        if not first:
+            c.execute("SAVEPOINT local_tool")
         try:
             out = fn(c)
         except BaseException:
-            if c.in_transaction:
+            if not c.in_transaction:
+                self.begun = False
+            elif first:
+                c.execute("ROLLBACK")
+                self.begun = False
+            else:
                 c.execute("ROLLBACK TO local_tool")
                 c.execute("RELEASE local_tool")
             raise
@@ -143,7 +177,8 @@ class _SqliteTransaction(BufferedTransaction):
                 "a local tool ended the store's transaction (COMMIT/ROLLBACK on the raw "
                 "handle); write through ctx.store.unwrap() without managing transactions"
             )
-        c.execute("RELEASE local_tool")
+        if not first:
+            c.execute("RELEASE local_tool")
         return out
 
 
@@ -155,21 +190,14 @@ class _SqliteLease(LeaseBase):
         self.sid = sid
         self._fd: int | None = fd
 
-    @asynccontextmanager
-    async def transaction(self) -> AsyncIterator[Transaction]:
-        store = self.store
-        async with store._write_lock:
-            tx = _SqliteTransaction(self)
-            try:
-                yield tx
-                tx.begin()
-                store._flush(self, tx)
-                tx._conn.execute("COMMIT")
-            except BaseException:
-                if tx._conn.in_transaction:
-                    tx._conn.execute("ROLLBACK")
-                raise
-            tx.committed()
+    def transaction(self) -> _SqliteTransaction:
+        return _SqliteTransaction(self)
+
+    async def cancel_requested(self, turn_id: str) -> str | None:
+        row = self.store._conn_or_raise().execute(
+            "SELECT cancel FROM turns WHERE sid = ? AND turn_id = ?", (self.sid, turn_id)
+        ).fetchone()
+        return None if row is None else row[0]
 
     async def release(self) -> None:
         if self._fd is not None:
@@ -300,14 +328,21 @@ class SqliteStore:
             os.close(fd)
             raise
         try:
-            async with self._write_lock:
-                c.execute("BEGIN IMMEDIATE")
-                try:
-                    sid, _status, gen = self._ensure_session(c, key)
-                    c.execute("COMMIT")
-                except BaseException:
-                    c.execute("ROLLBACK")
-                    raise
+            row = c.execute(
+                "SELECT sid, generation FROM sessions WHERE agent = ? AND session = ?",
+                (key.agent, key.session),
+            ).fetchone()
+            if row is not None:
+                sid, gen = row
+            else:
+                async with self._write_lock:
+                    c.execute("BEGIN IMMEDIATE")
+                    try:
+                        sid, _status, gen = self._ensure_session(c, key)
+                        c.execute("COMMIT")
+                    except BaseException:
+                        c.execute("ROLLBACK")
+                        raise
             seq = c.execute("SELECT max(seq) FROM events WHERE sid = ?", (sid,)).fetchone()[0]
             idx = c.execute(
                 "SELECT max(idx) FROM messages WHERE sid = ? AND gen = ?", (sid, gen)
@@ -380,12 +415,11 @@ class SqliteStore:
                     c.execute("COMMIT")
                     return _turn(row), False
                 if kind == "turn":
-                    open_turns = c.execute(
-                        f"SELECT {_TURN_COLS} FROM turns WHERE sid = ? "
+                    check_not_parked(key, c.execute(
+                        "SELECT turn_id, status, kind FROM turns WHERE sid = ? "
                         "AND status IN ('queued', 'running', 'suspended') ORDER BY ordinal",
                         (sid,),
-                    ).fetchall()
-                    check_not_parked(key, [_turn(r) for r in open_turns])
+                    ))
                 reason = "reset" if kind == "reset" else supersede
                 if reason is not None:
                     c.execute(
@@ -420,13 +454,6 @@ class SqliteStore:
         return [r[0] for r in rows]
 
     # -- reads -----------------------------------------------------------------------------
-
-    async def cancel_requested(self, key: SessionKey, turn_id: str) -> str | None:
-        row = self._conn_or_raise().execute(
-            f"SELECT cancel FROM turns WHERE sid = {_SID} AND turn_id = ?",
-            (key.agent, key.session, turn_id),
-        ).fetchone()
-        return None if row is None else row[0]
 
     async def get_turn(self, key: SessionKey, turn_id: str) -> TurnRecord | None:
         row = self._conn_or_raise().execute(
