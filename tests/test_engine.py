@@ -338,3 +338,20 @@ async def test_a_tool_that_ends_the_store_transaction_fails_the_turn(tmp_path: A
     r = await rt.session("ops", "s1").turn("go")
     assert r.status == "failed" and "ended the store's transaction" in (r.error or "")
     await rt.close()
+
+
+async def test_queued_turns_survive_a_stop_and_recover_runs_them_in_order(tmp_path: Any) -> None:
+    from durable_turns import SqliteStore
+
+    db = tmp_path / "db.sqlite"
+    rt = runtime(SqliteStore(db), [ModelReply("ok")])
+    s = rt.session("ops", "s1")
+    ids = [(await s.start(f"turn {i}")).turn_id for i in range(3)]
+    await rt.close()  # nothing ran: three durable, queued turns
+    rt2 = runtime(SqliteStore(db), [ModelReply("ok")])
+    await rt2.recover()
+    s2 = rt2.session("ops", "s1")
+    assert [(await s2.result(t)).status for t in ids] == ["completed"] * 3
+    assert [m.text for m in await s2.transcript() if m.role == "user"] == [
+        "turn 0", "turn 1", "turn 2"]
+    await rt2.close()

@@ -318,3 +318,46 @@ async def test_a_resumed_turn_keeps_the_policy_it_parked_with(store: SessionStor
     assert (await s2.result(t.turn_id)).status == "completed"
     assert model.requests[-1].system == "Base.\n\nOverlay A."
     await rt2.close()
+
+
+@tool
+async def swallows(ctx: ToolContext) -> str:
+    """A tool whose broad except must not swallow the runtime's park signal."""
+    try:
+        await ctx.request_input("ok", "Proceed?")
+    except Exception:  # noqa: BLE001 - the point of the test
+        log.append("swallowed")
+        return "swallowed"
+    return "proceeded"
+
+
+async def test_a_broad_except_in_a_tool_cannot_swallow_the_park(store: SessionStore) -> None:
+    rt = Runtime([Agent("ops", "", [swallows])], store,
+                 scripted([ModelReply("", [ToolCall("c1", "swallows", {})]), ModelReply("ok")]))
+    s = rt.session("ops", "s1")
+    t = await s.start("go")
+    assert (await s.result(t.turn_id)).status == "suspended"
+    await s.resume(t.turn_id, "ok", "yes")
+    assert (await s.result(t.turn_id)).status == "completed"
+    assert log == []
+    results = [m.result for m in await s.transcript() if m.role == "tool"]
+    assert results == ["proceeded"]
+    await rt.close()
+
+
+async def test_a_trigger_turn_has_no_person_and_no_answerer_restriction(
+    store: SessionStore,
+) -> None:
+    from durable_turns import Trigger
+
+    rt = make(store)
+    s = rt.session("ops", "s1")
+    t = await s.start("Refund order 42 as scheduled.",
+                      trigger=Trigger(kind="proactive", by="cron:daily"))
+    r = await s.result(t.turn_id)
+    assert r.status == "suspended" and r.request.answerers is None
+    opening = (await s.transcript())[0]
+    assert (opening.role, opening.by) == ("trigger", "cron:daily")
+    await s.resume(t.turn_id, "approve-refund", True)  # the app drives its own resume
+    assert (await s.result(t.turn_id)).status == "completed"
+    await rt.close()
