@@ -325,7 +325,7 @@ async def swallows(ctx: ToolContext) -> str:
     """A tool whose broad except must not swallow the runtime's park signal."""
     try:
         await ctx.request_input("ok", "Proceed?")
-    except Exception:  # noqa: BLE001 - the point of the test
+    except Exception:  # the point of the test: a park is not an Exception
         log.append("swallowed")
         return "swallowed"
     return "proceeded"
