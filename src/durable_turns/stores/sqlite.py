@@ -93,6 +93,19 @@ def _lock_byte(fd: int, key: SessionKey) -> bool:
     return True
 
 
+_INSERT_MESSAGE = "INSERT INTO messages (sid, gen, idx, turn_id, body) VALUES (?, ?, ?, ?, ?)"
+_INSERT_STEP = "INSERT INTO steps (sid, gen, step_id, turn_id, data) VALUES (?, ?, ?, ?, ?)"
+_INSERT_EVENT = "INSERT INTO events (sid, seq, turn_id, type, data) VALUES (?, ?, ?, ?, ?)"
+
+
+def _insert(c: sqlite3.Connection, sql: str, rows: list[tuple[Any, ...]]) -> None:
+    # Most steps write one row per table: execute() costs less than executemany() then.
+    if len(rows) == 1:
+        c.execute(sql, rows[0])
+    else:
+        c.executemany(sql, rows)
+
+
 def _load(v: str | None) -> Any:
     return None if v is None else json.loads(v)
 
@@ -356,21 +369,13 @@ class SqliteStore:
         c, w, sid, gen = tx._conn, tx.writes, lease.sid, lease.generation
         first = tx.first_index()
         if w.messages:
-            c.executemany(
-                "INSERT INTO messages (sid, gen, idx, turn_id, body) VALUES (?, ?, ?, ?, ?)",
-                [(sid, gen, first + i, m.turn_id, encode_message(m))
-                 for i, m in enumerate(w.messages)],
-            )
+            _insert(c, _INSERT_MESSAGE, [(sid, gen, first + i, m.turn_id, encode_message(m))
+                                         for i, m in enumerate(w.messages)])
         if w.steps:
-            c.executemany(
-                "INSERT INTO steps (sid, gen, step_id, turn_id, data) VALUES (?, ?, ?, ?, ?)",
-                [(sid, gen, s, t, d) for s, t, d in w.steps],
-            )
+            _insert(c, _INSERT_STEP, [(sid, gen, s, t, d) for s, t, d in w.steps])
         if w.events:
-            c.executemany(
-                "INSERT INTO events (sid, seq, turn_id, type, data) VALUES (?, ?, ?, ?, ?)",
-                [(sid, e.seq, e.turn_id, e.type, encode_event(e)) for e in w.events],
-            )
+            _insert(c, _INSERT_EVENT, [(sid, e.seq, e.turn_id, e.type, encode_event(e))
+                                       for e in w.events])
         for turn_id, u in w.turns.items():
             c.execute(
                 "UPDATE turns SET status = ?, text = coalesce(?, text), "
