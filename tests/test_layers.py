@@ -11,12 +11,13 @@ import durable_turns
 
 PKG = Path(durable_turns.__file__).parent
 CORE = ["errors", "messages", "events", "inbound", "tools", "agent", "engine", "sessions",
+        "runtime",
         "models/__init__", "stores/__init__", "stores/_base"]
 ADAPTERS = ("stores.memory", "stores.sqlite", "stores.postgres", "models.scripted",
             "models.anthropic_messages", "models.openai_compat", "server", "channels", "cli",
             "demo")
 # sessions resolves a provider string ("anthropic:…") through models.resolve, lazily.
-ALLOWED = {("sessions", "models.resolve")}
+ALLOWED = {("runtime", "models.resolve")}
 
 
 def _imports(module: str) -> set[str]:
@@ -24,7 +25,7 @@ def _imports(module: str) -> set[str]:
     (a seam package may resolve its adapters lazily, inside ``__getattr__``)."""
     tree = ast.parse((PKG / f"{module}.py").read_text())
     base = module.split("/")[:-1]
-    nodes = ast.walk(tree) if module in ("engine", "sessions") else iter(tree.body)
+    nodes = ast.walk(tree) if module in ("engine", "sessions", "runtime") else iter(tree.body)
     found: set[str] = set()
     for node in nodes:
         if isinstance(node, ast.ImportFrom):

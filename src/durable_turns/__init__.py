@@ -4,7 +4,8 @@ Layers, bottom to top (each imports only from the ones below it):
 
 1. records  — ``errors``, ``messages``, ``events``, ``inbound``, ``tools``, ``agent``
 2. seams    — ``stores`` (SessionStore), ``models`` (Model), ``events.EventSink``
-3. engine   — ``engine`` (the turn loop), ``sessions`` (Runtime, AgentSession)
+3. engine   — ``engine`` (the turn loop), ``runtime`` (Runtime: pumps, leases, events),
+              ``sessions`` (AgentSession: the calls on one session)
 4. adapters — ``stores.memory``/``sqlite``/``postgres``, ``models.scripted``/``anthropic``/
               ``openai_compat``, ``server``, ``channels``; they depend on the engine,
               never the reverse (``tests/test_layers.py`` checks it)
@@ -31,10 +32,10 @@ from .loader import load_agent
 from .messages import Message, ToolCall
 from .models import Model, ModelRequest, Stop, TextDelta
 from .models.scripted import ModelReply, scripted
+from .runtime import Runtime
 from .sessions import (
     AgentSession,
     ResetResult,
-    Runtime,
     StartedTurn,
     TurnResult,
     grant_answer,

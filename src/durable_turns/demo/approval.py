@@ -29,7 +29,8 @@ from rich.text import Text
 from ..errors import ResumeAuthorizationError, ResumeConflictError, SessionBusyError
 from ..hitl import InputRequest
 from ..inbound import InboundEvent
-from ..sessions import Runtime, TurnResult
+from ..runtime import Runtime
+from ..sessions import TurnResult
 from ..stores import FINAL, SessionKey
 from ..stores.sqlite import SqliteStore
 from .choice import OFFLINE, ModelChoice, build_model

@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.text import Text
 
 from ..messages import Message
-from ..sessions import Runtime
+from ..runtime import Runtime
 from ..stores.sqlite import SqliteStore
 from .ops import AGENT_NAME, OrderRow, build_agent, outbox_path, read_orders, read_outbox
 from .term import call_text, compact, heading, table

@@ -36,7 +36,7 @@ from ..events import (
 )
 from ..hitl import InputRequest
 from ..messages import Message
-from ..sessions import Runtime
+from ..runtime import Runtime
 from ..stores.sqlite import SqliteStore
 from .choice import SCRIPTED, ModelChoice, build_model
 from .ops import AGENT_NAME, REQUEST, build_agent, ensure_schema
