@@ -194,6 +194,20 @@ async def check_parked_session_refuses_other_turns(store: SessionStore) -> None:
     assert not new and rec.status == "suspended" and rec.request == {"id": "approve"}
     assert [t.turn_id for t in await store.turns(KEY, unfinished=True)] == ["t1"]
     assert await store.unfinished_sessions() == []
+    assert await store.parked_sessions() == [KEY]
+
+
+async def check_sessions_are_found_by_turn_id(store: SessionStore) -> None:
+    other = SessionKey("agent", "s2")
+    await store.enqueue_turn(KEY, "shared", _opening("shared"))
+    await store.enqueue_turn(other, "shared", _opening("shared"))
+    await store.enqueue_turn(other, "own", _opening("own"))
+    await store.enqueue_turn(other, "r1", Message("trigger", "reset"), kind="reset")
+    assert await store.sessions_with_turn("shared") == [KEY, other]
+    assert await store.sessions_with_turn("own") == [other]
+    assert await store.sessions_with_turn("r1") == []  # chain entries that are not turns
+    assert await store.sessions_with_turn("nope") == []
+    assert await store.parked_sessions() == []
 
 
 CONFORMANCE: list[Check] = [
@@ -204,6 +218,7 @@ CONFORMANCE: list[Check] = [
     check_local_writes_join_the_transaction,
     check_cancel_requests_are_durable,
     check_parked_session_refuses_other_turns,
+    check_sessions_are_found_by_turn_id,
 ]
 """Every check a store must pass."""
 

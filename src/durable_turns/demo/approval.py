@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import sqlite3
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -184,7 +183,7 @@ async def run_approve(opts: ApproveOptions, console: Console) -> int:
     store = SqliteStore(db)
     async with Runtime([build_agent(db)], store, build_model(opts.model),
                        lease_timeout=LEASE_TIMEOUT) as runtime:
-        key = _session_of(store.unwrap(), db, opts.turn_id, opts.session)
+        key = await _session_of(store, db, opts.turn_id, opts.session)
         session = runtime.session(AGENT_NAME, key.session)
         printer = EventPrinter(console, await session.transcript())
         session.observe(printer, turn_id=opts.turn_id)
@@ -226,17 +225,10 @@ async def run_approve(opts: ApproveOptions, console: Console) -> int:
     return 0 if result.status in ("completed", "suspended") else 1
 
 
-def _session_of(conn: sqlite3.Connection, db: Path, turn_id: str,
-                session: str | None) -> SessionKey:
-    # The store seam addresses a turn by (session, turn id) and has no "which session holds
-    # this turn" query, so the CLI, which knows it runs on SqliteStore, reads the turns table.
-    rows = conn.execute(
-        "SELECT s.agent, s.session FROM turns t JOIN sessions s USING (sid) "
-        "WHERE t.turn_id = ? AND t.kind = 'turn' AND (? IS NULL OR s.session = ?) "
-        "ORDER BY s.agent, s.session",
-        (turn_id, session, session),
-    ).fetchall()
-    keys = [SessionKey(a, s) for a, s in rows]
+async def _session_of(store: SqliteStore, db: Path, turn_id: str,
+                      session: str | None) -> SessionKey:
+    keys = [k for k in await store.sessions_with_turn(turn_id)
+            if session is None or k.session == session]
     where = f" of session {session!r}" if session else ""
     if not keys:
         raise DemoInputError(
@@ -285,15 +277,8 @@ async def find_parked(db: Path) -> list[Parked]:
     store = SqliteStore(db)
     await store.open()
     try:
-        # As in _session_of: the seam lists unfinished (queued, running) sessions for
-        # recover(), not parked ones, so read the turns table of the SqliteStore directly.
-        rows = store.unwrap().execute(
-            "SELECT DISTINCT s.agent, s.session FROM turns t JOIN sessions s USING (sid) "
-            "WHERE t.status = 'suspended' ORDER BY s.agent, s.session"
-        ).fetchall()
         found = []
-        for agent, session in rows:
-            key = SessionKey(agent, session)
+        for key in await store.parked_sessions():
             for t in await store.turns(key, unfinished=True):
                 if t.status == "suspended" and t.request:
                     user: Any = (t.event or {}).get("user") or {}

@@ -244,3 +244,11 @@ class SessionStore(Protocol):
         """Sessions with a queued or running turn (what ``Runtime.recover()`` replays)."""
         ...
 
+    async def parked_sessions(self) -> list[SessionKey]:
+        """Sessions with a turn parked on a person (what an operator's inbox lists)."""
+        ...
+
+    async def sessions_with_turn(self, turn_id: str) -> list[SessionKey]:
+        """The sessions that accepted a turn with this id (turn ids are per session)."""
+        ...
+

@@ -210,8 +210,14 @@ class MemoryStore:
         ]
 
     async def unfinished_sessions(self) -> list[SessionKey]:
-        return sorted(
-            k for k, s in self._sessions.items()
-            if any(t.status in UNFINISHED for t in s.turns.values())
-        )
+        return self._where(lambda t: t.status in UNFINISHED)
+
+    async def parked_sessions(self) -> list[SessionKey]:
+        return self._where(lambda t: t.status == "suspended")
+
+    async def sessions_with_turn(self, turn_id: str) -> list[SessionKey]:
+        return self._where(lambda t: t.turn_id == turn_id and t.kind == "turn")
+
+    def _where(self, test: Callable[[TurnRecord], bool]) -> list[SessionKey]:
+        return sorted(k for k, s in self._sessions.items() if any(map(test, s.turns.values())))
 

@@ -522,8 +522,18 @@ class SqliteStore:
         return [EventRecord(*r) for r in rows]
 
     async def unfinished_sessions(self) -> list[SessionKey]:
+        return self._sessions_where("t.status IN ('queued', 'running')")
+
+    async def parked_sessions(self) -> list[SessionKey]:
+        return self._sessions_where("t.status = 'suspended'")
+
+    async def sessions_with_turn(self, turn_id: str) -> list[SessionKey]:
+        return self._sessions_where("t.turn_id = ? AND t.kind = 'turn'", (turn_id,))
+
+    def _sessions_where(self, condition: str, params: tuple[Any, ...] = ()) -> list[SessionKey]:
         rows = self._conn_or_raise().execute(
             "SELECT DISTINCT s.agent, s.session FROM turns t JOIN sessions s USING (sid) "
-            "WHERE t.status IN ('queued', 'running') ORDER BY s.agent, s.session"
+            f"WHERE {condition} ORDER BY s.agent, s.session",
+            params,
         ).fetchall()
         return [SessionKey(a, s) for a, s in rows]
