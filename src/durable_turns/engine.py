@@ -342,7 +342,11 @@ class TurnEngine:
             except Parked as p:
                 assert isinstance(p.request, InputRequest)
                 out = TurnOutcome("suspended", request=p.request.to_dict())
-                await self._commit(lambda tx: _now(self._end(tx, turn_id, out)))
+
+                async def park(tx: Transaction) -> list[TurnEvent]:
+                    return self._end(tx, turn_id, out)
+
+                await self._commit(park)
                 return out
             except (FatalToolError, ConfigurationError):
                 raise
@@ -454,10 +458,6 @@ class TurnEngine:
 
         await self._commit(fill)
         return out
-
-
-async def _now(value: list[TurnEvent]) -> list[TurnEvent]:
-    return value
 
 
 class _NoHandle:

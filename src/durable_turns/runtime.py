@@ -221,6 +221,13 @@ class Runtime:
             for t in turn_ids:
                 engine.interrupt(t)
 
+    def _interrupt_running(self, key: SessionKey) -> None:
+        """Stop the model stream of whatever turn this runtime is driving on the session
+        (its cancel was requested in the store: replace, reset)."""
+        engine = self._engines.get(key)
+        if engine is not None and engine.turn_id is not None:
+            engine.interrupt(engine.turn_id)
+
     async def _transcript(self, lease: Lease) -> list[Message]:
         """The live log, from the cache when it is current; only the missing tail is read."""
         key = lease.key

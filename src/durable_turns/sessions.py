@@ -131,9 +131,7 @@ class AgentSession:
             supersede=supersede,
         )
         if new and replace:
-            running = rt._engines.get(self.key)
-            if running is not None and running.turn_id is not None:
-                running.interrupt(running.turn_id)
+            rt._interrupt_running(self.key)
         if rec.status not in FINAL:
             rt._kick(self.key)
         return StartedTurn(turn_id, new)
@@ -174,8 +172,7 @@ class AgentSession:
         entry = f"reset:{uuid.uuid4().hex}"
         opening = Message("trigger", "reset", turn_id=entry, by="reset")
         await rt.store.enqueue_turn(self.key, entry, opening, kind="reset")
-        rt._interrupt(self.key, [e.turn_id for e in rt._engines.values() if e.turn_id] if
-                      self.key in rt._engines else [])
+        rt._interrupt_running(self.key)
         rt._kick(self.key)
         done = await self.result(entry)
         return ResetResult(**json.loads(done.text or "{}"))
