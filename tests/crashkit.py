@@ -12,7 +12,7 @@ The agent has a local tool (``create_order``: a row in ``orders`` through
 process id appended to ``effects.jsonl``); the scripted model asks for them in :data:`SCRIPT`.
 Every file a child writes sits beside the database:
 
-- ``events-<tag>.jsonl``: every event the child's observer saw, ``message.delta`` included,
+- ``events-<tag>.jsonl``: every event the child's runtime published (its sink), ``message.delta`` included,
   written (and flushed) as it is published, so a SIGKILL loses none;
 - ``effects.jsonl``: the remote tool's side effects, from every child;
 - ``report-<tag>.json``: how the turn ended, written only by a child that was not killed;
@@ -68,11 +68,11 @@ from durable_turns import (
     scripted,
     tool,
 )
-from durable_turns.events import decode_event
 from durable_turns.messages import Message
 from durable_turns.models import ModelEvent
 from durable_turns.models.scripted import calls_this_turn
 from durable_turns.stores import SessionKey, TurnRecord
+from durable_turns.testing import get_turn
 
 AGENT = "ops"
 SESSION = "s1"
@@ -211,6 +211,13 @@ class KillMidStream:
                     die()
 
 
+@dataclass(frozen=True)
+class Recorder:
+    """An EventSink around a callback."""
+
+    emit: Callable[[TurnEvent], None]
+
+
 def recorder(cfg: Config) -> Callable[[TurnEvent], None]:
     out = (cfg.work / f"events-{cfg.tag}.jsonl").open("a", buffering=1)
     committed = 0
@@ -233,11 +240,13 @@ def recorder(cfg: Config) -> Callable[[TurnEvent], None]:
 
 
 async def child(cfg: Config, recover: bool, barrier: int | None) -> None:
-    rt = Runtime([build_agent(cfg)], SqliteStore(cfg.db), build_model(cfg))
+    # The recorder is the runtime's sink: called as each event is published, before the
+    # engine goes on, so a kill point right after a delta or a commit sees it recorded.
+    rt = Runtime([build_agent(cfg)], SqliteStore(cfg.db), build_model(cfg),
+                 sink=Recorder(recorder(cfg)))
     async with rt:
         rt.store.unwrap().execute(ORDERS_DDL)
         session = rt.session(AGENT, SESSION)
-        session.observe(recorder(cfg))
         if barrier is not None:
             (cfg.work / f"ready-{cfg.tag}").touch()
             # Every child shares the pipe; the test closes its write end to release them all.
@@ -399,9 +408,9 @@ async def load(db: Path) -> State:
         ).fetchall()
         return State(
             messages=await store.read_messages(key),
-            turn=await store.get_turn(key, TURN_ID),
+            turn=await get_turn(store, key, TURN_ID),
             status=info.status if info else None,
-            events=[decode_event(AGENT, SESSION, r) for r in await store.read_events(key)],
+            events=await store.read_events(key),
             rows=[tuple(r) for r in rows],
         )
     finally:

@@ -31,6 +31,7 @@ from durable_turns.hitl import Grant
 from durable_turns.messages import Message
 from durable_turns.models import ModelRequest
 from durable_turns.stores import SessionStore
+from durable_turns.testing import get_turn, step_data
 
 log: list[str] = []
 
@@ -104,7 +105,7 @@ async def test_park_then_resume_runs_the_tool_again_from_the_top(store: SessionS
     assert (done.status, done.text) == ("completed", "Refund handled.")
     assert log == ["asked 42", "asked 42", "refunded 42"]
     assert await s.pending() is None and await s.status() == "idle"
-    assert await store.read_step(s.key, f"input:{t.turn_id}:approve-refund") is not None
+    assert await step_data(store, s.key, f"input:{t.turn_id}:approve-refund") is not None
     with pytest.raises(TurnSuspendedError):
         await s.turn("refund again")
     await rt.close()
@@ -126,7 +127,7 @@ async def test_the_attested_speaker_is_the_default_answerer(store: SessionStore)
     assert (await s.result(t.turn_id)).status == "completed"
     assert log == ["asked 42", "asked 42"]  # denied: nothing refunded
     # the inbound event is stored without its raw payload
-    rec = await store.get_turn(s.key, t.turn_id)
+    rec = await get_turn(store, s.key, t.turn_id)
     assert rec is not None and rec.event is not None and "raw" not in rec.event
     await rt.close()
 
@@ -195,7 +196,7 @@ async def test_bad_resumes_are_refused_and_store_nothing(store: SessionStore) ->
     await s.result(t.turn_id)
     with pytest.raises(InvalidInputError, match="is not of type 'boolean'"):
         await s.resume(t.turn_id, "approve-refund", "yes please")
-    assert await store.read_step(s.key, f"input:{t.turn_id}:approve-refund") is None
+    assert await step_data(store, s.key, f"input:{t.turn_id}:approve-refund") is None
     assert await s.status() == "suspended"
     with pytest.raises(ResumeConflictError, match="parked on turn"):
         await s.resume("other-turn", "approve-refund", True)
@@ -203,8 +204,12 @@ async def test_bad_resumes_are_refused_and_store_nothing(store: SessionStore) ->
         await s.resume(t.turn_id, "approve-shipping", True)
     await s.resume(t.turn_id, "approve-refund", True)
     await s.result(t.turn_id)
+    await s.resume(t.turn_id, "approve-refund", True)  # the same answer again: one answer
+    with pytest.raises(ResumeConflictError, match="answered already") as refused:
+        await s.resume(t.turn_id, "approve-refund", False)
+    assert (refused.value.turn_id, refused.value.input_id) == (t.turn_id, "approve-refund")
     with pytest.raises(ResumeConflictError, match="not waiting for input"):
-        await s.resume(t.turn_id, "approve-refund", True)
+        await s.resume(t.turn_id, "approve-other", True)
     await rt.close()
 
 

@@ -60,15 +60,15 @@ async def test_a_held_lease_refuses_others_until_its_process_is_killed(db: Path)
             key = SessionKey(AGENT, SESSION)
             t0 = time.monotonic()
             with pytest.raises(LeaseTimeoutError):
-                await store.acquire(key, timeout=0.2)
+                await store.claim(key, timeout=0.2)
             assert time.monotonic() - t0 >= 0.2
             # The lease is per session: another session of the same file is free.
-            other = await store.acquire(SessionKey(AGENT, "s2"), timeout=0)
+            other = await store.claim(SessionKey(AGENT, "s2"), timeout=0)
             await other.release()
 
             os.kill(holder.pid, signal.SIGKILL)
             assert finish(holder)[0] == -signal.SIGKILL
-            lease = await store.acquire(key, timeout=0)  # one try: free at once
+            lease = await store.claim(key, timeout=0)  # one try: free at once
             assert lease.key == key
             await lease.release()
         finally:
@@ -89,7 +89,7 @@ async def test_a_lease_held_by_this_process_blocks_a_child(db: Path) -> None:
     store = SqliteStore(db)
     await store.open()
     try:
-        lease = await store.acquire(SessionKey(AGENT, SESSION), timeout=0)
+        lease = await store.claim(SessionKey(AGENT, SESSION), timeout=0)
         child = spawn(db, "waiter")
         try:
             wait_for(lambda: crashkit.in_acquire(child, db) or child.poll() is not None,

@@ -2,10 +2,13 @@
 
 Layers, bottom to top (each imports only from the ones below it):
 
-1. records  — ``errors``, ``messages``, ``events``, ``inbound``, ``tools``, ``agent``
-2. seams    — ``stores`` (SessionStore), ``models`` (Model), ``events.EventSink``
-3. engine   — ``engine`` (the turn loop), ``runtime`` (Runtime: pumps, leases, events),
-              ``sessions`` (AgentSession: the calls on one session)
+1. records  — ``errors``, ``messages``, ``records``, ``events``, ``inbound``, ``tools``,
+              ``agent``, ``hitl``
+2. seams    — ``stores`` (SessionStore, its event feed), ``models`` (Model),
+              ``events.EventSink``
+3. engine   — ``engine`` (the turn loop), ``driver`` (one session's driver: lease, chain,
+              cancel, reset, resume), ``runtime`` (Runtime: accept, wait, subscribe,
+              interrupt), ``sessions`` (AgentSession: a façade over the runtime)
 4. adapters — ``stores.memory``/``sqlite``/``postgres``, ``models.scripted``/``anthropic``/
               ``openai_compat``, ``server``, ``channels``; they depend on the engine,
               never the reverse (``tests/test_layers.py`` checks it)
@@ -20,26 +23,22 @@ from .agent import Agent, SurfacePolicy
 from .errors import (
     FatalToolError,
     InvalidInputError,
+    LeaseLostError,
     ResumeAuthorizationError,
     ResumeConflictError,
     SessionBusyError,
     TurnSuspendedError,
+    UnknownTurnError,
 )
 from .events import TurnEvent
-from .hitl import InputRequest
 from .inbound import InboundEvent, Trigger, User
 from .loader import load_agent
 from .messages import Message, ToolCall
 from .models import Model, ModelRequest, Stop, TextDelta
 from .models.scripted import ModelReply, scripted
+from .records import InputRequest, SessionKey, TurnResult, TurnStatus
 from .runtime import Runtime
-from .sessions import (
-    AgentSession,
-    ResetResult,
-    StartedTurn,
-    TurnResult,
-    grant_answer,
-)
+from .sessions import AgentSession, ResetResult, StartedTurn, grant_answer
 from .stores.memory import MemoryStore
 from .stores.sqlite import SqliteStore
 from .tools import ActionContext, Tool, ToolContext, ToolSpec, define_action, tool
@@ -52,6 +51,7 @@ __all__ = [
     "InboundEvent",
     "InputRequest",
     "InvalidInputError",
+    "LeaseLostError",
     "MemoryStore",
     "Message",
     "Model",
@@ -62,6 +62,7 @@ __all__ = [
     "ResumeConflictError",
     "Runtime",
     "SessionBusyError",
+    "SessionKey",
     "SqliteStore",
     "StartedTurn",
     "Stop",
@@ -74,7 +75,9 @@ __all__ = [
     "Trigger",
     "TurnEvent",
     "TurnResult",
+    "TurnStatus",
     "TurnSuspendedError",
+    "UnknownTurnError",
     "User",
     "define_action",
     "grant_answer",

@@ -23,13 +23,20 @@ import json
 import logging
 from collections.abc import Awaitable, Callable
 from contextlib import aclosing
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import jsonschema
 
 from .agent import Agent, SurfacePolicy
-from .errors import Cancelled, ConfigurationError, FatalToolError, ModelError, Parked
+from .errors import (
+    Cancelled,
+    ConfigurationError,
+    FatalToolError,
+    LeaseLostError,
+    ModelError,
+    Parked,
+    StoreError,
+)
 from .events import (
     ActionCompleted,
     ActionRequested,
@@ -43,32 +50,28 @@ from .events import (
     TurnFailed,
     TurnStarted,
 )
-from .hitl import InputRequest, default_answerers, input_step_id
+from .hitl import default_answerers
 from .inbound import InboundEvent
 from .messages import Message, ToolCall, encode_json, owed_calls
 from .models import ABNORMAL_STOPS, Model, ModelRequest, Stop, TextDelta
-from .stores import Lease, Transaction, TurnRecord, TurnUpdate
+from .records import InputRequest, TurnRecord, TurnResult, TurnStatus, input_step_id
+from .stores import Lease, Transaction
 from .tools import Tool, ToolContext, compile_schema
 
 log = logging.getLogger("durable_turns")
 T = TypeVar("T")
 
-CANCEL_POLL = 0.25
-"""Seconds between looks at the store for a cancel while a model streams."""
-
 ERROR_LIMIT = 2000
 """A tool error's text is cut to this many characters before the model reads it."""
 
 Publish = Callable[[list[TurnEvent]], None]
-
-
-@dataclass(frozen=True, slots=True)
-class TurnOutcome:
-    status: str
-    text: str | None = None
-    error: str | None = None
-    reason: str | None = None
-    request: dict[str, Any] | None = None
+"""Receives a step's events once its transaction committed."""
+PublishDelta = Callable[[MessageDelta], None]
+"""Receives live text as it streams (never stored)."""
+CancelReason = Callable[[str], "str | None"]
+"""The reason a turn was asked to cancel, if it was (kept current by the driver)."""
+ReadAnswer = Callable[[str], Awaitable["str | None"]]
+"""Reads a stored step's memo (a person's answer) by step id."""
 
 
 def error_text(e: BaseException) -> str:
@@ -109,17 +112,22 @@ class TurnEngine:
         lease: Lease,
         transcript: list[Message],
         publish: Publish,
-        read_step: Callable[[str], Awaitable[str | None]],
+        publish_delta: PublishDelta,
+        read_answer: ReadAnswer,
+        cancel_reason: CancelReason,
     ) -> None:
         self.agent = agent
         self.model = model
         self.lease = lease
         self.transcript = transcript
         self._publish = publish
-        self._read_step = read_step
+        self._publish_delta = publish_delta
+        self._read_answer = read_answer
+        self._cancel_reason = cancel_reason
         self.turn_id: str | None = None
         self._streaming: asyncio.Task[Any] | None = None
         self._interrupted = False
+        self._staged: list[Message] = []
 
     def interrupt(self, turn_id: str) -> None:
         """Stop the model's stream if ``turn_id`` is streaming: a cancel was requested.
@@ -134,41 +142,25 @@ class TurnEngine:
         """Await the model's reply in the driving task, so that :meth:`interrupt` can stop it.
 
         No task per step: ``interrupt()`` cancels the driving task itself, and the
-        cancellation is taken back (``uncancel``) and turned into :class:`Cancelled`. While
-        the reply streams, a timer looks for a cancel made by another process.
+        cancellation is taken back (``uncancel``) and turned into :class:`Cancelled`. The
+        driver calls ``interrupt()`` for a cancel made here and for one its store's feed
+        reports from another process.
         """
         task = asyncio.current_task()
         assert task is not None
-        loop = asyncio.get_running_loop()
         self._streaming, self._interrupted = task, False
-        timer: asyncio.TimerHandle | None = None
-
-        def poll() -> None:
-            nonlocal timer
-            checker = loop.create_task(self._remote_cancel(turn_id))
-            checker.add_done_callback(lambda t: t.cancelled() or t.exception())
-            timer = loop.call_later(CANCEL_POLL, poll)
-
-        timer = loop.call_later(CANCEL_POLL, poll)
         try:
             return await stream
         except asyncio.CancelledError:
             if self._interrupted and task.uncancel() == 0:
-                raise Cancelled(await self.lease.cancel_requested(turn_id) or "cancelled") \
-                    from None
+                raise Cancelled(self._cancel_reason(turn_id) or "cancelled") from None
             raise
         finally:
-            assert timer is not None
-            timer.cancel()
             self._streaming = None
-
-    async def _remote_cancel(self, turn_id: str) -> None:
-        if self._streaming is not None and await self.lease.cancel_requested(turn_id):
-            self.interrupt(turn_id)
 
     # -- the loop --------------------------------------------------------------------------
 
-    async def run(self, turn: TurnRecord) -> TurnOutcome:
+    async def run(self, turn: TurnRecord) -> TurnResult:
         """Drive ``turn`` from wherever the transcript shows it to its end (or its park)."""
         policy = SurfacePolicy.from_dict(turn.policy) if turn.policy else None
         event = InboundEvent.from_dict(turn.event) if turn.event else None
@@ -188,19 +180,23 @@ class TurnEngine:
                 elif last and last.role == "assistant" and not last.tool_calls \
                         and last.turn_id == turn.turn_id:
                     # The reply that ended the turn committed (with the turn's end, normally).
-                    return await self._finish(turn.turn_id, TurnOutcome("completed", last.text))
+                    return await self._finish(TurnResult(turn.turn_id, TurnStatus.COMPLETED,
+                                                         last.text))
                 else:
                     done = await self._model_step(turn, policy)
                     if done is not None:
                         return done
         except Cancelled as c:
-            return await self._finish(turn.turn_id, TurnOutcome("cancelled", reason=c.reason))
+            return await self._finish(TurnResult(turn.turn_id, TurnStatus.CANCELLED,
+                                                 reason=c.reason))
+        except (LeaseLostError, StoreError):
+            raise  # nothing of the step was written: the turn stays for another drive
         except (ModelError, FatalToolError, ConfigurationError) as e:
-            return await self._finish(turn.turn_id, TurnOutcome("failed", error=str(e)))
+            return await self._finish(TurnResult(turn.turn_id, TurnStatus.FAILED, error=str(e)))
         except Exception as e:
             log.exception("turn %s of %s failed inside the engine", turn.turn_id, self.lease.key)
             error = f"internal error: {type(e).__name__}: {e}"
-            return await self._finish(turn.turn_id, TurnOutcome("failed", error=error))
+            return await self._finish(TurnResult(turn.turn_id, TurnStatus.FAILED, error=error))
         finally:
             self.turn_id = None
 
@@ -214,23 +210,30 @@ class TurnEngine:
         return False
 
     async def _check_cancel(self, turn_id: str) -> None:
-        reason = await self.lease.cancel_requested(turn_id)
+        reason = self._cancel_reason(turn_id)
         if reason is not None:
             raise Cancelled(reason)
 
     async def _commit(self, fill: Callable[[Transaction], Awaitable[list[TurnEvent]]]) -> None:
-        """One transaction: ``fill(tx)`` buffers messages/steps/events; publish after commit."""
+        """One transaction: ``fill(tx)`` buffers messages (through :meth:`_add`), steps and
+        events; the transcript and the observers learn of them after the commit."""
+        self._staged.clear()
         async with self.lease.transaction() as tx:
             events = await fill(tx)
-        self.transcript.extend(tx.writes.messages)
+        self.transcript.extend(self._staged)
+        self._staged.clear()
         self._publish(events)
+
+    def _add(self, tx: Transaction, message: Message) -> int:
+        self._staged.append(message)
+        return tx.add_message(message)
 
     async def _open(self, turn: TurnRecord) -> None:
         opening = turn.opening
 
         async def fill(tx: Transaction) -> list[TurnEvent]:
-            tx.add_message(opening)
-            tx.set_turn(turn.turn_id, TurnUpdate("running"))
+            self._add(tx, opening)
+            tx.set_turn(TurnResult(turn.turn_id, TurnStatus.RUNNING))
             tx.set_status("running")
             return [tx.add_event(TurnStarted(**self._ids(turn.turn_id), text=opening.text))]
 
@@ -257,7 +260,7 @@ class TurnEngine:
         return {k: t for k, t in tools.items() if k not in policy.deny_tools}
 
     async def _model_step(self, turn: TurnRecord, policy: SurfacePolicy | None
-                          ) -> TurnOutcome | None:
+                          ) -> TurnResult | None:
         turn_id = turn.turn_id
         n = len(self.transcript)
         request = ModelRequest(
@@ -278,18 +281,20 @@ class TurnEngine:
         memo = encode_json({"m": n, "stop": stop.reason})
         ids = self._ids(turn_id)
 
+        done = None if calls else TurnResult(turn_id, TurnStatus.COMPLETED, text)
+
         async def fill(tx: Transaction) -> list[TurnEvent]:
-            tx.add_message(reply)
+            self._add(tx, reply)
             tx.add_step(f"model:{n}", turn_id, memo)
             out = [tx.add_event(MessageCompleted(**ids, text=text, tool_calls=tuple(calls),
                                                  stop_reason=stop.reason, usage=reply.usage))]
             out += [tx.add_event(ActionRequested(**ids, call=c)) for c in calls]
-            if not calls:
-                out += self._end(tx, turn_id, TurnOutcome("completed", text))
+            if done is not None:
+                out += self._end(tx, done)
             return out
 
         await self._commit(fill)
-        return None if calls else TurnOutcome("completed", text)
+        return done
 
     async def _stream(self, request: ModelRequest) -> tuple[str, list[ToolCall], Stop | None]:
         turn_id = request.turn_id
@@ -301,7 +306,8 @@ class TurnEngine:
             async for ev in stream:
                 if isinstance(ev, TextDelta):
                     parts.append(ev.text)
-                    self._publish([MessageDelta(**ids, seq=self.lease.last_seq, text=ev.text)])
+                    self._publish_delta(MessageDelta(**ids, seq=self.lease.last_seq,
+                                                     text=ev.text))
                 elif isinstance(ev, ToolCall):
                     calls.append(ev)
                 elif isinstance(ev, Stop):
@@ -312,7 +318,7 @@ class TurnEngine:
 
     async def _tool_step(self, turn: TurnRecord, n: int, call: ToolCall,
                          policy: SurfacePolicy | None, event: InboundEvent | None
-                         ) -> TurnOutcome | None:
+                         ) -> TurnResult | None:
         """Run one owed call and commit its result; returns an outcome only if it parked."""
         turn_id = turn.turn_id
         step_id = f"tool:{n}:{call.id}"
@@ -341,10 +347,10 @@ class TurnEngine:
                 error = None
             except Parked as p:
                 assert isinstance(p.request, InputRequest)
-                out = TurnOutcome("suspended", request=p.request.to_dict())
+                out = TurnResult(turn_id, TurnStatus.SUSPENDED, request=p.request)
 
                 async def park(tx: Transaction) -> list[TurnEvent]:
-                    return self._end(tx, turn_id, out)
+                    return self._end(tx, out)
 
                 await self._commit(park)
                 return out
@@ -361,7 +367,7 @@ class TurnEngine:
     def _parker(self, turn_id: str, call_id: str, event: InboundEvent | None
                 ) -> Callable[..., Awaitable[Any]]:
         async def park(input_id: str, prompt: str, schema: Any, answerers: Any) -> Any:
-            stored = await self._read_step(input_step_id(turn_id, input_id))
+            stored = await self._read_answer(input_step_id(turn_id, input_id))
             if stored is not None:
                 return json.loads(stored)["value"]
             if schema is not None:
@@ -396,7 +402,7 @@ class TurnEngine:
                     result = {"error": error}
             msg = Message("tool", call_id=call.id, result=result, is_error=error is not None,
                           turn_id=turn_id)
-            idx = tx.add_message(msg)
+            idx = self._add(tx, msg)
             tx.add_step(step_id, turn_id, f'{{"m":{idx}}}')
             return [tx.add_event(ActionCompleted(**ids, call=call, result=result, error=error))]
 
@@ -404,57 +410,94 @@ class TurnEngine:
 
     # -- the end ---------------------------------------------------------------------------
 
-    def _end(self, tx: Transaction, turn_id: str, out: TurnOutcome) -> list[TurnEvent]:
-        ids = self._ids(turn_id)
-        tx.set_turn(turn_id, TurnUpdate(out.status, text=out.text, error=out.error,  # type: ignore[arg-type]
-                                        reason=out.reason, request=out.request))
-        tx.set_status("suspended" if out.status == "suspended" else "idle")
-        if out.status == "completed":
+    def _end(self, tx: Transaction, out: TurnResult) -> list[TurnEvent]:
+        ids = self._ids(out.turn_id)
+        tx.set_turn(out)
+        tx.set_status("suspended" if out.status == TurnStatus.SUSPENDED else "idle")
+        if out.status == TurnStatus.COMPLETED:
             return [tx.add_event(TurnCompleted(**ids, text=out.text or ""))]
-        if out.status == "failed":
+        if out.status == TurnStatus.FAILED:
             return [tx.add_event(TurnFailed(**ids, error=out.error or ""))]
-        if out.status == "cancelled":
+        if out.status == TurnStatus.CANCELLED:
             return [tx.add_event(TurnCancelled(**ids, reason=out.reason or ""))]
         assert out.request is not None
-        return [tx.add_event(InputRequested(**ids, request=InputRequest.from_dict(out.request)))]
+        return [tx.add_event(InputRequested(**ids, request=out.request))]
 
-    async def reset(self, entry: TurnRecord, parked: list[str]) -> TurnOutcome:
+    # -- chain commands --------------------------------------------------------------------
+
+    async def reset(self, entry: TurnRecord, parked: list[TurnRecord]) -> TurnResult:
         """Archive the live generation now that the reset's place in the chain has come (F8).
 
         Args:
-            entry: the reset's chain entry.
+            entry: the reset's chain entry; its ``data`` gets ``{"archived": generation}``.
             parked: suspended turns the reset cancels (a stale park is archived too).
         """
-        key, gen = self.lease.key, self.lease.generation
-        done = TurnOutcome("completed", text=json.dumps(
-            {"previous_session": f"{key.session}#g{gen}", "generation": gen + 1}))
+        done = TurnResult(entry.turn_id, TurnStatus.COMPLETED)
 
         async def fill(tx: Transaction) -> list[TurnEvent]:
-            tx.set_turn(entry.turn_id, TurnUpdate("completed", text=done.text))
+            tx.set_turn(done, {"archived": self.lease.generation})
             tx.new_generation()
-            return [tx.add_event(TurnCancelled(**self._ids(t), reason="reset")) for t in parked]
+            return [tx.add_event(TurnCancelled(**self._ids(t.turn_id), reason="reset"))
+                    for t in parked]
 
         await self._commit(fill)
         self.transcript.clear()
         return done
 
-    async def _finish(self, turn_id: str, out: TurnOutcome) -> TurnOutcome:
+    async def answer(self, entry: TurnRecord, parked: TurnRecord | None) -> TurnResult:
+        """Store a person's answer now that the resume's place in the chain has come (F6).
+
+        The answer becomes step ``input:<turn_id>:<input_id>`` and the parked turn runs
+        again. If the session is no longer parked on that request (a reset came first), the
+        resume fails with the reason and nothing else changes.
+        """
+        d = entry.data or {}
+        turn_id, input_id = str(d.get("turn_id")), str(d.get("input_id"))
+        request = parked.request if parked is not None else None
+        if parked is None or request is None or (parked.turn_id, request.id) != (turn_id,
+                                                                                  input_id):
+            where = f"{parked.turn_id!r}" if parked is not None else "nothing"
+            refused = TurnResult(entry.turn_id, TurnStatus.FAILED,
+                                 error=f"the session is parked on {where}, not on input "
+                                       f"{input_id!r} of turn {turn_id!r}")
+
+            async def refuse(tx: Transaction) -> list[TurnEvent]:
+                tx.set_turn(refused)
+                return []
+
+            await self._commit(refuse)
+            return refused
+        done = TurnResult(entry.turn_id, TurnStatus.COMPLETED)
+        memo = encode_json({"value": d.get("value"), "by": d.get("by")})
+
+        async def fill(tx: Transaction) -> list[TurnEvent]:
+            tx.add_step(input_step_id(turn_id, input_id), turn_id, memo)
+            tx.set_turn(done)
+            tx.set_turn(TurnResult(turn_id, TurnStatus.RUNNING))
+            tx.set_status("running")
+            return []
+
+        await self._commit(fill)
+        return done
+
+    async def _finish(self, out: TurnResult) -> TurnResult:
         """Record a turn's end that no step committed (failure, cancellation, replay)."""
+        turn_id = out.turn_id
 
         async def fill(tx: Transaction) -> list[TurnEvent]:
             events: list[TurnEvent] = []
-            if out.status == "cancelled":
+            if out.status == TurnStatus.CANCELLED:
                 # Unrun calls of the batch get a synthetic result, so the transcript stays a
                 # valid conversation for the next model call.
                 n, owed = owed_calls(self.transcript)
                 for c in owed if n >= 0 and self.transcript[n].turn_id == turn_id else []:
                     result = {"cancelled": True}
-                    idx = tx.add_message(Message("tool", call_id=c.id, result=result,
-                                                 turn_id=turn_id))
+                    idx = self._add(tx, Message("tool", call_id=c.id, result=result,
+                                                turn_id=turn_id))
                     tx.add_step(f"tool:{n}:{c.id}", turn_id, f'{{"m":{idx}}}')
                     events.append(tx.add_event(ActionCompleted(
                         **self._ids(turn_id), call=c, result=result, error=None)))
-            return events + self._end(tx, turn_id, out)
+            return events + self._end(tx, out)
 
         await self._commit(fill)
         return out

@@ -13,6 +13,7 @@ Failures (subclasses of ``Exception``, names ending in ``Error``)::
     ├── ResumeAuthorizationError    the resumer may not answer that input (403)
     ├── InvalidInputError           an answer that does not fit the request's schema
     ├── LeaseTimeoutError           another process drives the session and did not let go
+    ├── LeaseLostError              another holder took the session over; nothing was written
     ├── StoreError                  the store cannot be opened or used
     ├── ModelError                  the model call failed (carries provider and status)
     └── FatalToolError              raised *by a tool* to fail the turn on purpose
@@ -39,6 +40,10 @@ class ToolDeclarationError(ConfigurationError):
 class UnknownAgentError(DurableTurnsError, LookupError):
     """The runtime has no agent of that name."""
 
+    def __init__(self, agent: str, known: list[str]) -> None:
+        super().__init__(f"unknown agent {agent!r}; this runtime has {known or 'none'}")
+        self.agent = agent
+
 
 class UnknownTurnError(DurableTurnsError, LookupError):
     """The session never accepted a turn with that id."""
@@ -50,29 +55,89 @@ class UnknownTurnError(DurableTurnsError, LookupError):
 
 
 class SessionBusyError(DurableTurnsError):
-    """The session cannot accept this turn now (for example it is parked on a person)."""
+    """The session cannot accept this turn now: it is parked on a person.
+
+    Attributes:
+        session: the session (``agent/session``).
+        turn_id: the parked turn.
+    """
+
+    def __init__(self, session: str, turn_id: str) -> None:
+        super().__init__(
+            f"session {session} is parked on turn {turn_id!r} waiting for input; "
+            "resume it (or reset the session) before starting another turn"
+        )
+        self.session = session
+        self.turn_id = turn_id
 
 
 class TurnSuspendedError(DurableTurnsError):
     """``turn()`` is non-interactive: the turn parked waiting for input."""
 
-    def __init__(self, turn_id: str, request: object) -> None:
+    def __init__(self, turn_id: str, request: object, session: str = "") -> None:
         super().__init__(f"turn {turn_id!r} is parked waiting for input; use start() and resume()")
+        self.session = session
         self.turn_id = turn_id
         self.request = request
 
 
 class ResumeConflictError(DurableTurnsError):
-    """``resume()`` does not match the park: wrong turn, wrong input id, not suspended, or a
-    reset is pending."""
+    """``resume()`` does not match the park: wrong turn, wrong input id, not suspended, a
+    reset is pending, or another answer was given already (HTTP 409).
+
+    Attributes:
+        session: the session (``agent/session``).
+        turn_id: the turn the resume named.
+        input_id: the input the resume named.
+    """
+
+    def __init__(self, message: str, *, session: str = "", turn_id: str = "",
+                 input_id: str = "") -> None:
+        super().__init__(message)
+        self.session = session
+        self.turn_id = turn_id
+        self.input_id = input_id
 
 
 class InvalidInputError(DurableTurnsError, ValueError):
-    """An answer that does not fit the input request's schema; nothing was stored."""
+    """An answer that does not fit the input request's schema; nothing was stored.
+
+    Attributes:
+        input_id: the request the answer was for.
+    """
+
+    def __init__(self, message: str, *, input_id: str = "") -> None:
+        super().__init__(message)
+        self.input_id = input_id
 
 
 class LeaseTimeoutError(DurableTurnsError):
     """Another process holds the session's lease and did not release it in time."""
+
+    def __init__(self, session: str, timeout: float | None) -> None:
+        super().__init__(
+            f"session {session} is being driven by another holder; gave up after {timeout}s"
+        )
+        self.session = session
+
+
+class LeaseLostError(DurableTurnsError):
+    """A commit was refused: another holder took the session over (a newer epoch).
+
+    Nothing of the refused step was written; the driver stops driving the session.
+
+    Attributes:
+        session: the session (``agent/session``).
+        epoch: the lost lease's fencing token.
+    """
+
+    def __init__(self, session: str, epoch: int) -> None:
+        super().__init__(
+            f"lease on session {session} (epoch {epoch}) was taken over by another holder; "
+            "the step was not written"
+        )
+        self.session = session
+        self.epoch = epoch
 
 
 class StoreError(DurableTurnsError):
@@ -110,7 +175,17 @@ class FatalToolError(DurableTurnsError):
 
 
 class ResumeAuthorizationError(DurableTurnsError):
-    """The resumer is not an allowed answerer of the pending input request."""
+    """The resumer is not an allowed answerer of the pending input request (HTTP 403).
+
+    Attributes:
+        input_id: the request.
+        by: the refused resumer.
+    """
+
+    def __init__(self, message: str, *, input_id: str = "", by: str | None = None) -> None:
+        super().__init__(message)
+        self.input_id = input_id
+        self.by = by
 
 
 class Parked(BaseException):

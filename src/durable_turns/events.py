@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Literal, Protocol, TypedDict
 
 from .messages import ToolCall, encode_json
+from .records import InputRequest
 
 EventType = Literal[
     "turn.started",
@@ -120,7 +121,7 @@ class ActionCompleted(TurnEvent):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class InputRequested(TurnEvent):
     type: ClassVar[EventType] = "input.requested"
-    request: Any
+    request: InputRequest
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -181,8 +182,6 @@ def decode_event(agent: str, session: str, record: EventRecord) -> TurnEvent:
     if "call" in data:
         data["call"] = ToolCall.from_dict(data["call"])
     if record.type == "input.requested":
-        from .hitl import InputRequest
-
         data["request"] = InputRequest.from_dict(data["request"])
     if "tool_calls" in data:
         data["tool_calls"] = tuple(ToolCall.from_dict(c) for c in data["tool_calls"])

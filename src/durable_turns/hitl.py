@@ -21,33 +21,8 @@ from typing import Any
 
 from .errors import ConfigurationError, InvalidInputError, ResumeAuthorizationError
 from .inbound import InboundEvent
+from .records import InputRequest, input_step_id
 from .tools import compile_schema, schema_problem
-
-
-@dataclass(frozen=True, slots=True)
-class InputRequest:
-    """What a parked turn waits for."""
-
-    id: str
-    """Stable within the turn: it keys the answer (step ``input:<turn_id>:<id>``)."""
-    prompt: str
-    schema: dict[str, Any] | None = None
-    answerers: dict[str, Any] | None = None
-    turn_id: str = ""
-    call_id: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "prompt": self.prompt, "schema": self.schema,
-                "answerers": self.answerers, "turn_id": self.turn_id, "call_id": self.call_id}
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> InputRequest:
-        return cls(data["id"], data["prompt"], data.get("schema"), data.get("answerers"),
-                   data.get("turn_id", ""), data.get("call_id", ""))
-
-
-def input_step_id(turn_id: str, input_id: str) -> str:
-    return f"input:{turn_id}:{input_id}"
 
 
 def default_answerers(
@@ -88,12 +63,14 @@ def validate_answer(request: InputRequest, value: Any) -> None:
     try:
         json.dumps(value)
     except (TypeError, ValueError) as e:
-        raise InvalidInputError(f"the answer to {request.id!r} is not JSON: {e}") from None
+        raise InvalidInputError(f"the answer to {request.id!r} is not JSON: {e}",
+                                input_id=request.id) from None
     if request.schema is None:
         return
     problem = schema_problem(compile_schema(request.schema), value)
     if problem is not None:
-        raise InvalidInputError(f"the answer to {request.id!r} does not fit its schema: {problem}")
+        raise InvalidInputError(f"the answer to {request.id!r} does not fit its schema: {problem}",
+                                input_id=request.id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,22 +115,26 @@ def check_answerer(
         if not by or by != who["user"]:
             raise ResumeAuthorizationError(
                 f"only user {who['user']!r} may answer {request.id!r}"
-                + (f"; {by!r} may not" if by else "; the resume named nobody (by=…)")
+                + (f"; {by!r} may not" if by else "; the resume named nobody (by=…)"),
+                input_id=request.id, by=by,
             )
         return
     policy, scope = who["policy"], who.get("scope")
     if granted is None:
         raise ResumeAuthorizationError(
             f"{request.id!r} is answered under policy {policy!r}: resume with a grant from "
-            "grant_answer() (by alone never answers a policy)"
+            "grant_answer() (by alone never answers a policy)",
+            input_id=request.id, by=by,
         )
     if not isinstance(granted, Grant) or not hmac.compare_digest(
         granted.signature, sign(granted, secret).signature
     ):
-        raise ResumeAuthorizationError("the grant is forged or was issued by another runtime")
+        raise ResumeAuthorizationError("the grant is forged or was issued by another runtime",
+                                       input_id=request.id, by=by)
     if (granted.session, granted.turn_id, granted.input_id, granted.policy, granted.scope,
             granted.by) != (session, request.turn_id, request.id, policy, scope, by):
         raise ResumeAuthorizationError(
             f"the grant is for another request, policy, scope or resumer than {request.id!r} "
-            f"under {policy!r}/{scope!r} by {by!r}"
+            f"under {policy!r}/{scope!r} by {by!r}",
+            input_id=request.id, by=by,
         )

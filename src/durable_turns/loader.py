@@ -99,11 +99,16 @@ def load_agent(path: str | Path) -> Agent:
             raise ConfigurationError(
                 f"{root / 'agent.py'}: surfaces[{source!r}] denies unknown tools {unknown}"
             )
+    model = settings.get("model")
+    if isinstance(model, str):
+        from .models.resolve import resolve_model  # an SDK loads only when a provider is named
+
+        model = resolve_model(model)
     return Agent(
         name=settings.get("name") or root.name,
         instructions=base.read_text(),
         tools=tools,
-        model=settings.get("model"),
+        model=model,
         surfaces=surfaces,
         authorize_answer=settings.get("authorize_answer"),
     )

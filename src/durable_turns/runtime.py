@@ -1,34 +1,43 @@
-"""``Runtime``: drives agents' sessions on a store (F2, F5).
+"""``Runtime``: agents, a store and a model; it accepts, drives and reports turns (F2, F5).
 
-A runtime drives each session through one *pump*: an asyncio task that takes the session's
-lease, runs its unfinished turns in chain order, and exits when none is left. ``start()``
-makes a turn durable (a row in the store) before it returns and wakes the pump; a crash loses
-nothing, because ``Runtime.recover()`` or a redelivery of the turn id starts a pump again and
-the engine replays from the transcript. Nothing per session stays in memory once its pump
-has exited, except a bounded cache of recent transcripts.
+Its public API is small, and everything above it (``AgentSession``, the channels, the HTTP
+host) is built on it:
+
+- :meth:`Runtime.accept` makes a chain entry durable (a turn, a reset, a resume) and wakes the
+  session's :class:`~durable_turns.driver.SessionDriver`;
+- :meth:`Runtime.wait` returns an entry's result once it ends or parks, whichever process
+  drives it (woken by the store's event feed);
+- :meth:`Runtime.subscribe` yields a session's events after a cursor, then live ones, with
+  live text (``message.delta``) from the turns this runtime drives;
+- :meth:`Runtime.interrupt` asks turns to cancel, durably, and stops a running one at once.
+
+A crash loses nothing: an accepted entry is in the store before ``accept`` returns, and
+``Runtime.recover()`` (or a redelivery of the turn id) starts a driver again, which replays
+from the transcript. Nothing per session stays in memory once its driver exits, except a
+bounded cache of recent transcripts.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
-from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from .agent import Agent
-from .engine import TurnEngine
-from .errors import ConfigurationError, UnknownAgentError
-from .events import EventSink, TurnEvent
-from .hitl import InputRequest
+from .driver import SessionDriver, TranscriptCache
+from .errors import ConfigurationError, DurableTurnsError, UnknownAgentError, UnknownTurnError
+from .events import TERMINAL_TYPES, EventSink, MessageDelta, TurnEvent
 from .messages import Message
 from .models import Model
-from .sessions import AgentSession, TurnResult
-from .stores import Lease, SessionKey, SessionStore
+from .records import EntryKind, SessionKey, TurnRecord, TurnResult
+from .sessions import AgentSession
+from .stores import SessionStore, Subscription
 
 log = logging.getLogger("durable_turns")
 
-Observer = Callable[[TurnEvent], None]
 TRANSCRIPT_CACHE = 64
 """How many recent sessions' transcripts a runtime keeps, so a step never re-reads history."""
 
@@ -39,11 +48,12 @@ class Runtime:
     Args:
         agents: the agents sessions may address, by name.
         store: where sessions live.
-        model: the model for agents that carry none.
+        model: the model for agents that carry none (a :class:`~durable_turns.Model`;
+            resolve a provider string such as ``"anthropic:claude-…"`` with
+            ``durable_turns.models.resolve.resolve_model`` first).
         sink: receives every event of every turn this runtime drives.
-        lease_timeout: how long a pump waits for another process to release a session
+        lease_timeout: how long a driver waits for another process to release a session
             (``None``: as long as it takes).
-        poll_interval: how often ``result()`` re-reads a turn driven by another process.
         secret: signs answer grants (F6); random per runtime unless given, so a grant is
             only good on the runtime (or the runtimes sharing the secret) that issued it.
     """
@@ -52,33 +62,38 @@ class Runtime:
         self,
         agents: Iterable[Agent],
         store: SessionStore,
-        model: Model | str | None = None,
+        model: Model | None = None,
         sink: EventSink | None = None,
         *,
         lease_timeout: float | None = None,
-        poll_interval: float = 0.2,
         secret: bytes | None = None,
     ) -> None:
         self.agents: dict[str, Agent] = {}
         for a in agents:
             if a.name in self.agents:
                 raise ConfigurationError(f"two agents named {a.name!r}")
+            if isinstance(a.model, str):
+                raise ConfigurationError(
+                    f"agent {a.name!r} names its model as a string ({a.model!r}); resolve it "
+                    "with durable_turns.models.resolve.resolve_model() (load_agent does)"
+                )
             self.agents[a.name] = a
+        if isinstance(model, str):
+            raise ConfigurationError(
+                f"Runtime(model={model!r}): pass a Model; resolve a provider string with "
+                "durable_turns.models.resolve.resolve_model() first"
+            )
         self.store = store
-        self._model = model
-        self._models: dict[str, Model] = {}
+        self.model = model
         self.sink = sink
         self.lease_timeout = lease_timeout
-        self.poll_interval = poll_interval
-        self._opened = False
-        self._pumps: dict[SessionKey, asyncio.Task[None]] = {}
-        self._wake: set[SessionKey] = set()
-        self._observers: dict[SessionKey, list[tuple[str | None, Observer]]] = {}
-        self._waiters: dict[tuple[SessionKey, str], list[asyncio.Future[TurnResult | None]]] = {}
-        self._cache: OrderedDict[SessionKey, tuple[int, list[Message]]] = OrderedDict()
-        self._engines: dict[SessionKey, TurnEngine] = {}
-        self._failures: dict[SessionKey, Exception] = {}
         self.secret = secret or os.urandom(32)
+        self._opened = False
+        self._drivers: dict[SessionKey, SessionDriver] = {}
+        self._transcripts = TranscriptCache(TRANSCRIPT_CACHE)
+        self._waiting: dict[tuple[SessionKey, str], list[asyncio.Future[TurnResult | None]]] = {}
+        self._live: dict[SessionKey, list[Subscription]] = {}
+        self._failed: dict[SessionKey, BaseException] = {}
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -89,10 +104,10 @@ class Runtime:
 
     async def close(self) -> None:
         """Stop driving (unfinished turns stay durable for ``recover()``) and close the store."""
-        pumps = list(self._pumps.values())
-        for t in pumps:
+        tasks = [d.task for d in self._drivers.values()]
+        for t in tasks:
             t.cancel()
-        await asyncio.gather(*pumps, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         if self._opened:
             await self.store.close()
             self._opened = False
@@ -109,163 +124,241 @@ class Runtime:
 
         Raises:
             UnknownAgentError: the runtime has no such agent.
+            ValueError: an empty session id.
+        """
+        return AgentSession(self, self.key(agent, session_id))
+
+    def key(self, agent: str, session_id: str) -> SessionKey:
+        """The address of a session, checked.
+
+        Raises:
+            UnknownAgentError: the runtime has no such agent.
+            ValueError: an empty session id.
         """
         if agent not in self.agents:
-            raise UnknownAgentError(
-                f"unknown agent {agent!r}; this runtime has {sorted(self.agents) or 'none'}"
-            )
+            raise UnknownAgentError(agent, sorted(self.agents))
         if not session_id or not isinstance(session_id, str):
             raise ValueError("a session id must be a non-empty string")
-        return AgentSession(self, SessionKey(agent, session_id))
-
-    async def recover(self) -> list[SessionKey]:
-        """Replay every unfinished turn in the store (run it when a worker starts).
-
-        Returns the sessions whose pumps were started. Sessions of agents this runtime does
-        not have are left for a runtime that has them.
-        """
-        await self.open()
-        keys = []
-        for key in await self.store.unfinished_sessions():
-            if key.agent not in self.agents:
-                log.warning("recover: no agent %r in this runtime; skipping %s", key.agent, key)
-                continue
-            self._kick(key)
-            keys.append(key)
-        return keys
-
-    async def idle(self) -> None:
-        """Wait until this runtime drives no session (for tests and orderly shutdown)."""
-        while self._pumps:
-            await asyncio.gather(*list(self._pumps.values()), return_exceptions=True)
-
-    # -- the pump --------------------------------------------------------------------------
+        return SessionKey(agent, session_id)
 
     def model_for(self, agent: Agent) -> Model:
-        if agent.name in self._models:
-            return self._models[agent.name]
-        model: Model | str | None = agent.model or self._model
+        """The model an agent's turns ask.
+
+        Raises:
+            ConfigurationError: neither the agent nor the runtime has one.
+        """
+        model = agent.model or self.model
         if model is None:
             raise ConfigurationError(
                 f"agent {agent.name!r} has no model and the runtime has none: pass "
                 "Runtime(model=…) or Agent(model=…)"
             )
-        if isinstance(model, str):
-            from .models.resolve import resolve_model  # adapters load only when named
-
-            model = resolve_model(model)
-        assert not isinstance(model, str)
-        self._models[agent.name] = model
         return model
 
-    def _kick(self, key: SessionKey) -> None:
-        self._failures.pop(key, None)
-        self._wake.add(key)
-        if key not in self._pumps:
-            self._pumps[key] = asyncio.create_task(self._pump(key), name=f"durable-turns {key}")
+    async def recover(self) -> list[SessionKey]:
+        """Replay every unfinished turn in the store (run it when a worker starts).
 
-    async def _pump(self, key: SessionKey) -> None:
-        agent = self.agents[key.agent]
+        Returns the sessions whose drivers were started. Sessions of agents this runtime does
+        not have are left for a runtime that has them.
+        """
+        await self.open()
+        keys = []
+        for key in await self.store.find_sessions("unfinished"):
+            if key.agent not in self.agents:
+                log.warning("recover: no agent %r in this runtime; skipping %s", key.agent, key)
+                continue
+            self._drive(key)
+            keys.append(key)
+        return keys
+
+    async def idle(self) -> None:
+        """Wait until this runtime drives no session (for tests and orderly shutdown)."""
+        while self._drivers:
+            await asyncio.gather(*[d.task for d in self._drivers.values()],
+                                 return_exceptions=True)
+
+    # -- the public API the sessions, channels and hosts use -------------------------------
+
+    async def accept(self, key: SessionKey, turn_id: str, opening: Message, *,
+                     event: dict[str, Any] | None = None, policy: dict[str, Any] | None = None,
+                     kind: EntryKind = "turn", supersede: str | None = None,
+                     data: dict[str, Any] | None = None) -> tuple[TurnRecord, bool]:
+        """Accept a chain entry durably and drive it; returns it and whether it is new.
+
+        A redelivered id is returned as stored, and driven again if it is unfinished. With
+        ``supersede`` (replace) or ``kind="reset"``, the unfinished turns before it are asked
+        to cancel and a running one is stopped at once.
+
+        Raises:
+            SessionBusyError: a turn is parked (for ``kind="turn"``).
+        """
+        await self.open()
+        self.model_for(self.agents[key.agent])  # fail now, not in the background
+        rec, new = await self.store.enqueue_turn(key, turn_id, opening, event, policy,
+                                                 kind=kind, supersede=supersede, data=data)
+        reason = "reset" if kind == "reset" else supersede
+        if new and reason is not None:
+            driver = self._drivers.get(key)
+            if driver is not None:
+                driver.interrupt_running(reason)
+        if not rec.status.final:
+            self._drive(key)
+        return rec, new
+
+    async def wait(self, key: SessionKey, turn_id: str, *,
+                   timeout: float | None = None) -> TurnResult:
+        """The entry's result once it completes, fails, is cancelled or parks.
+
+        Woken by the store's feed, so a turn driven by another process is seen as soon as its
+        end commits. A turn found unfinished with nobody driving it here is driven (its lease
+        makes this wait for a live holder elsewhere).
+
+        Raises:
+            UnknownTurnError: the session has no such entry.
+            TimeoutError: ``timeout`` seconds passed first.
+            DurableTurnsError: this runtime's driver of the session failed (the turn stays
+                unfinished in the store for ``recover()``).
+        """
+        await self.open()
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        changed = asyncio.Event()
+
+        def on_change(events: list[TurnEvent] | None) -> None:
+            if events is None or any(e.turn_id == turn_id and e.type in TERMINAL_TYPES
+                                     for e in events):
+                changed.set()
+
+        unwatch = self.store.watch(key, on_change)
+        done: asyncio.Future[TurnResult | None] = loop.create_future()
+        waiters = self._waiting.setdefault((key, turn_id), [])
+        waiters.append(done)
         try:
-            while key in self._wake:
-                self._wake.discard(key)
-                lease = await self.store.acquire(key, timeout=self.lease_timeout)
-                try:
-                    await self._drive(agent, lease)
-                finally:
-                    await lease.release()
-        except Exception as e:
-            log.exception("durable_turns: driving %s failed; its turns stay for recover()", key)
-            self._cache.pop(key, None)
-            self._failures[key] = e
-        finally:
-            del self._pumps[key]
-            self._wake_all(key)
-
-    async def _drive(self, agent: Agent, lease: Lease) -> None:
-        key = lease.key
-        store = self.store
-
-        async def read_step(step_id: str) -> str | None:
-            return await store.read_step(key, step_id)
-
-        engine = TurnEngine(agent, self.model_for(agent), lease, await self._transcript(lease),
-                            lambda events: self._publish(key, events), read_step)
-        self._engines[key] = engine
-        try:
+            kicked = False
             while True:
-                pending = await self.store.turns(key, unfinished=True)
-                parked = [t.turn_id for t in pending if t.status == "suspended"]
-                runnable = [t for t in pending if t.status != "suspended"]
-                if not runnable or (parked and not any(t.kind == "reset" for t in runnable)):
-                    return  # nothing to do, or the chain waits on a person
-                turn = runnable[0]
-                if turn.kind == "reset":
-                    outcome = await engine.reset(turn, parked)
-                    self._cache[key] = (lease.generation, engine.transcript)
-                    for t in parked:
-                        self._wake_turn(key, t)
-                else:
-                    outcome = await engine.run(turn)
-                log.debug("turn %s of %s: %s", turn.turn_id, key, outcome.status)
-                request = InputRequest.from_dict(outcome.request) if outcome.request else None
-                self._wake_turn(key, turn.turn_id, TurnResult(
-                    turn.turn_id, outcome.status, outcome.text, request,  # type: ignore[arg-type]
-                    outcome.error, outcome.reason))
-        finally:
-            del self._engines[key]
-
-    def _interrupt(self, key: SessionKey, turn_ids: Iterable[str]) -> None:
-        engine = self._engines.get(key)
-        if engine is not None:
-            for t in turn_ids:
-                engine.interrupt(t)
-
-    def _interrupt_running(self, key: SessionKey) -> None:
-        """Stop the model stream of whatever turn this runtime is driving on the session
-        (its cancel was requested in the store: replace, reset)."""
-        engine = self._engines.get(key)
-        if engine is not None and engine.turn_id is not None:
-            engine.interrupt(engine.turn_id)
-
-    async def _transcript(self, lease: Lease) -> list[Message]:
-        """The live log, from the cache when it is current; only the missing tail is read."""
-        key = lease.key
-        cached = self._cache.pop(key, None)
-        if cached is None or cached[0] != lease.generation or len(cached[1]) > lease.message_count:
-            cached = (lease.generation, [])
-        log_ = cached[1]
-        if len(log_) < lease.message_count:
-            log_.extend(await self.store.read_messages(key, after=len(log_)))
-        self._cache[key] = cached
-        while len(self._cache) > TRANSCRIPT_CACHE:
-            self._cache.popitem(last=False)
-        return log_
-
-    # -- events and waiting ----------------------------------------------------------------
-
-    def _publish(self, key: SessionKey, events: list[TurnEvent]) -> None:
-        observers = self._observers.get(key, ())
-        for e in events:
-            if self.sink is not None:
+                changed.clear()
+                found = await self.store.turns(key, turn_id=turn_id)
+                if not found:
+                    raise UnknownTurnError(str(key), turn_id)
+                rec = found[0]
+                if rec.status.ended:
+                    return rec.result
+                if done.done():
+                    known = done.result()
+                    if known is not None:
+                        return known
+                    failure = self._failed.get(key)
+                    if failure is not None and key not in self._drivers:
+                        raise DurableTurnsError(
+                            f"driving session {key} failed, turn {turn_id!r} is unfinished "
+                            f"(Runtime.recover() retries it): {type(failure).__name__}: "
+                            f"{failure}"
+                        ) from failure
+                    done = loop.create_future()
+                    waiters.append(done)
+                if not kicked and key not in self._drivers and key.agent in self.agents:
+                    kicked = True
+                    self._drive(key)
+                remaining = None if deadline is None else deadline - loop.time()
+                if remaining is not None and remaining <= 0:
+                    raise TimeoutError(f"turn {turn_id!r} of {key} did not end in {timeout}s")
+                signal = loop.create_task(changed.wait())
                 try:
-                    self.sink.emit(e)
-                except Exception:
-                    log.exception("event sink failed on %s", e.type)
-            for turn_id, cb in list(observers):
-                if turn_id is None or turn_id == e.turn_id:
-                    try:
-                        cb(e)
-                    except Exception:
-                        log.exception("observer failed on %s", e.type)
+                    await asyncio.wait([signal, done], timeout=remaining,
+                                       return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    signal.cancel()
+        finally:
+            unwatch()
+            with contextlib.suppress(ValueError):
+                waiters.remove(done)
+            if not waiters:
+                self._waiting.pop((key, turn_id), None)
 
-    def _wake_turn(self, key: SessionKey, turn_id: str,
-                   result: TurnResult | None = None) -> None:
-        """Wake ``result()`` callers, handing them the result when this pump knows it."""
-        for f in self._waiters.pop((key, turn_id), ()):
+    def subscribe(self, key: SessionKey, after_seq: int | None = None, *,
+                  deltas: bool = True) -> Subscription:
+        """The session's events after ``after_seq`` (stored ones first), then live ones.
+
+        ``None`` starts at the newest stored event. With ``deltas``, live text of the turns
+        this runtime drives is interleaved (``message.delta``, never stored, never replayed).
+        Close it (or use ``async with``) when done.
+        """
+        sub = self.store.subscribe(key, after_seq)
+        if deltas:
+            subs = self._live.setdefault(key, [])
+            subs.append(sub)
+
+            def forget() -> None:
+                if sub in subs:
+                    subs.remove(sub)
+                if not subs and self._live.get(key) is subs:
+                    del self._live[key]
+
+            sub.on_close(forget)
+        return sub
+
+    async def interrupt(self, key: SessionKey, turn_id: str | None = None, *,
+                        reason: str = "cancelled by request") -> list[str]:
+        """Ask a turn (or every unfinished turn) of the session to cancel; returns at once.
+
+        The request is durable and takes effect at the turn's next checkpoint boundary,
+        wherever it runs; a model stream driven here stops at once.
+
+        Returns:
+            The ids of the turns that got the request (none for a finished or parked turn).
+        """
+        await self.open()
+        ids = await self.store.request_cancel(key, turn_id, reason)
+        driver = self._drivers.get(key)
+        if driver is not None and ids:
+            driver.interrupt(ids, reason)
+        return ids
+
+    # -- drivers ---------------------------------------------------------------------------
+
+    def _drive(self, key: SessionKey) -> None:
+        driver = self._drivers.get(key)
+        if driver is not None and driver.alive:
+            driver.wake()
+            return
+        agent = self.agents[key.agent]
+        self._failed.pop(key, None)
+        driver = SessionDriver(
+            key, agent, self.model_for(agent), self.store, transcripts=self._transcripts,
+            publish=self._publish, publish_delta=self._publish_delta, finished=self._finished,
+            lease_timeout=self.lease_timeout,
+        )
+        self._drivers[key] = driver
+        driver.task.add_done_callback(lambda _t: self._driver_done(driver))
+
+    def _driver_done(self, driver: SessionDriver) -> None:
+        key = driver.key
+        if self._drivers.get(key) is driver:
+            del self._drivers[key]
+            if driver.failure is not None:
+                # Kept where wait() looks, until the session is driven again.
+                self._failed[key] = driver.failure
+        for (k, _turn), futures in list(self._waiting.items()):
+            if k == key:
+                for f in futures:
+                    if not f.done():
+                        f.set_result(None)
+
+    def _finished(self, key: SessionKey, result: TurnResult) -> None:
+        for f in self._waiting.get((key, result.turn_id), ()):
             if not f.done():
                 f.set_result(result)
 
-    def _wake_all(self, key: SessionKey) -> None:
-        for k in [k for k in self._waiters if k[0] == key]:
-            self._wake_turn(*k)
+    def _publish(self, events: list[TurnEvent]) -> None:
+        if self.sink is None:
+            return
+        for e in events:
+            try:
+                self.sink.emit(e)
+            except Exception:
+                log.exception("event sink failed on %s", e.type)
+
+    def _publish_delta(self, delta: MessageDelta) -> None:
+        for sub in self._live.get(SessionKey(delta.agent, delta.session), ()):
+            sub.offer(delta)
+        self._publish([delta])

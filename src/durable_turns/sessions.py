@@ -1,39 +1,46 @@
 """``AgentSession``: one conversation of one agent — start turns, watch them, answer their
-questions, cancel or reset them (F5 to F8) — and what those calls return."""
+questions, cancel or reset them (F5 to F8) — and what those calls return.
+
+A façade: every call is one or two of the runtime's public methods (``accept``, ``wait``,
+``subscribe``, ``interrupt``) or a read of the store.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import json
+import logging
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from .agent import Agent, AuthorizeAnswer
 from .errors import (
     ConfigurationError,
-    DurableTurnsError,
     ResumeAuthorizationError,
     ResumeConflictError,
     TurnSuspendedError,
     UnknownTurnError,
 )
-from .events import TurnEvent, decode_event
-from .hitl import (
-    Grant,
-    InputRequest,
-    check_answerer,
-    input_step_id,
-    sign,
-    validate_answer,
-)
+from .events import TurnEvent
+from .hitl import Grant, check_answerer, sign, validate_answer
 from .inbound import InboundEvent, Trigger
 from .messages import Message
-from .stores import FINAL, SessionKey, TurnRecord, TurnUpdate
+from .records import (
+    InputRequest,
+    SessionKey,
+    StepRecord,
+    TurnRecord,
+    TurnResult,
+    TurnStatus,
+    resume_entry_id,
+)
 
 if TYPE_CHECKING:
-    from .runtime import Observer, Runtime
+    from .runtime import Runtime
+
+log = logging.getLogger("durable_turns")
+Observer = Callable[[TurnEvent], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,18 +50,6 @@ class StartedTurn:
     turn_id: str
     new: bool = True
     """False when the turn id was already accepted (a redelivery)."""
-
-
-@dataclass(frozen=True, slots=True)
-class TurnResult:
-    """How a turn ended (or where it parked)."""
-
-    turn_id: str
-    status: Literal["completed", "suspended", "failed", "cancelled"]
-    text: str | None = None
-    request: Any = None
-    error: str | None = None
-    reason: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,13 +67,7 @@ class Archive:
 
     generation: int
     messages: list[Message]
-    steps: dict[str, str]
-
-
-def _result(rec: TurnRecord) -> TurnResult:
-    request = InputRequest.from_dict(rec.request) if rec.request else None
-    return TurnResult(rec.turn_id, rec.status, rec.text, request,  # type: ignore[arg-type]
-                      rec.error, rec.reason)
+    steps: dict[str, StepRecord]
 
 
 class AgentSession:
@@ -110,9 +99,6 @@ class AgentSession:
             SessionBusyError: the session is parked on another turn.
             ValueError: no text to open the turn with.
         """
-        rt = self.runtime
-        await rt.open()
-        rt.model_for(self.agent)  # fail now, not in the background, when there is no model
         text = user_text if user_text is not None else (event.text if event else None)
         if not isinstance(text, str) or not text.strip():
             raise ValueError("a turn needs non-empty text (user_text=…, or event.text)")
@@ -125,15 +111,10 @@ class AgentSession:
         policy = None
         if event is not None and event.source in self.agent.surfaces:
             policy = self.agent.surfaces[event.source].to_dict()
-        supersede = f"superseded by turn {turn_id}" if replace else None
-        rec, new = await rt.store.enqueue_turn(
-            self.key, turn_id, opening, event.to_dict() if event else None, policy,
-            supersede=supersede,
+        _rec, new = await self.runtime.accept(
+            self.key, turn_id, opening, event=event.to_dict() if event else None, policy=policy,
+            supersede=f"superseded by turn {turn_id}" if replace else None,
         )
-        if new and replace:
-            rt._interrupt_running(self.key)
-        if rec.status not in FINAL:
-            rt._kick(self.key)
         return StartedTurn(turn_id, new)
 
     async def cancel(self, turn_id: str | None = None, *,
@@ -153,11 +134,9 @@ class AgentSession:
         """
         rt = self.runtime
         await rt.open()
-        if turn_id is not None and await rt.store.get_turn(self.key, turn_id) is None:
+        if turn_id is not None and not await rt.store.turns(self.key, turn_id=turn_id):
             raise UnknownTurnError(str(self.key), turn_id)
-        ids = await rt.store.request_cancel(self.key, turn_id, reason)
-        rt._interrupt(self.key, ids)
-        return ids
+        return await rt.interrupt(self.key, turn_id, reason=reason)
 
     async def reset(self) -> ResetResult:
         """Retire the session's history, keeping its address (F8).
@@ -168,56 +147,29 @@ class AgentSession:
         A session that never existed is reset all the same (generation 0 → 1).
         """
         rt = self.runtime
-        await rt.open()
         entry = f"reset:{uuid.uuid4().hex}"
         opening = Message("trigger", "reset", turn_id=entry, by="reset")
-        await rt.store.enqueue_turn(self.key, entry, opening, kind="reset")
-        rt._interrupt_running(self.key)
-        rt._kick(self.key)
-        done = await self.result(entry)
-        return ResetResult(**json.loads(done.text or "{}"))
+        await rt.accept(self.key, entry, opening, kind="reset")
+        await rt.wait(self.key, entry)
+        (done,) = await rt.store.turns(self.key, turn_id=entry)
+        archived = int((done.data or {}).get("archived", 0))
+        return ResetResult(f"{self.key.session}#g{archived}", archived + 1)
 
     async def archive(self, generation: int) -> Archive:
         """The messages and steps of a generation (an archived one, or the live one)."""
         await self.runtime.open()
         store = self.runtime.store
         return Archive(generation, await store.read_messages(self.key, generation=generation),
-                       await store.read_steps(self.key, generation))
+                       await store.read_steps(self.key, generation=generation))
 
-    async def result(self, turn_id: str) -> TurnResult:
+    async def result(self, turn_id: str, *, timeout: float | None = None) -> TurnResult:
         """Wait until the turn completes, fails, is cancelled or parks.
 
         Raises:
             UnknownTurnError: the session has no such turn.
+            TimeoutError: it did not end within ``timeout`` seconds.
         """
-        rt = self.runtime
-        await rt.open()
-        loop = asyncio.get_running_loop()
-        while True:
-            fut: asyncio.Future[TurnResult | None] = loop.create_future()
-            waiters = rt._waiters.setdefault((self.key, turn_id), [])
-            waiters.append(fut)
-            try:
-                rec = await rt.store.get_turn(self.key, turn_id)
-                if rec is None:
-                    raise UnknownTurnError(str(self.key), turn_id)
-                if rec.status in FINAL or rec.status == "suspended":
-                    return _result(rec)
-                failure = rt._failures.get(self.key)
-                if failure is not None and self.key not in rt._pumps:
-                    raise DurableTurnsError(
-                        f"driving session {self.key} failed, turn {turn_id!r} is unfinished "
-                        f"(Runtime.recover() retries it): {type(failure).__name__}: {failure}"
-                    ) from failure
-                # Woken by our own pump; the timeout catches a turn driven elsewhere.
-                await asyncio.wait([fut], timeout=rt.poll_interval)
-                if fut.done() and (known := fut.result()) is not None:
-                    return known
-            finally:
-                if fut in waiters:
-                    waiters.remove(fut)
-                if not waiters:
-                    rt._waiters.pop((self.key, turn_id), None)
+        return await self.runtime.wait(self.key, turn_id, timeout=timeout)
 
     async def turn(self, user_text: str | None = None, **kw: Any) -> TurnResult:
         """Start a turn and wait for its end. Non-interactive.
@@ -227,119 +179,117 @@ class AgentSession:
         """
         started = await self.start(user_text, **kw)
         res = await self.result(started.turn_id)
-        if res.status == "suspended":
-            raise TurnSuspendedError(res.turn_id, res.request)
+        if res.status == TurnStatus.SUSPENDED:
+            raise TurnSuspendedError(res.turn_id, res.request, str(self.key))
         return res
 
     def observe(self, cb: Observer, *, turn_id: str | None = None,
                 replay: bool = False) -> Callable[[], None]:
-        """Call ``cb`` with each event of the session (or of one turn) this runtime drives.
+        """Call ``cb`` with each event of the session (or of one turn), whichever process
+        drives it; live text (``message.delta``) comes from turns this runtime drives.
 
         May be called before ``start()`` with the turn id that will be passed to it, so no
         event is missed. With ``replay=True`` the logged events come first, then live ones,
         with no gap and no duplicate. Returns a function that unsubscribes.
         """
-        rt = self.runtime
-        observers = rt._observers.setdefault(self.key, [])
-        if not replay:
-            entry: tuple[str | None, Observer] = (turn_id, cb)
-        else:
-            buffered: list[TurnEvent] = []
-            live = False
+        sub = self.runtime.subscribe(self.key, 0 if replay else None)
 
-            def gate(e: TurnEvent) -> None:
-                if live:
-                    cb(e)
-                else:
-                    buffered.append(e)
+        async def deliver() -> None:
+            await self.runtime.open()
+            async for e in sub:
+                if turn_id is None or e.turn_id == turn_id:
+                    try:
+                        cb(e)
+                    except Exception:
+                        log.exception("observer failed on %s", e.type)
 
-            async def catch_up() -> None:
-                nonlocal live
-                last = 0
-                try:
-                    await rt.open()
-                    for r in await rt.store.read_events(self.key, turn_id=turn_id):
-                        last = r.seq
-                        cb(decode_event(self.key.agent, self.key.session, r))
-                finally:
-                    for e in buffered:
-                        # A delta carries the seq of the durable event before it.
-                        if e.seq > last or (e.type == "message.delta" and e.seq >= last):
-                            cb(e)
-                    live = True
-
-            entry = (turn_id, gate)
-            task = asyncio.get_running_loop().create_task(catch_up())
-            task.add_done_callback(lambda t: t.exception() if not t.cancelled() else None)
-        observers.append(entry)
-
-        def unsubscribe() -> None:
-            if entry in observers:
-                observers.remove(entry)
-            if not observers:
-                rt._observers.pop(self.key, None)
-
-        return unsubscribe
+        task = asyncio.get_running_loop().create_task(deliver())
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
+        return sub.close
 
     async def pending(self) -> InputRequest | None:
         """The input request the session is parked on, or ``None``."""
+        parked = await self._parked()
+        return parked.request if parked is not None else None
+
+    async def _parked(self) -> TurnRecord | None:
         await self.runtime.open()
         for t in await self.runtime.store.turns(self.key, unfinished=True):
-            if t.status == "suspended" and t.request:
-                return InputRequest.from_dict(t.request)
+            if t.status == TurnStatus.SUSPENDED and t.request is not None:
+                return t
         return None
 
     async def resume(self, turn_id: str, input_id: str, value: Any, *, by: str | None = None,
                      granted: Grant | None = None) -> None:
-        """Answer the parked turn's input request and replay the turn (F6).
+        """Answer the parked turn's input request and set the turn going again (F6).
 
-        The answer is stored as step ``input:<turn_id>:<input_id>``; the parked tool runs
-        again from the top and its ``request_input`` returns ``value``.
+        The answer is stored as step ``input:<turn_id>:<input_id>`` (a command on the chain,
+        so it keeps its place) before this returns; the parked tool then runs again from the
+        top and its ``request_input`` returns ``value``. The same answer given again by the
+        same resumer is accepted once (a double click is one answer).
 
         Args:
             by: the resumer's *verified* identity (e.g. a signature-checked Slack user id).
             granted: for a ``{policy, scope}`` request, the grant from :func:`grant_answer`.
 
         Raises:
-            ResumeConflictError: wrong turn, wrong input id, not parked, or a reset pending.
+            ResumeConflictError: wrong turn, wrong input id, not parked, a reset pending, or
+                another answer was given already.
             ResumeAuthorizationError: the resumer may not answer this request.
             InvalidInputError: ``value`` does not fit the request's schema.
         """
         rt = self.runtime
         await rt.open()
-        lease = await rt.store.acquire(self.key, timeout=rt.lease_timeout)
-        try:
-            request = await self._parked_on(turn_id, input_id)
-            check_answerer(request, str(self.key), by, granted, rt.secret)
-            validate_answer(request, value)
-            answer = json.dumps({"value": value, "by": by}, separators=(",", ":"))
-            async with lease.transaction() as tx:
-                tx.add_step(input_step_id(turn_id, input_id), turn_id, answer)
-                tx.set_turn(turn_id, TurnUpdate("running"))
-                tx.set_status("running")
-        finally:
-            await lease.release()
-        rt._kick(self.key)
+        entry = resume_entry_id(turn_id, input_id)
+        answer = {"turn_id": turn_id, "input_id": input_id, "value": value, "by": by}
+        earlier = await rt.store.turns(self.key, turn_id=entry)
+        if earlier:
+            return await self._repeated(earlier[0], answer)
+        request = await self._parked_on(turn_id, input_id)
+        check_answerer(request, str(self.key), by, granted, rt.secret)
+        validate_answer(request, value)
+        opening = Message("trigger", "resume", turn_id=entry, by=by)
+        rec, new = await rt.accept(self.key, entry, opening, kind="resume", data=answer)
+        if not new:
+            return await self._repeated(rec, answer)
+        self._applied(await rt.wait(self.key, entry), answer)
+
+    async def _repeated(self, rec: TurnRecord, answer: dict[str, Any]) -> None:
+        given = rec.data or {}
+        if (given.get("value"), given.get("by")) != (answer["value"], answer["by"]):
+            raise ResumeConflictError(
+                f"input {answer['input_id']!r} of turn {answer['turn_id']!r} was answered "
+                f"already (by {given.get('by')!r}), with another answer",
+                session=str(self.key), turn_id=answer["turn_id"], input_id=answer["input_id"],
+            )
+        self._applied(await self.runtime.wait(self.key, rec.turn_id), answer)
+
+    def _applied(self, result: TurnResult, answer: dict[str, Any]) -> None:
+        """Raise if the driver refused the answer (the park changed before its turn came)."""
+        if result.status == TurnStatus.FAILED:
+            raise ResumeConflictError(
+                result.error or "the answer was refused", session=str(self.key),
+                turn_id=answer["turn_id"], input_id=answer["input_id"],
+            )
 
     async def _parked_on(self, turn_id: str, input_id: str) -> InputRequest:
+        ids = {"session": str(self.key), "turn_id": turn_id, "input_id": input_id}
         turns = await self.runtime.store.turns(self.key, unfinished=True)
         if any(t.kind == "reset" for t in turns):
             raise ResumeConflictError(
-                f"a reset of session {self.key} is pending; its park is being archived"
-            )
-        parked = next((t for t in turns if t.status == "suspended"), None)
+                f"a reset of session {self.key} is pending; its park is being archived", **ids)
+        parked = next((t for t in turns if t.status == TurnStatus.SUSPENDED), None)
         if parked is None or parked.request is None:
-            raise ResumeConflictError(f"session {self.key} is not waiting for input")
+            raise ResumeConflictError(f"session {self.key} is not waiting for input", **ids)
         if parked.turn_id != turn_id:
             raise ResumeConflictError(
-                f"session {self.key} is parked on turn {parked.turn_id!r}, not {turn_id!r}"
-            )
-        request = InputRequest.from_dict(parked.request)
-        if request.id != input_id:
+                f"session {self.key} is parked on turn {parked.turn_id!r}, not {turn_id!r}",
+                **ids)
+        if parked.request.id != input_id:
             raise ResumeConflictError(
-                f"turn {turn_id!r} waits for input {request.id!r}, not {input_id!r}"
-            )
-        return request
+                f"turn {turn_id!r} waits for input {parked.request.id!r}, not {input_id!r}",
+                **ids)
+        return parked.request
 
     async def transcript(self) -> list[Message]:
         """The session's message log (the live generation)."""
@@ -355,8 +305,7 @@ class AgentSession:
     async def events(self, after_seq: int = 0) -> list[TurnEvent]:
         """The session's logged events after ``after_seq`` (every type but deltas)."""
         await self.runtime.open()
-        records = await self.runtime.store.read_events(self.key, after_seq=after_seq)
-        return [decode_event(self.key.agent, self.key.session, r) for r in records]
+        return await self.runtime.store.read_events(self.key, after_seq=after_seq)
 
 
 async def grant_answer(
@@ -383,9 +332,11 @@ async def grant_answer(
     await session.runtime.open()
     request = await session._parked_on(resume["turn_id"], resume["input_id"])
     who = request.answerers or {}
+    by = resume.get("by")
     if "policy" not in who:
         raise ResumeAuthorizationError(
-            f"{request.id!r} is not answered under a policy; resume it with by=… instead"
+            f"{request.id!r} is not answered under a policy; resume it with by=… instead",
+            input_id=request.id, by=by,
         )
     decide = authorize_answer or session.agent.authorize_answer
     if decide is None:
@@ -393,12 +344,12 @@ async def grant_answer(
             f"agent {session.agent.name!r} has no authorize_answer to decide policy "
             f"{who['policy']!r}"
         )
-    by = resume.get("by")
     ok = await decide({"policy": who["policy"], "scope": who.get("scope"), "by": by,
                        "principal": resume.get("principal")})
     if ok is not True:
         raise ResumeAuthorizationError(
-            f"{by!r} may not answer {request.id!r} under policy {who['policy']!r}"
+            f"{by!r} may not answer {request.id!r} under policy {who['policy']!r}",
+            input_id=request.id, by=by,
         )
     grant = Grant(str(session.key), request.turn_id, request.id, who["policy"],
                   who.get("scope"), by)

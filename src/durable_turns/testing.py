@@ -14,14 +14,14 @@ Checks are plain coroutines taking a store, so they need no test framework.
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from .errors import LeaseTimeoutError, SessionBusyError
 from .events import ActionCompleted, TurnStarted
 from .messages import Message, ToolCall
-from .stores import SessionKey, SessionStore, TurnUpdate
+from .records import InputRequest, SessionKey, TurnRecord, TurnResult, TurnStatus
+from .stores import SessionStore
 
 Check = Callable[[SessionStore], Awaitable[None]]
 KEY = SessionKey("agent", "s1")
@@ -46,30 +46,30 @@ async def check_enqueue_is_durable_and_idempotent(store: SessionStore) -> None:
     info = await store.session_info(KEY)
     assert info is not None and info.status == "new" and info.generation == 0
     assert [t.turn_id for t in await store.turns(KEY, unfinished=True)] == ["t1", "t2"]
-    assert await store.unfinished_sessions() == [KEY]
-    got = await store.get_turn(KEY, "t2")
+    assert await store.find_sessions("unfinished") == [KEY]
+    got = await get_turn(store, KEY, "t2")
     assert got is not None and got.opening == _opening("t2")
-    assert await store.get_turn(KEY, "nope") is None
+    assert await get_turn(store, KEY, "nope") is None
 
 
 async def check_lease_is_exclusive(store: SessionStore) -> None:
-    lease = await store.acquire(KEY)
+    lease = await store.claim(KEY)
     try:
-        await store.acquire(KEY, timeout=0.05)
+        await store.claim(KEY, timeout=0.05)
     except LeaseTimeoutError:
         pass
     else:
         raise AssertionError("a second lease on one session was granted")
-    other = await store.acquire(SessionKey("agent", "s2"), timeout=0.05)
+    other = await store.claim(SessionKey("agent", "s2"), timeout=0.05)
     await other.release()
     await lease.release()
-    again = await store.acquire(KEY, timeout=1)
+    again = await store.claim(KEY, timeout=1)
     await again.release()
 
 
 async def check_transaction_commits_everything(store: SessionStore) -> None:
     await store.enqueue_turn(KEY, "t1", _opening("t1"))
-    lease = await store.acquire(KEY)
+    lease = await store.claim(KEY)
     call = ToolCall("c1", "tool", {"a": 1})
     async with lease.transaction() as tx:
         assert tx.add_message(_opening("t1")) == 0
@@ -77,7 +77,7 @@ async def check_transaction_commits_everything(store: SessionStore) -> None:
         tx.add_step("model:1", "t1", '{"m":1}')
         e1 = tx.add_event(TurnStarted(**_ids("t1"), text="hello"))
         e2 = tx.add_event(ActionCompleted(**_ids("t1"), call=call, result={"ok": True}))
-        tx.set_turn("t1", TurnUpdate("running"))
+        tx.set_turn(TurnResult("t1", TurnStatus.RUNNING))
         tx.set_status("running")
     assert (e1.seq, e2.seq) == (1, 2)
     assert (lease.last_seq, lease.message_count) == (2, 2)
@@ -85,32 +85,32 @@ async def check_transaction_commits_everything(store: SessionStore) -> None:
     msgs = await store.read_messages(KEY)
     assert msgs == [_opening("t1"), Message("assistant", "hi", (call,), turn_id="t1")]
     assert await store.read_messages(KEY, after=1) == msgs[1:]
-    assert await store.read_step(KEY, "model:1") == '{"m":1}'
-    assert await store.read_step(KEY, "model:9") is None
+    assert await step_data(store, KEY, "model:1") == '{"m":1}'
+    assert await step_data(store, KEY, "model:9") is None
     events = await store.read_events(KEY)
     assert [(e.seq, e.type) for e in events] == [(1, "turn.started"), (2, "action.completed")]
-    assert json.loads(events[1].data)["result"] == {"ok": True}
+    assert isinstance(events[1], ActionCompleted) and events[1].result == {"ok": True}
     assert [e.seq for e in await store.read_events(KEY, after_seq=1)] == [2]
     info = await store.session_info(KEY)
     assert info is not None and info.status == "running"
-    turn = await store.get_turn(KEY, "t1")
+    turn = await get_turn(store, KEY, "t1")
     assert turn is not None and turn.status == "running"
     # A new lease continues the numbering where the last one stopped.
-    lease = await store.acquire(KEY)
+    lease = await store.claim(KEY)
     assert (lease.last_seq, lease.message_count) == (2, 2)
     async with lease.transaction() as tx:
         assert tx.add_message(Message("assistant", "bye", turn_id="t1")) == 2
-        tx.set_turn("t1", TurnUpdate("completed", text="bye"))
+        tx.set_turn(TurnResult("t1", TurnStatus.COMPLETED, text="bye"))
         tx.set_status("idle")
     await lease.release()
-    turn = await store.get_turn(KEY, "t1")
+    turn = await get_turn(store, KEY, "t1")
     assert turn is not None and (turn.status, turn.text) == ("completed", "bye")
-    assert await store.unfinished_sessions() == []
+    assert await store.find_sessions("unfinished") == []
 
 
 async def check_failed_transaction_writes_nothing(store: SessionStore) -> None:
     await store.enqueue_turn(KEY, "t1", _opening("t1"))
-    lease = await store.acquire(KEY)
+    lease = await store.claim(KEY)
     try:
         async with lease.transaction() as tx:
             tx.add_message(_opening("t1"))
@@ -131,7 +131,7 @@ async def check_local_writes_join_the_transaction(store: SessionStore) -> None:
     if store.unwrap() is None:
         return  # no raw handle, no rollback: nothing to check (documented for MemoryStore)
     await store.enqueue_turn(KEY, "t1", _opening("t1"))
-    lease = await store.acquire(KEY)
+    lease = await store.claim(KEY)
 
     def setup(h: Any) -> None:
         h.execute("CREATE TABLE IF NOT EXISTS conformance_rows (v TEXT)")
@@ -168,7 +168,7 @@ async def check_cancel_requests_are_durable(store: SessionStore) -> None:
     await store.enqueue_turn(KEY, "t2", _opening("t2"))
     assert await store.request_cancel(KEY, "t1", "stop") == ["t1"]
     assert await store.request_cancel(KEY, "t1", "again") == []
-    lease = await store.acquire(KEY)
+    lease = await store.claim(KEY)
     assert await lease.cancel_requested("t1") == "stop"
     assert await lease.cancel_requested("t2") is None
     assert await store.request_cancel(KEY, None, "all") == ["t2"]
@@ -179,9 +179,9 @@ async def check_cancel_requests_are_durable(store: SessionStore) -> None:
 
 async def check_parked_session_refuses_other_turns(store: SessionStore) -> None:
     await store.enqueue_turn(KEY, "t1", _opening("t1"))
-    lease = await store.acquire(KEY)
+    lease = await store.claim(KEY)
     async with lease.transaction() as tx:
-        tx.set_turn("t1", TurnUpdate("suspended", request={"id": "approve"}))
+        tx.set_turn(TurnResult("t1", TurnStatus.SUSPENDED, request=InputRequest("approve", "ok?")))
         tx.set_status("suspended")
     await lease.release()
     try:
@@ -191,10 +191,10 @@ async def check_parked_session_refuses_other_turns(store: SessionStore) -> None:
     else:
         raise AssertionError("a parked session accepted another turn")
     rec, new = await store.enqueue_turn(KEY, "t1", _opening("t1"))
-    assert not new and rec.status == "suspended" and rec.request == {"id": "approve"}
+    assert not new and rec.status == "suspended" and rec.request == InputRequest("approve", "ok?")
     assert [t.turn_id for t in await store.turns(KEY, unfinished=True)] == ["t1"]
-    assert await store.unfinished_sessions() == []
-    assert await store.parked_sessions() == [KEY]
+    assert await store.find_sessions("unfinished") == []
+    assert await store.find_sessions("parked") == [KEY]
 
 
 async def check_sessions_are_found_by_turn_id(store: SessionStore) -> None:
@@ -203,11 +203,11 @@ async def check_sessions_are_found_by_turn_id(store: SessionStore) -> None:
     await store.enqueue_turn(other, "shared", _opening("shared"))
     await store.enqueue_turn(other, "own", _opening("own"))
     await store.enqueue_turn(other, "r1", Message("trigger", "reset"), kind="reset")
-    assert await store.sessions_with_turn("shared") == [KEY, other]
-    assert await store.sessions_with_turn("own") == [other]
-    assert await store.sessions_with_turn("r1") == []  # chain entries that are not turns
-    assert await store.sessions_with_turn("nope") == []
-    assert await store.parked_sessions() == []
+    assert await store.find_sessions(turn_id="shared") == [KEY, other]
+    assert await store.find_sessions(turn_id="own") == [other]
+    assert await store.find_sessions(turn_id="r1") == []  # chain entries that are not turns
+    assert await store.find_sessions(turn_id="nope") == []
+    assert await store.find_sessions("parked") == []
 
 
 CONFORMANCE: list[Check] = [
@@ -231,3 +231,15 @@ async def run_check(check: Check, factory: Callable[[], SessionStore]) -> None:
         await check(store)
     finally:
         await store.close()
+
+
+async def get_turn(store: SessionStore, key: SessionKey, turn_id: str) -> TurnRecord | None:
+    """The chain entry ``turn_id`` of a session, or ``None``."""
+    found = await store.turns(key, turn_id=turn_id)
+    return found[0] if found else None
+
+
+async def step_data(store: SessionStore, key: SessionKey, step_id: str) -> str | None:
+    """The JSON memo of a checkpointed step of the live generation, or ``None``."""
+    steps = await store.read_steps(key, step_id=step_id)
+    return steps[step_id].data if step_id in steps else None

@@ -26,11 +26,9 @@ from rich.console import Console
 from rich.text import Text
 
 from ..errors import ResumeAuthorizationError, ResumeConflictError, SessionBusyError
-from ..hitl import InputRequest
 from ..inbound import InboundEvent
 from ..runtime import Runtime
-from ..sessions import TurnResult
-from ..stores import FINAL, SessionKey
+from ..records import InputRequest, SessionKey, TurnResult
 from ..stores.sqlite import SqliteStore
 from .choice import OFFLINE, ModelChoice, build_model
 from .ops import AGENT_NAME, build_agent
@@ -192,9 +190,9 @@ async def run_approve(opts: ApproveOptions, console: Console) -> int:
         except ResumeAuthorizationError as e:
             raise DemoInputError(f"ResumeAuthorizationError: {e}") from None
         except ResumeConflictError as e:
-            rec = await store.get_turn(key, opts.turn_id)
+            rec = next(iter(await store.turns(key, turn_id=opts.turn_id)), None)
             why = (f"; turn {opts.turn_id!r} already {rec.status}"
-                   if rec is not None and rec.status in FINAL else "")
+                   if rec is not None and rec.status.final else "")
             raise DemoInputError(f"ResumeConflictError: {e}{why}") from None
         # Nothing awaited since resume() returned, so the turn's first event cannot print
         # before this header: the pump it woke has not run yet.
@@ -227,7 +225,7 @@ async def run_approve(opts: ApproveOptions, console: Console) -> int:
 
 async def _session_of(store: SqliteStore, db: Path, turn_id: str,
                       session: str | None) -> SessionKey:
-    keys = [k for k in await store.sessions_with_turn(turn_id)
+    keys = [k for k in await store.find_sessions(turn_id=turn_id)
             if session is None or k.session == session]
     where = f" of session {session!r}" if session else ""
     if not keys:
@@ -278,11 +276,11 @@ async def find_parked(db: Path) -> list[Parked]:
     await store.open()
     try:
         found = []
-        for key in await store.parked_sessions():
+        for key in await store.find_sessions("parked"):
             for t in await store.turns(key, unfinished=True):
                 if t.status == "suspended" and t.request:
                     user: Any = (t.event or {}).get("user") or {}
-                    found.append(Parked(key, InputRequest.from_dict(t.request),
+                    found.append(Parked(key, t.request,
                                         user.get("id")))
         return found
     finally:

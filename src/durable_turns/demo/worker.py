@@ -34,7 +34,6 @@ from ..events import (
     TurnFailed,
     TurnStarted,
 )
-from ..hitl import InputRequest
 from ..messages import Message
 from ..runtime import Runtime
 from ..stores.sqlite import SqliteStore
@@ -155,8 +154,6 @@ class EventPrinter:
                     self.freezer.reached("after-order-2", f"step {step} committed")
         elif isinstance(e, InputRequested):
             req = e.request
-            if isinstance(req, dict):
-                req = InputRequest.from_dict(req)
             self.line(e, "", f"parked on input {req.id!r}: {req.prompt} "
                              f"(answerers: {compact(req.answerers)})", "bold yellow")
         elif isinstance(e, TurnCompleted):

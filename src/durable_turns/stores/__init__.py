@@ -1,106 +1,65 @@
 """The ``SessionStore`` seam (F1) and its backends.
 
-A store keeps, per session ``(agent, session_id)``: the session row (status, generation), the
-turn chain (one row per accepted turn, in the order ``start()`` accepted them), the message
-log, the steps table and the event log.
+A store keeps, per session ``(agent, session_id)``: the session row (status, generation,
+lease epoch), the chain (one entry per accepted turn or command, in the order they were
+accepted), the message log, the steps table and the event log.
 
-Writing session state needs a :class:`Lease`: at most one holder per session across every
-process and machine sharing the store. All writes of one step go through one
-:class:`Transaction`, which commits them together or not at all. Two writes need no lease,
-because they are single atomic statements any process may make: accepting a turn
-(:meth:`SessionStore.enqueue_turn`) and asking for a cancellation.
+Writing session state needs a :class:`Lease`, claimed with :meth:`SessionStore.claim`. A lease
+carries an **epoch** (a fencing token): every claim of a session gets a higher one, and every
+commit checks, inside its own transaction, that its lease's epoch is still the session's. A
+holder that was taken over (its lease expired while it was paused, or it was released) gets
+:class:`~durable_turns.errors.LeaseLostError` and nothing of its step is written.
+
+All writes of one step go through one :class:`Transaction`, which commits them together or
+not at all. Two writes need no lease, because they are single atomic statements any process
+may make: accepting a chain entry (:meth:`SessionStore.enqueue_turn`) and asking for a
+cancellation (:meth:`SessionStore.request_cancel`).
+
+Every store has an **event feed**: :meth:`SessionStore.subscribe` yields a session's stored
+events after a cursor, then live ones, woken by the store itself (in-process for
+MemoryStore, a cheap change check for SQLite, NOTIFY for PostgreSQL), whichever process
+committed them.
 
 Backends: :class:`~durable_turns.stores.memory.MemoryStore`,
-:class:`~durable_turns.stores.sqlite.SqliteStore` and (extra ``[postgres]``)
-``PostgresStore``. ``durable_turns.testing`` holds the conformance suite they all pass.
+:class:`~durable_turns.stores.sqlite.SqliteStore`. The rules SQL backends share live in
+``stores/_sql.py``; ``durable_turns.testing`` holds the conformance suite every store passes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeVar
 
-from ..events import EventRecord, TurnEvent
+from ..events import TurnEvent
 from ..messages import Message
+from ..records import (
+    EntryKind,
+    SessionInfo,
+    SessionKey,
+    SessionStatus,
+    StepRecord,
+    TurnRecord,
+    TurnResult,
+)
+from ._feed import Subscription, Watcher
 
 T = TypeVar("T")
 
-SessionStatus = Literal["new", "idle", "running", "suspended"]
-TurnStatus = Literal["queued", "running", "suspended", "completed", "failed", "cancelled"]
-TurnKind = Literal["turn", "reset"]
+__all__ = [
+    "Lease",
+    "SessionInfo",
+    "SessionKey",
+    "SessionStatus",
+    "SessionStore",
+    "StepRecord",
+    "Subscription",
+    "Transaction",
+    "TurnRecord",
+    "Watcher",
+]
 
-UNFINISHED: frozenset[str] = frozenset({"queued", "running"})
-"""Turn statuses the turn chain still has to drive."""
-FINAL: frozenset[str] = frozenset({"completed", "failed", "cancelled"})
-
-
-@dataclass(frozen=True, slots=True, order=True)
-class SessionKey:
-    """The address of a session."""
-
-    agent: str
-    session: str
-
-    def __str__(self) -> str:
-        return f"{self.agent}/{self.session}"
-
-
-@dataclass(frozen=True, slots=True)
-class TurnRecord:
-    """One turn of the chain, as the store keeps it."""
-
-    turn_id: str
-    ordinal: int
-    """Position in the chain: turns run in increasing ordinal."""
-    status: TurnStatus
-    opening: Message
-    """The message that opens the turn (appended to the log once, when the turn starts)."""
-    event: dict[str, Any] | None = None
-    """The inbound event, minus ``raw``."""
-    policy: dict[str, Any] | None = None
-    """The surface policy the turn runs under."""
-    request: dict[str, Any] | None = None
-    """The pending input request while suspended."""
-    text: str | None = None
-    error: str | None = None
-    reason: str | None = None
-    cancel: str | None = None
-    """A durable cancellation request's reason, if one was made."""
-    kind: TurnKind = "turn"
-    """``reset`` for a session reset waiting its place in the chain (F8)."""
-
-
-@dataclass(frozen=True, slots=True)
-class SessionInfo:
-    status: SessionStatus
-    generation: int
-
-
-@dataclass(slots=True)
-class TurnUpdate:
-    """Fields of a turn row a transaction changes (``None`` = leave as is)."""
-
-    status: TurnStatus
-    text: str | None = None
-    error: str | None = None
-    reason: str | None = None
-    request: dict[str, Any] | None = None
-
-
-@dataclass(slots=True)
-class Writes:
-    """Everything one transaction will write, buffered until commit."""
-
-    messages: list[Message] = field(default_factory=list)
-    steps: list[tuple[str, str, str]] = field(default_factory=list)
-    """``(step_id, turn_id, data)``."""
-    events: list[TurnEvent] = field(default_factory=list)
-    turns: dict[str, TurnUpdate] = field(default_factory=dict)
-    status: SessionStatus | None = None
-    new_generation: bool = False
-    """Archive the live log: bump the generation, status ``new``, cancel a stale park."""
+SessionFilter = Literal["unfinished", "parked"]
 
 
 class Transaction(Protocol):
@@ -108,18 +67,20 @@ class Transaction(Protocol):
 
     Writes are buffered and flushed at commit, so a transaction holds the database's write
     lock only while a local tool runs and while it commits. The block must not await anything
-    but :meth:`run_local`, so no other task can interleave on a shared connection.
-    """
+    but :meth:`run_local`.
 
-    writes: Writes
-    """What the transaction will write (read by the engine after commit)."""
+    Raises (on leaving the block):
+        LeaseLostError: the lease was taken over; nothing was written.
+        StoreError: the database refused the commit; nothing was written.
+    """
 
     def unwrap(self) -> Any:
         """The backend's raw handle, inside this transaction (``None`` for MemoryStore)."""
         ...
 
     async def run_local(self, fn: Callable[[Any], T]) -> T:
-        """Run ``fn(raw_handle)`` inside the transaction, in a savepoint.
+        """Run ``fn(raw_handle)`` inside the transaction, in a savepoint (on the store's own
+        thread where it has one).
 
         If ``fn`` raises, its writes are rolled back (to the savepoint) and the exception
         propagates; the transaction itself stays usable. MemoryStore has no rollback.
@@ -130,13 +91,20 @@ class Transaction(Protocol):
         """Append to the message log; returns the message's index."""
         ...
 
-    def add_step(self, step_id: str, turn_id: str, data: str) -> None: ...
-
-    def add_event(self, event: TurnEvent) -> TurnEvent:
-        """Log an event; returns it with its sequence number."""
+    def add_step(self, step_id: str, turn_id: str, data: str) -> None:
+        """Checkpoint a step under the live generation (``data`` is its JSON memo)."""
         ...
 
-    def set_turn(self, turn_id: str, update: TurnUpdate) -> None: ...
+    def add_event(self, event: TurnEvent) -> TurnEvent:
+        """Log an event; returns it with its sequence number (published after commit)."""
+        ...
+
+    def set_turn(self, result: TurnResult, data: dict[str, Any] | None = None) -> None:
+        """Set a chain entry's status and outcome (and a command's ``data``, if given).
+
+        A status other than ``suspended`` clears the pending request.
+        """
+        ...
 
     def set_status(self, status: SessionStatus) -> None: ...
 
@@ -149,14 +117,15 @@ class Transaction(Protocol):
 
 
 class Lease(Protocol):
-    """The right to write one session's state. Held by one holder at a time, everywhere.
+    """The right to write one session's state; held by one holder at a time, everywhere.
 
     Released by :meth:`release`, and by the backend when the holder's process dies (an OS file
-    lock for SQLite, the connection's advisory lock for PostgreSQL), so a crashed worker never
-    blocks a replay.
+    lock for SQLite), so a crashed worker never blocks a replay.
     """
 
     key: SessionKey
+    epoch: int
+    """The fencing token: higher than every earlier claim's of this session."""
     generation: int
     last_seq: int
     """The highest event sequence number committed so far."""
@@ -166,20 +135,21 @@ class Lease(Protocol):
     def transaction(self) -> AbstractAsyncContextManager[Transaction]: ...
 
     async def cancel_requested(self, turn_id: str) -> str | None:
-        """The reason of a durable cancellation request for the turn, if one was made.
-
-        Read at every checkpoint boundary: keep it one indexed lookup.
-        """
+        """The reason of a durable cancellation request for the turn, if one was made."""
         ...
 
     async def release(self) -> None: ...
 
 
 class SessionStore(Protocol):
-    """Durable session state. Every backend passes ``durable_turns.testing``'s suite."""
+    """Durable session state. Every backend passes ``durable_turns.testing``'s suite.
+
+    Reads never wait for a writer: a reader sees the last committed state.
+    """
 
     async def open(self) -> None:
-        """Open (and create or migrate) the store. Idempotent."""
+        """Open (and create or migrate) the store. Idempotent; safe when many processes
+        open one new store at the same moment."""
         ...
 
     async def close(self) -> None: ...
@@ -188,8 +158,9 @@ class SessionStore(Protocol):
         """The backend's raw handle outside any step (for set-up and inspection)."""
         ...
 
-    async def acquire(self, key: SessionKey, *, timeout: float | None = None) -> Lease:
-        """Take the session's lease, waiting up to ``timeout`` seconds (``None``: forever).
+    async def claim(self, key: SessionKey, *, timeout: float | None = None) -> Lease:
+        """Take the session's lease with a new epoch, waiting up to ``timeout`` seconds
+        (``None``: forever). Creates the session if needed.
 
         Raises:
             LeaseTimeoutError: another holder kept it past the timeout.
@@ -198,16 +169,18 @@ class SessionStore(Protocol):
 
     async def enqueue_turn(self, key: SessionKey, turn_id: str, opening: Message,
                            event: dict[str, Any] | None = None,
-                           policy: dict[str, Any] | None = None, *, kind: TurnKind = "turn",
-                           supersede: str | None = None) -> tuple[TurnRecord, bool]:
-        """Accept a turn at the end of the chain, durably; creates the session if needed.
+                           policy: dict[str, Any] | None = None, *, kind: EntryKind = "turn",
+                           supersede: str | None = None,
+                           data: dict[str, Any] | None = None) -> tuple[TurnRecord, bool]:
+        """Accept a chain entry at the end of the chain, durably; creates the session if needed.
 
         In the same transaction, with ``supersede`` set, every queued or running turn gets a
-        cancellation request with that reason (``replace=True``). A ``reset`` entry always
-        supersedes (reason ``reset``) and is accepted even while the session is parked.
+        cancellation request with that reason (``replace=True``). A ``reset`` always
+        supersedes (reason ``reset``). ``reset`` and ``resume`` are accepted while the
+        session is parked; a ``turn`` is not.
 
-        Returns the turn and whether it was new. A turn id the session already has is
-        returned as it is (a redelivery).
+        Returns the entry and whether it was new. An id the session already has is returned
+        as it is (a redelivery).
 
         Raises:
             SessionBusyError: a turn of the session is suspended and no reset is queued.
@@ -218,10 +191,10 @@ class SessionStore(Protocol):
         """Durably ask unfinished turns (one, or all with ``None``) to cancel; returns their ids."""
         ...
 
-    async def get_turn(self, key: SessionKey, turn_id: str) -> TurnRecord | None: ...
-
-    async def turns(self, key: SessionKey, *, unfinished: bool = False) -> list[TurnRecord]:
-        """The session's turns in chain order (only queued/running/suspended ones if asked)."""
+    async def turns(self, key: SessionKey, *, turn_id: str | None = None,
+                    unfinished: bool = False) -> list[TurnRecord]:
+        """The session's chain in order: every entry, only one (``turn_id``), or only the
+        queued, running and suspended ones (``unfinished``)."""
         ...
 
     async def session_info(self, key: SessionKey) -> SessionInfo | None: ...
@@ -231,24 +204,31 @@ class SessionStore(Protocol):
         """The message log from index ``after`` on (the live generation by default)."""
         ...
 
-    async def read_step(self, key: SessionKey, step_id: str) -> str | None: ...
-
-    async def read_steps(self, key: SessionKey, generation: int) -> dict[str, str]:
-        """Every step of one generation (live or archived), by step id."""
+    async def read_steps(self, key: SessionKey, *, generation: int | None = None,
+                         step_id: str | None = None) -> dict[str, StepRecord]:
+        """The steps of one generation (live by default, or an archived one), by id; only
+        ``step_id`` if given."""
         ...
 
     async def read_events(self, key: SessionKey, *, after_seq: int = 0,
-                          turn_id: str | None = None) -> list[EventRecord]: ...
-
-    async def unfinished_sessions(self) -> list[SessionKey]:
-        """Sessions with a queued or running turn (what ``Runtime.recover()`` replays)."""
+                          turn_id: str | None = None) -> list[TurnEvent]:
+        """The session's logged events after ``after_seq``, in order (of one turn if given)."""
         ...
 
-    async def parked_sessions(self) -> list[SessionKey]:
-        """Sessions with a turn parked on a person (what an operator's inbox lists)."""
+    def subscribe(self, key: SessionKey, after_seq: int | None = None) -> Subscription:
+        """The session's events after ``after_seq`` (stored ones first), then live ones, with
+        no gap and no duplicate; ``None`` starts at the newest event. Never raises for an
+        unknown session: it yields what that session gets."""
         ...
 
-    async def sessions_with_turn(self, turn_id: str) -> list[SessionKey]:
-        """The sessions that accepted a turn with this id (turn ids are per session)."""
+    def watch(self, key: SessionKey, watcher: Watcher) -> Callable[[], None]:
+        """Call ``watcher(events)`` when this process commits events of the session, and
+        ``watcher(None)`` when anything of it may have changed elsewhere (another process's
+        commit, a cancel or enqueue). Returns the function that stops watching."""
         ...
 
+    async def find_sessions(self, which: SessionFilter | None = None, *,
+                            turn_id: str | None = None) -> list[SessionKey]:
+        """Sessions with a queued or running turn (``unfinished``: what recovery drives),
+        with a parked turn (``parked``: an operator's inbox), or with a turn of this id."""
+        ...

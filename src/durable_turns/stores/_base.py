@@ -1,22 +1,41 @@
-"""What every backend's lease and transaction share: buffered writes and counters."""
+"""What every backend shares: the lease's counters, the buffered transaction, and the rules
+of the chain, written once."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
 
 from ..errors import LeaseTimeoutError, SessionBusyError
 from ..events import TurnEvent
 from ..messages import Message
-from . import SessionKey, SessionStatus, TurnUpdate, Writes
+from ..records import EntryKind, SessionKey, SessionStatus, TurnResult, TurnStatus
+
+
+@dataclass(slots=True)
+class Writes:
+    """Everything one transaction will write, buffered until commit."""
+
+    messages: list[Message] = field(default_factory=list)
+    steps: list[tuple[str, str, str]] = field(default_factory=list)
+    """``(step_id, turn_id, data)``."""
+    events: list[TurnEvent] = field(default_factory=list)
+    turns: dict[str, tuple[TurnResult, dict[str, Any] | None]] = field(default_factory=dict)
+    status: SessionStatus | None = None
+    new_generation: bool = False
+    """Archive the live log: bump the generation, status ``new``, cancel a stale park."""
 
 
 class LeaseBase:
     """Counters a lease keeps so a transaction can number messages and events itself."""
 
-    def __init__(self, key: SessionKey, generation: int, last_seq: int, message_count: int):
+    def __init__(self, key: SessionKey, epoch: int, generation: int, last_seq: int,
+                 message_count: int) -> None:
         self.key = key
+        self.epoch = epoch
         self.generation = generation
         self.last_seq = last_seq
         self.message_count = message_count
@@ -47,8 +66,8 @@ class BufferedTransaction:
         self.writes.events.append(event)
         return event
 
-    def set_turn(self, turn_id: str, update: TurnUpdate) -> None:
-        self.writes.turns[turn_id] = update
+    def set_turn(self, result: TurnResult, data: dict[str, Any] | None = None) -> None:
+        self.writes.turns[result.turn_id] = (result, data)
 
     def set_status(self, status: SessionStatus) -> None:
         self.writes.status = status
@@ -77,27 +96,41 @@ async def poll_until(
     pause = 0.002
     while not try_once():
         if deadline is not None and time.monotonic() >= deadline:
-            raise LeaseTimeoutError(
-                f"session {key} is being driven by another holder; gave up after {timeout}s"
-            )
+            raise LeaseTimeoutError(str(key), timeout)
         await asyncio.sleep(pause)
         pause = min(pause * 2, 0.1)
 
 
-def check_not_parked(key: SessionKey, turns: Iterable[tuple[str, str, str]]) -> None:
-    """Refuse a new turn while one is parked, unless a reset is queued to clear the park.
+def check_enqueue(key: SessionKey, kind: EntryKind,
+                  unfinished: Iterable[tuple[str, str, str]]) -> None:
+    """The rule for accepting a chain entry: a ``turn`` is refused while a turn is parked,
+    unless a reset is queued to clear the park; commands are always accepted.
 
     Args:
-        turns: ``(turn_id, status, kind)`` of the session's unfinished turns.
+        unfinished: ``(turn_id, status, kind)`` of the session's unfinished entries.
+
+    Raises:
+        SessionBusyError: naming the parked turn.
     """
+    if kind != "turn":
+        return
     parked = None
-    for turn_id, status, kind in turns:
-        if status == "suspended":
+    for turn_id, status, entry_kind in unfinished:
+        if status == TurnStatus.SUSPENDED:
             parked = turn_id
-        elif kind == "reset" and status == "queued":
+        elif entry_kind == "reset" and status == TurnStatus.QUEUED:
             return
     if parked is not None:
-        raise SessionBusyError(
-            f"session {key} is parked on turn {parked!r} waiting for input; "
-            "resume it (or reset the session) before starting another turn"
-        )
+        raise SessionBusyError(str(key), parked)
+
+
+def supersede_reason(kind: EntryKind, supersede: str | None) -> str | None:
+    """The cancellation reason a new entry gives the unfinished turns before it, if any."""
+    return "reset" if kind == "reset" else supersede
+
+
+def updated_request(result: TurnResult) -> dict[str, Any] | None:
+    """The pending request a turn row keeps after ``result``: only a suspended turn has one."""
+    if result.status == TurnStatus.SUSPENDED and result.request is not None:
+        return result.request.to_dict()
+    return None

@@ -2,23 +2,31 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
-from ..events import EventRecord, encode_event
+from ..errors import LeaseLostError
+from ..events import TurnEvent
 from ..messages import Message
-from . import (
-    UNFINISHED,
+from ..records import (
+    EntryKind,
     SessionInfo,
     SessionKey,
     SessionStatus,
-    Transaction,
-    TurnKind,
+    StepRecord,
     TurnRecord,
+    TurnStatus,
 )
-from ._base import BufferedTransaction, LeaseBase, check_not_parked, poll_until
+from ._base import (
+    BufferedTransaction,
+    LeaseBase,
+    check_enqueue,
+    poll_until,
+    supersede_reason,
+    updated_request,
+)
+from ._feed import Feed, Subscription, Watcher
 
 T = TypeVar("T")
 
@@ -27,47 +35,62 @@ T = TypeVar("T")
 class _Session:
     status: SessionStatus = "new"
     generation: int = 0
+    epoch: int = 0
     turns: dict[str, TurnRecord] = field(default_factory=dict)
     messages: dict[int, list[Message]] = field(default_factory=dict)
-    steps: dict[tuple[int, str], str] = field(default_factory=dict)
-    events: list[EventRecord] = field(default_factory=list)
+    steps: dict[tuple[int, str], StepRecord] = field(default_factory=dict)
+    events: list[TurnEvent] = field(default_factory=list)
     held: bool = False
 
 
 class _MemoryTransaction(BufferedTransaction):
+    lease: _MemoryLease
+
     def unwrap(self) -> Any:
         return None
 
     async def run_local(self, fn: Callable[[Any], T]) -> T:
         return fn(None)
 
+    async def __aenter__(self) -> _MemoryTransaction:
+        return self
+
+    async def __aexit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if exc_type is None:
+            self.lease.apply(self)
+
 
 class _MemoryLease(LeaseBase):
     def __init__(self, store: MemoryStore, key: SessionKey, s: _Session) -> None:
         log = s.messages.get(s.generation, [])
-        super().__init__(key, s.generation, s.events[-1].seq if s.events else 0, len(log))
+        s.epoch += 1
+        super().__init__(key, s.epoch, s.generation, s.events[-1].seq if s.events else 0,
+                         len(log))
         self._store = store
         self._s = s
+        self._released = False
 
-    @asynccontextmanager
-    async def transaction(self) -> AsyncIterator[Transaction]:
-        tx = _MemoryTransaction(self)
-        yield tx
+    def transaction(self) -> _MemoryTransaction:
+        return _MemoryTransaction(self)
+
+    def apply(self, tx: _MemoryTransaction) -> None:
         s, w = self._s, tx.writes
+        if s.epoch != self.epoch:
+            raise LeaseLostError(str(self.key), self.epoch)
         s.messages.setdefault(s.generation, []).extend(w.messages)
-        for step_id, _turn, data in w.steps:
-            s.steps[(s.generation, step_id)] = data
-        for e in w.events:
-            s.events.append(EventRecord(e.seq, e.turn_id, e.type, encode_event(e)))
-        for turn_id, u in w.turns.items():
+        for step_id, turn_id, data in w.steps:
+            s.steps[(s.generation, step_id)] = StepRecord(step_id, turn_id, data)
+        s.events.extend(w.events)
+        for turn_id, (r, data) in w.turns.items():
             old = s.turns[turn_id]
             s.turns[turn_id] = replace(
                 old,
-                status=u.status,
-                text=u.text if u.text is not None else old.text,
-                error=u.error if u.error is not None else old.error,
-                reason=u.reason if u.reason is not None else old.reason,
-                request=u.request if u.status == "suspended" else None,
+                status=r.status,
+                text=r.text if r.text is not None else old.text,
+                error=r.error if r.error is not None else old.error,
+                reason=r.reason if r.reason is not None else old.reason,
+                request=r.request if updated_request(r) is not None else None,
+                data=data if data is not None else old.data,
             )
         if w.status is not None:
             s.status = w.status
@@ -75,17 +98,20 @@ class _MemoryLease(LeaseBase):
             s.generation += 1
             s.status = "new"
             for t in list(s.turns.values()):
-                if t.status == "suspended":
-                    s.turns[t.turn_id] = replace(t, status="cancelled", reason="reset",
-                                                 request=None)
+                if t.status == TurnStatus.SUSPENDED:
+                    s.turns[t.turn_id] = replace(t, status=TurnStatus.CANCELLED,
+                                                 reason="reset", request=None)
         tx.committed()
+        self._store._feed.published(self.key, w.events)
 
     async def cancel_requested(self, turn_id: str) -> str | None:
         t = self._s.turns.get(turn_id)
         return t.cancel if t else None
 
     async def release(self) -> None:
-        self._s.held = False
+        if not self._released and self._s.epoch == self.epoch:
+            self._s.held = False
+        self._released = True
 
 
 class MemoryStore:
@@ -98,12 +124,13 @@ class MemoryStore:
     def __init__(self) -> None:
         self._sessions: dict[SessionKey, _Session] = {}
         self._ordinal = 0
+        self._feed = Feed(self._read_after, self._newest)
 
     async def open(self) -> None:
         return None
 
     async def close(self) -> None:
-        return None
+        self._feed.close()
 
     def unwrap(self) -> Any:
         return None
@@ -114,7 +141,7 @@ class MemoryStore:
             s = self._sessions[key] = _Session()
         return s
 
-    async def acquire(self, key: SessionKey, *, timeout: float | None = None) -> _MemoryLease:
+    async def claim(self, key: SessionKey, *, timeout: float | None = None) -> _MemoryLease:
         s = self._get(key)
 
         def take() -> bool:
@@ -134,19 +161,21 @@ class MemoryStore:
         event: dict[str, Any] | None = None,
         policy: dict[str, Any] | None = None,
         *,
-        kind: TurnKind = "turn",
+        kind: EntryKind = "turn",
         supersede: str | None = None,
+        data: dict[str, Any] | None = None,
     ) -> tuple[TurnRecord, bool]:
         s = self._get(key)
         if turn_id in s.turns:
             return s.turns[turn_id], False
-        if kind == "turn":
-            check_not_parked(key, ((t.turn_id, t.status, t.kind) for t in s.turns.values()))
-        reason = "reset" if kind == "reset" else supersede
+        check_enqueue(key, kind, ((t.turn_id, t.status, t.kind) for t in s.turns.values()
+                                  if not t.status.final))
+        reason = supersede_reason(kind, supersede)
         if reason is not None:
-            await self.request_cancel(key, None, reason)
+            self._cancel(s, None, reason)
         self._ordinal += 1
-        rec = TurnRecord(turn_id, self._ordinal, "queued", opening, event, policy, kind=kind)
+        rec = TurnRecord(turn_id, self._ordinal, TurnStatus.QUEUED, opening, event, policy,
+                         kind=kind, data=data)
         s.turns[turn_id] = rec
         return rec, True
 
@@ -154,27 +183,29 @@ class MemoryStore:
         self, key: SessionKey, turn_id: str | None, reason: str
     ) -> list[str]:
         s = self._sessions.get(key)
-        if s is None:
-            return []
+        ids = [] if s is None else self._cancel(s, turn_id, reason)
+        if ids:
+            self._feed.changed(key)
+        return ids
+
+    @staticmethod
+    def _cancel(s: _Session, turn_id: str | None, reason: str) -> list[str]:
         hit = [
             t for t in s.turns.values()
-            if t.status in UNFINISHED and t.cancel is None and turn_id in (None, t.turn_id)
+            if t.status.unfinished and t.cancel is None and turn_id in (None, t.turn_id)
         ]
         for t in hit:
             s.turns[t.turn_id] = replace(t, cancel=reason)
         return [t.turn_id for t in hit]
 
-    async def get_turn(self, key: SessionKey, turn_id: str) -> TurnRecord | None:
-        s = self._sessions.get(key)
-        return s.turns.get(turn_id) if s else None
-
-    async def turns(self, key: SessionKey, *, unfinished: bool = False) -> list[TurnRecord]:
+    async def turns(self, key: SessionKey, *, turn_id: str | None = None,
+                    unfinished: bool = False) -> list[TurnRecord]:
         s = self._sessions.get(key)
         if s is None:
             return []
         return [
             t for t in s.turns.values()
-            if not unfinished or t.status in UNFINISHED or t.status == "suspended"
+            if (not unfinished or not t.status.final) and turn_id in (None, t.turn_id)
         ]
 
     async def session_info(self, key: SessionKey) -> SessionInfo | None:
@@ -189,35 +220,46 @@ class MemoryStore:
             return []
         return list(s.messages.get(s.generation if generation is None else generation, [])[after:])
 
-    async def read_step(self, key: SessionKey, step_id: str) -> str | None:
-        s = self._sessions.get(key)
-        return s.steps.get((s.generation, step_id)) if s else None
-
-    async def read_steps(self, key: SessionKey, generation: int) -> dict[str, str]:
+    async def read_steps(self, key: SessionKey, *, generation: int | None = None,
+                         step_id: str | None = None) -> dict[str, StepRecord]:
         s = self._sessions.get(key)
         if s is None:
             return {}
-        return {sid: d for (g, sid), d in s.steps.items() if g == generation}
+        gen = s.generation if generation is None else generation
+        return {sid: r for (g, sid), r in s.steps.items()
+                if g == gen and step_id in (None, sid)}
 
     async def read_events(
         self, key: SessionKey, *, after_seq: int = 0, turn_id: str | None = None
-    ) -> list[EventRecord]:
+    ) -> list[TurnEvent]:
         s = self._sessions.get(key)
         if s is None:
             return []
-        return [
-            e for e in s.events if e.seq > after_seq and turn_id in (None, e.turn_id)
-        ]
+        return [e for e in s.events if e.seq > after_seq and turn_id in (None, e.turn_id)]
 
-    async def unfinished_sessions(self) -> list[SessionKey]:
-        return self._where(lambda t: t.status in UNFINISHED)
+    async def find_sessions(self, which: str | None = None, *,
+                            turn_id: str | None = None) -> list[SessionKey]:
+        if which not in (None, "unfinished", "parked"):
+            raise ValueError(f"unknown session filter {which!r}: 'unfinished' or 'parked'")
 
-    async def parked_sessions(self) -> list[SessionKey]:
-        return self._where(lambda t: t.status == "suspended")
+        def test(t: TurnRecord) -> bool:
+            if which == "unfinished" and not t.status.unfinished:
+                return False
+            if which == "parked" and t.status != TurnStatus.SUSPENDED:
+                return False
+            return turn_id is None or (t.turn_id == turn_id and t.kind == "turn")
 
-    async def sessions_with_turn(self, turn_id: str) -> list[SessionKey]:
-        return self._where(lambda t: t.turn_id == turn_id and t.kind == "turn")
-
-    def _where(self, test: Callable[[TurnRecord], bool]) -> list[SessionKey]:
         return sorted(k for k, s in self._sessions.items() if any(map(test, s.turns.values())))
 
+    def subscribe(self, key: SessionKey, after_seq: int | None = None) -> Subscription:
+        return self._feed.subscribe(key, after_seq)
+
+    def watch(self, key: SessionKey, watcher: Watcher) -> Callable[[], None]:
+        return self._feed.watch(key, watcher)
+
+    async def _read_after(self, key: SessionKey, after_seq: int) -> list[TurnEvent]:
+        return await self.read_events(key, after_seq=after_seq)
+
+    async def _newest(self, key: SessionKey) -> int:
+        s = self._sessions.get(key)
+        return s.events[-1].seq if s and s.events else 0

@@ -1,12 +1,20 @@
 """The embedded store: one SQLite file (stdlib ``sqlite3``, WAL), shared by many processes.
 
-- One connection per store, used from the event loop thread. SQLite calls are short and
-  local; a thread hop per call would cost more than the call.
+- Store I/O never runs on the event loop. Writes (and local tools, inside their step's
+  transaction) run on one writer thread with its own connection; reads run on a reader
+  thread with another, which WAL lets read while a writer holds the lock. So a write lock
+  held by another process stalls only the writes waiting for it, never the loop, the other
+  sessions' reads or their subscribers.
 - The lease is an OS lock (Linux open-file-description lock) on one byte of ``<path>-lease``
   chosen by hashing the session key. The kernel drops it when the holder's process dies, so a
-  SIGKILLed worker never blocks the replay, and two processes never drive one session at once.
-- A local tool runs on :meth:`unwrap`'s ``sqlite3.Connection`` inside ``BEGIN IMMEDIATE`` and a
-  savepoint: its writes commit with the step or roll back with its error.
+  SIGKILLed worker never blocks the replay. Each claim also raises the session's epoch, and
+  every commit checks it, so a released (or taken-over) lease can never write.
+- The event feed learns of other processes' commits from ``PRAGMA data_version`` of the
+  writer connection (its own commits leave it unchanged), read every ``poll_interval``
+  seconds while anyone subscribes or waits: one cheap call, no table scan.
+- Opening a new file is safe when many processes do it at once: the WAL switch and the schema
+  migration run under an exclusive OS lock on the lease file (SQLite may answer "busy" to a
+  WAL switch without waiting, whatever the busy timeout).
 """
 
 from __future__ import annotations
@@ -14,19 +22,21 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import hashlib
-import json
 import os
 import sqlite3
 import struct
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ..errors import FatalToolError, StoreError
-from ..events import EventRecord, encode_event
-from ..messages import Message, decode_message, encode_json, encode_message
-from . import SessionInfo, SessionKey, TurnKind, TurnRecord
-from ._base import BufferedTransaction, LeaseBase, check_not_parked, poll_until
+from ..errors import FatalToolError, LeaseLostError, StoreError
+from ..events import TurnEvent
+from ..messages import Message
+from ..records import EntryKind, SessionInfo, SessionKey, StepRecord, TurnRecord
+from ._base import BufferedTransaction, LeaseBase, poll_until
+from ._feed import Feed, Subscription, Watcher
+from ._sql import SqlRules
 
 T = TypeVar("T")
 
@@ -71,113 +81,119 @@ MIGRATIONS: list[str] = [
         PRIMARY KEY (sid, seq)
     ) WITHOUT ROWID;
     """,
+    """
+    ALTER TABLE sessions ADD COLUMN epoch INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE turns ADD COLUMN data TEXT;
+    """,
 ]
 
-_SID = "(SELECT sid FROM sessions WHERE agent = ? AND session = ?)"
-_TURN_COLS = (
-    "turn_id, ordinal, status, opening, event, policy, request, text, error, reason, cancel, kind"
-)
 _F_OFD_SETLK = getattr(fcntl, "F_OFD_SETLK", 37)
+_F_OFD_SETLKW = getattr(fcntl, "F_OFD_SETLKW", 38)
+_SCHEMA_BYTE = 1 << 62  # outside the range session bytes hash to
+_RULES = SqlRules()
 
 
-def _lock_byte(fd: int, key: SessionKey) -> bool:
-    """Try to take the session's byte of the lease file; ``False`` when someone holds it."""
-    digest = hashlib.blake2b(str(key).encode(), digest_size=8).digest()
-    offset = int.from_bytes(digest, "big") & ((1 << 62) - 1)
+def _flock(fd: int, offset: int, *, wait: bool, unlock: bool = False) -> bool:
     # struct flock: l_type, l_whence, l_start, l_len, l_pid (0 for OFD locks), padding
-    flock = struct.pack("hhqqi4x", fcntl.F_WRLCK, os.SEEK_SET, offset, 1, 0)
+    kind = fcntl.F_UNLCK if unlock else fcntl.F_WRLCK
+    flock = struct.pack("hhqqi4x", kind, os.SEEK_SET, offset, 1, 0)
     try:
-        fcntl.fcntl(fd, _F_OFD_SETLK, flock)
+        fcntl.fcntl(fd, _F_OFD_SETLKW if wait else _F_OFD_SETLK, flock)
     except OSError:
         return False
     return True
 
 
-_INSERT_MESSAGE = "INSERT INTO messages (sid, gen, idx, turn_id, body) VALUES (?, ?, ?, ?, ?)"
-_INSERT_STEP = "INSERT INTO steps (sid, gen, step_id, turn_id, data) VALUES (?, ?, ?, ?, ?)"
-_INSERT_EVENT = "INSERT INTO events (sid, seq, turn_id, type, data) VALUES (?, ?, ?, ?, ?)"
-
-
-def _insert(c: sqlite3.Connection, sql: str, rows: list[tuple[Any, ...]]) -> None:
-    # Most steps write one row per table: execute() costs less than executemany() then.
-    if len(rows) == 1:
-        c.execute(sql, rows[0])
-    else:
-        c.executemany(sql, rows)
-
-
-def _load(v: str | None) -> Any:
-    return None if v is None else json.loads(v)
-
-
-def _dump(v: Any) -> str | None:
-    return None if v is None else encode_json(v)
-
-
-def _turn(row: tuple[Any, ...]) -> TurnRecord:
-    return TurnRecord(
-        turn_id=row[0], ordinal=row[1], status=row[2], opening=decode_message(row[3]),
-        event=_load(row[4]), policy=_load(row[5]), request=_load(row[6]),
-        text=row[7], error=row[8], reason=row[9], cancel=row[10], kind=row[11],
-    )
+def _session_byte(key: SessionKey) -> int:
+    digest = hashlib.blake2b(str(key).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") & ((1 << 62) - 1)
 
 
 class _SqliteTransaction(BufferedTransaction):
-    """One step's transaction; its own ``async with`` (cheaper than a generator-based one)."""
+    """One step's transaction. The write lock is taken at the first ``run_local`` or at
+    commit and held until the commit ends: the writer connection serves every session."""
+
+    lease: _SqliteLease
 
     def __init__(self, lease: _SqliteLease) -> None:
         super().__init__(lease)
         self._store = lease.store
-        self._conn = lease.store._conn_or_raise()
-        self.begun = False
+        self._conn = lease.store._writer_conn()
+        self._begun = False
+        self._locked = False
 
     def unwrap(self) -> sqlite3.Connection:
         return self._conn
 
-    def begin(self) -> None:
-        if not self.begun:
-            self._conn.execute("BEGIN IMMEDIATE")
-            self.begun = True
+    async def _lock(self) -> None:
+        if not self._locked:
+            await self._store._write_lock.acquire()
+            self._locked = True
 
     async def __aenter__(self) -> _SqliteTransaction:
-        # One connection serves every session of this store: keep transactions apart.
-        await self._store._write_lock.acquire()
         return self
 
     async def __aexit__(self, exc_type: object, exc: object, tb: object) -> None:
-        c = self._conn
+        store = self._store
         try:
             if exc_type is None:
-                try:
-                    self.begin()
-                    self._store._flush(self.lease, self)  # type: ignore[arg-type]
-                    c.execute("COMMIT")
-                except BaseException:
-                    if c.in_transaction:
-                        c.execute("ROLLBACK")
-                    raise
+                await self._lock()
+                await store._write(self._commit)
                 self.committed()
-            elif c.in_transaction:
-                c.execute("ROLLBACK")
+                store._feed.published(self.lease.key, self.writes.events)
+            elif self._begun:
+                await store._write(self._rollback)
         finally:
-            self._store._write_lock.release()
+            if self._locked:
+                self._locked = False
+                store._write_lock.release()
+
+    def _commit(self) -> None:
+        c, lease = self._conn, self.lease
+        try:
+            if not self._begun:
+                c.execute("BEGIN IMMEDIATE")
+                self._begun = True
+            if not _RULES.holds(c, lease.sid, lease.epoch):
+                raise LeaseLostError(str(lease.key), lease.epoch)
+            _RULES.flush(c, lease.sid, lease.generation, self.first_index(), self.writes)
+            c.execute("COMMIT")
+        except sqlite3.Error as e:
+            self._rollback()
+            raise StoreError(f"the step's commit to {self._store.path} failed: {e}") from e
+        except BaseException:
+            self._rollback()
+            raise
+        finally:
+            self._begun = False
+
+    def _rollback(self) -> None:
+        if self._conn.in_transaction:
+            self._conn.execute("ROLLBACK")
+        self._begun = False
 
     async def run_local(self, fn: Callable[[Any], T]) -> T:
+        await self._lock()
+        return await self._store._write(lambda: self._run_local(fn))
+
+    def _run_local(self, fn: Callable[[Any], T]) -> T:
         c = self._conn
         # Our own rows are buffered until commit, so when the tool is the first to write, a
         # rollback of the whole transaction undoes exactly the tool's writes: no savepoint.
-        first = not self.begun
-        self.begin()
-        if not first:
+        first = not self._begun
+        if first:
+            c.execute("BEGIN IMMEDIATE")
+            self._begun = True
+        else:
             c.execute("SAVEPOINT local_tool")
         try:
             out = fn(c)
         except BaseException:
             if not c.in_transaction:
-                self.begun = False
+                self._begun = False
             elif first:
                 c.execute("ROLLBACK")
-                self.begun = False
+                self._begun = False
             else:
                 c.execute("ROLLBACK TO local_tool")
                 c.execute("RELEASE local_tool")
@@ -185,7 +201,7 @@ class _SqliteTransaction(BufferedTransaction):
         if not c.in_transaction:
             # The tool committed or rolled back the step's own transaction through the raw
             # handle: its writes are no longer tied to the step, which we cannot repair.
-            self.begun = False
+            self._begun = False
             raise FatalToolError(
                 "a local tool ended the store's transaction (COMMIT/ROLLBACK on the raw "
                 "handle); write through ctx.store.unwrap() without managing transactions"
@@ -196,9 +212,9 @@ class _SqliteTransaction(BufferedTransaction):
 
 
 class _SqliteLease(LeaseBase):
-    def __init__(self, store: SqliteStore, key: SessionKey, fd: int, sid: int, generation: int,
-                 last_seq: int, count: int) -> None:
-        super().__init__(key, generation, last_seq, count)
+    def __init__(self, store: SqliteStore, key: SessionKey, fd: int, sid: int, epoch: int,
+                 generation: int, last_seq: int, count: int) -> None:
+        super().__init__(key, epoch, generation, last_seq, count)
         self.store = store
         self.sid = sid
         self._fd: int | None = fd
@@ -207,10 +223,8 @@ class _SqliteLease(LeaseBase):
         return _SqliteTransaction(self)
 
     async def cancel_requested(self, turn_id: str) -> str | None:
-        row = self.store._conn_or_raise().execute(
-            "SELECT cancel FROM turns WHERE sid = ? AND turn_id = ?", (self.sid, turn_id)
-        ).fetchone()
-        return None if row is None else row[0]
+        store, sid = self.store, self.sid
+        return await store._read(lambda c: _RULES.cancel_of(c, sid, turn_id))
 
     async def release(self) -> None:
         if self._fd is not None:
@@ -226,40 +240,72 @@ class SqliteStore:
             database (another application's, or corrupt) is refused and left untouched.
         synchronous: SQLite's ``synchronous`` setting. ``NORMAL`` (default) is durable
             against process crashes in WAL mode; ``FULL`` also against power loss.
-        busy_timeout: seconds to wait for another process's write lock.
+        busy_timeout: seconds a write waits for another process's write lock.
+        poll_interval: seconds between looks for other processes' commits while anyone
+            subscribes to a session's events.
     """
 
     def __init__(self, path: str | os.PathLike[str], *, synchronous: str = "NORMAL",
-                 busy_timeout: float = 10.0) -> None:
+                 busy_timeout: float = 10.0, poll_interval: float = 0.02) -> None:
         if str(path) == ":memory:":
             raise StoreError("SqliteStore needs a file; use MemoryStore for an in-memory store")
         if synchronous.upper() not in ("OFF", "NORMAL", "FULL", "EXTRA"):
             raise ValueError(f"unknown synchronous setting {synchronous!r}")
+        if poll_interval <= 0:
+            raise ValueError("poll_interval must be positive")
         self.path = Path(path)
+        self.poll_interval = poll_interval
         self._synchronous = synchronous.upper()
         self._busy_timeout = busy_timeout
-        self._conn: sqlite3.Connection | None = None
+        self._writer: sqlite3.Connection | None = None
+        self._reader: sqlite3.Connection | None = None
+        self._write_pool: ThreadPoolExecutor | None = None
+        self._read_pool: ThreadPoolExecutor | None = None
         self._write_lock = asyncio.Lock()
+        self._feed = Feed(self._read_after, self._newest, on_active=self._start_detector)
+        self._detector: asyncio.Task[None] | None = None
 
     # -- opening ---------------------------------------------------------------------------
 
     async def open(self) -> None:
-        if self._conn is not None:
+        if self._writer is not None:
             return
         self._check_foreign()
+        write_pool = ThreadPoolExecutor(1, thread_name_prefix="durable-turns-sqlite-write")
+        read_pool = ThreadPoolExecutor(1, thread_name_prefix="durable-turns-sqlite-read")
+        loop = asyncio.get_running_loop()
+        try:
+            writer = await loop.run_in_executor(write_pool, self._connect_writer)
+            reader = await loop.run_in_executor(read_pool, self._connect)
+        except BaseException:
+            write_pool.shutdown(wait=False)
+            read_pool.shutdown(wait=False)
+            raise
+        self._writer, self._reader = writer, reader
+        self._write_pool, self._read_pool = write_pool, read_pool
+
+    def _connect(self) -> sqlite3.Connection:
         try:
             conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout * 1000)}")
         except sqlite3.Error as e:
             raise StoreError(f"cannot open {self.path}: {e}") from e
+        return conn
+
+    def _connect_writer(self) -> sqlite3.Connection:
+        conn = self._connect()
+        fd = os.open(f"{self.path}-lease", os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout * 1000)}")
+            _flock(fd, _SCHEMA_BYTE, wait=True)
             conn.execute("PRAGMA journal_mode = WAL")
             conn.execute(f"PRAGMA synchronous = {self._synchronous}")
             self._migrate(conn)
         except sqlite3.Error as e:
             conn.close()
             raise StoreError(f"cannot use {self.path} as a durable_turns store: {e}") from e
-        self._conn = conn
+        finally:
+            os.close(fd)  # drops the schema lock
+        return conn
 
     def _check_foreign(self) -> None:
         if not self.path.exists() or self.path.stat().st_size == 0:
@@ -305,96 +351,81 @@ class SqliteStore:
             raise
 
     async def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        self._feed.close()
+        if self._detector is not None:
+            self._detector.cancel()
+            self._detector = None
+        writer, reader = self._writer, self._reader
+        write_pool, read_pool = self._write_pool, self._read_pool
+        self._writer = self._reader = None
+        self._write_pool = self._read_pool = None
+        loop = asyncio.get_running_loop()
+        if writer is not None and write_pool is not None:
+            async with self._write_lock:
+                await loop.run_in_executor(write_pool, writer.close)
+            write_pool.shutdown()
+        if reader is not None and read_pool is not None:
+            await loop.run_in_executor(read_pool, reader.close)
+            read_pool.shutdown()
 
-    def _conn_or_raise(self) -> sqlite3.Connection:
-        if self._conn is None:
+    def _writer_conn(self) -> sqlite3.Connection:
+        if self._writer is None:
             raise StoreError(f"SqliteStore({str(self.path)!r}) is not open; await store.open()")
-        return self._conn
+        return self._writer
 
     def unwrap(self) -> sqlite3.Connection:
-        return self._conn_or_raise()
+        """The writer connection, for set-up and inspection outside any step; use it from
+        one thread at a time, and never while the runtime drives turns."""
+        return self._writer_conn()
+
+    # -- the threads -----------------------------------------------------------------------
+
+    async def _write(self, fn: Callable[[], T]) -> T:
+        """Run ``fn`` on the writer thread (the caller holds the write lock)."""
+        if self._write_pool is None:
+            raise StoreError(f"SqliteStore({str(self.path)!r}) is not open; await store.open()")
+        return await asyncio.get_running_loop().run_in_executor(self._write_pool, fn)
+
+    async def _write_tx(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``fn`` in one ``BEGIN IMMEDIATE`` transaction of its own on the writer thread."""
+        c = self._writer_conn()
+
+        def run() -> T:
+            c.execute("BEGIN IMMEDIATE")
+            try:
+                out = fn(c)
+                c.execute("COMMIT")
+            except BaseException:
+                if c.in_transaction:
+                    c.execute("ROLLBACK")
+                raise
+            return out
+
+        async with self._write_lock:
+            try:
+                return await self._write(run)
+            except sqlite3.Error as e:
+                raise StoreError(f"write to {self.path} failed: {e}") from e
+
+    async def _read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        reader, pool = self._reader, self._read_pool
+        if reader is None or pool is None:
+            raise StoreError(f"SqliteStore({str(self.path)!r}) is not open; await store.open()")
+        return await asyncio.get_running_loop().run_in_executor(pool, fn, reader)
 
     # -- leases and writes -----------------------------------------------------------------
 
-    def _ensure_session(self, c: sqlite3.Connection, key: SessionKey) -> tuple[int, str, int]:
-        row = c.execute(
-            "SELECT sid, status, generation FROM sessions WHERE agent = ? AND session = ?",
-            (key.agent, key.session),
-        ).fetchone()
-        if row is None:
-            cur = c.execute(
-                "INSERT INTO sessions (agent, session) VALUES (?, ?)", (key.agent, key.session)
-            )
-            assert cur.lastrowid is not None
-            return cur.lastrowid, "new", 0
-        return row[0], row[1], row[2]
-
-    async def acquire(self, key: SessionKey, *, timeout: float | None = None) -> _SqliteLease:
-        c = self._conn_or_raise()
+    async def claim(self, key: SessionKey, *, timeout: float | None = None) -> _SqliteLease:
+        self._writer_conn()
         fd = os.open(f"{self.path}-lease", os.O_RDWR | os.O_CREAT, 0o644)
+        offset = _session_byte(key)
         try:
-            await poll_until(lambda: _lock_byte(fd, key), key, timeout)
+            await poll_until(lambda: _flock(fd, offset, wait=False), key, timeout)
+            sid, epoch, gen, seq, count = await self._write_tx(lambda c: _RULES.claim(c, key))
         except BaseException:
             os.close(fd)
             raise
-        try:
-            row = c.execute(
-                "SELECT sid, generation FROM sessions WHERE agent = ? AND session = ?",
-                (key.agent, key.session),
-            ).fetchone()
-            if row is not None:
-                sid, gen = row
-            else:
-                async with self._write_lock:
-                    c.execute("BEGIN IMMEDIATE")
-                    try:
-                        sid, _status, gen = self._ensure_session(c, key)
-                        c.execute("COMMIT")
-                    except BaseException:
-                        c.execute("ROLLBACK")
-                        raise
-            seq = c.execute("SELECT max(seq) FROM events WHERE sid = ?", (sid,)).fetchone()[0]
-            idx = c.execute(
-                "SELECT max(idx) FROM messages WHERE sid = ? AND gen = ?", (sid, gen)
-            ).fetchone()[0]
-        except BaseException:
-            os.close(fd)
-            raise
-        return _SqliteLease(self, key, fd, sid, gen, seq or 0, 0 if idx is None else idx + 1)
-
-    def _flush(self, lease: _SqliteLease, tx: _SqliteTransaction) -> None:
-        c, w, sid, gen = tx._conn, tx.writes, lease.sid, lease.generation
-        first = tx.first_index()
-        if w.messages:
-            _insert(c, _INSERT_MESSAGE, [(sid, gen, first + i, m.turn_id, encode_message(m))
-                                         for i, m in enumerate(w.messages)])
-        if w.steps:
-            _insert(c, _INSERT_STEP, [(sid, gen, s, t, d) for s, t, d in w.steps])
-        if w.events:
-            _insert(c, _INSERT_EVENT, [(sid, e.seq, e.turn_id, e.type, encode_event(e))
-                                       for e in w.events])
-        for turn_id, u in w.turns.items():
-            c.execute(
-                "UPDATE turns SET status = ?, text = coalesce(?, text), "
-                "error = coalesce(?, error), reason = coalesce(?, reason), request = ? "
-                "WHERE sid = ? AND turn_id = ?",
-                (u.status, u.text, u.error, u.reason, _dump(u.request), sid, turn_id),
-            )
-        if w.status is not None:
-            c.execute("UPDATE sessions SET status = ? WHERE sid = ?", (w.status, sid))
-        if w.new_generation:
-            c.execute(
-                "UPDATE sessions SET generation = generation + 1, status = 'new' WHERE sid = ?",
-                (sid,),
-            )
-            c.execute(
-                "UPDATE turns SET status = 'cancelled', reason = 'reset', request = NULL "
-                "WHERE sid = ? AND status = 'suspended'",
-                (sid,),
-            )
+        return _SqliteLease(self, key, fd, sid, epoch, gen, seq, count)
 
     async def enqueue_turn(
         self,
@@ -404,136 +435,81 @@ class SqliteStore:
         event: dict[str, Any] | None = None,
         policy: dict[str, Any] | None = None,
         *,
-        kind: TurnKind = "turn",
+        kind: EntryKind = "turn",
         supersede: str | None = None,
+        data: dict[str, Any] | None = None,
     ) -> tuple[TurnRecord, bool]:
-        c = self._conn_or_raise()
-        async with self._write_lock:
-            c.execute("BEGIN IMMEDIATE")
-            try:
-                sid, _status, _gen = self._ensure_session(c, key)
-                row = c.execute(
-                    f"SELECT {_TURN_COLS} FROM turns WHERE sid = ? AND turn_id = ?",
-                    (sid, turn_id),
-                ).fetchone()
-                if row is not None:
-                    c.execute("COMMIT")
-                    return _turn(row), False
-                if kind == "turn":
-                    check_not_parked(key, c.execute(
-                        "SELECT turn_id, status, kind FROM turns WHERE sid = ? "
-                        "AND status IN ('queued', 'running', 'suspended') ORDER BY ordinal",
-                        (sid,),
-                    ))
-                reason = "reset" if kind == "reset" else supersede
-                if reason is not None:
-                    c.execute(
-                        "UPDATE turns SET cancel = ? WHERE sid = ? AND cancel IS NULL "
-                        "AND status IN ('queued', 'running')",
-                        (reason, sid),
-                    )
-                cur = c.execute(
-                    "INSERT INTO turns (sid, turn_id, kind, status, opening, event, policy) "
-                    "VALUES (?, ?, ?, 'queued', ?, ?, ?)",
-                    (sid, turn_id, kind, encode_message(opening), _dump(event), _dump(policy)),
-                )
-                c.execute("COMMIT")
-            except BaseException:
-                c.execute("ROLLBACK")
-                raise
-        assert cur.lastrowid is not None
-        rec = TurnRecord(turn_id, cur.lastrowid, "queued", opening, event, policy, kind=kind)
-        return rec, True
+        return await self._write_tx(lambda c: _RULES.enqueue(
+            c, key, turn_id, opening, event, policy, kind, supersede, data))
 
     async def request_cancel(
         self, key: SessionKey, turn_id: str | None, reason: str
     ) -> list[str]:
-        c = self._conn_or_raise()
-        async with self._write_lock:
-            rows = c.execute(
-                f"UPDATE turns SET cancel = ? WHERE sid = {_SID} "
-                "AND status IN ('queued', 'running') AND cancel IS NULL "
-                "AND (? IS NULL OR turn_id = ?) RETURNING turn_id",
-                (reason, key.agent, key.session, turn_id, turn_id),
-            ).fetchall()
-        return [r[0] for r in rows]
+        ids = await self._write_tx(lambda c: _RULES.request_cancel(c, key, turn_id, reason))
+        if ids:
+            self._feed.changed(key)
+        return ids
 
     # -- reads -----------------------------------------------------------------------------
 
-    async def get_turn(self, key: SessionKey, turn_id: str) -> TurnRecord | None:
-        row = self._conn_or_raise().execute(
-            f"SELECT {_TURN_COLS} FROM turns WHERE sid = {_SID} AND turn_id = ?",
-            (key.agent, key.session, turn_id),
-        ).fetchone()
-        return None if row is None else _turn(row)
-
-    async def turns(self, key: SessionKey, *, unfinished: bool = False) -> list[TurnRecord]:
-        where = " AND status IN ('queued', 'running', 'suspended')" if unfinished else ""
-        rows = self._conn_or_raise().execute(
-            f"SELECT {_TURN_COLS} FROM turns WHERE sid = {_SID}{where} ORDER BY ordinal",
-            (key.agent, key.session),
-        ).fetchall()
-        return [_turn(r) for r in rows]
+    async def turns(self, key: SessionKey, *, turn_id: str | None = None,
+                    unfinished: bool = False) -> list[TurnRecord]:
+        return await self._read(lambda c: _RULES.turns(c, key, turn_id, unfinished))
 
     async def session_info(self, key: SessionKey) -> SessionInfo | None:
-        row = self._conn_or_raise().execute(
-            "SELECT status, generation FROM sessions WHERE agent = ? AND session = ?",
-            (key.agent, key.session),
-        ).fetchone()
-        return None if row is None else SessionInfo(row[0], row[1])
+        return await self._read(lambda c: _RULES.session_info(c, key))
 
     async def read_messages(
         self, key: SessionKey, *, after: int = 0, generation: int | None = None
     ) -> list[Message]:
-        gen = "(SELECT generation FROM sessions WHERE sid = m.sid)" if generation is None else "?"
-        params: tuple[Any, ...] = (key.agent, key.session, after)
-        if generation is not None:
-            params = (*params, generation)
-        rows = self._conn_or_raise().execute(
-            f"SELECT body FROM messages m WHERE sid = {_SID} AND idx >= ? AND gen = {gen} "
-            "ORDER BY idx",
-            params,
-        ).fetchall()
-        return [decode_message(r[0]) for r in rows]
+        return await self._read(lambda c: _RULES.read_messages(c, key, after, generation))
 
-    async def read_step(self, key: SessionKey, step_id: str) -> str | None:
-        row = self._conn_or_raise().execute(
-            f"SELECT data FROM steps s WHERE sid = {_SID} AND step_id = ? "
-            "AND gen = (SELECT generation FROM sessions WHERE sid = s.sid)",
-            (key.agent, key.session, step_id),
-        ).fetchone()
-        return None if row is None else str(row[0])
-
-    async def read_steps(self, key: SessionKey, generation: int) -> dict[str, str]:
-        rows = self._conn_or_raise().execute(
-            f"SELECT step_id, data FROM steps WHERE sid = {_SID} AND gen = ?",
-            (key.agent, key.session, generation),
-        ).fetchall()
-        return dict(rows)
+    async def read_steps(self, key: SessionKey, *, generation: int | None = None,
+                         step_id: str | None = None) -> dict[str, StepRecord]:
+        return await self._read(lambda c: _RULES.read_steps(c, key, generation, step_id))
 
     async def read_events(
         self, key: SessionKey, *, after_seq: int = 0, turn_id: str | None = None
-    ) -> list[EventRecord]:
-        rows = self._conn_or_raise().execute(
-            f"SELECT seq, turn_id, type, data FROM events WHERE sid = {_SID} AND seq > ? "
-            "AND (? IS NULL OR turn_id = ?) ORDER BY seq",
-            (key.agent, key.session, after_seq, turn_id, turn_id),
-        ).fetchall()
-        return [EventRecord(*r) for r in rows]
+    ) -> list[TurnEvent]:
+        return await self._read(lambda c: _RULES.read_events(c, key, after_seq, turn_id))
 
-    async def unfinished_sessions(self) -> list[SessionKey]:
-        return self._sessions_where("t.status IN ('queued', 'running')")
+    async def find_sessions(self, which: str | None = None, *,
+                            turn_id: str | None = None) -> list[SessionKey]:
+        return await self._read(lambda c: _RULES.find_sessions(c, which, turn_id))
 
-    async def parked_sessions(self) -> list[SessionKey]:
-        return self._sessions_where("t.status = 'suspended'")
+    # -- the event feed --------------------------------------------------------------------
 
-    async def sessions_with_turn(self, turn_id: str) -> list[SessionKey]:
-        return self._sessions_where("t.turn_id = ? AND t.kind = 'turn'", (turn_id,))
+    def subscribe(self, key: SessionKey, after_seq: int | None = None) -> Subscription:
+        return self._feed.subscribe(key, after_seq)
 
-    def _sessions_where(self, condition: str, params: tuple[Any, ...] = ()) -> list[SessionKey]:
-        rows = self._conn_or_raise().execute(
-            "SELECT DISTINCT s.agent, s.session FROM turns t JOIN sessions s USING (sid) "
-            f"WHERE {condition} ORDER BY s.agent, s.session",
-            params,
-        ).fetchall()
-        return [SessionKey(a, s) for a, s in rows]
+    def watch(self, key: SessionKey, watcher: Watcher) -> Callable[[], None]:
+        return self._feed.watch(key, watcher)
+
+    async def _read_after(self, key: SessionKey, after_seq: int) -> list[TurnEvent]:
+        return await self.read_events(key, after_seq=after_seq)
+
+    async def _newest(self, key: SessionKey) -> int:
+        return await self._read(lambda c: _RULES.newest_seq(c, key))
+
+    def _start_detector(self) -> None:
+        if self._detector is None or self._detector.done():
+            self._detector = asyncio.ensure_future(self._detect())
+
+    async def _detect(self) -> None:
+        """Tell the feed when another connection committed, while anyone listens."""
+        seen: int | None = None
+        try:
+            while self._feed.active and self._writer is not None:
+                # Asked of the writer connection, whose own commits leave it unchanged: it
+                # moves only when another process committed.
+                writer = self._writer
+                version = await self._write(
+                    lambda: int(writer.execute("PRAGMA data_version").fetchone()[0]))
+                # The first look only sets the mark: tell everyone once, so a commit made
+                # between their own read and this mark is not missed.
+                if version != seen:
+                    self._feed.changed_any()
+                seen = version
+                await asyncio.sleep(self.poll_interval)
+        except StoreError:
+            return  # closed under us

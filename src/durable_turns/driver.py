@@ -1,0 +1,229 @@
+"""One session's driver: its lease, its chain, its cancels, its commands (F2, F6–F8).
+
+A runtime runs at most one :class:`SessionDriver` per session, and only while the session has
+work. The driver claims the session's lease (a fencing epoch with it), then runs the chain's
+unfinished entries in order — turns through the engine, and the commands that must keep their
+place in the chain: a ``reset`` archives the generation, a ``resume`` stores a person's
+answer and sets the parked turn going again. It exits when nothing is left (or the chain waits
+on a person), releasing the lease.
+
+Cancels reach a running turn two ways: in-process, :meth:`SessionDriver.interrupt` sets the
+turn's flag and stops its model stream at once; from another process, the store's feed
+reports a change and the driver reads the durable cancel request. Checkpoint boundaries read
+only the flag, never the store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from .agent import Agent
+from .engine import TurnEngine
+from .errors import LeaseLostError
+from .events import MessageDelta, TurnEvent
+from .messages import Message
+from .models import Model
+from .records import SessionKey, TurnRecord, TurnResult, TurnStatus
+from .stores import Lease, SessionStore
+
+log = logging.getLogger("durable_turns")
+
+Finished = Callable[[SessionKey, TurnResult], None]
+
+
+class TranscriptCache:
+    """The live logs of recently driven sessions, so a turn never re-reads its history.
+
+    Args:
+        size: how many sessions' transcripts to keep.
+    """
+
+    def __init__(self, size: int = 64) -> None:
+        self.size = size
+        self._logs: OrderedDict[SessionKey, tuple[int, list[Message]]] = OrderedDict()
+
+    async def load(self, store: SessionStore, lease: Lease) -> list[Message]:
+        """The live log under ``lease``: from the cache when current, reading only the tail."""
+        key = lease.key
+        cached = self._logs.pop(key, None)
+        if cached is None or cached[0] != lease.generation or len(cached[1]) > lease.message_count:
+            cached = (lease.generation, [])
+        log_ = cached[1]
+        if len(log_) < lease.message_count:
+            log_.extend(await store.read_messages(key, after=len(log_)))
+        self.keep(key, lease.generation, log_)
+        return log_
+
+    def keep(self, key: SessionKey, generation: int, log_: list[Message]) -> None:
+        self._logs[key] = (generation, log_)
+        self._logs.move_to_end(key)
+        while len(self._logs) > self.size:
+            self._logs.popitem(last=False)
+
+    def forget(self, key: SessionKey) -> None:
+        self._logs.pop(key, None)
+
+
+class SessionDriver:
+    """Drives one session's chain while it has work; see the module docstring.
+
+    Args:
+        key: the session.
+        agent: its agent.
+        model: the model its turns ask.
+        store: where it lives.
+        transcripts: the runtime's cache of live logs.
+        publish: receives each committed step's events.
+        publish_delta: receives live text as it streams.
+        finished: told each chain entry's end (or park).
+        lease_timeout: how long to wait for another holder of the session's lease.
+    """
+
+    def __init__(self, key: SessionKey, agent: Agent, model: Model, store: SessionStore, *,
+                 transcripts: TranscriptCache, publish: Callable[[list[TurnEvent]], None],
+                 publish_delta: Callable[[MessageDelta], None], finished: Finished,
+                 lease_timeout: float | None) -> None:
+        self.key = key
+        self.failure: BaseException | None = None
+        """Why driving stopped, when it stopped on an error (the turns stay in the store)."""
+        self._agent = agent
+        self._model = model
+        self._store = store
+        self._transcripts = transcripts
+        self._publish = publish
+        self._publish_delta = publish_delta
+        self._finished = finished
+        self._lease_timeout = lease_timeout
+        self._wanted = True
+        self._cancels: dict[str, str] = {}
+        self._engine: TurnEngine | None = None
+        self._lease: Lease | None = None
+        self._checking = False
+        self._check_again = False
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self.task = asyncio.create_task(self._run(), name=f"durable-turns {key}")
+
+    @property
+    def alive(self) -> bool:
+        return not self.task.done()
+
+    def wake(self) -> None:
+        """There is (or may be) new work: look at the chain again before exiting."""
+        self._wanted = True
+
+    def interrupt(self, turn_ids: Iterable[str], reason: str) -> None:
+        """These turns were asked to cancel: flag them and stop the one that streams."""
+        engine = self._engine
+        for t in turn_ids:
+            self._cancels.setdefault(t, reason)
+            if engine is not None:
+                engine.interrupt(t)
+
+    def interrupt_running(self, reason: str) -> None:
+        """The turn this driver runs now was superseded (replace, reset)."""
+        engine = self._engine
+        if engine is not None and engine.turn_id is not None:
+            self.interrupt([engine.turn_id], reason)
+
+    async def _run(self) -> None:
+        try:
+            while self._wanted:
+                self._wanted = False
+                lease = await self._store.claim(self.key, timeout=self._lease_timeout)
+                self._lease = lease
+                unwatch = self._store.watch(self.key, self._on_change)
+                try:
+                    await self._chain(lease)
+                finally:
+                    unwatch()
+                    self._engine = self._lease = None
+                    await lease.release()
+        except LeaseLostError as e:
+            log.warning("durable_turns: %s; stopped driving it", e)
+            self._transcripts.forget(self.key)
+        except Exception as e:
+            log.exception("durable_turns: driving %s failed; its turns stay for recover()",
+                          self.key)
+            self._transcripts.forget(self.key)
+            self.failure = e
+        finally:
+            for t in list(self._tasks):
+                t.cancel()
+
+    async def _chain(self, lease: Lease) -> None:
+        key, store = self.key, self._store
+
+        async def read_answer(step_id: str) -> str | None:
+            steps = await store.read_steps(key, step_id=step_id)
+            return steps[step_id].data if step_id in steps else None
+
+        engine = TurnEngine(self._agent, self._model, lease,
+                            await self._transcripts.load(store, lease), self._publish,
+                            self._publish_delta, read_answer, self._cancels.get)
+        self._engine = engine
+        while True:
+            pending = await store.turns(key, unfinished=True)
+            parked = [t for t in pending if t.status == TurnStatus.SUSPENDED]
+            runnable = [t for t in pending if t.status != TurnStatus.SUSPENDED]
+            if parked:
+                runnable = [t for t in runnable if t.kind != "turn"]  # waits on a person
+            if not runnable:
+                return
+            for t in pending:
+                if t.cancel is not None:
+                    self._cancels.setdefault(t.turn_id, t.cancel)
+            entry = runnable[0]
+            result = await self._run_entry(engine, lease, entry, parked)
+            self._cancels.pop(entry.turn_id, None)
+            log.debug("%s %s of %s: %s", entry.kind, entry.turn_id, key, result.status)
+            self._finished(key, result)
+
+    async def _run_entry(self, engine: TurnEngine, lease: Lease, entry: TurnRecord,
+                         parked: list[TurnRecord]) -> TurnResult:
+        if entry.kind == "reset":
+            result = await engine.reset(entry, parked)
+            self._transcripts.keep(self.key, lease.generation, engine.transcript)
+            for t in parked:
+                self._finished(self.key, TurnResult(t.turn_id, TurnStatus.CANCELLED,
+                                                    reason="reset"))
+            return result
+        if entry.kind == "resume":
+            return await engine.answer(entry, parked[0] if parked else None)
+        return await engine.run(entry)
+
+    # -- cancels from other processes ------------------------------------------------------
+
+    def _on_change(self, events: list[TurnEvent] | None) -> None:
+        if events is not None:
+            return  # our own commits
+        if self._checking:
+            self._check_again = True
+            return
+        engine, lease = self._engine, self._lease
+        if engine is None or lease is None or engine.turn_id is None:
+            return
+        self._checking = True
+        task = asyncio.create_task(self._check_cancel(lease, engine.turn_id))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _check_cancel(self, lease: Lease, turn_id: str) -> None:
+        try:
+            while True:
+                self._check_again = False
+                reason = await lease.cancel_requested(turn_id)
+                if reason is not None:
+                    self.interrupt([turn_id], reason)
+                    return
+                if not self._check_again:
+                    return
+        except Exception:
+            log.debug("cancel check of %s failed; the next change retries", self.key,
+                      exc_info=True)
+        finally:
+            self._checking = False
+

@@ -1,0 +1,336 @@
+"""A store's event feed: per-session topics that fan stored events out to subscribers.
+
+Every store owns one :class:`Feed`. It learns of new events in two ways:
+
+- ``published(key, events)``: this process committed them. They are handed to subscribers
+  at once, without a read, when they follow the last event the topic knows (the common case);
+  after a gap (another process committed in between) the topic reads the store instead.
+- ``changed(key)`` / ``changed_any()``: something may have changed elsewhere (the store's own
+  wake-up: another process's commit seen by SQLite's change counter, a PostgreSQL
+  NOTIFY, a cancel). The topic reads what it has not seen yet, once for all its
+  subscribers, and watchers are told.
+
+A :class:`Subscription` replays the stored events after its cursor, then goes live, with no gap
+and no duplicate: it registers with the topic *before* reading its backlog, buffers what
+arrives meanwhile, and drops anything at or below its cursor. Live, non-durable events
+(``message.delta``) are offered by the runtime through :meth:`Subscription.offer` and ordered
+by the durable ``seq`` they follow.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from ..events import TurnEvent
+
+if TYPE_CHECKING:
+    from ..records import SessionKey
+
+log = logging.getLogger("durable_turns")
+
+Watcher = Callable[[list[TurnEvent] | None], None]
+"""Told of this process's committed events (a list), or that something may have changed
+elsewhere (``None``)."""
+ReadAfter = Callable[["SessionKey", int], Awaitable[list[TurnEvent]]]
+Newest = Callable[["SessionKey"], Awaitable[int]]
+
+
+class _Topic:
+    __slots__ = ("again", "key", "last", "reader", "ready", "subs", "watchers")
+
+    def __init__(self, key: SessionKey) -> None:
+        self.key = key
+        self.subs: list[Subscription] = []
+        self.watchers: list[Watcher] = []
+        self.last: int | None = None
+        """The newest seq handed to subscribers (``None`` until known)."""
+        self.ready = asyncio.Event()
+        self.reader: asyncio.Task[None] | None = None
+        self.again = False
+
+    def deliver(self, events: list[TurnEvent]) -> None:
+        for e in events:
+            if self.last is None or e.seq > self.last:
+                self.last = e.seq
+                for s in list(self.subs):
+                    s._push(e)
+
+
+class Feed:
+    """Fans a store's events out per session; see the module docstring.
+
+    Args:
+        read_after: reads a session's stored events after a seq, in order.
+        newest: the session's newest stored seq (0 when none).
+        on_active: called when the feed gets its first topic (a store starts its change
+            detector then; :attr:`active` tells it when to stop).
+    """
+
+    def __init__(self, read_after: ReadAfter, newest: Newest,
+                 on_active: Callable[[], None] | None = None) -> None:
+        self._read_after = read_after
+        self._newest = newest
+        self._on_active = on_active
+        self._topics: dict[SessionKey, _Topic] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    @property
+    def active(self) -> bool:
+        """Whether anyone subscribes to or watches any session."""
+        return bool(self._topics)
+
+    # -- what the store tells the feed -----------------------------------------------------
+
+    def published(self, key: SessionKey, events: list[TurnEvent]) -> None:
+        """This process committed ``events`` (in seq order) for ``key``."""
+        topic = self._topics.get(key)
+        if topic is None or not events:
+            return
+        for w in list(topic.watchers):
+            w(events)
+        if not topic.subs:
+            return
+        if topic.last is None or events[0].seq <= topic.last + 1:
+            topic.deliver(events)
+        else:
+            self._reread(topic)
+
+    def changed(self, key: SessionKey) -> None:
+        """Something of ``key`` may have changed elsewhere: read it, tell the watchers."""
+        topic = self._topics.get(key)
+        if topic is None:
+            return
+        for w in list(topic.watchers):
+            w(None)
+        if topic.subs:
+            self._reread(topic)
+
+    def changed_any(self) -> None:
+        """Something may have changed elsewhere, in any session."""
+        for key in list(self._topics):
+            self.changed(key)
+
+    # -- subscribers and watchers ----------------------------------------------------------
+
+    def subscribe(self, key: SessionKey, after_seq: int | None) -> Subscription:
+        return Subscription(self, key, after_seq)
+
+    def watch(self, key: SessionKey, watcher: Watcher) -> Callable[[], None]:
+        topic = self._topic(key)
+        topic.watchers.append(watcher)
+
+        def unwatch() -> None:
+            if watcher in topic.watchers:
+                topic.watchers.remove(watcher)
+                self._drop_if_idle(topic)
+
+        return unwatch
+
+    def close(self) -> None:
+        """Stop every subscription (they end) and every read in flight."""
+        for topic in list(self._topics.values()):
+            for s in list(topic.subs):
+                s.close()
+            topic.watchers.clear()
+        for t in list(self._tasks):
+            t.cancel()
+        self._topics.clear()
+
+    def _topic(self, key: SessionKey) -> _Topic:
+        topic = self._topics.get(key)
+        if topic is None:
+            first = not self._topics
+            topic = self._topics[key] = _Topic(key)
+            if first and self._on_active is not None:
+                self._on_active()
+        return topic
+
+    def _attach(self, key: SessionKey, sub: Subscription) -> _Topic:
+        topic = self._topic(key)
+        topic.subs.append(sub)
+        return topic
+
+    def _start(self, topic: _Topic) -> None:
+        """Learn the topic's newest seq, once, when a subscriber first needs it."""
+        if topic.reader is None and not topic.ready.is_set():
+            topic.reader = self._spawn(self._init(topic))
+
+    def _detach(self, topic: _Topic, sub: Subscription) -> None:
+        if sub in topic.subs:
+            topic.subs.remove(sub)
+            if not topic.subs:
+                # Nobody reads the topic now, so nothing keeps ``last`` current: the next
+                # subscriber starts it afresh.
+                if topic.reader is not None:
+                    topic.reader.cancel()
+                    topic.reader = None
+                topic.ready.clear()
+                topic.last = None
+            self._drop_if_idle(topic)
+
+    def _drop_if_idle(self, topic: _Topic) -> None:
+        if not topic.subs and not topic.watchers and self._topics.get(topic.key) is topic:
+            del self._topics[topic.key]
+            if topic.reader is not None:
+                topic.reader.cancel()
+
+    def _spawn(self, coro: Awaitable[None]) -> asyncio.Task[None]:
+        task: asyncio.Task[None] = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def _init(self, topic: _Topic) -> None:
+        try:
+            newest = await self._newest(topic.key)
+            topic.last = max(topic.last or 0, newest)
+            for s in topic.subs:
+                if s.cursor is None:
+                    s.cursor = topic.last
+            topic.ready.set()
+            topic.reader = None
+            if topic.again:
+                self._reread(topic)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("event feed of %s could not start; retrying on the next change",
+                          topic.key)
+            topic.reader = None
+
+    def _reread(self, topic: _Topic) -> None:
+        if topic.reader is not None:
+            topic.again = True
+            return
+        if not topic.ready.is_set():
+            topic.reader = self._spawn(self._init(topic))
+            topic.again = True
+            return
+        topic.reader = self._spawn(self._read(topic))
+
+    async def _read(self, topic: _Topic) -> None:
+        try:
+            while True:
+                topic.again = False
+                events = await self._read_after(topic.key, topic.last or 0)
+                topic.deliver(events)
+                if not topic.again:
+                    return
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("event feed of %s could not read; retrying on the next change",
+                          topic.key)
+        finally:
+            if topic.reader is asyncio.current_task():
+                topic.reader = None
+
+
+class Subscription:
+    """A session's events after a cursor, then live ones: ``async for event in sub``.
+
+    Use as ``async with store.subscribe(key, after_seq) as sub`` (or call :meth:`close`).
+    Iteration ends when the subscription (or its store) is closed.
+    """
+
+    def __init__(self, feed: Feed, key: SessionKey, after_seq: int | None) -> None:
+        self.key = key
+        self.cursor: int | None = after_seq
+        """The seq of the last durable event handed over (or to start after)."""
+        self._feed = feed
+        self._queue: deque[TurnEvent] = deque()
+        self._held: deque[TurnEvent] = deque()  # deltas whose durable event has not come yet
+        self._pending: list[tuple[bool, TurnEvent]] | None = [] if after_seq is not None else None
+        self._wake = asyncio.Event()
+        self._closed = False
+        self._started = False
+        self._on_close: list[Callable[[], None]] = []
+        self._topic = feed._attach(key, self)
+        if after_seq is None and self._topic.ready.is_set():
+            self.cursor = self._topic.last
+
+    async def ready(self) -> None:
+        """Wait until the cursor is fixed (``after_seq=None``: at the newest event then) and
+        the backlog is queued. Events committed after ``ready()`` returns are delivered."""
+        if self._started:
+            return
+        self._started = True
+        self._feed._start(self._topic)
+        await self._topic.ready.wait()
+        if self._pending is not None:
+            backlog = await self._feed._read_after(self.key, self.cursor or 0)
+            pending, self._pending = self._pending, None
+            for e in backlog:
+                self._push(e)
+            for durable, e in pending:
+                if durable:
+                    self._push(e)
+                else:
+                    self.offer(e)
+
+    def offer(self, event: TurnEvent) -> None:
+        """Hand over a live event that is not stored (``message.delta``): it is delivered
+        right after the durable event whose ``seq`` it carries."""
+        if self._closed:
+            return
+        if self._pending is not None:
+            self._pending.append((False, event))
+        elif self.cursor is None or event.seq == self.cursor:
+            self._queue.append(event)
+            self._wake.set()
+        elif event.seq > self.cursor:
+            self._held.append(event)
+
+    def _push(self, event: TurnEvent) -> None:
+        if self._pending is not None:
+            self._pending.append((True, event))
+            return
+        if self.cursor is not None and event.seq <= self.cursor:
+            return
+        held = self._held
+        while held and held[0].seq < event.seq:
+            self._queue.append(held.popleft())
+        self._queue.append(event)
+        self.cursor = event.seq
+        while held and held[0].seq == event.seq:
+            self._queue.append(held.popleft())
+        self._wake.set()
+
+    def __aiter__(self) -> Subscription:
+        return self
+
+    async def __anext__(self) -> TurnEvent:
+        if not self._started:
+            await self.ready()
+        while not self._queue:
+            if self._closed:
+                raise StopAsyncIteration
+            self._wake.clear()
+            await self._wake.wait()
+        return self._queue.popleft()
+
+    def on_close(self, fn: Callable[[], None]) -> None:
+        """Call ``fn`` when the subscription closes."""
+        self._on_close.append(fn)
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._wake.set()
+            self._feed._detach(self._topic, self)
+            for fn in self._on_close:
+                fn()
+
+    async def aclose(self) -> None:
+        self.close()
+
+    async def __aenter__(self) -> Subscription:
+        await self.ready()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.close()

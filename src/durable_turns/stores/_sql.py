@@ -1,0 +1,288 @@
+"""The rules SQL stores share, written once: every statement and what it means.
+
+A backend brings its connection, its transactions (``BEGIN IMMEDIATE`` for SQLite, a
+transaction block for PostgreSQL), its schema DDL and its threads; everything that decides
+*what* is read or written goes through :class:`SqlRules`, whose statements use ``?``
+placeholders (rewritten once for drivers that want ``%s``). The tables::
+
+    sessions (sid, agent, session, status, generation, epoch)
+    turns    (ordinal, sid, turn_id, kind, status, opening, event, policy, request,
+              text, error, reason, cancel, data)              -- the chain
+    messages (sid, gen, idx, turn_id, body)                   -- the message log
+    steps    (sid, gen, step_id, turn_id, data)               -- checkpoints
+    events   (sid, seq, turn_id, type, data)                  -- the event log
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Protocol
+
+from ..events import EventRecord, TurnEvent, decode_event, encode_event
+from ..messages import Message, decode_message, encode_json, encode_message
+from ..records import (
+    EntryKind,
+    InputRequest,
+    SessionInfo,
+    SessionKey,
+    StepRecord,
+    TurnRecord,
+    TurnStatus,
+)
+from ._base import Writes, check_enqueue, supersede_reason, updated_request
+
+
+class Cursor(Protocol):
+    def fetchone(self) -> Any: ...
+    def fetchall(self) -> list[Any]: ...
+
+
+class Connection(Protocol):
+    def execute(self, sql: str, params: Any = ..., /) -> Any: ...
+
+
+_TURN_COLS = (
+    "turn_id, ordinal, status, opening, event, policy, request, text, error, reason, cancel, "
+    "kind, data"
+)
+_OPEN = "('queued', 'running', 'suspended')"
+
+
+def _load(v: str | None) -> Any:
+    return None if v is None else json.loads(v)
+
+
+def _dump(v: Any) -> str | None:
+    return None if v is None else encode_json(v)
+
+
+def _turn(row: Any) -> TurnRecord:
+    request = _load(row[6])
+    return TurnRecord(
+        turn_id=row[0], ordinal=row[1], status=TurnStatus(row[2]),
+        opening=decode_message(row[3]), event=_load(row[4]), policy=_load(row[5]),
+        request=InputRequest.from_dict(request) if request else None,
+        text=row[7], error=row[8], reason=row[9], cancel=row[10], kind=row[11],
+        data=_load(row[12]),
+    )
+
+
+class SqlRules:
+    """Every statement of a SQL store, on a DB-API connection the backend hands in.
+
+    Methods that write must be called inside the backend's transaction; they never begin or
+    end one themselves.
+    """
+
+    def __init__(self, placeholder: str = "?") -> None:
+        def q(sql: str) -> str:
+            return sql if placeholder == "?" else sql.replace("?", placeholder)
+
+        self.q = q
+        self._sid = q("SELECT sid FROM sessions WHERE agent = ? AND session = ?")
+        self._insert_session = q("INSERT INTO sessions (agent, session) VALUES (?, ?) "
+                                 "RETURNING sid")
+        self._claim = q("UPDATE sessions SET epoch = epoch + 1 WHERE sid = ? "
+                        "RETURNING epoch, generation")
+        self._epoch = q("SELECT epoch FROM sessions WHERE sid = ?")
+        self._newest = q("SELECT coalesce(max(seq), 0) FROM events WHERE sid = ?")
+        self._count = q("SELECT coalesce(max(idx) + 1, 0) FROM messages WHERE sid = ? AND gen = ?")
+        self.insert_message = q(
+            "INSERT INTO messages (sid, gen, idx, turn_id, body) VALUES (?, ?, ?, ?, ?)")
+        self.insert_step = q(
+            "INSERT INTO steps (sid, gen, step_id, turn_id, data) VALUES (?, ?, ?, ?, ?)")
+        self.insert_event = q(
+            "INSERT INTO events (sid, seq, turn_id, type, data) VALUES (?, ?, ?, ?, ?)")
+        self._update_turn = q(
+            "UPDATE turns SET status = ?, text = coalesce(?, text), error = coalesce(?, error), "
+            "reason = coalesce(?, reason), request = ?, data = coalesce(?, data) "
+            "WHERE sid = ? AND turn_id = ?")
+        self._set_status = q("UPDATE sessions SET status = ? WHERE sid = ?")
+        self._new_generation = q(
+            "UPDATE sessions SET generation = generation + 1, status = 'new' WHERE sid = ?")
+        self._cancel_park = q(
+            "UPDATE turns SET status = 'cancelled', reason = 'reset', request = NULL "
+            "WHERE sid = ? AND status = 'suspended'")
+        self._find_turn = q(f"SELECT {_TURN_COLS} FROM turns WHERE sid = ? AND turn_id = ?")
+        self._unfinished_rows = q(
+            f"SELECT turn_id, status, kind FROM turns WHERE sid = ? AND status IN {_OPEN} "
+            "ORDER BY ordinal")
+        self._supersede = q(
+            "UPDATE turns SET cancel = ? WHERE sid = ? AND cancel IS NULL "
+            "AND status IN ('queued', 'running')")
+        self._insert_turn = q(
+            "INSERT INTO turns (sid, turn_id, kind, status, opening, event, policy, data) "
+            "VALUES (?, ?, ?, 'queued', ?, ?, ?, ?) RETURNING ordinal")
+        self._cancel = q(
+            "UPDATE turns SET cancel = ? WHERE sid = ? AND status IN ('queued', 'running') "
+            "AND cancel IS NULL AND (turn_id = ? OR ? IS NULL) RETURNING turn_id")
+        self._cancel_of = q("SELECT cancel FROM turns WHERE sid = ? AND turn_id = ?")
+        self._info = q("SELECT status, generation FROM sessions WHERE agent = ? AND session = ?")
+
+    # -- sessions and leases ---------------------------------------------------------------
+
+    def sid(self, c: Connection, key: SessionKey, *, create: bool) -> int | None:
+        row = c.execute(self._sid, (key.agent, key.session)).fetchone()
+        if row is not None:
+            return int(row[0])
+        if not create:
+            return None
+        return int(c.execute(self._insert_session, (key.agent, key.session)).fetchone()[0])
+
+    def claim(self, c: Connection, key: SessionKey) -> tuple[int, int, int, int, int]:
+        """A new epoch for the session (created if needed), with the lease's counters.
+
+        Returns ``(sid, epoch, generation, newest seq, message count)``.
+        """
+        sid = self.sid(c, key, create=True)
+        assert sid is not None
+        epoch, gen = c.execute(self._claim, (sid,)).fetchone()
+        seq = c.execute(self._newest, (sid,)).fetchone()[0]
+        count = c.execute(self._count, (sid, gen)).fetchone()[0]
+        return sid, int(epoch), int(gen), int(seq), int(count)
+
+    def holds(self, c: Connection, sid: int, epoch: int) -> bool:
+        """Whether ``epoch`` is still the session's: the fencing check of every commit."""
+        row = c.execute(self._epoch, (sid,)).fetchone()
+        return row is not None and row[0] == epoch
+
+    def flush(self, c: Connection, sid: int, gen: int, first: int, w: Writes) -> None:
+        """Write a transaction's buffered writes (messages numbered from ``first``)."""
+        if w.messages:
+            rows = [(sid, gen, first + i, m.turn_id, encode_message(m))
+                    for i, m in enumerate(w.messages)]
+            self._insert(c, self.insert_message, rows)
+        if w.steps:
+            self._insert(c, self.insert_step, [(sid, gen, s, t, d) for s, t, d in w.steps])
+        if w.events:
+            self._insert(c, self.insert_event, [(sid, e.seq, e.turn_id, e.type, encode_event(e))
+                                                for e in w.events])
+        for turn_id, (r, data) in w.turns.items():
+            c.execute(self._update_turn, (r.status.value, r.text, r.error, r.reason,
+                                          _dump(updated_request(r)), _dump(data), sid, turn_id))
+        if w.status is not None:
+            c.execute(self._set_status, (w.status, sid))
+        if w.new_generation:
+            c.execute(self._new_generation, (sid,))
+            c.execute(self._cancel_park, (sid,))
+
+    @staticmethod
+    def _insert(c: Connection, sql: str, rows: list[tuple[Any, ...]]) -> None:
+        # Most steps write one row per table: execute() costs less than executemany() then.
+        if len(rows) == 1:
+            c.execute(sql, rows[0])
+        else:
+            c.executemany(sql, rows)  # type: ignore[attr-defined]
+
+    # -- the chain -------------------------------------------------------------------------
+
+    def enqueue(self, c: Connection, key: SessionKey, turn_id: str, opening: Message,
+                event: dict[str, Any] | None, policy: dict[str, Any] | None, kind: EntryKind,
+                supersede: str | None, data: dict[str, Any] | None) -> tuple[TurnRecord, bool]:
+        sid = self.sid(c, key, create=True)
+        row = c.execute(self._find_turn, (sid, turn_id)).fetchone()
+        if row is not None:
+            return _turn(row), False
+        check_enqueue(key, kind, c.execute(self._unfinished_rows, (sid,)).fetchall())
+        reason = supersede_reason(kind, supersede)
+        if reason is not None:
+            c.execute(self._supersede, (reason, sid))
+        ordinal = c.execute(self._insert_turn, (
+            sid, turn_id, kind, encode_message(opening), _dump(event), _dump(policy),
+            _dump(data),
+        )).fetchone()[0]
+        return TurnRecord(turn_id, int(ordinal), TurnStatus.QUEUED, opening, event, policy,
+                          kind=kind, data=data), True
+
+    def request_cancel(self, c: Connection, key: SessionKey, turn_id: str | None,
+                       reason: str) -> list[str]:
+        sid = self.sid(c, key, create=False)
+        if sid is None:
+            return []
+        rows = c.execute(self._cancel, (reason, sid, turn_id, turn_id)).fetchall()
+        return [r[0] for r in rows]
+
+    def cancel_of(self, c: Connection, sid: int, turn_id: str) -> str | None:
+        row = c.execute(self._cancel_of, (sid, turn_id)).fetchone()
+        return None if row is None else row[0]
+
+    # -- reads -----------------------------------------------------------------------------
+
+    def turns(self, c: Connection, key: SessionKey, turn_id: str | None,
+              unfinished: bool) -> list[TurnRecord]:
+        where = f" AND status IN {_OPEN}" if unfinished else ""
+        if turn_id is not None:
+            where += " AND turn_id = ?"
+        params: tuple[Any, ...] = (key.agent, key.session)
+        if turn_id is not None:
+            params = (*params, turn_id)
+        rows = c.execute(self.q(
+            f"SELECT {_TURN_COLS} FROM turns WHERE sid = ({self._sid}){where} ORDER BY ordinal"
+        ), params).fetchall()
+        return [_turn(r) for r in rows]
+
+    def session_info(self, c: Connection, key: SessionKey) -> SessionInfo | None:
+        row = c.execute(self._info, (key.agent, key.session)).fetchone()
+        return None if row is None else SessionInfo(row[0], row[1])
+
+    def read_messages(self, c: Connection, key: SessionKey, after: int,
+                      generation: int | None) -> list[Message]:
+        gen = "(SELECT generation FROM sessions WHERE sid = m.sid)" if generation is None else "?"
+        params: tuple[Any, ...] = (key.agent, key.session, after)
+        if generation is not None:
+            params = (*params, generation)
+        rows = c.execute(self.q(
+            f"SELECT body FROM messages m WHERE sid = ({self._sid}) AND idx >= ? AND gen = {gen} "
+            "ORDER BY idx"
+        ), params).fetchall()
+        return [decode_message(r[0]) for r in rows]
+
+    def read_steps(self, c: Connection, key: SessionKey, generation: int | None,
+                   step_id: str | None) -> dict[str, StepRecord]:
+        gen = "(SELECT generation FROM sessions WHERE sid = s.sid)" if generation is None else "?"
+        params: list[Any] = [key.agent, key.session]
+        if generation is not None:
+            params.append(generation)
+        where = ""
+        if step_id is not None:
+            where = " AND step_id = ?"
+            params.append(step_id)
+        rows = c.execute(self.q(
+            f"SELECT step_id, turn_id, data FROM steps s WHERE sid = ({self._sid}) "
+            f"AND gen = {gen}{where}"
+        ), tuple(params)).fetchall()
+        return {r[0]: StepRecord(r[0], r[1], r[2]) for r in rows}
+
+    def read_events(self, c: Connection, key: SessionKey, after_seq: int,
+                    turn_id: str | None) -> list[TurnEvent]:
+        rows = c.execute(self.q(
+            f"SELECT seq, turn_id, type, data FROM events WHERE sid = ({self._sid}) AND seq > ? "
+            "AND (turn_id = ? OR ? IS NULL) ORDER BY seq"
+        ), (key.agent, key.session, after_seq, turn_id, turn_id)).fetchall()
+        return [decode_event(key.agent, key.session, EventRecord(*r)) for r in rows]
+
+    def newest_seq(self, c: Connection, key: SessionKey) -> int:
+        row = c.execute(self.q(
+            f"SELECT coalesce(max(seq), 0) FROM events WHERE sid = ({self._sid})"
+        ), (key.agent, key.session)).fetchone()
+        return int(row[0])
+
+    def find_sessions(self, c: Connection, which: str | None,
+                      turn_id: str | None) -> list[SessionKey]:
+        conditions: list[str] = []
+        params: list[Any] = []
+        if which == "unfinished":
+            conditions.append("t.status IN ('queued', 'running')")
+        elif which == "parked":
+            conditions.append("t.status = 'suspended'")
+        elif which is not None:
+            raise ValueError(f"unknown session filter {which!r}: 'unfinished' or 'parked'")
+        if turn_id is not None:
+            conditions.append("t.turn_id = ? AND t.kind = 'turn'")
+            params.append(turn_id)
+        where = " AND ".join(conditions) or "1 = 1"
+        rows = c.execute(self.q(
+            "SELECT DISTINCT s.agent, s.session FROM turns t JOIN sessions s ON s.sid = t.sid "
+            f"WHERE {where} ORDER BY s.agent, s.session"
+        ), tuple(params)).fetchall()
+        return [SessionKey(a, s) for a, s in rows]
