@@ -13,12 +13,13 @@ Checks are plain coroutines taking a store, so they need no test framework.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from .errors import LeaseTimeoutError, SessionBusyError
-from .events import ActionCompleted, TurnStarted
+from .errors import LeaseLostError, LeaseTimeoutError, SessionBusyError
+from .events import ActionCompleted, TurnCompleted, TurnEvent, TurnStarted
 from .messages import Message, ToolCall
 from .records import InputRequest, SessionKey, TurnRecord, TurnResult, TurnStatus
 from .stores import SessionStore
@@ -210,6 +211,190 @@ async def check_sessions_are_found_by_turn_id(store: SessionStore) -> None:
     assert await store.find_sessions("parked") == []
 
 
+async def _commit_events(store: SessionStore, key: SessionKey, turn_id: str, n: int) -> None:
+    lease = await store.claim(key)
+    try:
+        async with lease.transaction() as tx:
+            for i in range(n):
+                tx.add_event(TurnStarted(agent=key.agent, session=key.session, turn_id=turn_id,
+                                         text=f"e{lease.last_seq + i + 1}"))
+    finally:
+        await lease.release()
+
+
+async def check_reset_starts_a_new_generation(store: SessionStore) -> None:
+    await store.enqueue_turn(KEY, "t1", _opening("t1"))
+    lease = await store.claim(KEY)
+    async with lease.transaction() as tx:
+        tx.add_message(_opening("t1"))
+        tx.add_step("model:1", "t1", '{"m":1}')
+        tx.set_turn(TurnResult("t1", TurnStatus.SUSPENDED, request=InputRequest("ok", "ok?")))
+        tx.set_status("suspended")
+    await lease.release()
+    # A reset is accepted while parked; a turn behind a queued reset is accepted too.
+    reset, new = await store.enqueue_turn(KEY, "r1", Message("trigger", "reset"), kind="reset")
+    assert new and reset.kind == "reset" and reset.status == "queued"
+    await store.enqueue_turn(KEY, "t2", _opening("t2"))
+    lease = await store.claim(KEY)
+    assert lease.generation == 0
+    async with lease.transaction() as tx:
+        tx.set_turn(TurnResult("r1", TurnStatus.COMPLETED), {"archived": 0})
+        tx.new_generation()
+    assert (lease.generation, lease.message_count) == (1, 0)
+    await lease.release()
+    info = await store.session_info(KEY)
+    assert info is not None and (info.status, info.generation) == ("new", 1)
+    t1 = await get_turn(store, KEY, "t1")
+    assert t1 is not None and (t1.status, t1.reason, t1.request) == ("cancelled", "reset", None)
+    r1 = await get_turn(store, KEY, "r1")
+    assert r1 is not None and r1.status == "completed" and r1.data == {"archived": 0}
+    # The live log is empty; the archived generation stays readable, steps included.
+    assert await store.read_messages(KEY) == []
+    assert await store.read_steps(KEY) == {}
+    assert await store.read_messages(KEY, generation=0) == [_opening("t1")]
+    archived = await store.read_steps(KEY, generation=0)
+    assert list(archived) == ["model:1"] and archived["model:1"].kind == "model"
+    assert archived["model:1"].turn_id == "t1" and archived["model:1"].data == '{"m":1}'
+    lease = await store.claim(KEY)
+    async with lease.transaction() as tx:
+        assert tx.add_message(_opening("t2")) == 0
+    await lease.release()
+    assert await store.read_messages(KEY) == [_opening("t2")]
+    assert await store.read_messages(KEY, generation=0) == [_opening("t1")]
+
+
+async def check_supersede_cancels_unfinished_turns_but_not_a_park(store: SessionStore) -> None:
+    await store.enqueue_turn(KEY, "t1", _opening("t1"))
+    await store.enqueue_turn(KEY, "t2", _opening("t2"))
+    await store.enqueue_turn(KEY, "t3", _opening("t3"), supersede="superseded by turn t3")
+    for turn_id, cancel in (("t1", "superseded by turn t3"), ("t2", "superseded by turn t3"),
+                            ("t3", None)):
+        rec = await get_turn(store, KEY, turn_id)
+        assert rec is not None and rec.cancel == cancel, (turn_id, rec)
+    # A parked turn is never superseded: a new turn is refused instead.
+    other = SessionKey("agent", "parked")
+    await store.enqueue_turn(other, "p1", _opening("p1"))
+    lease = await store.claim(other)
+    async with lease.transaction() as tx:
+        tx.set_turn(TurnResult("p1", TurnStatus.SUSPENDED, request=InputRequest("ok", "ok?")))
+    await lease.release()
+    with contextlib.suppress(SessionBusyError):
+        await store.enqueue_turn(other, "p2", _opening("p2"), supersede="replace")
+        raise AssertionError("a parked session accepted a superseding turn")
+    p1 = await get_turn(store, other, "p1")
+    assert p1 is not None and p1.cancel is None and p1.status == "suspended"
+    # A resume command is accepted while parked, once per id.
+    _, new = await store.enqueue_turn(other, "resume:p1:ok", Message("trigger", "resume"),
+                                      kind="resume", data={"value": True})
+    again, new2 = await store.enqueue_turn(other, "resume:p1:ok", Message("trigger", "resume"),
+                                           kind="resume", data={"value": False})
+    assert (new, new2) == (True, False) and again.data == {"value": True}
+
+
+async def check_events_are_read_by_turn(store: SessionStore) -> None:
+    await _commit_events(store, KEY, "t1", 2)
+    await _commit_events(store, KEY, "t2", 1)
+    await _commit_events(store, KEY, "t1", 1)
+    assert [e.seq for e in await store.read_events(KEY, turn_id="t1")] == [1, 2, 4]
+    assert [e.seq for e in await store.read_events(KEY, turn_id="t2")] == [3]
+    assert [e.seq for e in await store.read_events(KEY, after_seq=2, turn_id="t1")] == [4]
+    assert await store.read_events(KEY, turn_id="none") == []
+    assert await store.read_events(SessionKey("agent", "none")) == []
+
+
+async def check_subscribe_replays_then_goes_live(store: SessionStore) -> None:
+    await _commit_events(store, KEY, "t1", 3)
+    got: list[TurnEvent] = []
+    live: list[TurnEvent] = []
+    async with store.subscribe(KEY, after_seq=1) as replay, store.subscribe(KEY) as newest:
+        # Commits that race the backlog read are neither lost nor doubled.
+        await _commit_events(store, KEY, "t1", 2)
+        async with asyncio.timeout(10):
+            while len(got) < 4:
+                got.append(await anext(replay))
+            while len(live) < 2:
+                live.append(await anext(newest))
+        await _commit_events(store, KEY, "t2", 1)
+        async with asyncio.timeout(10):
+            got.append(await anext(replay))
+            live.append(await anext(newest))
+    assert [e.seq for e in got] == [2, 3, 4, 5, 6]
+    assert [e.seq for e in live] == [4, 5, 6]
+    assert got[-1].turn_id == "t2" and isinstance(got[-1], TurnStarted)
+    # An unknown session is no error: it has nothing yet.
+    async with store.subscribe(SessionKey("agent", "none"), after_seq=0) as empty:
+        assert empty.cursor == 0
+
+
+async def check_watchers_hear_commits_and_cancels(store: SessionStore) -> None:
+    await store.enqueue_turn(KEY, "t1", _opening("t1"))
+    heard: list[list[TurnEvent] | None] = []
+    stop = store.watch(KEY, heard.append)
+    lease = await store.claim(KEY)
+    async with lease.transaction() as tx:
+        done = tx.add_event(TurnCompleted(**_ids("t1"), text="ok"))
+    await lease.release()
+    # ``None`` ("look again") may come at any time; committed events come as a list.
+    assert [[e.seq for e in h] for h in heard if h is not None] == [[done.seq]]
+    await store.enqueue_turn(KEY, "t2", _opening("t2"))
+    heard.clear()
+    await store.request_cancel(KEY, "t2", "stop")
+    assert None in heard
+    stop()
+    n = len(heard)
+    await store.request_cancel(KEY, None, "again")
+    assert len(heard) == n
+
+
+async def check_two_holders_contend_for_one_session(store: SessionStore) -> None:
+    order: list[str] = []
+    first = await store.claim(KEY)
+
+    async def second() -> int:
+        lease = await store.claim(KEY, timeout=30)
+        order.append("second holds")
+        epoch = lease.epoch
+        await lease.release()
+        return epoch
+
+    waiting = asyncio.ensure_future(second())
+    await asyncio.sleep(0.05)  # give the contender time to try (and be refused)
+    assert order == [] and not waiting.done()
+    order.append("first releases")
+    await first.release()
+    async with asyncio.timeout(30):
+        epoch = await waiting
+    assert order == ["first releases", "second holds"]
+    assert epoch > first.epoch
+
+
+async def check_a_stale_epoch_is_refused(store: SessionStore) -> None:
+    await store.enqueue_turn(KEY, "t1", _opening("t1"))
+    stale = await store.claim(KEY)
+    await stale.release()
+    current = await store.claim(KEY)
+    assert current.epoch > stale.epoch
+    try:
+        async with stale.transaction() as tx:
+            tx.add_message(_opening("t1"))
+            tx.add_event(TurnStarted(**_ids("t1")))
+            tx.set_turn(TurnResult("t1", TurnStatus.RUNNING))
+            tx.set_status("running")
+    except LeaseLostError as e:
+        assert e.epoch == stale.epoch and e.session == str(KEY)
+    else:
+        raise AssertionError("a commit under a stale epoch was accepted")
+    assert await store.read_messages(KEY) == []
+    assert await store.read_events(KEY) == []
+    t1 = await get_turn(store, KEY, "t1")
+    assert t1 is not None and t1.status == "queued"
+    # The current holder still writes.
+    async with current.transaction() as tx:
+        tx.add_message(_opening("t1"))
+    await current.release()
+    assert await store.read_messages(KEY) == [_opening("t1")]
+
+
 CONFORMANCE: list[Check] = [
     check_enqueue_is_durable_and_idempotent,
     check_lease_is_exclusive,
@@ -219,6 +404,13 @@ CONFORMANCE: list[Check] = [
     check_cancel_requests_are_durable,
     check_parked_session_refuses_other_turns,
     check_sessions_are_found_by_turn_id,
+    check_reset_starts_a_new_generation,
+    check_supersede_cancels_unfinished_turns_but_not_a_park,
+    check_events_are_read_by_turn,
+    check_subscribe_replays_then_goes_live,
+    check_watchers_hear_commits_and_cancels,
+    check_two_holders_contend_for_one_session,
+    check_a_stale_epoch_is_refused,
 ]
 """Every check a store must pass."""
 
