@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import re
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -20,8 +21,10 @@ import pytest
 
 from durable_turns import Agent, Message, Runtime, SqliteStore
 from durable_turns.demo import KILL_POINTS
+from durable_turns.demo.reach import WatchedModel, unreachable
+from durable_turns.errors import ModelError
 from durable_turns.testing import get_turn, step_data
-from fakes.anthropic_api import Reply, Text, ToolUse, anthropic_app
+from fakes.anthropic_api import Fail, Reply, Text, ToolUse, anthropic_app
 from fakes.serving import serving
 
 TIMEOUT = 60
@@ -537,3 +540,78 @@ async def test_refund_and_approve_on_anthropic_across_processes(
     assert len(app.state.requests) == 2  # the first model step was replayed from the store
     (row,) = refunds(db)
     assert row[:3] == ("42", 30.0, "alice")
+
+
+# -- a model that cannot be reached ------------------------------------------------------------
+
+
+def closed_port() -> int:
+    """A loopback port nothing listens on (it was free a moment ago)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+def last_line(text: str) -> str:
+    return [line for line in text.splitlines() if line.strip()][-1]
+
+
+def test_demo_says_it_could_not_reach_the_model_on_its_last_line(tmp_path: Path) -> None:
+    url = f"http://127.0.0.1:{closed_port()}"
+    proc = subprocess.run(
+        [sys.executable, "-m", "durable_turns.cli", "demo", "--db", str(tmp_path / "d.sqlite"),
+         "--model", "anthropic:claude-x"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=TIMEOUT,
+        env={**os.environ, **ALICE, "ANTHROPIC_API_KEY": "sk-test", "ANTHROPIC_BASE_URL": url},
+    )
+    assert proc.returncode == 1, proc.stdout
+    assert last_line(proc.stdout).startswith(
+        f"durable-turns demo: error: could not reach the model at {url}/"
+    ), proc.stdout
+    assert "connection failed" in last_line(proc.stdout)
+    assert "kill point" not in last_line(proc.stdout)  # the model's behaviour is not blamed
+    assert "Traceback" not in proc.stdout
+
+
+async def test_demo_says_it_could_not_reach_the_model_on_redelivery(tmp_path: Path) -> None:
+    # Delivery 1 gets the two replies it needs to reach its kill point; then the API is
+    # overloaded (retryable) for delivery 2.
+    overloaded = Fail(529, "Overloaded", headers={"x-should-retry": "false"})
+    app = anthropic_app([ops_replies, ops_replies, overloaded])
+    async with serving(app) as url:
+        env = {**os.environ, **ALICE, "HOME": str(tmp_path),
+               "ANTHROPIC_API_KEY": "sk-test", "ANTHROPIC_BASE_URL": url}
+        code, out, err = await arun("demo", "--db", str(tmp_path / "d.sqlite"), env=env)
+    assert code == 1, out + err
+    assert "SIGKILL sent to pid" in out
+    assert last_line(err).startswith(f"durable-turns demo: error: could not reach the model "
+                                     f"at {url}/v1/messages: HTTP 529 overloaded_error: "
+                                     "Overloaded"), err
+
+
+class _Client:
+    base_url = "http://models.internal:8000/v1/"
+
+
+class _Model:
+    client = _Client()
+
+
+class ConnectError(Exception):
+    """Named like httpx's: recognised by name, so no SDK is imported to tell."""
+
+
+def test_which_model_errors_mean_the_model_was_not_reached() -> None:
+    answered = ModelError("anthropic: HTTP 400 invalid_request_error: bad", provider="anthropic",
+                          status=400)
+    assert unreachable(answered, _Model()) is None  # the model was reached and said no
+    refused = ModelError("openai: connection failed: refused", provider="openai",
+                         retryable=True)
+    refused.__cause__ = ConnectionRefusedError("refused")
+    assert unreachable(refused, WatchedModel(_Model())) == (  # type: ignore[arg-type]
+        "could not reach the model at http://models.internal:8000/v1/: connection failed: "
+        "refused")
+    odd = ModelError("x: the stream broke", provider="x")
+    odd.__context__ = ConnectError("reset")
+    assert unreachable(odd) == "could not reach the model at its API: the stream broke"

@@ -7,9 +7,19 @@ from pathlib import Path
 
 import pytest
 
-from durable_turns import Agent, SurfacePolicy, load_agent
+from durable_turns import (
+    Agent,
+    InboundEvent,
+    MemoryStore,
+    ModelReply,
+    Runtime,
+    SurfacePolicy,
+    load_agent,
+    scripted,
+)
 from durable_turns.errors import ConfigurationError
 from durable_turns.loader import check_surfaces
+from durable_turns.models import ModelRequest
 
 AGENT_PY = '''
 from durable_turns import SurfacePolicy
@@ -72,6 +82,34 @@ async def test_load_agent_assembles_the_folder(tmp_path: Path) -> None:
     assert agent.surfaces["email"] == SurfacePolicy("append", (), "Be formal.")
     assert agent.authorize_answer is not None
     assert await agent.authorize_answer({"policy": "operator"}) is True
+
+
+async def test_an_overlay_with_no_policy_entry_is_appended_for_its_source(
+    tmp_path: Path,
+) -> None:
+    # agent.py names slack and email; sms has only its file
+    agent = load_agent(app(tmp_path, **{"instructions.sms.md": "Keep it short."}))
+    assert agent.surfaces["sms"] == SurfacePolicy("append", (), "Keep it short.")
+    assert agent.surfaces["slack"].mode == "replace"  # a policy entry still wins
+    systems: list[str] = []
+
+    def reply(request: ModelRequest) -> ModelReply:
+        systems.append(request.system)
+        return ModelReply("ok")
+
+    rt = Runtime([agent], MemoryStore(), scripted(reply))
+    try:
+        await rt.session("ops", "s1").turn(event=InboundEvent("sms", {"id": "+1"}, "hi"))
+        await rt.session("ops", "s2").turn(event=InboundEvent("web", {"id": "u"}, "hi"))
+    finally:
+        await rt.close()
+    assert systems == ["You run ops.\n\nKeep it short.", "You run ops."]
+
+
+def test_an_app_folder_without_agent_py_still_gets_its_overlays(tmp_path: Path) -> None:
+    agent = load_agent(app(tmp_path, **{"agent.py": None, "tools/issue_refund.py": None}))
+    assert agent.surfaces == {"slack": SurfacePolicy("append", (), "Slack rules."),
+                              "email": SurfacePolicy("append", (), "Be formal.")}
 
 
 @pytest.mark.parametrize(

@@ -5,6 +5,7 @@
     app/agent/
       instructions.md          the base system prompt (required)
       instructions.slack.md    the overlay for turns whose event source is "slack"
+                               (appended; a ``surfaces`` entry in agent.py may change that)
       agent.py                 name, surfaces, authorize_answer, model (all optional)
       tools/*.py               one Tool per module: a @tool function or `tool = Tool(…)`
 
@@ -93,6 +94,10 @@ def load_agent(path: str | Path) -> Agent:
         source: _policy(source, value, root / f"instructions.{source}.md")
         for source, value in dict(settings.get("surfaces") or {}).items()
     }
+    for overlay in sorted(root.glob("instructions.*.md")):
+        source = overlay.name[len("instructions."):-len(".md")]
+        if overlay.is_file() and source and source not in surfaces:  # no policy: appended
+            surfaces[source] = SurfacePolicy("append", (), overlay.read_text())
     for source, policy in surfaces.items():
         unknown = sorted(set(policy.deny_tools) - names)
         if unknown:

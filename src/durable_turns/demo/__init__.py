@@ -14,6 +14,7 @@ is set, or any provider with ``--model``.
 - ``worker``: one delivery of the turn in a child process, streaming its events;
 - ``runner``: the parent — delivers, kills, delivers again;
 - ``report``: reads the store back and proves nothing ran twice;
+- ``reach``: tells a model that could not be reached from one that misbehaved;
 - ``approval``: ``refund``, ``approve`` and ``pending``;
 - ``term``: the rich console, plain when stdout is not a terminal.
 

@@ -30,7 +30,7 @@ from .choice import OFFLINE, ModelChoice
 from .ops import AGENT_NAME, REQUEST, ensure_schema, outbox_path
 from .report import StoreState, judge, read_state, render
 from .term import rule
-from .worker import KILL_POINTS
+from .worker import KILL_POINTS, UNREACHABLE
 
 DEFAULT_KILL_POINT = "after-order-2"
 AFTER_KILL = {
@@ -187,16 +187,38 @@ def _worker_cmd(args: list[str]) -> list[str]:
 
 
 async def _deliver(console: Console, args: list[str], timeout: float) -> int:
+    """Run a delivery to its end; its exit code.
+
+    Raises:
+        DemoFailure: it did not end in time, or it could not reach the model.
+    """
+    read_fd, write_fd = os.pipe()
     console.file.flush()  # the child writes to the same stdout: keep the order of lines
-    proc = await asyncio.create_subprocess_exec(
-        *_worker_cmd(args), stdin=asyncio.subprocess.DEVNULL
-    )
     try:
-        return await asyncio.wait_for(proc.wait(), timeout)
+        proc = await asyncio.create_subprocess_exec(
+            *_worker_cmd([*args, "--control-fd", str(write_fd)]),
+            stdin=asyncio.subprocess.DEVNULL, pass_fds=(write_fd,),
+        )
+    except BaseException:
+        os.close(read_fd)
+        raise
+    finally:
+        os.close(write_fd)  # only the child may hold it, so its exit means EOF for us
+    try:
+        code = await asyncio.wait_for(proc.wait(), timeout)
     except TimeoutError:
         proc.kill()
         await proc.wait()
+        os.close(read_fd)
         raise DemoFailure(f"a delivery (pid {proc.pid}) did not finish in {timeout:g} s") from None
+    _raise_if_unreachable(await _read_line(read_fd))
+    return code
+
+
+def _raise_if_unreachable(line: bytes) -> None:
+    """A worker's ``unreachable …`` line: the model was never reached, whatever it would say."""
+    if line.startswith(UNREACHABLE.encode()):
+        raise DemoFailure(line.removeprefix(UNREACHABLE.encode()).decode(errors="replace").strip())
 
 
 async def _deliver_and_kill(console: Console, args: list[str], timeout: float) -> bool:
@@ -222,6 +244,7 @@ async def _deliver_and_kill(console: Console, args: list[str], timeout: float) -
         ) from None
     if not line.startswith(b"paused "):
         code = await proc.wait()
+        _raise_if_unreachable(line)
         raise DemoFailure(
             f"delivery 1 (pid {proc.pid}) exited with code {code} before reaching its kill "
             "point; the turn ended sooner than the demo's script expects (with a real model: "

@@ -39,6 +39,7 @@ from ..runtime import Runtime
 from ..stores.sqlite import SqliteStore
 from .choice import SCRIPTED, ModelChoice, build_model
 from .ops import AGENT_NAME, REQUEST, build_agent, ensure_schema
+from .reach import WatchedModel, unreachable
 from .term import call_text, compact
 
 KILL_POINTS: dict[str, str] = {
@@ -64,7 +65,9 @@ class WorkerOptions:
     delivery: int
     kill_at: str | None = None
     control_fd: int | None = None
-    """A pipe to the parent: the worker writes one line there when it reaches ``kill_at``."""
+    """A pipe to the parent: the worker writes one line there when it reaches ``kill_at``
+    (``paused <point>``), or when the turn failed because the model could not be reached
+    (``unreachable <message>``)."""
     model: str = SCRIPTED
     """``scripted`` or ``PROVIDER:NAME``, as the parent chose it."""
 
@@ -190,7 +193,7 @@ async def run_worker(opts: WorkerOptions, console: Console) -> int:
     """
     freezer = Freezer(console, opts.kill_at, opts.control_fd)
     choice = ModelChoice(opts.model, "chosen by the parent")
-    model = build_model(choice)
+    model = WatchedModel(build_model(choice))
     store = SqliteStore(opts.db)
     agent = build_agent(opts.db, opts.delivery, freezer.effect)
     timeout = TURN_TIMEOUT if choice.scripted else REAL_MODEL_TURN_TIMEOUT
@@ -216,4 +219,13 @@ async def run_worker(opts: WorkerOptions, console: Console) -> int:
         return 0
     console.print(Text(f"  the turn ended {result.status}: {result.error or result.reason}",
                        style="bold red"))
+    failure = model.last_error  # the turn failed of it if its error is that error's text
+    why = (unreachable(failure, model) if failure is not None and result.error
+           and str(failure).startswith(result.error) else None)
+    if why is not None and opts.control_fd is not None:
+        os.write(opts.control_fd, f"{UNREACHABLE}{' '.join(why.split())}\n".encode())
     return 1
+
+
+UNREACHABLE = "unreachable "
+"""How a worker's line to its parent starts when the model could not be reached."""

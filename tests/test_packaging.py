@@ -1,0 +1,60 @@
+"""What the package promises outside its code: extras only for code that exists, and a README
+that points at nothing outside the repository."""
+
+from __future__ import annotations
+
+import ast
+import re
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SRC = ROOT / "src" / "durable_turns"
+
+
+def _top_level_imports() -> set[str]:
+    found: set[str] = set()
+    for path in SRC.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                found.update(a.name.split(".")[0] for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                found.add(node.module.split(".")[0])
+    return found
+
+
+def _distribution(requirement: str) -> str:
+    name = re.match(r"[A-Za-z0-9_.-]+", requirement)
+    assert name, requirement
+    return name.group(0).lower().replace("-", "_")
+
+
+def test_every_extra_installs_something_the_package_imports() -> None:
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    imported = _top_level_imports()
+    for extra, requirements in extras.items():
+        if extra == "dev":
+            continue
+        unused = [r for r in requirements if _distribution(r) not in imported]
+        assert not unused, f"extra [{extra}] installs {unused}, which no module imports"
+
+
+EXAMPLES = (".venv/", "app/", "tools/")
+"""Paths the README makes up or creates: the virtualenv its first command builds, and the
+example app folder (``app/agent/``, its ``tools/``)."""
+
+
+def test_the_readme_points_only_inside_the_repository() -> None:
+    text = (ROOT / "README.md").read_text()
+    assert "../" not in text, "README.md refers to a path outside the repository"
+    paths = set(re.findall(r"(?<![\w/.:~-])((?:\.?[\w-]+/)(?:[\w.-]+/?)*)", text))
+    checked = 0
+    for path in sorted(paths):
+        if re.fullmatch(r"[\dx/]+", path) or path.startswith(EXAMPLES):  # 408/429/5xx …
+            continue
+        # the repository's files, or the package's (as "How it is built" lists them)
+        assert (ROOT / path).exists() or (SRC / path).exists(), \
+            f"README.md mentions {path}, which is not in the repository"
+        checked += 1
+    assert checked >= 5
