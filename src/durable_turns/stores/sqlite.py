@@ -1,10 +1,15 @@
 """The embedded store: one SQLite file (stdlib ``sqlite3``, WAL), shared by many processes.
 
-- Store I/O never runs on the event loop. Writes (and local tools, inside their step's
-  transaction) run on one writer thread with its own connection; reads run on a reader
-  thread with another, which WAL lets read while a writer holds the lock. So a write lock
-  held by another process stalls only the writes waiting for it, never the loop, the other
-  sessions' reads or their subscribers.
+- Store I/O never *waits* on the event loop. Every statement runs with SQLite's busy handler
+  off, so it either finishes at once (a WAL read never waits; an uncontended write takes
+  microseconds) or fails with "busy"; a busy call is then run again on the store's own thread
+  (writer or reader), which waits there for up to ``busy_timeout``. A write lock held by another
+  process therefore stalls only the writes that need it, never the loop, the other sessions'
+  reads or their subscribers. Why not every call on a thread: a thread hop costs 60–120 µs of
+  CPU on a small machine, more than a whole step's commit.
+- Work of unknown length runs on the writer thread always: local tools (inside their step's
+  transaction) and WAL checkpoints (``wal_autocheckpoint`` is off on our connection; the store
+  checkpoints every few hundred commits, off the loop).
 - The lease is an OS lock (Linux open-file-description lock) on one byte of ``<path>-lease``
   chosen by hashing the session key. The kernel drops it when the holder's process dies, so a
   SIGKILLed worker never blocks the replay. Each claim also raises the session's epoch, and
@@ -26,7 +31,6 @@ import os
 import sqlite3
 import struct
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -37,6 +41,7 @@ from ..records import EntryKind, SessionInfo, SessionKey, StepRecord, TurnRecord
 from ._base import BufferedTransaction, LeaseBase, poll_until
 from ._feed import Feed, Subscription, Watcher
 from ._sql import SqlRules
+from ._thread import Worker
 
 T = TypeVar("T")
 
@@ -91,6 +96,27 @@ _F_OFD_SETLK = getattr(fcntl, "F_OFD_SETLK", 37)
 _F_OFD_SETLKW = getattr(fcntl, "F_OFD_SETLKW", 38)
 _SCHEMA_BYTE = 1 << 62  # outside the range session bytes hash to
 _RULES = SqlRules()
+CHECKPOINT_EVERY = 256
+"""Commits between two WAL checkpoints (run on the writer thread)."""
+
+
+def _busy(e: BaseException) -> bool:
+    """Whether SQLite refused to wait (our busy handler is off on the loop)."""
+    code = getattr(e, "sqlite_errorcode", 0) & 0xFF
+    return isinstance(e, sqlite3.OperationalError) and code in (sqlite3.SQLITE_BUSY,
+                                                                 sqlite3.SQLITE_LOCKED)
+
+
+def _in_transaction(c: sqlite3.Connection, fn: Callable[[sqlite3.Connection], T]) -> T:
+    c.execute("BEGIN IMMEDIATE")
+    try:
+        out = fn(c)
+        c.execute("COMMIT")
+    except BaseException:
+        if c.in_transaction:
+            c.execute("ROLLBACK")
+        raise
+    return out
 
 
 def _flock(fd: int, offset: int, *, wait: bool, unlock: bool = False) -> bool:
@@ -138,11 +164,12 @@ class _SqliteTransaction(BufferedTransaction):
         try:
             if exc_type is None:
                 await self._lock()
-                await store._write(self._commit)
+                await store._write(self._commit, began=self._begun)
                 self.committed()
+                store._committed()
                 store._feed.published(self.lease.key, self.writes.events)
             elif self._begun:
-                await store._write(self._rollback)
+                self._rollback()
         finally:
             if self._locked:
                 self._locked = False
@@ -158,14 +185,10 @@ class _SqliteTransaction(BufferedTransaction):
                 raise LeaseLostError(str(lease.key), lease.epoch)
             _RULES.flush(c, lease.sid, lease.generation, self.first_index(), self.writes)
             c.execute("COMMIT")
-        except sqlite3.Error as e:
-            self._rollback()
-            raise StoreError(f"the step's commit to {self._store.path} failed: {e}") from e
         except BaseException:
             self._rollback()
             raise
-        finally:
-            self._begun = False
+        self._begun = False
 
     def _rollback(self) -> None:
         if self._conn.in_transaction:
@@ -174,7 +197,7 @@ class _SqliteTransaction(BufferedTransaction):
 
     async def run_local(self, fn: Callable[[Any], T]) -> T:
         await self._lock()
-        return await self._store._write(lambda: self._run_local(fn))
+        return await self._store._on_writer_thread(lambda: self._run_local(fn))
 
     def _run_local(self, fn: Callable[[Any], T]) -> T:
         c = self._conn
@@ -259,8 +282,11 @@ class SqliteStore:
         self._busy_timeout = busy_timeout
         self._writer: sqlite3.Connection | None = None
         self._reader: sqlite3.Connection | None = None
-        self._write_pool: ThreadPoolExecutor | None = None
-        self._read_pool: ThreadPoolExecutor | None = None
+        self._slow_reader: sqlite3.Connection | None = None  # the reader thread's own
+        self._checkpointer: sqlite3.Connection | None = None  # the writer thread's own
+        self._commits = 0
+        self._write_pool: Worker | None = None
+        self._read_pool: Worker | None = None
         self._write_lock = asyncio.Lock()
         self._feed = Feed(self._read_after, self._newest, on_active=self._start_detector)
         self._detector: asyncio.Task[None] | None = None
@@ -271,17 +297,22 @@ class SqliteStore:
         if self._writer is not None:
             return
         self._check_foreign()
-        write_pool = ThreadPoolExecutor(1, thread_name_prefix="durable-turns-sqlite-write")
-        read_pool = ThreadPoolExecutor(1, thread_name_prefix="durable-turns-sqlite-read")
-        loop = asyncio.get_running_loop()
+        write_pool = Worker("durable-turns-sqlite-write")
+        read_pool = Worker("durable-turns-sqlite-read")
         try:
-            writer = await loop.run_in_executor(write_pool, self._connect_writer)
-            reader = await loop.run_in_executor(read_pool, self._connect)
+            writer = await write_pool.run(self._connect_writer)
+            checkpointer = await write_pool.run(self._connect)
+            reader = await read_pool.run(self._connect)
+            slow_reader = await read_pool.run(self._connect)
         except BaseException:
-            write_pool.shutdown(wait=False)
-            read_pool.shutdown(wait=False)
+            write_pool.stop()
+            read_pool.stop()
             raise
+        # The loop's connections never wait: a busy call goes to a thread that may.
+        writer.execute("PRAGMA busy_timeout = 0")
+        reader.execute("PRAGMA busy_timeout = 0")
         self._writer, self._reader = writer, reader
+        self._slow_reader, self._checkpointer = slow_reader, checkpointer
         self._write_pool, self._read_pool = write_pool, read_pool
 
     def _connect(self) -> sqlite3.Connection:
@@ -299,6 +330,7 @@ class SqliteStore:
             _flock(fd, _SCHEMA_BYTE, wait=True)
             conn.execute("PRAGMA journal_mode = WAL")
             conn.execute(f"PRAGMA synchronous = {self._synchronous}")
+            conn.execute("PRAGMA wal_autocheckpoint = 0")  # checkpoints run off the loop
             self._migrate(conn)
         except sqlite3.Error as e:
             conn.close()
@@ -355,18 +387,22 @@ class SqliteStore:
         if self._detector is not None:
             self._detector.cancel()
             self._detector = None
-        writer, reader = self._writer, self._reader
+        writer, checkpointer = self._writer, self._checkpointer
+        reader, slow_reader = self._reader, self._slow_reader
         write_pool, read_pool = self._write_pool, self._read_pool
-        self._writer = self._reader = None
+        self._writer = self._reader = self._slow_reader = self._checkpointer = None
         self._write_pool = self._read_pool = None
-        loop = asyncio.get_running_loop()
-        if writer is not None and write_pool is not None:
+        if write_pool is not None:
             async with self._write_lock:
-                await loop.run_in_executor(write_pool, writer.close)
-            write_pool.shutdown()
-        if reader is not None and read_pool is not None:
-            await loop.run_in_executor(read_pool, reader.close)
-            read_pool.shutdown()
+                for conn in (writer, checkpointer):
+                    if conn is not None:
+                        await write_pool.run(conn.close)
+            write_pool.stop()
+        if read_pool is not None:
+            for conn in (reader, slow_reader):
+                if conn is not None:
+                    await read_pool.run(conn.close)
+            read_pool.stop()
 
     def _writer_conn(self) -> sqlite3.Connection:
         if self._writer is None:
@@ -378,40 +414,78 @@ class SqliteStore:
         one thread at a time, and never while the runtime drives turns."""
         return self._writer_conn()
 
-    # -- the threads -----------------------------------------------------------------------
+    # -- the loop and the threads ----------------------------------------------------------
 
-    async def _write(self, fn: Callable[[], T]) -> T:
-        """Run ``fn`` on the writer thread (the caller holds the write lock)."""
-        if self._write_pool is None:
+    async def _on_writer_thread(self, fn: Callable[[], T]) -> T:
+        """Run ``fn`` on the writer thread, where the writer connection may wait for the lock
+        (the caller holds ``_write_lock``)."""
+        pool, writer = self._write_pool, self._writer
+        if pool is None or writer is None:
             raise StoreError(f"SqliteStore({str(self.path)!r}) is not open; await store.open()")
-        return await asyncio.get_running_loop().run_in_executor(self._write_pool, fn)
+        timeout = int(self._busy_timeout * 1000)
+
+        def waiting() -> T:
+            writer.execute(f"PRAGMA busy_timeout = {timeout}")
+            try:
+                return fn()
+            finally:
+                writer.execute("PRAGMA busy_timeout = 0")
+
+        return await pool.run(waiting)
+
+    async def _write(self, fn: Callable[[], T], *, began: bool = False) -> T:
+        """Run a write job (the caller holds ``_write_lock``): here if the database's write lock
+        is free, else on the writer thread, which waits for it. A job that ``began`` on the
+        thread already holds the lock and cannot be refused.
+
+        Raises:
+            StoreError: SQLite failed (what the job raises of its own propagates as it is).
+        """
+        try:
+            try:
+                return fn()
+            except sqlite3.OperationalError as e:
+                if began or not _busy(e):
+                    raise
+            return await self._on_writer_thread(fn)
+        except sqlite3.Error as e:
+            raise StoreError(f"write to {self.path} failed: {e}") from e
 
     async def _write_tx(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        """Run ``fn`` in one ``BEGIN IMMEDIATE`` transaction of its own on the writer thread."""
+        """Run ``fn`` in one ``BEGIN IMMEDIATE`` transaction of its own."""
         c = self._writer_conn()
-
-        def run() -> T:
-            c.execute("BEGIN IMMEDIATE")
-            try:
-                out = fn(c)
-                c.execute("COMMIT")
-            except BaseException:
-                if c.in_transaction:
-                    c.execute("ROLLBACK")
-                raise
-            return out
-
         async with self._write_lock:
-            try:
-                return await self._write(run)
-            except sqlite3.Error as e:
-                raise StoreError(f"write to {self.path} failed: {e}") from e
+            out = await self._write(lambda: _in_transaction(c, fn))
+        self._committed()
+        return out
+
+    def _committed(self) -> None:
+        self._commits += 1
+        if self._commits % CHECKPOINT_EVERY == 0 and self._checkpointer is not None:
+            checkpointer, pool = self._checkpointer, self._write_pool
+            assert pool is not None
+            pool.submit(lambda: self._checkpoint(checkpointer))
+
+    @staticmethod
+    def _checkpoint(conn: sqlite3.Connection) -> None:
+        try:
+            conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+        except sqlite3.Error:
+            pass  # the next one catches up
 
     async def _read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        reader, pool = self._reader, self._read_pool
-        if reader is None or pool is None:
+        reader, slow, pool = self._reader, self._slow_reader, self._read_pool
+        if reader is None or slow is None or pool is None:
             raise StoreError(f"SqliteStore({str(self.path)!r}) is not open; await store.open()")
-        return await asyncio.get_running_loop().run_in_executor(pool, fn, reader)
+        try:
+            try:
+                return fn(reader)
+            except sqlite3.OperationalError as e:
+                if not _busy(e):
+                    raise
+            return await pool.run(lambda: fn(slow))
+        except sqlite3.Error as e:
+            raise StoreError(f"read from {self.path} failed: {e}") from e
 
     # -- leases and writes -----------------------------------------------------------------
 
@@ -502,9 +576,14 @@ class SqliteStore:
             while self._feed.active and self._writer is not None:
                 # Asked of the writer connection, whose own commits leave it unchanged: it
                 # moves only when another process committed.
-                writer = self._writer
-                version = await self._write(
-                    lambda: int(writer.execute("PRAGMA data_version").fetchone()[0]))
+                async with self._write_lock:
+                    if self._writer is None:
+                        return
+                    try:
+                        version = int(
+                            self._writer.execute("PRAGMA data_version").fetchone()[0])
+                    except sqlite3.Error:
+                        version = -1  # look again next time; tell everyone to re-read now
                 # The first look only sets the mark: tell everyone once, so a commit made
                 # between their own read and this mark is not missed.
                 if version != seen:
