@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from ..events import TurnEvent
@@ -77,6 +77,7 @@ class Feed:
         self._on_active = on_active
         self._topics: dict[SessionKey, _Topic] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._closed = False
 
     @property
     def active(self) -> bool:
@@ -132,6 +133,7 @@ class Feed:
 
     def close(self) -> None:
         """Stop every subscription (they end) and every read in flight."""
+        self._closed = True
         for topic in list(self._topics.values()):
             for s in list(topic.subs):
                 s.close()
@@ -178,7 +180,10 @@ class Feed:
             if topic.reader is not None:
                 topic.reader.cancel()
 
-    def _spawn(self, coro: Awaitable[None]) -> asyncio.Task[None]:
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None] | None:
+        if self._closed:
+            coro.close()
+            return None
         task: asyncio.Task[None] = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -193,13 +198,16 @@ class Feed:
                     s.cursor = topic.last
             topic.ready.set()
             topic.reader = None
+            for s in topic.subs:
+                s._wake.set()
             if topic.again:
                 self._reread(topic)
         except asyncio.CancelledError:
             raise
         except Exception:
-            log.exception("event feed of %s could not start; retrying on the next change",
-                          topic.key)
+            if not self._closed:
+                log.exception("event feed of %s could not start; retrying on the next change",
+                              topic.key)
             topic.reader = None
 
     def _reread(self, topic: _Topic) -> None:
@@ -223,8 +231,9 @@ class Feed:
         except asyncio.CancelledError:
             raise
         except Exception:
-            log.exception("event feed of %s could not read; retrying on the next change",
-                          topic.key)
+            if not self._closed:
+                log.exception("event feed of %s could not read; retrying on the next change",
+                              topic.key)
         finally:
             if topic.reader is asyncio.current_task():
                 topic.reader = None
@@ -260,8 +269,12 @@ class Subscription:
             return
         self._started = True
         self._feed._start(self._topic)
-        await self._topic.ready.wait()
-        if self._pending is not None:
+        while not self._topic.ready.is_set():
+            if self._closed:
+                return
+            self._wake.clear()
+            await self._wake.wait()
+        if self._pending is not None and not self._closed:
             backlog = await self._feed._read_after(self.key, self.cursor or 0)
             pending, self._pending = self._pending, None
             for e in backlog:
