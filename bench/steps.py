@@ -14,13 +14,26 @@ tool calls, so ``2 * calls + 1`` (21) steps per turn; ``--turns`` (10) turns on 
 transaction) and with a *remote* tool (an ``async def`` writing nothing).
 
 The floor is a raw ``sqlite3`` loop over the same schema with the same PRAGMAs (WAL,
-``synchronous=NORMAL``) that writes exactly the rows the engine writes — the turn row, the
-opening transaction (opening message, ``turn.started``, turn and session status), then per
+``synchronous=NORMAL``) that writes exactly the rows the engine writes, in the same
+transactions — the turn row; the lease claim (``UPDATE sessions SET epoch = epoch + 1``, one
+transaction per turn, as the engine claims the session's lease for each turn it drives); the
+opening transaction (opening message, ``turn.started``, turn and session status); then per
 step one transaction with one message row, one step row and the step's event rows (and the
 tool's row), the last step also ending the turn — with the same JSON bodies, built with
-``json.dumps`` per step. It reads nothing and keeps no state but three counters. After the
-first repetition the two databases are compared row by row, so the floor provably does the
-same writes.
+``json.dumps`` per step. Every transaction that writes a step (the opening's too) also runs
+the fencing check ``SELECT epoch FROM sessions WHERE sid = ?`` and refuses to commit when
+the epoch moved: it is part of what makes a step's write correct when a lease can be lost
+(a writer without it could commit after another process took the session over), so an
+honest floor for "the same writes with the same guarantees" pays it too; ``--no-fence``
+drops it from the floor, to see what it costs (the rows stay identical). Apart from the
+epoch the floor reads nothing — not the newest seq or the message count the engine's claim
+reads, nor the chain — and keeps no state but four counters per session. After the first
+repetition the two databases are compared row by row, so the floor provably does the same
+writes.
+
+``--sessions 100 --turns 2`` drives more sessions than the runtime's transcript cache holds
+(64): each turn then starts on a session whose log was evicted, and reads it from the store
+(the floor never reads it).
 
 Every measured run happens in its own child process (clean ``ru_maxrss`` and
 ``/proc/self/io``) on a fresh database in a temporary directory. Figures are the median of
@@ -34,8 +47,9 @@ the kernel accounted to storage (``write_bytes``).
 History: one session is grown to ``--history`` (2,000) messages; then turns alternate between
 a fresh session (a step sees ~10 messages of history) and the long one (~2,000). A step's time
 is the gap between the events it publishes after its commit (``turn.started`` →
-``message.completed`` → ``action.completed`` → …), so it excludes turn set-up; the ratio is
-of the medians.
+``message.completed`` → ``action.completed`` → …, seen by the runtime's ``sink``, which is
+called synchronously after each commit), so it excludes turn set-up; the ratio is of the
+medians.
 """
 
 from __future__ import annotations
@@ -244,11 +258,17 @@ def run_engine(db: Path, w: Workload, trace_memory: bool = False) -> dict[str, A
 # -- the floor ----------------------------------------------------------------------------
 
 
-class Floor:
-    """A raw sqlite3 writer of exactly the engine's rows: no reads, no objects, no events.
+def _nothing() -> None:
+    pass
 
-    Each call of :meth:`turn` writes one turn: the turn row, the opening transaction, then
-    one transaction per step (with the same JSON bodies, built per step with ``json.dumps``).
+
+class Floor:
+    """A raw sqlite3 writer of exactly the engine's rows: no objects, no events, and no reads
+    but the fencing check (``fence=False`` drops it).
+
+    Each call of :meth:`turn` writes one turn: the turn row, the lease claim (a new epoch),
+    the opening transaction, then one transaction per step (with the same JSON bodies, built
+    per step with ``json.dumps``), each checking the epoch before it commits.
     """
 
     MSG = "INSERT INTO messages (sid, gen, idx, turn_id, body) VALUES (?, ?, ?, ?, ?)"
@@ -259,8 +279,10 @@ class Floor:
         "reason = coalesce(?, reason), request = ? WHERE sid = ? AND turn_id = ?"
     )
     STATUS = "UPDATE sessions SET status = ? WHERE sid = ?"
+    CLAIM = "UPDATE sessions SET epoch = epoch + 1 WHERE sid = ? RETURNING epoch"
+    FENCE = "SELECT epoch FROM sessions WHERE sid = ?"
 
-    def __init__(self, db: Path, calls: int, tool_kind: str) -> None:
+    def __init__(self, db: Path, calls: int, tool_kind: str, fence: bool = True) -> None:
         self.conn = c = sqlite3.connect(db, isolation_level=None)
         c.execute("PRAGMA journal_mode = WAL")
         c.execute("PRAGMA synchronous = NORMAL")
@@ -270,8 +292,9 @@ class Floor:
         self.calls = calls
         self.name = tool_name(tool_kind)
         self.local = tool_kind == "local"
+        self.fence = fence
         self.sessions: dict[str, list[int]] = {}
-        """session id → [sid, message count, last event seq]"""
+        """session id → [sid, message count, last event seq, epoch]"""
 
     def close(self) -> None:
         self.conn.close()
@@ -279,20 +302,34 @@ class Floor:
     def turn(self, session: str, tid: str, stamps: list[float] | None = None) -> None:
         ex = self.conn.execute
         name, local = self.name, self.local
-        MSG, STEP, EVENT = self.MSG, self.STEP, self.EVENT
+        MSG, STEP, EVENT, FENCE = self.MSG, self.STEP, self.EVENT, self.FENCE
         opening = _dumps({"v": 1, "role": "user", "text": OPENING, "turn": tid})
         # accept the turn (creating the session on its first)
         ex("BEGIN IMMEDIATE")
         state = self.sessions.get(session)
         if state is None:
             cur = ex("INSERT INTO sessions (agent, session) VALUES (?, ?)", (AGENT, session))
-            state = self.sessions[session] = [cur.lastrowid or 0, 0, 0]
-        sid, n, seq = state
+            state = self.sessions[session] = [cur.lastrowid or 0, 0, 0, 0]
+        sid, n, seq, _ = state
         ex("INSERT INTO turns (sid, turn_id, status, opening, event, policy) "
            "VALUES (?, ?, 'queued', ?, ?, ?)", (sid, tid, opening, None, None))
         ex("COMMIT")
+        # claim the session's lease: a new epoch
+        ex("BEGIN IMMEDIATE")
+        epoch = state[3] = ex(self.CLAIM, (sid,)).fetchone()[0]
+        ex("COMMIT")
+
+        def check() -> None:
+            # the fencing check of every step's commit (one primary-key read)
+            if ex(FENCE, (sid,)).fetchone()[0] != epoch:
+                ex("ROLLBACK")
+                raise RuntimeError(f"floor: lost the lease of {session}")
+
+        fence = check if self.fence else _nothing
+
         # the opening
         ex("BEGIN IMMEDIATE")
+        fence()
         ex(MSG, (sid, 0, n, tid, opening))
         ex(EVENT, (sid, seq + 1, tid, "turn.started", _dumps({"text": OPENING})))
         ex(self.TURN, ("running", None, None, None, None, sid, tid))
@@ -305,6 +342,7 @@ class Floor:
             # model step: reply + assistant message + its events
             call = {"id": call_id(tid, k), "name": name, "input": {"n": k}}
             ex("BEGIN IMMEDIATE")
+            fence()
             ex(MSG, (sid, 0, n, tid,
                      _dumps({"v": 1, "role": "assistant", "calls": [call], "turn": tid})))
             ex(STEP, (sid, 0, f"model:{n}", tid, _dumps({"m": n, "stop": "tool_use"})))
@@ -320,6 +358,7 @@ class Floor:
             ex("BEGIN IMMEDIATE")
             if local:
                 ex(EFFECT_INSERT, (tid, call["id"], k))
+            fence()
             result = {"n": k, "ok": True}
             ex(MSG, (sid, 0, n, tid, _dumps({"v": 1, "role": "tool", "call_id": call["id"],
                                              "result": result, "turn": tid})))
@@ -332,6 +371,7 @@ class Floor:
                 stamps.append(time.perf_counter())
         # the final model step ends the turn
         ex("BEGIN IMMEDIATE")
+        fence()
         ex(MSG, (sid, 0, n, tid, _dumps({"v": 1, "role": "assistant", "text": FINAL,
                                          "turn": tid})))
         ex(STEP, (sid, 0, f"model:{n}", tid, _dumps({"m": n, "stop": "end_turn"})))
@@ -347,9 +387,10 @@ class Floor:
         state[1], state[2] = n + 1, seq + 2
 
 
-def run_floor(db: Path, w: Workload, trace_memory: bool = False) -> dict[str, Any]:
+def run_floor(db: Path, w: Workload, trace_memory: bool = False,
+              fence: bool = True) -> dict[str, Any]:
     """The floor over the whole workload, in the engine's order."""
-    floor = Floor(db, w.calls, w.tool)
+    floor = Floor(db, w.calls, w.tool, fence)
     with measured(trace_memory) as out:
         for t in range(w.turns):
             for i in range(w.sessions):
@@ -389,32 +430,45 @@ def history_plan(calls: int, target: int, probes: int) -> tuple[int, list[tuple[
     return grow * per_turn, plan
 
 
+class StampSink:
+    """A runtime sink: the time of each step's commit of one turn (the opening's, then one
+    per step), taken when the runtime publishes its events, synchronously after the commit."""
+
+    STEP_TYPES = frozenset(("turn.started", "message.completed", "action.completed"))
+
+    def __init__(self) -> None:
+        self.turn_id: str | None = None
+        self.stamps: list[float] = []
+
+    def start(self, turn_id: str) -> list[float]:
+        self.turn_id, self.stamps = turn_id, []
+        return self.stamps
+
+    def emit(self, event: Any) -> None:
+        if event.turn_id == self.turn_id and event.type in self.STEP_TYPES:
+            self.stamps.append(time.perf_counter())
+
+
 async def engine_history(db: Path, calls: int, target: int, probes: int) -> dict[str, Any]:
     agent, model = build_agent("remote", calls)
     gaps: dict[str, list[float]] = {"short": [], "long": []}
     turn_seconds: dict[str, list[float]] = {"short": [], "long": []}
     grown, plan = history_plan(calls, target, probes)
 
+    sink = StampSink()
+
     async def timed_turn(rt: Any, sid: str, tid: str) -> tuple[list[float], float]:
         s = rt.session(AGENT, sid)
-        stamps: list[float] = []
-
-        def on_event(e: Any) -> None:
-            # published right after each commit: the opening, then one per step
-            if e.type in ("turn.started", "message.completed", "action.completed"):
-                stamps.append(time.perf_counter())
-
-        unsubscribe = s.observe(on_event, turn_id=tid)
+        stamps = sink.start(tid)
         t0 = time.perf_counter()
         r = await s.turn(OPENING, turn_id=tid)
         dt = time.perf_counter() - t0
-        unsubscribe()
         if r.status != "completed":
             raise SystemExit(f"turn {tid} ended {r.status}: {r.error}")
         return stamps, dt
 
     outside: list[float] = []
-    async with Runtime([agent], SqliteStore(db), model) as rt:
+    async with Runtime([agent], SqliteStore(db), model, sink) as rt:
         for which, sid, tid in plan:
             stamps, dt = await timed_turn(rt, sid, tid)
             if which:
@@ -422,14 +476,15 @@ async def engine_history(db: Path, calls: int, target: int, probes: int) -> dict
                 turn_seconds[which].append(dt)
                 outside.append(dt - (stamps[-1] - stamps[0]))
     # A new runtime has no cached transcript: its first turn reads the whole log once.
-    async with Runtime([agent], SqliteStore(db), model) as rt:
+    async with Runtime([agent], SqliteStore(db), model, sink) as rt:
         _, cold = await timed_turn(rt, "long", f"long-t{len(plan):04d}")
     return {**history_summary(gaps, turn_seconds, grown, outside),
             "cold_long_turn_ms": cold * 1e3}
 
 
-def floor_history(db: Path, calls: int, target: int, probes: int) -> dict[str, Any]:
-    floor = Floor(db, calls, "remote")
+def floor_history(db: Path, calls: int, target: int, probes: int,
+                  fence: bool = True) -> dict[str, Any]:
+    floor = Floor(db, calls, "remote", fence)
     gaps: dict[str, list[float]] = {"short": [], "long": []}
     turn_seconds: dict[str, list[float]] = {"short": [], "long": []}
     grown, plan = history_plan(calls, target, probes)
@@ -456,12 +511,14 @@ def child(args: argparse.Namespace) -> None:
     if args.phase == "history-engine":
         out = asyncio.run(engine_history(db, args.calls, args.history, args.probes))
     elif args.phase == "history-floor":
-        out = floor_history(db, args.calls, args.history, args.probes)
+        out = floor_history(db, args.calls, args.history, args.probes, not args.no_fence)
     else:
         kind, tool_kind = args.phase.split("-")
         w = Workload(args.sessions, args.turns, args.calls, tool_kind)
-        run = run_engine if kind == "engine" else run_floor
-        out = run(db, w, args.trace_memory)
+        if kind == "engine":
+            out = run_engine(db, w, args.trace_memory)
+        else:
+            out = run_floor(db, w, args.trace_memory, not args.no_fence)
         out.update(payload_bytes(db))
         out["steps_run"] = w.steps
     print(json.dumps(out))
@@ -476,6 +533,8 @@ def spawn(phase: str, tmp: Path, args: argparse.Namespace, *, trace_memory: bool
            "--probes", str(args.probes)]
     if trace_memory:
         cmd.append("--trace-memory")
+    if args.no_fence:
+        cmd.append("--no-fence")
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"phase {phase} failed:\n{proc.stderr}")
@@ -522,6 +581,7 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "us_per_step": secs / steps * 1e6,
         "us_per_step_all": [round(r["seconds"] / steps * 1e6, 1) for r in runs],
         "cpu_us_per_step": statistics.median(r["cpu_seconds"] for r in runs) / steps * 1e6,
+        "cpu_us_per_step_all": [round(r["cpu_seconds"] / steps * 1e6, 1) for r in runs],
         "steps_per_s": steps / secs,
         "payload_json_bytes_per_step": runs[0]["json_bytes"] / steps,
         "payload_row_bytes_per_step": runs[0]["row_bytes"] / steps,
@@ -688,6 +748,8 @@ def main() -> None:
                    help="turns timed at each history length (default 10)")
     p.add_argument("--repeat", type=int, default=None, help="runs per phase (default 5)")
     p.add_argument("--tool", choices=("local", "remote", "both"), default="both")
+    p.add_argument("--no-fence", action="store_true",
+                   help="the floor skips the per-step fencing read (SELECT epoch)")
     p.add_argument("--no-tracemalloc", action="store_true",
                    help="skip the extra runs that measure the traced Python heap")
     p.add_argument("--tmpdir", default=None, help="where the databases go (default: $TMPDIR)")
