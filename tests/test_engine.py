@@ -174,7 +174,11 @@ async def test_fatal_tool_error_fails_the_turn(store: SessionStore) -> None:
     r = await s.turn("go")
     assert r.status == "failed" and r.error == "the deployment has no database"
     assert seen[-1].type == "turn.failed"
-    assert [m.role for m in await s.transcript()] == ["user", "assistant"]
+    # The call it owed is answered in the transaction that ended it: the log stays valid.
+    msgs = await s.transcript()
+    assert [m.role for m in msgs] == ["user", "assistant", "tool"]
+    assert msgs[2].call_id == "c1" and msgs[2].is_error
+    assert msgs[2].result == {"error": "turn failed: the deployment has no database"}
     assert await s.status() == "idle"
     await rt.close()
 
@@ -185,7 +189,8 @@ async def test_plain_def_returning_an_awaitable_fails_clearly(store: SessionStor
     assert r.status == "failed"
     assert r.error is not None and "forgot_async" in r.error and "async def" in r.error
     msgs = await rt.session("ops", "s1").transcript()
-    assert not any(m.role == "tool" for m in msgs)  # never recorded as {}
+    # Never recorded as {}: the call is answered with the turn's failure.
+    assert [m.result for m in msgs if m.role == "tool"] == [{"error": f"turn failed: {r.error}"}]
     await rt.close()
 
 
@@ -227,7 +232,8 @@ async def test_a_stream_without_stop_fails_the_step(store: SessionStore) -> None
     rt = Runtime([Agent("ops", "", TOOLS)], store, _Stream(TextDelta("cut off")))
     s = rt.session("ops", "s1")
     r = await s.turn("go")
-    assert r.status == "failed" and "without a stop" in (r.error or "")
+    assert r.status == "failed" and "ended without a Stop" in (r.error or "")
+    assert "_Stream" in (r.error or "")  # the model's failure, named, not the engine's
     assert [m.role for m in await s.transcript()] == ["user"]
     await rt.close()
 

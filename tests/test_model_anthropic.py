@@ -494,9 +494,10 @@ def ops_agent(counts: dict[str, int] | None = None) -> Agent:
         raise RuntimeError("the sensor is offline")
 
     city = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    # No engine retries here: these tests are about what the adapter reports.
     return Agent("ops", "You are terse.", tools=[
         Tool(ADD, add), Tool(ToolSpec("weather", "Weather in a city.", city), weather),
-        Tool(ToolSpec("sensor", "Read the sensor."), broken)])
+        Tool(ToolSpec("sensor", "Read the sensor."), broken)], model_retries=0)
 
 
 async def test_a_multi_tool_turn_through_the_engine(tmp_path: Path) -> None:

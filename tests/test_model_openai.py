@@ -454,7 +454,8 @@ async def test_a_multi_tool_turn_through_the_engine(tmp_path: Path) -> None:
     app = openai_app([Completion("Checking.", calls=[a, b], finish_reason="stop",
                                  whole_calls=True),
                       Completion("42, at 12:00.")])
-    agent = Agent("ops", "You are terse.", tools=[Tool(ADD, add), Tool(NOW, now)])
+    agent = Agent("ops", "You are terse.", tools=[Tool(ADD, add), Tool(NOW, now)],
+                  model_retries=0)  # what the adapter reports, without engine retries
     model = openai_compatible("llama3.1", base_url="http://fake/v1", max_retries=0,
                               http_client=in_process(app))
     async with Runtime(agents=[agent], store=SqliteStore(tmp_path / "s.sqlite"),

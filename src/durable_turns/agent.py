@@ -51,6 +51,12 @@ class Agent:
         model: this agent's model; else the runtime's.
         surfaces: per-source policies keyed on an inbound event's ``source``.
         authorize_answer: decides ``{policy, scope}`` answerers at resume time (F6).
+        model_retries: how often a transient model failure (connection reset, cut stream,
+            408/429/5xx/529) is asked again before the turn fails (F2).
+        model_retry_delay: the first backoff in seconds; it doubles per attempt, with jitter
+            (a provider's ``retry-after`` wins, up to 60 s).
+        max_result_bytes: a tool result whose JSON is larger becomes an error result naming
+            its size and this limit (default 1 MiB).
     """
 
     name: str
@@ -59,11 +65,20 @@ class Agent:
     model: Model | None = None
     surfaces: Mapping[str, SurfacePolicy] = field(default_factory=dict)
     authorize_answer: AuthorizeAnswer | None = None
+    model_retries: int = 3
+    model_retry_delay: float = 0.5
+    max_result_bytes: int = 1 << 20
     tools_by_name: dict[str, Tool] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         if not self.name or "/" in self.name:
             raise ConfigurationError(f"agent name {self.name!r} must be non-empty, without '/'")
+        if not isinstance(self.model_retries, int) or self.model_retries < 0:
+            raise ConfigurationError(f"agent {self.name!r}: model_retries must be an int >= 0")
+        if self.model_retry_delay < 0:
+            raise ConfigurationError(f"agent {self.name!r}: model_retry_delay must be >= 0")
+        if self.max_result_bytes <= 0:
+            raise ConfigurationError(f"agent {self.name!r}: max_result_bytes must be > 0")
         self.tools = tuple(self.tools)
         by_name: dict[str, Tool] = {}
         for t in self.tools:

@@ -4,7 +4,7 @@ A runtime runs at most one :class:`SessionDriver` per session, and only while th
 work. The driver claims the session's lease (a fencing epoch with it), then runs the chain's
 unfinished entries in order — turns through the engine, and the commands that must keep their
 place in the chain: a ``reset`` archives the generation, a ``resume`` stores a person's
-answer and sets the parked turn going again. It exits when nothing is left (or the chain waits
+answer and sets the parked turn going again, a ``retry`` re-opens a failed turn. It exits when nothing is left (or the chain waits
 on a person), releasing the lease.
 
 Cancels reach a running turn two ways: in-process, :meth:`SessionDriver.interrupt` sets the
@@ -23,8 +23,8 @@ from typing import Any
 
 from .agent import Agent
 from .engine import TurnEngine
-from .errors import LeaseLostError
-from .events import MessageDelta, TurnEvent
+from .errors import LeaseLostError, StoreError
+from .events import TurnEvent
 from .messages import Message
 from .models import Model
 from .records import SessionKey, TurnRecord, TurnResult, TurnStatus
@@ -33,6 +33,10 @@ from .stores import Lease, SessionStore
 log = logging.getLogger("durable_turns")
 
 Finished = Callable[[SessionKey, TurnResult], None]
+STORE_RETRIES = 5
+"""How often a driver drives a session again after the store refused a step."""
+STORE_BACKOFF = 0.05
+"""Seconds before the first such retry; doubled each time, up to 5 s."""
 
 
 class TranscriptCache:
@@ -78,14 +82,14 @@ class SessionDriver:
         store: where it lives.
         transcripts: the runtime's cache of live logs.
         publish: receives each committed step's events.
-        publish_delta: receives live text as it streams.
+        publish_live: receives live events (text as it streams, model retries).
         finished: told each chain entry's end (or park).
         lease_timeout: how long to wait for another holder of the session's lease.
     """
 
     def __init__(self, key: SessionKey, agent: Agent, model: Model, store: SessionStore, *,
                  transcripts: TranscriptCache, publish: Callable[[list[TurnEvent]], None],
-                 publish_delta: Callable[[MessageDelta], None], finished: Finished,
+                 publish_live: Callable[[TurnEvent], None], finished: Finished,
                  lease_timeout: float | None) -> None:
         self.key = key
         self.failure: BaseException | None = None
@@ -95,7 +99,7 @@ class SessionDriver:
         self._store = store
         self._transcripts = transcripts
         self._publish = publish
-        self._publish_delta = publish_delta
+        self._publish_live = publish_live
         self._finished = finished
         self._lease_timeout = lease_timeout
         self._wanted = True
@@ -130,6 +134,7 @@ class SessionDriver:
             self.interrupt([engine.turn_id], reason)
 
     async def _run(self) -> None:
+        failures = 0
         try:
             while self._wanted:
                 self._wanted = False
@@ -138,6 +143,19 @@ class SessionDriver:
                 unwatch = self._store.watch(self.key, self._on_change)
                 try:
                     await self._chain(lease)
+                    failures = 0
+                except StoreError as e:
+                    # The step was abandoned, nothing of it written: drive the turn again
+                    # after a pause, from what the store holds.
+                    failures += 1
+                    if failures > STORE_RETRIES:
+                        raise
+                    delay = min(STORE_BACKOFF * 2 ** (failures - 1), 5.0)
+                    log.warning("durable_turns: %s: %s; driving it again in %.2fs",
+                                self.key, e, delay)
+                    self._transcripts.forget(self.key)
+                    self._wanted = True
+                    await asyncio.sleep(delay)
                 finally:
                     unwatch()
                     self._engine = self._lease = None
@@ -163,7 +181,7 @@ class SessionDriver:
 
         engine = TurnEngine(self._agent, self._model, lease,
                             await self._transcripts.load(store, lease), self._publish,
-                            self._publish_delta, read_answer, self._cancels.get)
+                            self._publish_live, read_answer, self._cancels.get)
         self._engine = engine
         while True:
             pending = await store.turns(key, unfinished=True)
@@ -193,6 +211,10 @@ class SessionDriver:
             return result
         if entry.kind == "resume":
             return await engine.answer(entry, parked[0] if parked else None)
+        if entry.kind == "retry":
+            target = str((entry.data or {}).get("turn_id"))
+            found = await self._store.turns(self.key, turn_id=target)
+            return await engine.reopen(entry, found[0] if found else None)
         return await engine.run(entry)
 
     # -- cancels from other processes ------------------------------------------------------

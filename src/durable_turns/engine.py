@@ -36,6 +36,7 @@ from .errors import (
     ModelError,
     Parked,
     StoreError,
+    ToolCrashedError,
 )
 from .events import (
     ActionCompleted,
@@ -44,6 +45,7 @@ from .events import (
     InputRequested,
     MessageCompleted,
     MessageDelta,
+    MessageRetry,
     TurnCancelled,
     TurnCompleted,
     TurnEvent,
@@ -53,8 +55,9 @@ from .events import (
 from .hitl import default_answerers
 from .inbound import InboundEvent
 from .messages import Message, ToolCall, encode_json, owed_calls
-from .models import ABNORMAL_STOPS, Model, ModelRequest, Stop, TextDelta
+from .models import ABNORMAL_STOPS, Model, ModelRequest
 from .records import InputRequest, TurnRecord, TurnResult, TurnStatus, input_step_id
+from .replies import RetryPolicy, ask
 from .stores import Lease, Transaction
 from .tools import Tool, ToolContext, compile_schema
 
@@ -66,8 +69,8 @@ ERROR_LIMIT = 2000
 
 Publish = Callable[[list[TurnEvent]], None]
 """Receives a step's events once its transaction committed."""
-PublishDelta = Callable[[MessageDelta], None]
-"""Receives live text as it streams (never stored)."""
+PublishLive = Callable[[TurnEvent], None]
+"""Receives live events, never stored: text as it streams, model retries."""
 CancelReason = Callable[[str], "str | None"]
 """The reason a turn was asked to cancel, if it was (kept current by the driver)."""
 ReadAnswer = Callable[[str], Awaitable["str | None"]]
@@ -91,14 +94,20 @@ class ToolResultError(Exception):
     pass
 
 
-def _encode_result(value: Any) -> Any:
+def _encode_result(value: Any, limit: int) -> Any:
     try:
-        encode_json(value)
+        text = encode_json(value)
     except (TypeError, ValueError) as e:
         raise ToolResultError(
             f"the tool returned a {type(value).__name__}, which is not JSON-serialisable ({e}); "
             "return dicts, lists, strings, numbers, booleans or None"
         ) from None
+    # A UTF-8 character is at most 4 bytes: only a long text needs its bytes counted.
+    if len(text) * 4 > limit and (size := len(text.encode())) > limit:
+        raise ToolResultError(
+            f"the tool's result is {size:,} bytes of JSON, over the limit of {limit:,} "
+            "(Agent(max_result_bytes=…)); return less, or a reference to where the data is"
+        )
     return value
 
 
@@ -112,7 +121,7 @@ class TurnEngine:
         lease: Lease,
         transcript: list[Message],
         publish: Publish,
-        publish_delta: PublishDelta,
+        publish_live: PublishLive,
         read_answer: ReadAnswer,
         cancel_reason: CancelReason,
     ) -> None:
@@ -121,7 +130,8 @@ class TurnEngine:
         self.lease = lease
         self.transcript = transcript
         self._publish = publish
-        self._publish_delta = publish_delta
+        self._publish_live = publish_live
+        self._retry = RetryPolicy(agent.model_retries, agent.model_retry_delay)
         self._read_answer = read_answer
         self._cancel_reason = cancel_reason
         self.turn_id: str | None = None
@@ -189,7 +199,7 @@ class TurnEngine:
         except Cancelled as c:
             return await self._finish(TurnResult(turn.turn_id, TurnStatus.CANCELLED,
                                                  reason=c.reason))
-        except (LeaseLostError, StoreError):
+        except (LeaseLostError, StoreError, ToolCrashedError):
             raise  # nothing of the step was written: the turn stays for another drive
         except (ModelError, FatalToolError, ConfigurationError) as e:
             return await self._finish(TurnResult(turn.turn_id, TurnStatus.FAILED, error=str(e)))
@@ -269,18 +279,30 @@ class TurnEngine:
             tools=[t.spec for t in self._tools(policy).values()],
             turn_id=turn_id,
         )
-        text, calls, stop = await self._interruptible(self._stream(request), turn_id)
-        if stop is None:
-            raise ModelError("the model's stream ended without a stop", provider="engine")
+        ids = self._ids(turn_id)
+
+        def on_text(text: str) -> None:
+            self._publish_live(MessageDelta(**ids, seq=self.lease.last_seq, text=text))
+
+        def on_retry(attempt: int, delay: float, error: ModelError) -> None:
+            log.warning("turn %s of %s: model call failed (%s); attempt %d of %d in %.2fs",
+                        turn_id, self.lease.key, error, attempt + 1, self._retry.retries + 1,
+                        delay)
+            self._publish_live(MessageRetry(**ids, seq=self.lease.last_seq, attempt=attempt,
+                                            retries=self._retry.retries, delay=delay,
+                                            error=str(error)))
+
+        got = await self._interruptible(
+            ask(self.model, request, self._retry, on_text=on_text, on_retry=on_retry), turn_id)
+        text, calls, stop = got.text, got.calls, got.stop
         if stop.reason in ABNORMAL_STOPS and not text and not calls:
             raise ModelError(
-                f"the model stopped ({stop.reason}) with an empty reply", provider="engine"
+                f"model {type(self.model).__name__} stopped ({stop.reason}) with an empty "
+                "reply", provider=type(self.model).__name__,
             )
         reply = Message("assistant", text, tuple(calls), turn_id=turn_id,
                         content=stop.content, usage=dict(stop.usage))
         memo = encode_json({"m": n, "stop": stop.reason})
-        ids = self._ids(turn_id)
-
         done = None if calls else TurnResult(turn_id, TurnStatus.COMPLETED, text)
 
         async def fill(tx: Transaction) -> list[TurnEvent]:
@@ -295,24 +317,6 @@ class TurnEngine:
 
         await self._commit(fill)
         return done
-
-    async def _stream(self, request: ModelRequest) -> tuple[str, list[ToolCall], Stop | None]:
-        turn_id = request.turn_id
-        ids = self._ids(turn_id)
-        parts: list[str] = []
-        calls: list[ToolCall] = []
-        stop: Stop | None = None
-        async with aclosing(self.model.stream(request)) as stream:  # type: ignore[type-var]
-            async for ev in stream:
-                if isinstance(ev, TextDelta):
-                    parts.append(ev.text)
-                    self._publish_delta(MessageDelta(**ids, seq=self.lease.last_seq,
-                                                     text=ev.text))
-                elif isinstance(ev, ToolCall):
-                    calls.append(ev)
-                elif isinstance(ev, Stop):
-                    stop = ev
-        return "".join(parts), calls, stop
 
     # -- tool step -------------------------------------------------------------------------
 
@@ -343,8 +347,10 @@ class TurnEngine:
         elif tool.remote:
             ctx.park = self._parker(turn_id, call.id, event)
             try:
-                result = _encode_result(await tool.run(args, ctx))
+                result = _encode_result(await tool.run(args, ctx), self.agent.max_result_bytes)
                 error = None
+            except (KeyboardInterrupt, SystemExit) as e:
+                raise self._crashed(tool, call, turn_id, e) from e
             except Parked as p:
                 assert isinstance(p.request, InputRequest)
                 out = TurnResult(turn_id, TurnStatus.SUSPENDED, request=p.request)
@@ -363,6 +369,13 @@ class TurnEngine:
         else:
             await self._record(turn_id, n, call, step_id, None, None, local=(tool, args, ctx))
         return None
+
+    def _crashed(self, tool: Tool, call: ToolCall, turn_id: str,
+                 e: BaseException) -> ToolCrashedError:
+        log.error("turn %s of %s: tool %r raised %s; the step is abandoned", turn_id,
+                  self.lease.key, tool.name, type(e).__name__)
+        return ToolCrashedError(tool.name, e, session=str(self.lease.key), turn_id=turn_id,
+                                call_id=call.id)
 
     def _parker(self, turn_id: str, call_id: str, event: InboundEvent | None
                 ) -> Callable[..., Awaitable[Any]]:
@@ -393,8 +406,11 @@ class TurnEngine:
             if local is not None:
                 tool, args, ctx = local
                 ctx.store = tx
+                limit = self.agent.max_result_bytes
                 try:
-                    result = await tx.run_local(lambda _h: _run_local(tool, args, ctx))
+                    result = await tx.run_local(lambda _h: _run_local(tool, args, ctx, limit))
+                except (KeyboardInterrupt, SystemExit) as e:
+                    raise self._crashed(tool, call, turn_id, e) from e
                 except (FatalToolError, ConfigurationError):
                     raise
                 except Exception as e:
@@ -480,23 +496,57 @@ class TurnEngine:
         await self._commit(fill)
         return done
 
+    async def reopen(self, entry: TurnRecord, target: TurnRecord | None) -> TurnResult:
+        """Re-open a failed turn now that the retry's place in the chain has come (F2).
+
+        The turn goes on from where its transcript stands: finished steps stay, a failed
+        model call is asked again. Only the session's latest turn can be re-opened (a later
+        turn has built on its failure).
+        """
+        turn_id = str((entry.data or {}).get("turn_id"))
+        latest = next((m.turn_id for m in reversed(self.transcript) if m.is_opening), None)
+        problem = None
+        if target is None or target.kind != "turn":
+            problem = f"the session has no turn {turn_id!r}"
+        elif target.status != TurnStatus.FAILED:
+            problem = f"turn {turn_id!r} is {target.status}, not failed"
+        elif latest != turn_id:
+            problem = (f"turn {turn_id!r} is not the session's latest turn ({latest!r} ran "
+                       "after it); start a new turn instead")
+        result = TurnResult(entry.turn_id, TurnStatus.FAILED if problem else
+                            TurnStatus.COMPLETED, error=problem)
+
+        async def fill(tx: Transaction) -> list[TurnEvent]:
+            tx.set_turn(result)
+            if problem is None:
+                tx.set_turn(TurnResult(turn_id, TurnStatus.RUNNING))
+                tx.set_status("running")
+            return []
+
+        await self._commit(fill)
+        return result
+
     async def _finish(self, out: TurnResult) -> TurnResult:
         """Record a turn's end that no step committed (failure, cancellation, replay)."""
         turn_id = out.turn_id
 
         async def fill(tx: Transaction) -> list[TurnEvent]:
             events: list[TurnEvent] = []
-            if out.status == TurnStatus.CANCELLED:
-                # Unrun calls of the batch get a synthetic result, so the transcript stays a
-                # valid conversation for the next model call.
-                n, owed = owed_calls(self.transcript)
-                for c in owed if n >= 0 and self.transcript[n].turn_id == turn_id else []:
-                    result = {"cancelled": True}
-                    idx = self._add(tx, Message("tool", call_id=c.id, result=result,
-                                                turn_id=turn_id))
-                    tx.add_step(f"tool:{n}:{c.id}", turn_id, f'{{"m":{idx}}}')
-                    events.append(tx.add_event(ActionCompleted(
-                        **self._ids(turn_id), call=c, result=result, error=None)))
+            # Calls the turn still owes get a synthetic answer in the transaction that ends
+            # it, so the transcript stays a valid conversation for every provider.
+            n, owed = owed_calls(self.transcript)
+            for c in owed if n >= 0 and self.transcript[n].turn_id == turn_id else []:
+                error = None
+                if out.status == TurnStatus.CANCELLED:
+                    result: Any = {"cancelled": True}
+                else:
+                    error = f"turn failed: {out.error}"[:ERROR_LIMIT]
+                    result = {"error": error}
+                idx = self._add(tx, Message("tool", call_id=c.id, result=result,
+                                            is_error=error is not None, turn_id=turn_id))
+                tx.add_step(f"tool:{n}:{c.id}", turn_id, f'{{"m":{idx}}}')
+                events.append(tx.add_event(ActionCompleted(
+                    **self._ids(turn_id), call=c, result=result, error=error)))
             return events + self._end(tx, out)
 
         await self._commit(fill)
@@ -513,7 +563,7 @@ class _NoHandle:
         )
 
 
-def _run_local(tool: Tool, args: dict[str, Any], ctx: ToolContext) -> Any:
+def _run_local(tool: Tool, args: dict[str, Any], ctx: ToolContext, limit: int) -> Any:
     out = tool.run(args, ctx)
     if inspect.isawaitable(out):
         close = getattr(out, "close", None)
@@ -523,4 +573,4 @@ def _run_local(tool: Tool, args: dict[str, Any], ctx: ToolContext) -> Any:
             f"tool {tool.name!r} is a plain def that returned an awaitable; declare it "
             "`async def` so the engine awaits it as a remote tool (its result would be lost)"
         )
-    return _encode_result(out)
+    return _encode_result(out, limit)

@@ -15,7 +15,9 @@ Failures (subclasses of ``Exception``, names ending in ``Error``)::
     ├── LeaseTimeoutError           another process drives the session and did not let go
     ├── LeaseLostError              another holder took the session over; nothing was written
     ├── StoreError                  the store cannot be opened or used
+    ├── TurnConflictError           a turn id redelivered with other text, or not retryable
     ├── ModelError                  the model call failed (carries provider and status)
+    ├── ToolCrashedError            a tool raised KeyboardInterrupt/SystemExit: step abandoned
     └── FatalToolError              raised *by a tool* to fail the turn on purpose
 
 Control-flow signals (subclasses of ``BaseException``, so a tool's ``except Exception``
@@ -150,7 +152,8 @@ class ModelError(DurableTurnsError):
     Attributes:
         provider: which adapter failed (``"anthropic"``, ``"scripted"``, …).
         status: the HTTP status when there was one.
-        retryable: whether calling again might succeed.
+        retryable: whether calling again might succeed (a transient failure).
+        retry_after: seconds the provider asked to wait before calling again, if it did.
     """
 
     def __init__(
@@ -160,11 +163,54 @@ class ModelError(DurableTurnsError):
         provider: str,
         status: int | None = None,
         retryable: bool = False,
+        retry_after: float | None = None,
     ) -> None:
         super().__init__(message)
         self.provider = provider
         self.status = status
         self.retryable = retryable
+        self.retry_after = retry_after
+
+
+class TurnConflictError(DurableTurnsError):
+    """A turn id the session has already accepted, delivered again with other text; or a
+    ``retry()`` of a turn that cannot be re-opened (HTTP 409).
+
+    Attributes:
+        session: the session (``agent/session``).
+        turn_id: the turn.
+    """
+
+    def __init__(self, message: str, *, session: str, turn_id: str) -> None:
+        super().__init__(message)
+        self.session = session
+        self.turn_id = turn_id
+
+
+class ToolCrashedError(DurableTurnsError):
+    """A tool raised ``KeyboardInterrupt`` or ``SystemExit``: treated as a crash of its step.
+
+    Nothing of the step was committed and the turn stays unfinished: ``Runtime.recover()``
+    (or a redelivery) runs the step again.
+
+    Attributes:
+        tool: the tool's name.
+        session: the session (``agent/session``).
+        turn_id: the turn.
+        call_id: the call the tool was running.
+    """
+
+    def __init__(self, tool: str, exc: BaseException, *, session: str, turn_id: str,
+                 call_id: str) -> None:
+        super().__init__(
+            f"tool {tool!r} raised {type(exc).__name__}{f': {exc}' if str(exc) else ''}; "
+            f"its step (call {call_id!r} of turn {turn_id!r}) was abandoned and nothing of it "
+            "committed; the turn stays unfinished for Runtime.recover()"
+        )
+        self.tool = tool
+        self.session = session
+        self.turn_id = turn_id
+        self.call_id = call_id
 
 
 class FatalToolError(DurableTurnsError):

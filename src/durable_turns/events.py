@@ -20,6 +20,7 @@ from .records import InputRequest
 EventType = Literal[
     "turn.started",
     "message.delta",
+    "message.retry",
     "message.completed",
     "action.requested",
     "action.completed",
@@ -96,6 +97,23 @@ class MessageDelta(TurnEvent):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class MessageRetry(TurnEvent):
+    """A model call failed transiently and will be asked again after ``delay`` seconds.
+
+    Live only, like ``message.delta``: never stored. Text streamed by the failed attempt is
+    void; the next attempt streams its reply from the start.
+    """
+
+    type: ClassVar[EventType] = "message.retry"
+    attempt: int
+    """The attempt that failed (1 for the first call)."""
+    retries: int
+    """How many retries the agent allows (``Agent(model_retries=…)``)."""
+    delay: float
+    error: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class MessageCompleted(TurnEvent):
     type: ClassVar[EventType] = "message.completed"
     text: str
@@ -147,6 +165,7 @@ _BY_TYPE: dict[str, type[TurnEvent]] = {
     for cls in (
         TurnStarted,
         MessageDelta,
+        MessageRetry,
         MessageCompleted,
         ActionRequested,
         ActionCompleted,

@@ -14,8 +14,8 @@ from typing import Any, Literal, cast
 from .messages import Message
 
 SessionStatus = Literal["new", "idle", "running", "suspended"]
-EntryKind = Literal["turn", "reset", "resume"]
-"""What a chain entry is: a turn, or a command that runs in the chain's order (F6, F8)."""
+EntryKind = Literal["turn", "reset", "resume", "retry"]
+"""What a chain entry is: a turn, or a command that runs in the chain's order (F2, F6, F8)."""
 StepKind = Literal["model", "tool", "input", "child"]
 
 

@@ -28,8 +28,14 @@ from typing import Any
 
 from .agent import Agent
 from .driver import SessionDriver, TranscriptCache
-from .errors import ConfigurationError, DurableTurnsError, UnknownAgentError, UnknownTurnError
-from .events import TERMINAL_TYPES, EventSink, MessageDelta, TurnEvent
+from .errors import (
+    ConfigurationError,
+    DurableTurnsError,
+    TurnConflictError,
+    UnknownAgentError,
+    UnknownTurnError,
+)
+from .events import TERMINAL_TYPES, EventSink, TurnEvent
 from .messages import Message
 from .models import Model
 from .records import EntryKind, SessionKey, TurnRecord, TurnResult
@@ -56,6 +62,8 @@ class Runtime:
             (``None``: as long as it takes).
         secret: signs answer grants (F6); random per runtime unless given, so a grant is
             only good on the runtime (or the runtimes sharing the secret) that issued it.
+        drive: ``False`` makes a runtime that accepts entries durably and answers ``wait``
+            and ``subscribe`` from the store, but drives nothing (another process does).
     """
 
     def __init__(
@@ -67,6 +75,7 @@ class Runtime:
         *,
         lease_timeout: float | None = None,
         secret: bytes | None = None,
+        drive: bool = True,
     ) -> None:
         self.agents: dict[str, Agent] = {}
         for a in agents:
@@ -88,6 +97,7 @@ class Runtime:
         self.sink = sink
         self.lease_timeout = lease_timeout
         self.secret = secret or os.urandom(32)
+        self.drive = drive
         self._opened = False
         self._drivers: dict[SessionKey, SessionDriver] = {}
         self._transcripts = TranscriptCache(TRANSCRIPT_CACHE)
@@ -191,11 +201,19 @@ class Runtime:
 
         Raises:
             SessionBusyError: a turn is parked (for ``kind="turn"``).
+            TurnConflictError: the id was accepted with other text.
         """
         await self.open()
-        self.model_for(self.agents[key.agent])  # fail now, not in the background
+        if self.drive:
+            self.model_for(self.agents[key.agent])  # fail now, not in the background
         rec, new = await self.store.enqueue_turn(key, turn_id, opening, event, policy,
                                                  kind=kind, supersede=supersede, data=data)
+        if not new and kind == "turn" and (rec.kind, rec.opening.role, rec.opening.text) != (
+                kind, opening.role, opening.text):
+            raise TurnConflictError(
+                f"session {key} already has a {rec.kind} {turn_id!r} opened with other text "
+                f"({rec.opening.text[:60]!r}); a redelivery must repeat it, a new turn needs "
+                "a new id", session=str(key), turn_id=turn_id)
         reason = "reset" if kind == "reset" else supersede
         if new and reason is not None:
             driver = self._drivers.get(key)
@@ -256,7 +274,7 @@ class Runtime:
                         ) from failure
                     done = loop.create_future()
                     waiters.append(done)
-                if not kicked and key not in self._drivers and key.agent in self.agents:
+                if self.drive and not kicked and key not in self._drivers:
                     kicked = True
                     self._drive(key)
                 remaining = None if deadline is None else deadline - loop.time()
@@ -317,6 +335,8 @@ class Runtime:
     # -- drivers ---------------------------------------------------------------------------
 
     def _drive(self, key: SessionKey) -> None:
+        if not self.drive:
+            return
         driver = self._drivers.get(key)
         if driver is not None and driver.alive:
             driver.wake()
@@ -325,7 +345,7 @@ class Runtime:
         self._failed.pop(key, None)
         driver = SessionDriver(
             key, agent, self.model_for(agent), self.store, transcripts=self._transcripts,
-            publish=self._publish, publish_delta=self._publish_delta, finished=self._finished,
+            publish=self._publish, publish_live=self._publish_live, finished=self._finished,
             lease_timeout=self.lease_timeout,
         )
         self._drivers[key] = driver
@@ -358,7 +378,7 @@ class Runtime:
             except Exception:
                 log.exception("event sink failed on %s", e.type)
 
-    def _publish_delta(self, delta: MessageDelta) -> None:
-        for sub in self._live.get(SessionKey(delta.agent, delta.session), ()):
-            sub.offer(delta)
-        self._publish([delta])
+    def _publish_live(self, event: TurnEvent) -> None:
+        for sub in self._live.get(SessionKey(event.agent, event.session), ()):
+            sub.offer(event)
+        self._publish([event])

@@ -19,6 +19,7 @@ from .errors import (
     ConfigurationError,
     ResumeAuthorizationError,
     ResumeConflictError,
+    TurnConflictError,
     TurnSuspendedError,
     UnknownTurnError,
 )
@@ -116,6 +117,36 @@ class AgentSession:
             supersede=f"superseded by turn {turn_id}" if replace else None,
         )
         return StartedTurn(turn_id, new)
+
+    async def retry(self, turn_id: str) -> StartedTurn:
+        """Re-open a failed turn where it failed; finished steps stay (F2).
+
+        A turn that failed because its model could not be reached, after its retries, runs on
+        from its failed model call. (A turn that failed in a tool answered that call with the
+        failure; the model is asked again with that answer.) Wait for it with ``result()``.
+
+        Raises:
+            UnknownTurnError: the session has no such turn.
+            TurnConflictError: the turn did not fail, or a later turn ran after it.
+        """
+        rt = self.runtime
+        await rt.open()
+        found = await rt.store.turns(self.key, turn_id=turn_id)
+        if not found or found[0].kind != "turn":
+            raise UnknownTurnError(str(self.key), turn_id)
+        if found[0].status != TurnStatus.FAILED:
+            raise TurnConflictError(
+                f"turn {turn_id!r} of {self.key} is {found[0].status}, not failed: only a "
+                "failed turn can be retried", session=str(self.key), turn_id=turn_id)
+        entry = f"retry:{turn_id}:{uuid.uuid4().hex}"
+        await rt.accept(self.key, entry, Message("trigger", "retry", turn_id=entry, by="retry"),
+                        kind="retry", data={"turn_id": turn_id})
+        if rt.drive:
+            done = await rt.wait(self.key, entry)
+            if done.status == TurnStatus.FAILED:
+                raise TurnConflictError(done.error or "the turn cannot be retried",
+                                        session=str(self.key), turn_id=turn_id)
+        return StartedTurn(turn_id, new=False)
 
     async def cancel(self, turn_id: str | None = None, *,
                      reason: str = "cancelled by request") -> list[str]:

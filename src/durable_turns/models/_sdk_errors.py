@@ -39,7 +39,17 @@ def _http_error(provider: str, e: Any) -> ModelError:
         f"{provider}: HTTP {status} {kind}: {message}{suffix}",
         provider=provider, status=status,
         retryable=status in (408, 409, 429) or status >= 500,
+        retry_after=_retry_after(e.response.headers.get("retry-after")),
     )
+
+
+def _retry_after(value: str | None) -> float | None:
+    """Seconds from a ``retry-after`` header (seconds only; an HTTP date is ignored)."""
+    try:
+        seconds = float(value) if value is not None else None
+    except ValueError:
+        return None
+    return seconds if seconds is not None and seconds >= 0 else None
 
 
 def translate(provider: str, sdk: ModuleType, e: BaseException, *, midstream: str,

@@ -100,8 +100,8 @@ class Transaction(Protocol):
         ...
 
     def set_turn(self, result: TurnResult, data: dict[str, Any] | None = None) -> None:
-        """Set a chain entry's status and outcome (and a command's ``data``, if given).
-
+        """Set a chain entry's status and outcome, all of it (``text``, ``error``, ``reason``,
+        ``request`` as in ``result``), and a command's ``data`` if given (else it stays).
         A status other than ``suspended`` clears the pending request.
         """
         ...
@@ -176,8 +176,8 @@ class SessionStore(Protocol):
 
         In the same transaction, with ``supersede`` set, every queued or running turn gets a
         cancellation request with that reason (``replace=True``). A ``reset`` always
-        supersedes (reason ``reset``). ``reset`` and ``resume`` are accepted while the
-        session is parked; a ``turn`` is not.
+        supersedes (reason ``reset``). Commands (``reset``, ``resume``, ``retry``) are
+        accepted while the session is parked; a ``turn`` is not.
 
         Returns the entry and whether it was new. An id the session already has is returned
         as it is (a redelivery).

@@ -94,9 +94,8 @@ class SqlRules:
         self.insert_event = q(
             "INSERT INTO events (sid, seq, turn_id, type, data) VALUES (?, ?, ?, ?, ?)")
         self._update_turn = q(
-            "UPDATE turns SET status = ?, text = coalesce(?, text), error = coalesce(?, error), "
-            "reason = coalesce(?, reason), request = ?, data = coalesce(?, data) "
-            "WHERE sid = ? AND turn_id = ?")
+            "UPDATE turns SET status = ?, text = ?, error = ?, reason = ?, request = ?, "
+            "data = coalesce(?, data) WHERE sid = ? AND turn_id = ?")
         self._set_status = q("UPDATE sessions SET status = ? WHERE sid = ?")
         self._new_generation = q(
             "UPDATE sessions SET generation = generation + 1, status = 'new' WHERE sid = ?")

@@ -86,9 +86,9 @@ class _MemoryLease(LeaseBase):
             s.turns[turn_id] = replace(
                 old,
                 status=r.status,
-                text=r.text if r.text is not None else old.text,
-                error=r.error if r.error is not None else old.error,
-                reason=r.reason if r.reason is not None else old.reason,
+                text=r.text,
+                error=r.error,
+                reason=r.reason,
                 request=r.request if updated_request(r) is not None else None,
                 data=data if data is not None else old.data,
             )

@@ -1,0 +1,325 @@
+"""Failure semantics (F2): ordinary failures leave a valid session, transient ones are retried,
+the Model seam is checked, and a failed turn can be retried."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from durable_turns import (
+    Agent,
+    FatalToolError,
+    Message,
+    ModelReply,
+    Runtime,
+    SqliteStore,
+    Stop,
+    TextDelta,
+    ToolCall,
+    ToolContext,
+    TurnConflictError,
+    scripted,
+    tool,
+)
+from durable_turns.errors import ToolCrashedError
+from durable_turns.events import TurnEvent
+from durable_turns.models import ModelRequest, anthropic
+from durable_turns.records import TurnResult, TurnStatus
+from durable_turns.stores import SessionStore
+from fakes.anthropic_api import Fail, Reply, Text, ToolUse, anthropic_app
+from fakes.serving import serving
+
+FAST = {"model_retries": 3, "model_retry_delay": 0.01}
+
+
+@tool
+def lookup(order: str) -> dict[str, Any]:
+    """Look an order up."""
+    return {"order": order, "state": "shipped"}
+
+
+@tool
+def explode(order: str) -> dict[str, Any]:
+    """A tool whose deployment is broken."""
+    raise FatalToolError("the deployment has no database")
+
+
+@contextlib.asynccontextmanager
+async def anthropic_at(app: Any) -> AsyncIterator[Any]:
+    """The official SDK on a local fake of the Messages API (no SDK retries)."""
+    async with serving(app) as url:
+        model = anthropic("claude-test", api_key="sk-test", base_url=url, max_retries=0)
+        try:
+            yield model
+        finally:
+            await model.aclose()
+
+
+async def test_a_failed_batch_leaves_every_call_answered_for_the_next_turn(
+    tmp_path: Path,
+) -> None:
+    app = anthropic_app([
+        Reply([ToolUse("explode", {"order": "42"}, id="c1"),
+               ToolUse("lookup", {"order": "42"}, id="c2")]),
+        Reply([Text("Sorry, the order service is down.")]),
+    ])
+    async with anthropic_at(app) as model:
+        agent = Agent("ops", "You are terse.", [explode, lookup], **FAST)
+        async with Runtime([agent], SqliteStore(tmp_path / "s.db"), model) as rt:
+            s = rt.session("ops", "s1")
+            first = await s.turn("where is order 42?")
+            assert first.status == "failed" and "no database" in (first.error or "")
+            # The provider answers the next turn: its request had a result for every call.
+            second = await s.turn("and now?")
+            transcript = await s.transcript()
+    assert second.status == "completed", second.error
+    assert second.text == "Sorry, the order service is down."
+    tool_msgs = [m for m in transcript if m.role == "tool"]
+    assert [(m.call_id, m.is_error) for m in tool_msgs] == [("c1", True), ("c2", True)]
+    assert all(m.result == {"error": f"turn failed: {first.error}"} for m in tool_msgs)
+    sent = app.state.requests[-1]["body"]["messages"]
+    results = [b["tool_use_id"] for b in sent[2]["content"] if b["type"] == "tool_result"]
+    assert results == ["c1", "c2"]
+
+
+async def test_a_cut_stream_is_asked_again_and_commits_one_reply(tmp_path: Path) -> None:
+    app = anthropic_app([
+        Reply([Text("Looking that up for you now")], cut_after=4),
+        Reply([Text("Looking that up for you now")], cut_after=4),
+        Reply([Text("Order 42 has shipped.")]),
+    ])
+    seen: list[TurnEvent] = []
+    async with anthropic_at(app) as model:
+        agent = Agent("ops", "You are terse.", [lookup], **FAST)
+        async with Runtime([agent], SqliteStore(tmp_path / "s.db"), model) as rt:
+            s = rt.session("ops", "s1")
+            s.observe(seen.append)
+            r = await s.turn("where is order 42?", turn_id="t1")
+            transcript = await s.transcript()
+            logged = await s.events()
+    assert (r.status, r.text) == ("completed", "Order 42 has shipped.")
+    assert [m.role for m in transcript] == ["user", "assistant"]
+    retries = [e for e in seen if e.type == "message.retry"]
+    assert [getattr(e, "attempt", None) for e in retries] == [1, 2]
+    assert all("before message_stop" in getattr(e, "error", "") for e in retries)
+    assert len(app.state.requests) == 3
+    # Retries are live news, never stored.
+    assert "message.retry" not in {e.type for e in logged}
+
+
+async def test_a_provider_down_past_the_retries_fails_and_retry_completes(
+    tmp_path: Path,
+) -> None:
+    down = [Fail(529, "Overloaded", error_type="overloaded_error") for _ in range(4)]
+    app = anthropic_app([Reply([ToolUse("lookup", {"order": "42"}, id="c1")]), *down])
+    async with anthropic_at(app) as model:
+        agent = Agent("ops", "You are terse.", [lookup], **FAST)
+        async with Runtime([agent], SqliteStore(tmp_path / "s.db"), model) as rt:
+            s = rt.session("ops", "s1")
+            r = await s.turn("where is order 42?", turn_id="t1")
+            assert r.status == "failed" and "HTTP 529" in (r.error or "")
+            assert "gave up after 4 attempts" in (r.error or "")
+            app.state.script.append(Reply([Text("Order 42 has shipped.")]))  # back up
+            started = await s.retry("t1")
+            done = await s.result(started.turn_id, timeout=30)
+            transcript = await s.transcript()
+    assert (done.status, done.text, done.error) == ("completed", "Order 42 has shipped.", None)
+    # The finished steps stayed: one opening, one call, one result, one final reply.
+    assert [m.role for m in transcript] == ["user", "assistant", "tool", "assistant"]
+
+
+async def test_redelivery_returns_the_stored_result_and_other_text_conflicts(
+    store: SessionStore,
+) -> None:
+    rt = Runtime([Agent("ops")], store, scripted([ModelReply("once")]))
+    s = rt.session("ops", "s1")
+    r = await s.turn("hello", turn_id="t1")
+    again = await s.turn("hello", turn_id="t1")
+    assert again == r and again.text == "once"
+    with pytest.raises(TurnConflictError, match="other text") as e:
+        await s.start("something else", turn_id="t1")
+    assert (e.value.turn_id, e.value.session) == ("t1", "ops/s1")
+    assert len(await s.transcript()) == 2
+    await rt.close()
+
+
+async def test_retry_refuses_a_turn_that_did_not_fail(store: SessionStore) -> None:
+    rt = Runtime([Agent("ops")], store, scripted([ModelReply("fine")]))
+    s = rt.session("ops", "s1")
+    await s.turn("hello", turn_id="t1")
+    with pytest.raises(TurnConflictError, match="completed, not failed"):
+        await s.retry("t1")
+    with pytest.raises(LookupError):
+        await s.retry("nope")
+    await rt.close()
+
+
+async def test_result_times_out(store: SessionStore) -> None:
+    gate = asyncio.Event()
+
+    @tool
+    async def wait_for_gate() -> str:
+        """Wait."""
+        await asyncio.wait_for(gate.wait(), timeout=30)
+        return "open"
+
+    model = scripted([ModelReply("", [ToolCall("c1", "wait_for_gate", {})]), ModelReply("ok")])
+    rt = Runtime([Agent("ops", "", [wait_for_gate])], store, model)
+    s = rt.session("ops", "s1")
+    t = await s.start("go")
+    with pytest.raises(TimeoutError, match="did not end"):
+        await s.result(t.turn_id, timeout=0.05)
+    gate.set()
+    assert (await s.result(t.turn_id, timeout=30)).text == "ok"
+    await rt.close()
+
+
+async def test_result_drives_a_turn_left_running_with_no_live_lease(tmp_path: Path) -> None:
+    db = tmp_path / "s.db"
+    store = SqliteStore(db)
+    await store.open()
+    # What a process killed mid-turn leaves: a turn marked running, no lease held.
+    key = Runtime([Agent("ops")], store).key("ops", "s1")
+    await store.enqueue_turn(key, "t1", Message("user", "hello", turn_id="t1"))
+    lease = await store.claim(key)
+    async with lease.transaction() as tx:
+        tx.set_turn(TurnResult("t1", TurnStatus.RUNNING))
+        tx.set_status("running")
+    await lease.release()
+    await store.close()
+    async with Runtime([Agent("ops")], SqliteStore(db), scripted([ModelReply("done")])) as rt:
+        r = await rt.session("ops", "s1").result("t1", timeout=30)
+    assert (r.status, r.text) == ("completed", "done")
+
+
+class _Yields:
+    """A custom model that yields exactly what it is given (to break the seam on purpose)."""
+
+    def __init__(self, *events: Any) -> None:
+        self.events = events
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[Any]:
+        for e in self.events:
+            if isinstance(e, BaseException):
+                raise e
+            yield e
+
+
+@pytest.mark.parametrize("events, problem", [
+    ((ToolCall(None, "lookup", {}), Stop("tool_use")), "has no id"),  # type: ignore[arg-type]
+    ((ToolCall("c1", "lookup", {}), ToolCall("c1", "lookup", {}), Stop("tool_use")),
+     "share the id 'c1'"),
+    ((ToolCall("c1", "", {}), Stop("tool_use")), "has no name"),
+    ((ToolCall("c1", "lookup", ["x"]), Stop("tool_use")), "must be an object"),  # type: ignore[arg-type]
+    (("plain text", Stop("end_turn")), "yielded a str"),
+    (({"text": "hi"}, Stop("end_turn")), "yielded a dict"),
+    ((TextDelta(123), Stop("end_turn")), "TextDelta.text is a int"),  # type: ignore[arg-type]
+    ((TextDelta("hi"),), "ended without a Stop"),
+    ((Stop("end_turn"), TextDelta("late")), "after its Stop"),
+    ((TextDelta("hi"), Stop("end_turn", usage="lots")), "Stop.usage"),  # type: ignore[arg-type]
+    ((TextDelta("hi"), ValueError("bad key")), "raised ValueError: bad key"),
+])
+async def test_the_model_seam_is_checked_and_nothing_commits(
+    store: SessionStore, events: tuple[Any, ...], problem: str,
+) -> None:
+    rt = Runtime([Agent("ops", "", [lookup], model_retries=0)], store, _Yields(*events))
+    s = rt.session("ops", "s1")
+    r = await s.turn("go")
+    assert r.status == "failed"
+    assert "_Yields" in (r.error or "") and problem in (r.error or ""), r.error
+    assert "internal error" not in (r.error or "")
+    assert [m.role for m in await s.transcript()] == ["user"]
+    await rt.close()
+
+
+async def test_stop_without_usage_is_no_usage(store: SessionStore) -> None:
+    rt = Runtime([Agent("ops")], store, _Yields(TextDelta("hi"), Stop("end_turn", usage=None)))  # type: ignore[arg-type]
+    r = await rt.session("ops", "s1").turn("go")
+    assert (r.status, r.text) == ("completed", "hi")
+    assert (await rt.session("ops", "s1").transcript())[-1].usage == {}
+    await rt.close()
+
+
+async def test_a_tool_raising_system_exit_abandons_its_step_and_names_the_tool(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "s.db"
+    raised: list[int] = []
+
+    @tool
+    async def shutdown_now(ctx: ToolContext) -> str:
+        """Exit the process (the first time)."""
+        if not raised:
+            raised.append(1)
+            raise SystemExit(3)
+        return "ok"
+
+    model = scripted([ModelReply("", [ToolCall("c1", "shutdown_now", {})]), ModelReply("done")])
+    agent = Agent("ops", "", [shutdown_now])
+    async with Runtime([agent], SqliteStore(db), model) as rt:
+        s = rt.session("ops", "s1")
+        with pytest.raises(Exception, match="tool 'shutdown_now' raised SystemExit: 3") as e:
+            await s.turn("go", turn_id="t1")
+        assert isinstance(e.value.__cause__, ToolCrashedError)
+        assert await s.status() == "running"  # unfinished, nothing of the step committed
+        assert [m.role for m in await s.transcript()] == ["user", "assistant"]
+        assert await rt.recover() == [s.key]
+        r = await s.result("t1", timeout=30)
+    assert (r.status, r.text) == ("completed", "done")
+
+
+async def test_an_oversized_tool_result_becomes_an_error_result(store: SessionStore) -> None:
+    @tool
+    def dump() -> str:
+        """Return far too much."""
+        return "x" * (5 * 1024 * 1024)
+
+    model = scripted([ModelReply("", [ToolCall("c1", "dump", {})]), ModelReply("noted")])
+    rt = Runtime([Agent("ops", "", [dump], max_result_bytes=1 << 20)], store, model)
+    s = rt.session("ops", "s1")
+    r = await s.turn("go")
+    (result,) = [m for m in await s.transcript() if m.role == "tool"]
+    assert r.status == "completed" and result.is_error
+    assert "5,242,882 bytes of JSON, over the limit of 1,048,576" in result.result["error"]
+    await rt.close()
+
+
+OPEN_TOGETHER = textwrap.dedent("""
+    import asyncio, os, sys
+    from durable_turns import Agent, ModelReply, Runtime, SqliteStore, scripted
+    db, gate, me = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    os.read(gate, 1)  # released together: the test closes the pipe's write end
+
+    async def main():
+        async with Runtime([Agent("ops")], SqliteStore(db), scripted([ModelReply("hi")])) as rt:
+            r = await rt.session("ops", me).turn("hello")
+            assert r.status == "completed", r
+    asyncio.run(main())
+""")
+
+
+@pytest.mark.parametrize("round_", range(5))
+async def test_processes_opening_a_new_store_together_all_start(
+    tmp_path: Path, round_: int,
+) -> None:
+    db = tmp_path / f"new-{round_}.sqlite"
+    read, write = os.pipe()
+    procs = [subprocess.Popen([sys.executable, "-c", OPEN_TOGETHER, str(db), str(read),
+                               f"p{i}"], pass_fds=(read,), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for i in range(4)]
+    os.close(read)
+    os.close(write)
+    outcomes = [p.communicate(timeout=60) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0, 0], outcomes
+    async with Runtime([Agent("ops")], SqliteStore(db)) as rt:
+        for i in range(4):
+            assert await rt.session("ops", f"p{i}").status() == "idle"
