@@ -37,6 +37,7 @@ from crashkit import (
     spawn,
     wait_for,
 )
+from durable_turns import Message, SessionKey, SqliteStore
 
 
 @pytest.fixture
@@ -64,6 +65,7 @@ def check_recovered(db: Path, before: State, after: State, crashed: list[str],
         "assistant",
     ]
     assert not any(m.is_error for m in after.messages)
+    assert_every_call_answered_once(after.messages)
 
     # Local tools: every row exactly once, the committed ones untouched.
     assert Counter(r[0] for r in after.rows) == dict.fromkeys(LOCAL_CALLS, 1)
@@ -276,3 +278,41 @@ async def test_a_waiting_delivery_takes_over_when_the_driver_is_killed(db: Path)
     assert (rep["status"], rep["text"], rep["new"]) == ("completed", FINAL_TEXT, False)
     check_recovered(db, before, await load(db), ["driver"], "waiter")
     assert min(e["t"] for e in crashkit.events(db, "waiter")) > killed
+
+
+# -- a turn that ends cancelled after a crash leaves no call unanswered --------------------------
+
+
+def assert_every_call_answered_once(messages: list[Message]) -> None:
+    """The transcript is a valid conversation for every provider: each call of each assistant
+    message has exactly one tool message, right after it, before the next assistant message."""
+    owed: list[str] = []
+    for m in messages:
+        if m.role == "assistant":
+            assert owed == [], f"calls {owed} unanswered before the next reply"
+            owed = [c.id for c in m.tool_calls]
+        elif m.role == "tool":
+            assert m.call_id in owed, f"a result for {m.call_id!r}, which nothing owed"
+            owed.remove(m.call_id)
+    assert owed == [], f"calls {owed} never answered"
+
+
+@pytest.mark.parametrize("kill", ["step:0", "step:3", "remote:c4", "local:c3", "model:3"])
+async def test_a_turn_cancelled_after_a_crash_answers_every_owed_call(db: Path, kill: str) -> None:
+    crash(db, "crash", kill)
+    before = await load(db)
+    store = SqliteStore(db)
+    await store.open()
+    try:
+        key = SessionKey(crashkit.AGENT, crashkit.SESSION)
+        assert await store.request_cancel(key, TURN_ID, "stopped after the crash") == [TURN_ID]
+    finally:
+        await store.close()
+    rep = deliver(db, "replay")
+    assert (rep["status"], rep["new"]) == ("cancelled", False)
+    after = await load(db)
+    assert after.messages[: len(before.messages)] == before.messages
+    assert_every_call_answered_once(after.messages)
+    synthetic = after.messages[len(before.messages):]
+    assert all(m.role == "tool" and m.result == {"cancelled": True} for m in synthetic)
+    assert after.turn is not None and after.turn.reason == "stopped after the crash"

@@ -323,3 +323,98 @@ async def test_processes_opening_a_new_store_together_all_start(
     async with Runtime([Agent("ops")], SqliteStore(db)) as rt:
         for i in range(4):
             assert await rt.session("ops", f"p{i}").status() == "idle"
+
+
+HOLD_THE_LOCK = textwrap.dedent("""
+    import sqlite3, sys, time, pathlib
+    db, flag, seconds = sys.argv[1], pathlib.Path(sys.argv[2]), float(sys.argv[3])
+    conn = sqlite3.connect(db, isolation_level=None)
+    conn.execute("BEGIN IMMEDIATE")
+    flag.touch()
+    time.sleep(seconds)  # the scenario: another process holds the write lock that long
+    conn.execute("COMMIT")
+""")
+
+
+async def test_a_locked_database_abandons_the_step_and_drives_the_turn_again(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    db = tmp_path / "s.db"
+    inside, go = asyncio.Event(), asyncio.Event()
+    runs: list[int] = []
+
+    @tool
+    async def ship(order: str) -> dict[str, Any]:
+        """Ship an order (remote: at least once)."""
+        runs.append(1)
+        inside.set()
+        await asyncio.wait_for(go.wait(), timeout=30)
+        return {"order": order, "shipped": True}
+
+    model = scripted([ModelReply("", [ToolCall("c1", "ship", {"order": "42"})]),
+                      ModelReply("shipped")])
+    async with Runtime([Agent("ops", "", [ship])], SqliteStore(db, busy_timeout=0.05),
+                       model) as rt:
+        s = rt.session("ops", "s1")
+        t = await s.start("ship 42", turn_id="t1")
+        await asyncio.wait_for(inside.wait(), timeout=30)
+        flag = tmp_path / "locked"
+        holder = subprocess.Popen([sys.executable, "-c", HOLD_THE_LOCK, str(db), str(flag),
+                                   "0.5"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True)
+        try:
+            async with asyncio.timeout(30):
+                while not flag.exists():
+                    assert holder.poll() is None, holder.communicate()
+                    await asyncio.sleep(0.005)
+            with caplog.at_level("WARNING", logger="durable_turns"):
+                go.set()  # the tool's step now commits into a locked database
+                r = await s.result(t.turn_id, timeout=60)
+            assert holder.wait(timeout=30) == 0
+        finally:
+            if holder.poll() is None:
+                holder.kill()
+            holder.communicate()
+        transcript = await s.transcript()
+    assert (r.status, r.text) == ("completed", "shipped")
+    assert [m.role for m in transcript] == ["user", "assistant", "tool", "assistant"]
+    assert "database is locked" in caplog.text and "driving it again" in caplog.text
+    assert len(runs) >= 2  # the abandoned step ran again: at least once, as promised
+
+
+async def test_cli_sessions_retry_reopens_a_failed_turn_for_the_next_worker(
+    tmp_path: Path,
+) -> None:
+    from durable_turns.errors import ModelError
+
+    db = tmp_path / "s.db"
+
+    def down(request: ModelRequest) -> ModelReply:
+        raise ModelError("provider: HTTP 401 authentication_error", provider="provider")
+
+    async with Runtime([Agent("ops")], SqliteStore(db), scripted(down)) as rt:
+        r = await rt.session("ops", "s1").turn("hello", turn_id="t1")
+        assert r.status == "failed"
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "durable_turns.cli", "sessions", "retry",
+                               "--db", str(db), *args], capture_output=True, text=True,
+                              timeout=120, check=False)
+
+    nope = cli("--turn", "nope")
+    assert nope.returncode == 2 and "no session of" in nope.stderr
+    assert "Traceback" not in nope.stderr
+    done = cli("--turn", "t1")
+    assert done.returncode == 0, done.stderr
+    assert "turn t1 of ops/s1 re-opened" in done.stdout
+    again = cli("--turn", "t1")  # asked twice before a worker ran it: one retry
+    assert again.returncode == 0, again.stderr
+    async with Runtime([Agent("ops")], SqliteStore(db), scripted([ModelReply("hi")])) as rt:
+        (entry,) = [t for t in await rt.store.turns(rt.key("ops", "s1")) if t.kind == "retry"]
+        assert await rt.recover() == [rt.key("ops", "s1")]
+        await rt.session("ops", "s1").result(entry.turn_id, timeout=30)  # the turn re-opened
+        r = await rt.session("ops", "s1").result("t1", timeout=30)
+        retries = [t for t in await rt.store.turns(rt.key("ops", "s1")) if t.kind == "retry"]
+    assert (r.status, r.text, r.error) == ("completed", "hi", None)
+    assert [t.status for t in retries] == ["completed"]
+    assert cli("--turn", "t1").returncode == 1  # completed now: nothing to retry

@@ -30,7 +30,12 @@ from .demo.approval import ApproveOptions, RefundOptions, run_approve, run_pendi
 from .demo.choice import DEFAULT_ANTHROPIC, ModelChoice, choose_model
 from .demo.refunds import APPROVAL_ID, ORDER_ID
 from .demo.term import make_console
+from .agent import Agent
 from .errors import ConfigurationError, DurableTurnsError, StoreError
+from .loader import load_agent
+from .models.resolve import resolve_model
+from .runtime import Runtime
+from .stores.sqlite import SqliteStore
 
 PROG = "durable-turns"
 
@@ -156,6 +161,27 @@ def build_parser() -> argparse.ArgumentParser:
     pending.add_argument("--db", type=Path, metavar="PATH", required=True,
                          help="the SQLite file")
     pending.set_defaults(run=_pending)
+
+    sessions = commands.add_parser(
+        "sessions", help="operate on a store's sessions",
+        description="Operate on the sessions of a SQLite store.")
+    session_commands = sessions.add_subparsers(dest="action", metavar="ACTION", required=True)
+    retry = session_commands.add_parser(
+        "retry", help="re-open a failed turn where it failed",
+        description="Re-open a failed turn at its failed step: finished steps stay, a failed "
+                    "model call is asked again. With APP_DIR the app's agent drives it to its "
+                    "end here; without, it is queued for the app's next worker "
+                    "(Runtime.recover()).")
+    retry.add_argument("app", nargs="?", type=Path, metavar="APP_DIR",
+                       help="the app folder whose agent drives the turn")
+    retry.add_argument("--db", type=Path, metavar="PATH", required=True,
+                       help="the SQLite file")
+    retry.add_argument("--turn", required=True, metavar="TURN", help="the failed turn's id")
+    retry.add_argument("--session", metavar="AGENT/ID",
+                       help="the turn's session, if two sessions have a turn of that id")
+    retry.add_argument("--model", metavar="PROVIDER:NAME",
+                       help="the model, when the app's agent.py names none")
+    retry.set_defaults(run=_sessions_retry)
 
     # Hidden: one delivery of the demo's turn, in the child process the demo starts.
     worker = commands.add_parser("demo-worker")
@@ -287,6 +313,52 @@ def _run_approval(command: str, work: Coroutine[Any, Any, int]) -> int:
         return _fail(command, "the turn did not end in time", 1)
     except (DemoFailure, DurableTurnsError) as e:
         return _fail(command, f"{type(e).__name__}: {e}", 1)
+
+
+def _sessions_retry(args: argparse.Namespace) -> int:
+    if not args.db.exists():
+        return _fail("sessions retry", f"{args.db} does not exist", 2)
+    try:
+        return asyncio.run(_retry(args))
+    except (StoreError, ConfigurationError, LookupError) as e:
+        return _fail("sessions retry", str(e), 2)
+    except DurableTurnsError as e:
+        return _fail("sessions retry", f"{type(e).__name__}: {e}", 1)
+
+
+async def _retry(args: argparse.Namespace) -> int:
+    store = SqliteStore(args.db)
+    await store.open()
+    try:
+        keys = await store.find_sessions(turn_id=args.turn)
+    finally:
+        await store.close()
+    if args.session:
+        keys = [k for k in keys if str(k) == args.session]
+    if not keys:
+        raise LookupError(f"no session of {args.db} has a turn {args.turn!r}")
+    if len(keys) > 1:
+        raise LookupError(f"turn {args.turn!r} is in {len(keys)} sessions "
+                          f"({', '.join(map(str, keys))}); name one with --session AGENT/ID")
+    (key,) = keys
+    agent = load_agent(args.app) if args.app else Agent(key.agent)
+    if agent.name != key.agent:
+        raise ConfigurationError(f"{args.app} is agent {agent.name!r}; the turn is {key}'s")
+    model = resolve_model(args.model) if args.model else None
+    if args.app and agent.model is None and model is None:
+        raise ConfigurationError(f"{args.app}'s agent.py names no model: pass --model")
+    async with Runtime([agent], SqliteStore(args.db), model, drive=args.app is not None) as rt:
+        session = rt.session(key.agent, key.session)
+        await session.retry(args.turn)
+        if args.app is None:
+            print(f"turn {args.turn} of {key} re-opened; the app's next worker drives it "
+                  "(Runtime.recover())")
+            return 0
+        result = await session.result(args.turn)
+    print(f"turn {args.turn} of {key}: {result.status}"
+          + (f": {result.text}" if result.text else "")
+          + (f": {result.error}" if result.error else ""))
+    return 0 if result.status == "completed" else 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:

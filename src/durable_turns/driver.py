@@ -138,11 +138,8 @@ class SessionDriver:
         try:
             while self._wanted:
                 self._wanted = False
-                lease = await self._store.claim(self.key, timeout=self._lease_timeout)
-                self._lease = lease
-                unwatch = self._store.watch(self.key, self._on_change)
                 try:
-                    await self._chain(lease)
+                    await self._drive_once()
                     failures = 0
                 except StoreError as e:
                     # The step was abandoned, nothing of it written: drive the turn again
@@ -156,10 +153,6 @@ class SessionDriver:
                     self._transcripts.forget(self.key)
                     self._wanted = True
                     await asyncio.sleep(delay)
-                finally:
-                    unwatch()
-                    self._engine = self._lease = None
-                    await lease.release()
         except LeaseLostError as e:
             log.warning("durable_turns: %s; stopped driving it", e)
             self._transcripts.forget(self.key)
@@ -171,6 +164,17 @@ class SessionDriver:
         finally:
             for t in list(self._tasks):
                 t.cancel()
+
+    async def _drive_once(self) -> None:
+        lease = await self._store.claim(self.key, timeout=self._lease_timeout)
+        self._lease = lease
+        unwatch = self._store.watch(self.key, self._on_change)
+        try:
+            await self._chain(lease)
+        finally:
+            unwatch()
+            self._engine = self._lease = None
+            await lease.release()
 
     async def _chain(self, lease: Lease) -> None:
         key, store = self.key, self._store

@@ -138,7 +138,10 @@ class AgentSession:
             raise TurnConflictError(
                 f"turn {turn_id!r} of {self.key} is {found[0].status}, not failed: only a "
                 "failed turn can be retried", session=str(self.key), turn_id=turn_id)
-        entry = f"retry:{turn_id}:{uuid.uuid4().hex}"
+        # One retry per failure: asked twice before it runs, it is one retry.
+        failures = [e.seq for e in await rt.store.read_events(self.key, turn_id=turn_id)
+                    if e.type == "turn.failed"]
+        entry = f"retry:{turn_id}:{max(failures, default=0)}"
         await rt.accept(self.key, entry, Message("trigger", "retry", turn_id=entry, by="retry"),
                         kind="retry", data={"turn_id": turn_id})
         if rt.drive:
