@@ -2,7 +2,7 @@
 
 Usage (from the repository root, with the package installed with its ``dev`` extra)::
 
-    python bench/adapters.py            # 20 runs of each figure (about 30 s)
+    python bench/adapters.py            # 20 runs of each figure (about 20 s)
     python bench/adapters.py --quick    # 3 runs, for a smoke check
     python bench/adapters.py --json     # the same figures, machine-readable
 
