@@ -25,7 +25,9 @@ from durable_turns.demo import KILL_POINTS
 from fakes.anthropic_api import Reply, Text, ToolUse, anthropic_app
 from fakes.serving import serving
 
-TIMEOUT = 60
+TIMEOUT = 120
+"""The bound on every wait on a CLI process: a backstop, not a timing claim (the demo runs
+several Python processes in turn; about 10 s on an idle 2-core machine, over 60 s on a busy one)."""
 
 
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
