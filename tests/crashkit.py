@@ -19,7 +19,9 @@ Every file a child writes sits beside the database:
 - ``ready-<tag>`` (``--barrier FD``): the child is set up and blocks until the pipe whose
   read end is FD is closed by the test (one pipe for every child: they wake together);
 - ``delivered-<tag>``: ``start()`` (or ``recover()``) has returned;
-- ``held-<tag>`` (``--hold CALL``): the child sits inside the remote tool for that call.
+- ``held-<tag>`` (``--hold CALL``): the child sits inside the remote tool for that call;
+- ``go`` (``--gate``), written by the test: the remote tool waits for it before its side
+  effect, so a turn cannot end before the test lets it.
 
 Kill points (``--kill``):
 
@@ -101,6 +103,8 @@ FINAL_TEXT = SCRIPT[-1].text
 
 ORDERS_DDL = "CREATE TABLE IF NOT EXISTS orders (call_id TEXT NOT NULL, item TEXT, pid INTEGER)"
 COMMIT_EVENTS = ("message.completed", "action.completed")
+CHILD_TIMEOUT = 30.0
+"""The bound on every wait of a child, and of the test on a child."""
 
 
 def die() -> NoReturn:
@@ -135,7 +139,7 @@ class Config:
     db: Path
     tag: str
     kill: KillPoint
-    slow: float
+    gate: bool
     hold: str | None
 
     @property
@@ -164,8 +168,8 @@ def build_agent(cfg: Config) -> Agent:
     @tool
     async def notify(text: str, ctx: ToolContext) -> str:
         """Tell the team something."""
-        if cfg.slow:
-            await asyncio.sleep(cfg.slow)  # widens the window two deliveries could overlap in
+        if cfg.gate:
+            await wait_for_file(cfg.work / "go", "the test's go file")
         line = {"call": ctx.call_id, "key": ctx.idempotency_key, "tag": cfg.tag,
                 "pid": os.getpid(), "text": text}
         with effects.open("a") as f:
@@ -174,7 +178,7 @@ def build_agent(cfg: Config) -> Agent:
             die()  # the side effect happened; its result is not committed
         if cfg.hold == ctx.call_id:
             (cfg.work / f"held-{cfg.tag}").touch()
-            await asyncio.sleep(60)  # the test kills us here
+            await asyncio.Event().wait()  # the test kills us here (main() bounds the wait)
         return "sent"
 
     return Agent(AGENT, "You run the shop's orders.", [create_order, notify])
@@ -239,6 +243,15 @@ def recorder(cfg: Config) -> Callable[[TurnEvent], None]:
 # -- the child --------------------------------------------------------------------------------
 
 
+async def wait_for_file(path: Path, what: str, timeout: float = CHILD_TIMEOUT) -> None:
+    """Poll for ``path`` to exist (a bounded wait on a file the test writes, not a sleep)."""
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.005)
+
+
 async def child(cfg: Config, recover: bool, barrier: int | None) -> None:
     # The recorder is the runtime's sink: called as each event is published, before the
     # engine goes on, so a kill point right after a delta or a commit sees it recorded.
@@ -276,17 +289,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--kill", default=None)
     p.add_argument("--recover", action="store_true")
     p.add_argument("--barrier", type=int, default=None, metavar="FD")
-    p.add_argument("--slow", type=float, default=0.0)
+    p.add_argument("--gate", action="store_true")
     p.add_argument("--hold", default=None)
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-    cfg = Config(a.db, a.tag, KillPoint.parse(a.kill), a.slow, a.hold)
-    asyncio.run(asyncio.wait_for(child(cfg, a.recover, a.barrier), timeout=30))
+    cfg = Config(a.db, a.tag, KillPoint.parse(a.kill), a.gate, a.hold)
+    asyncio.run(asyncio.wait_for(child(cfg, a.recover, a.barrier), timeout=CHILD_TIMEOUT))
 
 
 # -- the test side ----------------------------------------------------------------------------
-
-CHILD_TIMEOUT = 30.0
 
 
 def command(db: Path, tag: str, *args: str) -> list[str]:
@@ -309,7 +320,7 @@ def spawn(db: Path, tag: str, *args: str, gate: int | None = None) -> subprocess
                             pass_fds=fds)
 
 
-def wait_for(cond: Callable[[], bool], what: str, timeout: float = 15.0) -> None:
+def wait_for(cond: Callable[[], bool], what: str, timeout: float = CHILD_TIMEOUT) -> None:
     """Poll ``cond`` until it holds (a bounded wait on a condition, not a sleep)."""
     deadline = time.monotonic() + timeout
     while not cond():

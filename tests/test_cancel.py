@@ -1,7 +1,7 @@
 """Cancellation, replace and reset (F7, F8), on every store.
 
 Timing is made deterministic by a gated model and gated tools: the test waits on the events
-they set, never on sleeps.
+they set (each wait bounded by :data:`WAIT`), never on sleeps.
 """
 
 from __future__ import annotations
@@ -17,7 +17,10 @@ from durable_turns.errors import UnknownTurnError
 from durable_turns.events import TurnEvent
 from durable_turns.models import ModelEvent, ModelRequest
 from durable_turns.models.scripted import calls_this_turn
-from durable_turns.stores import SessionStore
+from durable_turns.stores import SessionStore, TurnRecord
+
+WAIT = 30.0
+"""The bound on every wait: a backstop against a hang, not a timing claim."""
 
 
 class GatedModel:
@@ -80,7 +83,7 @@ async def test_cancel_while_the_model_streams_closes_the_stream(store: SessionSt
     seen: list[TurnEvent] = []
     s.observe(seen.append)
     t = await s.start("go")
-    await model.streaming.wait()
+    await asyncio.wait_for(model.streaming.wait(), WAIT)
     assert await s.cancel(t.turn_id, reason="user pressed stop") == [t.turn_id]
     r = await s.result(t.turn_id)
     assert (r.status, r.reason) == ("cancelled", "user pressed stop")
@@ -97,7 +100,7 @@ async def test_a_queued_turn_cancelled_before_its_opening_commits(store: Session
     s = rt.session("ops", "s1")
     first = await s.start("first")
     second = await s.start("second")
-    await model.streaming.wait()
+    await asyncio.wait_for(model.streaming.wait(), WAIT)
     await s.cancel(second.turn_id)
     model.gate.set()
     assert (await s.result(first.turn_id)).status == "completed"
@@ -141,7 +144,7 @@ async def test_replace_cancels_running_and_queued_turns(store: SessionStore) -> 
     a = await s.start("a")
     b = await s.start("b")
     c = await s.start("c")
-    await model.streaming.wait()
+    await asyncio.wait_for(model.streaming.wait(), WAIT)
     model.script = [("fresh answer", [])]
     d = await s.start("d", turn_id="d", replace=True)
     results = [await s.result(t.turn_id) for t in (a, b, c, d)]
@@ -164,8 +167,18 @@ async def test_cancel_bad_input(store: SessionStore) -> None:
 
 
 async def test_reset_archives_the_log_and_the_next_turn_starts_empty(
-    store: SessionStore,
+    store: SessionStore, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    reset_accepted = asyncio.Event()
+    enqueue = store.enqueue_turn
+
+    async def spy(*args: Any, **kwargs: Any) -> tuple[TurnRecord, bool]:
+        accepted = await enqueue(*args, **kwargs)
+        if accepted[0].kind == "reset":
+            reset_accepted.set()
+        return accepted
+
+    monkeypatch.setattr(store, "enqueue_turn", spy)
     model = GatedModel([("", [call("c1")]), ("first answer", [])])
     rt = make_runtime(store, model, note)
     s = rt.session("ops", "s1")
@@ -175,12 +188,13 @@ async def test_reset_archives_the_log_and_the_next_turn_starts_empty(
     model.script = ["gate"]
     running = await s.start("running")
     queued = await s.start("queued")
-    await model.streaming.wait()
+    await asyncio.wait_for(model.streaming.wait(), WAIT)
     reset = asyncio.create_task(s.reset())
-    await asyncio.sleep(0)
+    # The handshake: "after" is started once the reset's entry is durable, so it queues behind it.
+    await asyncio.wait_for(reset_accepted.wait(), WAIT)
     model.script = [("after reset", [])]
     await s.start("after", turn_id="after")
-    res = await reset
+    res = await asyncio.wait_for(reset, WAIT)
     assert (res.previous_session, res.generation) == ("s1#g0", 1)
     assert (await s.result(running.turn_id)).reason == "reset"
     assert (await s.result(queued.turn_id)).status == "cancelled"
@@ -239,9 +253,12 @@ async def test_a_cancel_survives_a_crash(tmp_path: Any) -> None:
     db, marks = tmp_path / "db.sqlite", tmp_path / "marks"
     child = subprocess.Popen([sys.executable, "-c", CHILD, str(db), str(marks)])
     try:
-        deadline = time.monotonic() + 30
+        # A bounded wait on the file the child's tool writes (polled: it is another process).
+        deadline = time.monotonic() + WAIT
         while not (marks.exists() and marks.read_text()):
-            assert child.poll() is None and time.monotonic() < deadline
+            assert child.poll() is None, "the child ended before its tool ran"
+            if time.monotonic() > deadline:
+                raise AssertionError("timed out waiting for the child's tool to run")
             await asyncio.sleep(0.02)
         rt = Runtime([Agent("ops", "", [note])], SqliteStore(db),
                      scripted([ModelReply("never")]))
@@ -249,7 +266,7 @@ async def test_a_cancel_survives_a_crash(tmp_path: Any) -> None:
         assert await s.cancel("t1", reason="operator") == ["t1"]
     finally:
         child.send_signal(signal.SIGKILL)
-        child.wait()
+        child.wait(timeout=WAIT)
     await rt.recover()
     r = await s.result("t1")
     assert (r.status, r.reason) == ("cancelled", "operator")
@@ -267,7 +284,7 @@ async def test_a_cancel_from_another_runtime_stops_a_streaming_model(tmp_path: A
     driver = make_runtime(SqliteStore(db), model, note)
     other = make_runtime(SqliteStore(db), GatedModel([("", [])]), note)
     t = await driver.session("ops", "s1").start("go")
-    await model.streaming.wait()
+    await asyncio.wait_for(model.streaming.wait(), WAIT)
     # `other` shares only the file: it cannot reach the driver's memory, only the store
     assert await other.session("ops", "s1").cancel(t.turn_id, reason="from elsewhere")
     r = await driver.session("ops", "s1").result(t.turn_id)

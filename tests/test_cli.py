@@ -7,10 +7,12 @@ import hashlib
 import json
 import os
 import re
+import select
 import socket
 import sqlite3
 import subprocess
 import sys
+import time
 from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -27,7 +29,9 @@ from durable_turns.testing import get_turn, step_data
 from fakes.anthropic_api import Fail, Reply, Text, ToolUse, anthropic_app
 from fakes.serving import serving
 
-TIMEOUT = 60
+TIMEOUT = 120
+"""The bound on every wait on a CLI process: a backstop, not a timing claim (the demo runs
+several Python processes in turn; about 10 s on an idle 2-core machine, over 60 s on a busy one)."""
 
 
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -35,6 +39,24 @@ def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
         [sys.executable, "-m", "durable_turns.cli", *args],
         capture_output=True, text=True, timeout=TIMEOUT, env=env,
     )
+
+
+def read_line(fd: int, timeout: float = TIMEOUT) -> bytes:
+    """One line from the pipe ``fd``, waiting at most ``timeout`` seconds for it.
+
+    Reads a byte at a time, so nothing after the line is taken from the pipe.
+    """
+    deadline = time.monotonic() + timeout
+    line = b""
+    while not line.endswith(b"\n"):
+        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        if not ready:
+            raise AssertionError(f"timed out waiting for a line on the pipe (got {line!r})")
+        byte = os.read(fd, 1)
+        if not byte:  # EOF: the writer went away
+            break
+        line += byte
+    return line
 
 
 def digest(p: Path) -> str:
@@ -243,11 +265,16 @@ def test_a_paused_worker_leaves_when_its_parent_goes_away(tmp_path: Path) -> Non
         stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, pass_fds=(write_fd,),
     )
     os.close(write_fd)
-    with os.fdopen(read_fd, "rb") as control:
-        assert control.readline() == b"paused after-order-2\n"
+    try:
+        assert read_line(read_fd) == b"paused after-order-2\n"
         assert proc.stdin is not None
         proc.stdin.close()
         assert proc.wait(timeout=TIMEOUT) == 70
+    finally:
+        os.close(read_fd)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=TIMEOUT)
 
 
 # -- approval across processes: refund, pending, approve -------------------------------------
@@ -487,7 +514,12 @@ async def arun(*args: str, env: dict[str, str]) -> tuple[int, str, str]:
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "durable_turns.cli", *args, env=env,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-    out, err = await asyncio.wait_for(proc.communicate(), TIMEOUT)
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), TIMEOUT)
+    finally:
+        if proc.returncode is None:  # timed out: leave no child behind
+            proc.kill()
+            await asyncio.wait_for(proc.wait(), TIMEOUT)
     assert proc.returncode is not None
     return proc.returncode, out.decode(), err.decode()
 

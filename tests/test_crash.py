@@ -256,7 +256,7 @@ async def test_a_waiting_delivery_takes_over_when_the_driver_is_killed(db: Path)
     try:
         wait_for(lambda: (db.parent / "held-driver").exists() or driver.poll() is not None,
                  "the driver to sit inside the remote tool")
-        assert driver.poll() is None, driver.communicate()[1]
+        assert driver.poll() is None, driver.communicate(timeout=CHILD_TIMEOUT)[1]
         waiter = spawn(db, "waiter")
         wait_for(lambda: crashkit.in_acquire(waiter, db) or waiter.poll() is not None,
                  "the second delivery to wait for the lease")
@@ -273,7 +273,7 @@ async def test_a_waiting_delivery_takes_over_when_the_driver_is_killed(db: Path)
             if p is not None and p.poll() is None:
                 p.kill()
             if p is not None:
-                p.communicate()
+                p.communicate(timeout=CHILD_TIMEOUT)
     rep = crashkit.report(db, "waiter")
     assert (rep["status"], rep["text"], rep["new"]) == ("completed", FINAL_TEXT, False)
     check_recovered(db, before, await load(db), ["driver"], "waiter")

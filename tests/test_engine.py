@@ -276,7 +276,7 @@ async def test_observe_replay_folds_the_log_before_live_events(store: SessionSto
 
     s.observe(cb, replay=True)
     await s.start("two", turn_id="t2")
-    await done.wait()
+    await asyncio.wait_for(done.wait(), 30)
     durable = [e for e in got if e.type != "message.delta"]
     assert [e.seq for e in durable] == list(range(1, len(durable) + 1))
     assert [e.turn_id for e in durable].count("t1") == 6

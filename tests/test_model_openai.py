@@ -7,7 +7,6 @@ The fake speaks the real ``chat.completion.chunk`` protocol and reproduces what 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,9 @@ ADD = ToolSpec("add", "Add two integers.", {
     "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
     "required": ["a", "b"]})
 NOW = ToolSpec("now", "The current time.")
+WAIT = 30.0
+"""The bound on every wait in these tests: a backstop against a hang, never a timing claim
+(``bench/adapters.py`` measures how fast a stall is cut or a stream is closed)."""
 
 
 @pytest.fixture(autouse=True)
@@ -377,6 +379,9 @@ async def test_key_and_base_url_from_the_environment(monkeypatch: pytest.MonkeyP
 
 
 # -- over a real socket --------------------------------------------------------------------------
+#
+# A ``stall_after`` stream stalls until the client goes away (the fake's default): only the
+# client's read timeout or ``aclose()`` can end it, and the fake records the disconnect.
 
 
 async def test_cut_stream_over_a_socket_raises() -> None:
@@ -391,35 +396,36 @@ async def test_cut_stream_over_a_socket_raises() -> None:
 
 
 async def test_a_mid_stream_stall_hits_the_read_timeout() -> None:
-    app = openai_app([Completion("Hello there, world", stall_after=3, stall=10)])
+    app = openai_app([Completion("Hello there, world", stall_after=3)])
     async with serving(app) as url:
         model = openai_compatible("gpt-test", api_key="k", base_url=f"{url}/v1",
-                                  max_retries=0, timeout=0.3)
+                                  max_retries=0, timeout=1.0)
         events: list[Any] = []
-        began = time.monotonic()
         try:
             with pytest.raises(ModelError, match="stalled past the read timeout") as info:
-                async for ev in model.stream(ask(user("hi"))):
-                    events.append(ev)
+                async with asyncio.timeout(WAIT):
+                    async for ev in model.stream(ask(user("hi"))):
+                        events.append(ev)
         finally:
             await model.aclose()
-        assert time.monotonic() - began < 3 and info.value.retryable
+        assert info.value.retryable
         assert [e for e in events if isinstance(e, TextDelta)]
         assert not [e for e in events if isinstance(e, Stop)]
-        await asyncio.wait_for(app.state.closed[0].wait(), 3)
+        await asyncio.wait_for(app.state.closed[0].wait(), WAIT)
+        assert app.state.ended == ["disconnected"]  # the client hung up on the stall
 
 
-async def test_closing_the_stream_closes_the_http_response_promptly() -> None:
-    app = openai_app([Completion("one two three four five six", stall_after=2, stall=10)])
+async def test_closing_the_stream_closes_the_http_response() -> None:
+    app = openai_app([Completion("one two three four five six", stall_after=2)])
     async with serving(app) as url:
         model = openai_compatible("gpt-test", api_key="k", base_url=f"{url}/v1", max_retries=0)
         try:
             stream = model.stream(ask(user("hi")))
-            assert isinstance(await anext(stream), TextDelta)
-            began = time.monotonic()
-            await stream.aclose()  # type: ignore[attr-defined]
-            await asyncio.wait_for(app.state.closed[0].wait(), 2)
-            assert time.monotonic() - began < 1.0
+            assert isinstance(await asyncio.wait_for(anext(stream), WAIT), TextDelta)
+            await asyncio.wait_for(stream.aclose(), WAIT)  # type: ignore[attr-defined]
+            # The body stalls until the client goes away: it ends only if the socket closed.
+            await asyncio.wait_for(app.state.closed[0].wait(), WAIT)
+            assert app.state.ended == ["disconnected"]
         finally:
             await model.aclose()
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import math
 import secrets
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable
@@ -90,7 +91,9 @@ class Reply:
     cut_after: int | None = None
     """End the body after this many frames (EOF without ``message_stop``)."""
     stall_after: int | None = None
-    stall: float = 30.0
+    """Stall before this frame, for ``stall`` seconds."""
+    stall: float = math.inf
+    """The default stalls until the client goes away: only a disconnect ends the body."""
     delay: float = 0.0
     """Seconds to wait before each frame."""
 
@@ -293,7 +296,11 @@ def anthropic_app(script: Iterable[Entry] = ()) -> Starlette:
 
     ``app.state``: ``script`` (deque), ``requests`` (list of ``{"headers", "body"}``),
     ``issued`` (thinking signature → text), ``redacted`` (issued redacted data),
-    ``closed`` (one ``asyncio.Event`` per stream, set when its body generator ends).
+    ``closed`` (one ``asyncio.Event`` per stream, set when its body generator ends) and
+    ``ended`` (one entry per stream, in the same order: ``"streaming"`` until its body
+    ends, then how it ended: ``"complete"``, ``"cut"``,
+    ``"error"`` (an error event sent), ``"disconnected"`` (the client went away first, e.g.
+    mid-stall), or ``"failed"`` (the fake itself raised)).
     """
 
     async def messages(request: Request) -> Response:
@@ -325,8 +332,9 @@ def anthropic_app(script: Iterable[Entry] = ()) -> Starlette:
             return JSONResponse(whole_message(reply, body["model"]))
         closed = asyncio.Event()
         state.closed.append(closed)
-        return StreamingResponse(_play(reply, body["model"], closed),
-                                 media_type="text/event-stream",
+        state.ended.append("streaming")
+        stream = _play(reply, body["model"], closed, state.ended, len(state.ended) - 1)
+        return StreamingResponse(stream, media_type="text/event-stream",
                                  headers={"request-id": f"req_{secrets.token_hex(6)}"})
 
     app = Starlette(routes=[Route("/v1/messages", messages, methods=["POST"])])
@@ -335,26 +343,43 @@ def anthropic_app(script: Iterable[Entry] = ()) -> Starlette:
     app.state.issued = {}
     app.state.redacted = set()
     app.state.closed = []
+    app.state.ended = []
     return app
 
 
-async def _play(reply: Reply, model: str, closed: asyncio.Event) -> AsyncIterator[bytes]:
+async def _play(reply: Reply, model: str, closed: asyncio.Event, ended: list[str],
+                i: int) -> AsyncIterator[bytes]:
+    how = "failed"
     try:
         for k, frame in enumerate(frames(reply, model)):
             if reply.error_after is not None and k == reply.error_after:
                 err = {"type": "error",
                        "error": {"type": reply.error_type, "message": reply.error_message}}
                 yield f"event: error\ndata: {json.dumps(err)}\n\n".encode()
+                how = "error"
                 return
             if reply.cut_after is not None and k == reply.cut_after:
+                how = "cut"
                 return
             if reply.stall_after is not None and k == reply.stall_after:
-                await asyncio.sleep(reply.stall)
+                await _stall(reply.stall)
             if reply.delay:
                 await asyncio.sleep(reply.delay)
             yield frame
+        how = "complete"
+    except (asyncio.CancelledError, GeneratorExit):
+        how = "disconnected"
+        raise
     finally:
+        ended[i] = how
         closed.set()
+
+
+async def _stall(seconds: float) -> None:
+    if seconds == math.inf:
+        await asyncio.Event().wait()  # until the client goes away and the body is cancelled
+    else:
+        await asyncio.sleep(seconds)
 
 
 def assistant_blocks(body: dict[str, Any]) -> list[list[dict[str, Any]]]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import math
 import secrets
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable
@@ -81,7 +82,9 @@ class Completion:
     done: bool = True
     """End with ``data: [DONE]``."""
     stall_after: int | None = None
-    stall: float = 30.0
+    """Stall before this chunk, for ``stall`` seconds."""
+    stall: float = math.inf
+    """The default stalls until the client goes away: only a disconnect ends the body."""
     delay: float = 0.0
     raw: list[dict[str, Any]] | None = None
     """Stream these chunk objects as they are, instead of the ones built from the fields
@@ -234,7 +237,11 @@ def openai_app(script: Iterable[Entry] = ()) -> Starlette:
     """A fake ``POST /v1/chat/completions`` playing ``script`` (see the module docstring).
 
     ``app.state``: ``script`` (deque), ``requests`` (list of ``{"headers", "body"}``),
-    ``closed`` (one ``asyncio.Event`` per stream, set when its body generator ends).
+    ``closed`` (one ``asyncio.Event`` per stream, set when its body generator ends) and
+    ``ended`` (one entry per stream, in the same order: ``"streaming"`` until its body
+    ends, then how it ended: ``"complete"``, ``"cut"``,
+    ``"error"`` (an error event sent), ``"disconnected"`` (the client went away first, e.g.
+    mid-stall), or ``"failed"`` (the fake itself raised)).
     """
 
     async def completions(request: Request) -> Response:
@@ -261,31 +268,49 @@ def openai_app(script: Iterable[Entry] = ()) -> Starlette:
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         closed = asyncio.Event()
         state.closed.append(closed)
-        return StreamingResponse(_play(entry, body["model"], include_usage, closed),
-                                 media_type="text/event-stream")
+        state.ended.append("streaming")
+        stream = _play(entry, body["model"], include_usage, closed, state.ended,
+                       len(state.ended) - 1)
+        return StreamingResponse(stream, media_type="text/event-stream")
 
     app = Starlette(routes=[Route("/v1/chat/completions", completions, methods=["POST"])])
     app.state.script = deque(script)
     app.state.requests = []
     app.state.closed = []
+    app.state.ended = []
     return app
 
 
-async def _play(c: Completion, model: str, include_usage: bool,
-                closed: asyncio.Event) -> AsyncIterator[bytes]:
+async def _play(c: Completion, model: str, include_usage: bool, closed: asyncio.Event,
+                ended: list[str], i: int) -> AsyncIterator[bytes]:
+    how = "failed"
     try:
         for k, data in enumerate(chunks(c, model, include_usage)):
             if c.error_after is not None and k == c.error_after:
                 yield f"data: {json.dumps({'error': c.error})}\n\n".encode()
+                how = "error"
                 return
             if c.cut_after is not None and k == c.cut_after:
+                how = "cut"
                 return
             if c.stall_after is not None and k == c.stall_after:
-                await asyncio.sleep(c.stall)
+                await _stall(c.stall)
             if c.delay:
                 await asyncio.sleep(c.delay)
             yield f"data: {data}\n\n".encode()
         if c.done:
             yield b"data: [DONE]\n\n"
+        how = "complete"
+    except (asyncio.CancelledError, GeneratorExit):
+        how = "disconnected"
+        raise
     finally:
+        ended[i] = how
         closed.set()
+
+
+async def _stall(seconds: float) -> None:
+    if seconds == math.inf:
+        await asyncio.Event().wait()  # until the client goes away and the body is cancelled
+    else:
+        await asyncio.sleep(seconds)

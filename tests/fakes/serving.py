@@ -17,6 +17,9 @@ from typing import Any
 import httpx2
 import uvicorn
 
+WAIT = 30.0
+"""The bound on the server's start and on its shutdown."""
+
 
 @asynccontextmanager
 async def serving(app: Any) -> AsyncIterator[str]:
@@ -28,14 +31,15 @@ async def serving(app: Any) -> AsyncIterator[str]:
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve(sockets=[sock]))
     try:
-        while not server.started:
-            if task.done():
-                task.result()
-            await asyncio.sleep(0.005)
+        async with asyncio.timeout(WAIT):
+            while not server.started:  # uvicorn has no event for it: a bounded poll
+                if task.done():
+                    task.result()
+                await asyncio.sleep(0.005)
         yield f"http://127.0.0.1:{port}"
     finally:
         server.should_exit = True
-        await task
+        await asyncio.wait_for(task, WAIT)
         sock.close()
 
 
