@@ -12,7 +12,8 @@ The agent has a local tool (``create_order``: a row in ``orders`` through
 process id appended to ``effects.jsonl``); the scripted model asks for them in :data:`SCRIPT`.
 Every file a child writes sits beside the database:
 
-- ``events-<tag>.jsonl``: every event the child's runtime published (its sink), ``message.delta`` included,
+- ``events-<tag>.jsonl``: every event the child's runtime published (its sink),
+  ``message.delta`` included,
   written (and flushed) as it is published, so a SIGKILL loses none;
 - ``effects.jsonl``: the remote tool's side effects, from every child;
 - ``report-<tag>.json``: how the turn ended, written only by a child that was not killed;

@@ -608,9 +608,9 @@ def test_demo_says_it_could_not_reach_the_model_on_its_last_line(tmp_path: Path)
 
 async def test_demo_says_it_could_not_reach_the_model_on_redelivery(tmp_path: Path) -> None:
     # Delivery 1 gets the two replies it needs to reach its kill point; then the API is
-    # overloaded (retryable) for delivery 2.
+    # overloaded (retryable) for delivery 2, past the engine's three retries.
     overloaded = Fail(529, "Overloaded", headers={"x-should-retry": "false"})
-    app = anthropic_app([ops_replies, ops_replies, overloaded])
+    app = anthropic_app([ops_replies, ops_replies, *[overloaded] * 4])
     async with serving(app) as url:
         env = {**os.environ, **ALICE, "HOME": str(tmp_path),
                "ANTHROPIC_API_KEY": "sk-test", "ANTHROPIC_BASE_URL": url}

@@ -73,7 +73,7 @@ def _returns_coroutine(input: dict[str, Any], ctx: ToolContext) -> Any:
 
 
 from durable_turns import Tool, ToolSpec  # noqa: E402
-from durable_turns.testing import step_data
+from durable_turns.testing import step_data  # noqa: E402
 
 forgot_async = Tool(ToolSpec("forgot_async", "A plain def that awaits."), _returns_coroutine)
 

@@ -38,7 +38,10 @@ from durable_turns.stores import SessionStore
 from fakes.anthropic_api import Fail, Reply, Text, ToolUse, anthropic_app
 from fakes.serving import serving
 
-FAST = {"model_retries": 3, "model_retry_delay": 0.01}
+
+def fast(*tools: Any) -> Agent:
+    """The agent, retrying a transient model failure three times, quickly."""
+    return Agent("ops", "You are terse.", list(tools), model_retries=3, model_retry_delay=0.01)
 
 
 @tool
@@ -73,7 +76,7 @@ async def test_a_failed_batch_leaves_every_call_answered_for_the_next_turn(
         Reply([Text("Sorry, the order service is down.")]),
     ])
     async with anthropic_at(app) as model:
-        agent = Agent("ops", "You are terse.", [explode, lookup], **FAST)
+        agent = fast(explode, lookup)
         async with Runtime([agent], SqliteStore(tmp_path / "s.db"), model) as rt:
             s = rt.session("ops", "s1")
             first = await s.turn("where is order 42?")
@@ -99,7 +102,7 @@ async def test_a_cut_stream_is_asked_again_and_commits_one_reply(tmp_path: Path)
     ])
     seen: list[TurnEvent] = []
     async with anthropic_at(app) as model:
-        agent = Agent("ops", "You are terse.", [lookup], **FAST)
+        agent = fast(lookup)
         async with Runtime([agent], SqliteStore(tmp_path / "s.db"), model) as rt:
             s = rt.session("ops", "s1")
             s.observe(seen.append)
@@ -122,7 +125,7 @@ async def test_a_provider_down_past_the_retries_fails_and_retry_completes(
     down = [Fail(529, "Overloaded", error_type="overloaded_error") for _ in range(4)]
     app = anthropic_app([Reply([ToolUse("lookup", {"order": "42"}, id="c1")]), *down])
     async with anthropic_at(app) as model:
-        agent = Agent("ops", "You are terse.", [lookup], **FAST)
+        agent = fast(lookup)
         async with Runtime([agent], SqliteStore(tmp_path / "s.db"), model) as rt:
             s = rt.session("ops", "s1")
             r = await s.turn("where is order 42?", turn_id="t1")

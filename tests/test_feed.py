@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import subprocess
 import sys
 import textwrap
@@ -26,7 +27,7 @@ async def wait_for_file(path: Path, proc: subprocess.Popen[str], timeout: float 
 
 async def test_a_turn_driven_by_another_process_reaches_subscribers_here(tmp_path: Path) -> None:
     db = tmp_path / "shop.sqlite"
-    cfg = crashkit.Config(db, "observer", crashkit.KillPoint(""), 0.0, None)
+    cfg = crashkit.Config(db, "observer", crashkit.KillPoint(""), False, None)
     async with Runtime([crashkit.build_agent(cfg)], SqliteStore(db),
                        crashkit.build_model(cfg)) as rt:
         rt.store.unwrap().execute(crashkit.ORDERS_DDL)
@@ -120,7 +121,7 @@ async def test_the_loop_keeps_ticking_while_another_process_holds_the_write_lock
     assert result.status == "completed" and result.text == "done"
     assert [e.to_dict() for e in got] == [e.to_dict() for e in stored]
     assert replayed_while_locked
-    gaps = [b - a for a, b in zip(beats, beats[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(beats)]
     # The lock was held for 2 s: a loop blocked by SQLite would show a gap that long. The
     # typical gap (about 10 ms) is a benchmark's business (bench/feed.py), not this test's.
     assert beats and max(gaps) < 1.0, max(gaps)

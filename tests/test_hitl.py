@@ -95,6 +95,7 @@ async def test_park_then_resume_runs_the_tool_again_from_the_top(store: SessionS
     r = await s.result(t.turn_id)
     assert r.status == "suspended"
     assert r.request == await s.pending()
+    assert r.request is not None
     assert r.request.id == "approve-refund" and r.request.call_id == "c1"
     assert r.request.answerers is None  # no inbound event: no restriction
     assert await s.status() == "suspended"
@@ -116,7 +117,7 @@ async def test_the_attested_speaker_is_the_default_answerer(store: SessionStore)
     s = rt.session("ops", "s1")
     t = await s.start(event=slack("U1"))
     r = await s.result(t.turn_id)
-    assert r.request.answerers == {"user": "U1"}
+    assert r.request is not None and r.request.answerers == {"user": "U1"}
     with pytest.raises(ResumeAuthorizationError, match="only user 'U1'"):
         await s.resume(t.turn_id, "approve-refund", True, by="U2")
     with pytest.raises(ResumeAuthorizationError, match="named nobody"):
@@ -147,7 +148,7 @@ async def test_policy_answerers_need_a_grant(store: SessionStore) -> None:
     ev = slack("U1", answerers={"policy": "operator", "scope": "eu"})
     t = await s.start(event=ev)
     req = (await s.result(t.turn_id)).request
-    assert req.answerers == {"policy": "operator", "scope": "eu"}
+    assert req is not None and req.answerers == {"policy": "operator", "scope": "eu"}
     resume = {"turn_id": t.turn_id, "input_id": "approve-refund", "by": "op1", "principal": {}}
     with pytest.raises(ResumeAuthorizationError, match="by alone never answers"):
         await s.resume(t.turn_id, "approve-refund", True, by="op1")
@@ -360,7 +361,7 @@ async def test_a_trigger_turn_has_no_person_and_no_answerer_restriction(
     t = await s.start("Refund order 42 as scheduled.",
                       trigger=Trigger(kind="proactive", by="cron:daily"))
     r = await s.result(t.turn_id)
-    assert r.status == "suspended" and r.request.answerers is None
+    assert r.status == "suspended" and r.request is not None and r.request.answerers is None
     opening = (await s.transcript())[0]
     assert (opening.role, opening.by) == ("trigger", "cron:daily")
     await s.resume(t.turn_id, "approve-refund", True)  # the app drives its own resume

@@ -17,6 +17,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
+from .agent import Agent
 from .demo import (
     KILL_POINTS,
     DemoFailure,
@@ -30,7 +31,6 @@ from .demo.approval import ApproveOptions, RefundOptions, run_approve, run_pendi
 from .demo.choice import DEFAULT_ANTHROPIC, ModelChoice, choose_model
 from .demo.refunds import APPROVAL_ID, ORDER_ID
 from .demo.term import make_console
-from .agent import Agent
 from .errors import ConfigurationError, DurableTurnsError, StoreError
 from .loader import load_agent
 from .models.resolve import resolve_model

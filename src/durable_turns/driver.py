@@ -1,11 +1,11 @@
-"""One session's driver: its lease, its chain, its cancels, its commands (F2, F6–F8).
+"""One session's driver: its lease, its chain, its cancels, its commands (F2, F6 to F8).
 
 A runtime runs at most one :class:`SessionDriver` per session, and only while the session has
 work. The driver claims the session's lease (a fencing epoch with it), then runs the chain's
 unfinished entries in order — turns through the engine, and the commands that must keep their
 place in the chain: a ``reset`` archives the generation, a ``resume`` stores a person's
-answer and sets the parked turn going again, a ``retry`` re-opens a failed turn. It exits when nothing is left (or the chain waits
-on a person), releasing the lease.
+answer and sets the parked turn going again, a ``retry`` re-opens a failed turn. It exits
+when nothing is left (or the chain waits on a person), releasing the lease.
 
 Cancels reach a running turn two ways: in-process, :meth:`SessionDriver.interrupt` sets the
 turn's flag and stops its model stream at once; from another process, the store's feed

@@ -22,7 +22,6 @@ import inspect
 import json
 import logging
 from collections.abc import Awaitable, Callable
-from contextlib import aclosing
 from typing import Any, TypeVar
 
 import jsonschema

@@ -21,7 +21,7 @@ from typing import Any
 
 from .errors import ConfigurationError, InvalidInputError, ResumeAuthorizationError
 from .inbound import InboundEvent
-from .records import InputRequest, input_step_id
+from .records import InputRequest
 from .tools import compile_schema, schema_problem
 
 

@@ -53,8 +53,8 @@ class RetryPolicy:
     def delay(self, attempt: int, error: ModelError) -> float:
         """Seconds to wait after failed attempt ``attempt`` (1-based)."""
         if error.retry_after is not None:
-            return min(error.retry_after, RETRY_AFTER_CAP)
-        ceiling = min(self.base_delay * 2 ** (attempt - 1), BACKOFF_CAP)
+            return min(float(error.retry_after), RETRY_AFTER_CAP)
+        ceiling = min(self.base_delay * 2.0 ** (attempt - 1), BACKOFF_CAP)
         return ceiling / 2 + random.uniform(0, ceiling / 2)  # "equal jitter"
 
 

@@ -281,8 +281,9 @@ class Runtime:
                 if remaining is not None and remaining <= 0:
                     raise TimeoutError(f"turn {turn_id!r} of {key} did not end in {timeout}s")
                 signal = loop.create_task(changed.wait())
+                either: list[asyncio.Future[Any]] = [signal, done]
                 try:
-                    await asyncio.wait([signal, done], timeout=remaining,
+                    await asyncio.wait(either, timeout=remaining,
                                        return_when=asyncio.FIRST_COMPLETED)
                 finally:
                     signal.cancel()

@@ -27,8 +27,8 @@ from rich.text import Text
 
 from ..errors import ResumeAuthorizationError, ResumeConflictError, SessionBusyError
 from ..inbound import InboundEvent
-from ..runtime import Runtime
 from ..records import InputRequest, SessionKey, TurnResult
+from ..runtime import Runtime
 from ..stores.sqlite import SqliteStore
 from .choice import OFFLINE, ModelChoice, build_model
 from .ops import AGENT_NAME, build_agent

@@ -221,7 +221,7 @@ async def run_worker(opts: WorkerOptions, console: Console) -> int:
                        style="bold red"))
     failure = model.last_error  # the turn failed of it if its error is that error's text
     why = (unreachable(failure, model) if failure is not None and result.error
-           and str(failure).startswith(result.error) else None)
+           and result.error.startswith(str(failure)) else None)
     if why is not None and opts.control_fd is not None:
         os.write(opts.control_fd, f"{UNREACHABLE}{' '.join(why.split())}\n".encode())
     return 1

@@ -347,3 +347,16 @@ class Subscription:
 
     async def __aexit__(self, *exc: object) -> None:
         self.close()
+
+
+class FeedStore:
+    """The event-feed half of the store seam, for a store that keeps a :class:`Feed` in
+    ``self._feed``."""
+
+    _feed: Feed
+
+    def subscribe(self, key: SessionKey, after_seq: int | None = None) -> Subscription:
+        return self._feed.subscribe(key, after_seq)
+
+    def watch(self, key: SessionKey, watcher: Watcher) -> Callable[[], None]:
+        return self._feed.watch(key, watcher)

@@ -26,7 +26,7 @@ from ._base import (
     supersede_reason,
     updated_request,
 )
-from ._feed import Feed, Subscription, Watcher
+from ._feed import Feed, FeedStore
 
 T = TypeVar("T")
 
@@ -78,8 +78,8 @@ class _MemoryLease(LeaseBase):
         if s.epoch != self.epoch:
             raise LeaseLostError(str(self.key), self.epoch)
         s.messages.setdefault(s.generation, []).extend(w.messages)
-        for step_id, turn_id, data in w.steps:
-            s.steps[(s.generation, step_id)] = StepRecord(step_id, turn_id, data)
+        for step_id, turn_id, memo in w.steps:
+            s.steps[(s.generation, step_id)] = StepRecord(step_id, turn_id, memo)
         s.events.extend(w.events)
         for turn_id, (r, data) in w.turns.items():
             old = s.turns[turn_id]
@@ -114,7 +114,7 @@ class _MemoryLease(LeaseBase):
         self._released = True
 
 
-class MemoryStore:
+class MemoryStore(FeedStore):
     """Keeps everything in this process's memory. For tests and throwaway runs.
 
     ``unwrap()`` is ``None``: a local tool's writes elsewhere get no rollback here, so
@@ -250,12 +250,6 @@ class MemoryStore:
             return turn_id is None or (t.turn_id == turn_id and t.kind == "turn")
 
         return sorted(k for k, s in self._sessions.items() if any(map(test, s.turns.values())))
-
-    def subscribe(self, key: SessionKey, after_seq: int | None = None) -> Subscription:
-        return self._feed.subscribe(key, after_seq)
-
-    def watch(self, key: SessionKey, watcher: Watcher) -> Callable[[], None]:
-        return self._feed.watch(key, watcher)
 
     async def _read_after(self, key: SessionKey, after_seq: int) -> list[TurnEvent]:
         return await self.read_events(key, after_seq=after_seq)

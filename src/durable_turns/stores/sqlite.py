@@ -5,7 +5,7 @@
   microseconds) or fails with "busy"; a busy call is then run again on the store's own thread
   (writer or reader), which waits there for up to ``busy_timeout``. A write lock held by another
   process therefore stalls only the writes that need it, never the loop, the other sessions'
-  reads or their subscribers. Why not every call on a thread: a thread hop costs 60–120 µs of
+  reads or their subscribers. Why not every call on a thread: a thread hop costs 60 to 120 µs of
   CPU on a small machine, more than a whole step's commit.
 - Work of unknown length runs on the writer thread always: local tools (inside their step's
   transaction) and WAL checkpoints (``wal_autocheckpoint`` is off on our connection; the store
@@ -25,6 +25,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import hashlib
 import os
@@ -39,7 +40,7 @@ from ..events import TurnEvent
 from ..messages import Message
 from ..records import EntryKind, SessionInfo, SessionKey, StepRecord, TurnRecord
 from ._base import BufferedTransaction, LeaseBase, poll_until
-from ._feed import Feed, Subscription, Watcher
+from ._feed import Feed, FeedStore
 from ._sql import SqlRules
 from ._thread import Worker
 
@@ -255,7 +256,7 @@ class _SqliteLease(LeaseBase):
             self._fd = None
 
 
-class SqliteStore:
+class SqliteStore(FeedStore):
     """A session store in one SQLite file.
 
     Args:
@@ -468,10 +469,8 @@ class SqliteStore:
 
     @staticmethod
     def _checkpoint(conn: sqlite3.Connection) -> None:
-        try:
+        with contextlib.suppress(sqlite3.Error):  # the next one catches up
             conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
-        except sqlite3.Error:
-            pass  # the next one catches up
 
     async def _read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         reader, slow, pool = self._reader, self._slow_reader, self._read_pool
@@ -551,13 +550,7 @@ class SqliteStore:
                             turn_id: str | None = None) -> list[SessionKey]:
         return await self._read(lambda c: _RULES.find_sessions(c, which, turn_id))
 
-    # -- the event feed --------------------------------------------------------------------
-
-    def subscribe(self, key: SessionKey, after_seq: int | None = None) -> Subscription:
-        return self._feed.subscribe(key, after_seq)
-
-    def watch(self, key: SessionKey, watcher: Watcher) -> Callable[[], None]:
-        return self._feed.watch(key, watcher)
+    # -- the event feed (subscribe and watch come from FeedStore) ---------------------------
 
     async def _read_after(self, key: SessionKey, after_seq: int) -> list[TurnEvent]:
         return await self.read_events(key, after_seq=after_seq)
