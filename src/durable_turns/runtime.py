@@ -272,6 +272,7 @@ class Runtime:
                             f"(Runtime.recover() retries it): {type(failure).__name__}: "
                             f"{failure}"
                         ) from failure
+                    waiters.remove(done)
                     done = loop.create_future()
                     waiters.append(done)
                 if self.drive and not kicked and key not in self._drivers:
