@@ -99,6 +99,8 @@ _SCHEMA_BYTE = 1 << 62  # outside the range session bytes hash to
 _RULES = SqlRules()
 CHECKPOINT_EVERY = 256
 """Commits between two WAL checkpoints (run on the writer thread)."""
+DETECTOR_LINGER = 2.0
+"""Seconds the change detector keeps polling after the last subscriber or watcher left."""
 
 
 def _busy(e: BaseException) -> bool:
@@ -565,8 +567,16 @@ class SqliteStore(FeedStore):
     async def _detect(self) -> None:
         """Tell the feed when another connection committed, while anyone listens."""
         seen: int | None = None
+        loop = asyncio.get_running_loop()
+        idle_since = loop.time()
         try:
-            while self._feed.active and self._writer is not None:
+            # It lingers a moment after the last listener leaves: turns come and go, and a
+            # detector started afresh must wake everyone once (see below).
+            while self._writer is not None and (
+                self._feed.active or loop.time() - idle_since < DETECTOR_LINGER
+            ):
+                if self._feed.active:
+                    idle_since = loop.time()
                 # Asked of the writer connection, whose own commits leave it unchanged: it
                 # moves only when another process committed.
                 async with self._write_lock:
