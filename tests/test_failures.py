@@ -252,32 +252,48 @@ async def test_stop_without_usage_is_no_usage(store: SessionStore) -> None:
     await rt.close()
 
 
+@pytest.mark.parametrize("signal_", [SystemExit, KeyboardInterrupt])
+@pytest.mark.parametrize("kind", ["remote", "local"])
 async def test_a_tool_raising_system_exit_abandons_its_step_and_names_the_tool(
-    tmp_path: Path,
+    tmp_path: Path, kind: str, signal_: type[BaseException],
 ) -> None:
     db = tmp_path / "s.db"
     raised: list[int] = []
 
-    @tool
-    async def shutdown_now(ctx: ToolContext) -> str:
-        """Exit the process (the first time)."""
+    def maybe_raise() -> str:
         if not raised:
             raised.append(1)
-            raise SystemExit(3)
+            raise signal_(3)
         return "ok"
 
+    @tool(name="shutdown_now")
+    async def remote(ctx: ToolContext) -> str:
+        """Exit the process (the first time)."""
+        return maybe_raise()
+
+    @tool(name="shutdown_now")
+    def local(ctx: ToolContext) -> str:
+        """Exit the process (the first time), inside the step's transaction."""
+        ctx.store.unwrap().execute("INSERT INTO effects VALUES (?)", (len(raised),))
+        return maybe_raise()
+
     model = scripted([ModelReply("", [ToolCall("c1", "shutdown_now", {})]), ModelReply("done")])
-    agent = Agent("ops", "", [shutdown_now])
+    agent = Agent("ops", "", [remote if kind == "remote" else local])
     async with Runtime([agent], SqliteStore(db), model) as rt:
+        rt.store.unwrap().execute("CREATE TABLE effects (n INTEGER)")
         s = rt.session("ops", "s1")
-        with pytest.raises(Exception, match="tool 'shutdown_now' raised SystemExit: 3") as e:
+        with pytest.raises(Exception, match=f"tool 'shutdown_now' raised {signal_.__name__}: 3"
+                           ) as e:
             await s.turn("go", turn_id="t1")
         assert isinstance(e.value.__cause__, ToolCrashedError)
+        assert e.value.__cause__.call_id == "c1"
         assert await s.status() == "running"  # unfinished, nothing of the step committed
         assert [m.role for m in await s.transcript()] == ["user", "assistant"]
         assert await rt.recover() == [s.key]
         r = await s.result("t1", timeout=30)
+        rows = rt.store.unwrap().execute("SELECT n FROM effects").fetchall()
     assert (r.status, r.text) == ("completed", "done")
+    assert rows == ([(1,)] if kind == "local" else [])  # the crashed attempt's row rolled back
 
 
 async def test_an_oversized_tool_result_becomes_an_error_result(store: SessionStore) -> None:
