@@ -194,8 +194,8 @@ async def run_approve(opts: ApproveOptions, console: Console) -> int:
             why = (f"; turn {opts.turn_id!r} already {rec.status}"
                    if rec is not None and rec.status.final else "")
             raise DemoInputError(f"ResumeConflictError: {e}{why}") from None
-        # Nothing awaited since resume() returned, so the turn's first event cannot print
-        # before this header: the pump it woke has not run yet.
+        # Nothing awaited since resume() returned, so the replay's first event cannot print
+        # before this header: the observer that prints it has not run yet.
         answer = "yes (approve)" if opts.approve else "no (--deny)"
         console.print(Text("durable-turns approve: answer a parked turn from another process",
                            style="bold"))
