@@ -228,16 +228,17 @@ class AgentSession:
         """
         sub = self.runtime.subscribe(self.key, 0 if replay else None)
 
-        async def deliver() -> None:
-            await self.runtime.open()
-            async for e in sub:
-                if turn_id is None or e.turn_id == turn_id:
-                    try:
-                        cb(e)
-                    except Exception:
-                        log.exception("observer failed on %s", e.type)
+        def deliver(e: TurnEvent) -> None:
+            if turn_id is None or e.turn_id == turn_id:
+                cb(e)
 
-        task = asyncio.get_running_loop().create_task(deliver())
+        sub.deliver_to(deliver)
+
+        async def start() -> None:
+            await self.runtime.open()
+            await sub.ready()  # fixes the cursor; with replay, hands over the stored events
+
+        task = asyncio.get_running_loop().create_task(start())
         task.add_done_callback(lambda t: t.cancelled() or t.exception())
         return sub.close
 

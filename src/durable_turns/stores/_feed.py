@@ -258,6 +258,7 @@ class Subscription:
         self._closed = False
         self._started = False
         self._on_close: list[Callable[[], None]] = []
+        self._callback: Callable[[TurnEvent], None] | None = None
         self._topic = feed._attach(key, self)
         if after_seq is None and self._topic.ready.is_set():
             self.cursor = self._topic.last
@@ -293,10 +294,32 @@ class Subscription:
         if self._pending is not None:
             self._pending.append((False, event))
         elif self.cursor is None or event.seq == self.cursor:
-            self._queue.append(event)
-            self._wake.set()
+            self._hand(event)
         elif event.seq > self.cursor:
             self._held.append(event)
+
+    def deliver_to(self, callback: Callable[[TurnEvent], None]) -> None:
+        """Hand events to ``callback`` as they come, instead of queueing them for iteration.
+
+        Live events reach it synchronously, as the store publishes them, so a callback has
+        seen a turn's events by the time that turn's ``result()`` returns in this process.
+        A callback that raises is logged; the subscription goes on. Call :meth:`ready` (in a
+        task) so that a backlog, if any, is read.
+        """
+        self._callback = callback
+        queued, self._queue = list(self._queue), deque()
+        for e in queued:
+            self._hand(e)
+
+    def _hand(self, event: TurnEvent) -> None:
+        if self._callback is None:
+            self._queue.append(event)
+            self._wake.set()
+            return
+        try:
+            self._callback(event)
+        except Exception:
+            log.exception("subscriber of %s failed on %s", self.key, event.type)
 
     def _push(self, event: TurnEvent) -> None:
         if self._pending is not None:
@@ -306,12 +329,11 @@ class Subscription:
             return
         held = self._held
         while held and held[0].seq < event.seq:
-            self._queue.append(held.popleft())
-        self._queue.append(event)
+            self._hand(held.popleft())
         self.cursor = event.seq
+        self._hand(event)
         while held and held[0].seq == event.seq:
-            self._queue.append(held.popleft())
-        self._wake.set()
+            self._hand(held.popleft())
 
     def __aiter__(self) -> Subscription:
         return self
