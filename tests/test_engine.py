@@ -27,13 +27,27 @@ from durable_turns.models import ModelEvent, ModelRequest
 from durable_turns.stores import SessionStore
 
 
+def _placeholder(h: Any) -> str:
+    """The raw handle's parameter marker: ``%s`` for psycopg, ``?`` for sqlite3."""
+    return "%s" if type(h).__module__.startswith("psycopg") else "?"
+
+
+def _has_table(h: Any, name: str) -> bool:
+    if type(h).__module__.startswith("psycopg"):
+        sql = ("SELECT count(*) FROM information_schema.tables "
+               "WHERE table_schema = current_schema() AND table_name = %s")
+    else:
+        sql = "SELECT count(*) FROM sqlite_master WHERE name = ?"
+    return bool(h.execute(sql, (name,)).fetchone()[0])
+
+
 @tool
 def record(value: str, ctx: ToolContext) -> dict[str, str]:
     """Write a row through the store's own handle (exactly once on SQL stores)."""
     h = ctx.store.unwrap()
     if h is not None:
         h.execute("CREATE TABLE IF NOT EXISTS rows (v TEXT)")
-        h.execute("INSERT INTO rows (v) VALUES (?)", (value,))
+        h.execute(f"INSERT INTO rows (v) VALUES ({_placeholder(h)})", (value,))
     return {"recorded": value}
 
 
@@ -159,10 +173,8 @@ async def test_tool_errors_become_results_and_local_writes_roll_back(store: Sess
         m.result["error"] for m in results.values()
     ]
     if store.unwrap() is not None:
-        table = store.unwrap().execute(
-            "SELECT count(*) FROM sqlite_master WHERE name = 'rows'").fetchone()[0]
         # the failing tool's CREATE TABLE and INSERT were rolled back together
-        assert table == 0
+        assert not _has_table(store.unwrap(), "rows")
     await rt.close()
 
 

@@ -21,8 +21,10 @@ MemoryStore, a cheap change check for SQLite, NOTIFY for PostgreSQL), whichever 
 committed them.
 
 Backends: :class:`~durable_turns.stores.memory.MemoryStore`,
-:class:`~durable_turns.stores.sqlite.SqliteStore`. The rules SQL backends share live in
-``stores/_sql.py``; ``durable_turns.testing`` holds the conformance suite every store passes.
+:class:`~durable_turns.stores.sqlite.SqliteStore`,
+:class:`~durable_turns.stores.postgres.PostgresStore` (extra ``postgres``). The rules SQL
+backends share live in ``stores/_sql.py``; ``durable_turns.testing`` holds the conformance
+suite every store passes.
 """
 
 from __future__ import annotations
