@@ -234,3 +234,12 @@ class SessionStore(Protocol):
         """Sessions with a queued or running turn (``unfinished``: what recovery drives),
         with a parked turn (``parked``: an operator's inbox), or with a turn of this id."""
         ...
+
+    async def find_claimable(self, limit: int = 100) -> list[SessionKey]:
+        """Up to ``limit`` sessions with a queued or running turn whose lease nobody holds
+        now (free, or expired where leases expire): what a worker looking for work claims.
+
+        A hint, not a reservation: another worker may claim one first (the claim then fails
+        or waits), and a lease taken or freed meanwhile is seen at the next look.
+        """
+        ...

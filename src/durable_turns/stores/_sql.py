@@ -280,9 +280,11 @@ class SqlRules:
         ), (key.agent, key.session)).fetchone()
         return int(row[0])
 
-    def find_sessions(self, c: Connection, which: str | None,
-                      turn_id: str | None) -> list[SessionKey]:
-        conditions: list[str] = []
+    def find_sessions(self, c: Connection, which: str | None, turn_id: str | None, *,
+                      where: str | None = None, limit: int | None = None) -> list[SessionKey]:
+        """Sessions by their turns (see ``SessionStore.find_sessions``); ``where``: one more
+        condition on the session row ``s`` (a backend's lease columns)."""
+        conditions: list[str] = [] if where is None else [where]
         params: list[Any] = []
         if which == "unfinished":
             conditions.append("t.status IN ('queued', 'running')")
@@ -293,9 +295,10 @@ class SqlRules:
         if turn_id is not None:
             conditions.append("t.turn_id = ? AND t.kind = 'turn'")
             params.append(turn_id)
-        where = " AND ".join(conditions) or "1 = 1"
+        where_all = " AND ".join(conditions) or "1 = 1"
         rows = c.execute(self.q(
             "SELECT DISTINCT s.agent, s.session FROM turns t JOIN sessions s ON s.sid = t.sid "
-            f"WHERE {where} ORDER BY s.agent, s.session"
+            f"WHERE {where_all} ORDER BY s.agent, s.session"
+            + ("" if limit is None else f" LIMIT {int(limit)}")
         ), tuple(params)).fetchall()
         return [SessionKey(a, s) for a, s in rows]

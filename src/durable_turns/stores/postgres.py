@@ -107,6 +107,7 @@ _TRY_LEASE = (
     "WHERE sid = %s AND (lease_until IS NULL OR lease_until < clock_timestamp()) RETURNING sid")
 _RENEW = ("UPDATE sessions SET lease_until = clock_timestamp() + make_interval(secs => %s) "
           "WHERE sid = %s AND epoch = %s RETURNING sid")
+_LEASE_FREE = "(s.lease_until IS NULL OR s.lease_until < clock_timestamp())"
 _RELEASE = "UPDATE sessions SET lease_until = NULL WHERE sid = %s AND epoch = %s"
 _NOTIFY = "SELECT pg_notify(%s, %s)"
 
@@ -341,7 +342,12 @@ class PostgresStore(FeedStore):
         self._held: set[_PgLease] = set()
 
     def __repr__(self) -> str:
-        return f"PostgresStore({psycopg.conninfo.make_conninfo(self.dsn)!r})"
+        try:
+            params = psycopg.conninfo.conninfo_to_dict(self.dsn)
+        except psycopg.Error:
+            return "PostgresStore(<an unparsable DSN>)"
+        params.pop("password", None)  # never in a message or a log
+        return f"PostgresStore({psycopg.conninfo.make_conninfo('', **params)!r})"
 
     # -- opening ---------------------------------------------------------------------------
 
@@ -545,6 +551,10 @@ class PostgresStore(FeedStore):
     async def find_sessions(self, which: str | None = None, *,
                             turn_id: str | None = None) -> list[SessionKey]:
         return await self._read(lambda c: _RULES.find_sessions(c, which, turn_id))
+
+    async def find_claimable(self, limit: int = 100) -> list[SessionKey]:
+        return await self._read(lambda c: _RULES.find_sessions(
+            c, "unfinished", None, where=_LEASE_FREE, limit=limit))
 
     # -- the event feed (subscribe and watch come from FeedStore) ---------------------------
 
