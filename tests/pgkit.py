@@ -5,12 +5,15 @@ short lease (``lease_ttl=1.0``)::
 
     python tests/pgkit.py DSN WORK --tag a --start --hold   # accept, drive, hold in the tool
     python tests/pgkit.py DSN WORK --tag b                  # recover() and drive
+    python tests/pgkit.py DSN WORK --tag w1 --work          # Runtime.work() until no
+                                                            # session has unfinished turns
 
 The agent has one local tool, ``create_order``: a row in ``orders`` through
 ``ctx.store.unwrap()``, inside the step's transaction. Files in WORK are the signals:
 
 - ``held-<tag>`` (``--hold``): the child sits inside ``create_order`` for call ``c1``, its row
   written, the step not committed; it goes on once the test writes ``go-<tag>``;
+- ``ready-<tag>`` (``--work``): the worker is open; it starts working once ``go`` exists;
 - ``report-<tag>.json``: how the turn ended, as this child saw it.
 """
 
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import sys
@@ -44,7 +48,8 @@ SCRIPT = [
     ModelReply("And the pear.", [ToolCall("c2", "create_order", {"item": "pear"})]),
     ModelReply("Done."),
 ]
-ORDERS_DDL = "CREATE TABLE IF NOT EXISTS orders (call_id TEXT NOT NULL, item TEXT, pid INTEGER)"
+ORDERS_DDL = ("CREATE TABLE IF NOT EXISTS orders (call_id TEXT NOT NULL, item TEXT, pid INTEGER, "
+              "session TEXT, turn_id TEXT)")
 CHILD_TIMEOUT = 30.0
 """The bound on every wait of a child, and of the test on a child."""
 
@@ -62,14 +67,38 @@ def build_agent(work: Path, tag: str, hold: bool) -> Agent:
     def create_order(item: str, ctx: ToolContext) -> dict[str, Any]:
         """Place an order for one item."""
         conn = ctx.store.unwrap()
-        conn.execute("INSERT INTO orders (call_id, item, pid) VALUES (%s, %s, %s)",
-                     (ctx.call_id, item, os.getpid()))
+        conn.execute("INSERT INTO orders (call_id, item, pid, session, turn_id) "
+                     "VALUES (%s, %s, %s, %s, %s)",
+                     (ctx.call_id, item, os.getpid(), ctx.session, ctx.turn_id))
         if hold and ctx.call_id == "c1":
             (work / f"held-{tag}").touch()
             _wait_for_file(work / f"go-{tag}")  # on the store's thread, like any local tool
         return {"item": item}
 
     return Agent(AGENT, "You run the shop's orders.", [create_order])
+
+
+async def worker(dsn: str, work: Path, tag: str) -> None:
+    def reply(request: ModelRequest) -> ModelReply:
+        return SCRIPT[1:][calls_this_turn(request)]  # one order, then done
+
+    store = PostgresStore(dsn, lease_ttl=1.0)
+    rt = Runtime([build_agent(work, tag, False)], store, scripted(reply))
+    async with rt:
+        store.unwrap().execute(ORDERS_DDL)
+        (work / f"ready-{tag}").touch()
+        while not (work / "go").exists():
+            await asyncio.sleep(0.005)
+        working = asyncio.ensure_future(rt.work(poll_interval=0.05))
+        try:
+            while await store.find_sessions("unfinished"):
+                await asyncio.sleep(0.05)
+        finally:
+            working.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await working
+        await rt.idle()
+    (work / f"report-{tag}.json").write_text(json.dumps({"pid": os.getpid()}))
 
 
 async def child(dsn: str, work: Path, tag: str, start: bool, hold: bool) -> None:
@@ -98,9 +127,11 @@ def main() -> None:
     p.add_argument("--tag", required=True)
     p.add_argument("--start", action="store_true")
     p.add_argument("--hold", action="store_true")
+    p.add_argument("--work", dest="working", action="store_true")
     a = p.parse_args()
-    asyncio.run(asyncio.wait_for(child(a.dsn, a.work, a.tag, a.start, a.hold),
-                                 timeout=CHILD_TIMEOUT))
+    job = (worker(a.dsn, a.work, a.tag) if a.working
+           else child(a.dsn, a.work, a.tag, a.start, a.hold))
+    asyncio.run(asyncio.wait_for(job, timeout=CHILD_TIMEOUT))
 
 
 def command(dsn: str, work: Path, tag: str, *args: str) -> list[str]:

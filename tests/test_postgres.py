@@ -159,3 +159,115 @@ async def test_a_paused_worker_is_fenced_when_it_wakes(pg_dsn: str, tmp_path: Pa
     assert a.returncode == 0, err
     assert _report(tmp_path, "a")["status"] == "completed"  # B's result, read from the store
     assert await _turn_status(pg_dsn) == "completed"
+
+
+async def test_two_workers_race_over_fifty_sessions(pg_dsn: str, tmp_path: Path) -> None:
+    from durable_turns import PostgresStore
+
+    store = PostgresStore(pg_dsn)
+    await store.open()
+    keys = [SessionKey(pgkit.AGENT, f"s{i}") for i in range(50)]
+    try:
+        for key in keys:
+            for t in ("t1", "t2"):
+                await store.enqueue_turn(key, t, Message("user", "order", turn_id=t))
+        workers = {tag: _spawn(pg_dsn, tmp_path, tag, "--work") for tag in ("w1", "w2")}
+        try:
+            _wait_for(lambda: all((tmp_path / f"ready-{t}").exists() or p.poll() is not None
+                                  for t, p in workers.items()), "the workers")
+            (tmp_path / "go").touch()  # both start looking for work together
+            for tag, proc in workers.items():
+                err = _finish(proc, tmp_path, tag)
+                assert proc.returncode == 0, err
+        finally:
+            for proc in workers.values():
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+        rows = store.unwrap().execute(
+            "SELECT session, turn_id, count(*) FROM orders GROUP BY session, turn_id").fetchall()
+        assert sorted(rows) == sorted((k.session, t, 1) for k in keys for t in ("t1", "t2"))
+        for key in keys:
+            events = await store.read_events(key)
+            started = [e.turn_id for e in events if e.type == "turn.started"]
+            done = [e.turn_id for e in events if e.type == "turn.completed"]
+            assert started == done == ["t1", "t2"], (key, started, done)  # once each, in order
+        assert await store.find_sessions("unfinished") == []
+    finally:
+        await store.close()
+
+
+async def test_a_subscriber_hears_another_process_commit_through_notify(pg_dsn: str) -> None:
+    from durable_turns import PostgresStore, TurnEvent
+    from durable_turns.events import TurnStarted
+
+    reader, writer = PostgresStore(pg_dsn), PostgresStore(pg_dsn)
+    await reader.open()
+    await writer.open()
+    try:
+        heard: list[list[TurnEvent] | None] = []
+        stop = reader.watch(KEY, heard.append)
+        async with reader.subscribe(KEY, after_seq=0) as sub:
+            lease = await writer.claim(KEY)
+            async with lease.transaction() as tx:
+                tx.add_event(TurnStarted(agent=KEY.agent, session=KEY.session, turn_id="t1"))
+            await lease.release()
+            async with asyncio.timeout(10):
+                got = await anext(sub)
+        stop()
+        assert got.seq == 1 and got.turn_id == "t1"
+        assert None in heard  # the watcher was told to look again
+    finally:
+        await reader.close()
+        await writer.close()
+
+
+async def test_the_worker_command_drives_queued_turns(pg_dsn: str, tmp_path: Path) -> None:
+    import sys
+    from urllib.parse import quote
+
+    import psycopg
+
+    from conftest import PG_DSN
+    from durable_turns import PostgresStore
+
+    # The command takes a URL: the test schema goes in its options.
+    options = psycopg.conninfo.conninfo_to_dict(pg_dsn)["options"]
+    url = f"{PG_DSN}?options={quote(str(options))}"
+
+    app = tmp_path / "ops"
+    app.mkdir()
+    (app / "instructions.md").write_text("You run ops.")
+    (app / "agent.py").write_text(
+        "from durable_turns import ModelReply, scripted\n"
+        "model = scripted(lambda _request: ModelReply('done'))\n")
+    store = PostgresStore(pg_dsn)
+    await store.open()
+    try:
+        for i in range(3):
+            await store.enqueue_turn(SessionKey("ops", f"s{i}"), "t1",
+                                     Message("user", "hi", turn_id="t1"))
+        with (tmp_path / "stderr").open("wb") as err:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "durable_turns.cli", "worker", str(app), "--store",
+                 url, "--lease-ttl", "1", "--poll-interval", "0.05"],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
+        try:
+            deadline = time.monotonic() + pgkit.CHILD_TIMEOUT
+            while await store.find_sessions("unfinished"):
+                assert proc.poll() is None, (tmp_path / "stderr").read_text()
+                assert time.monotonic() < deadline, "timed out waiting for the worker"
+                await asyncio.sleep(0.02)
+        finally:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=pgkit.CHILD_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        assert proc.returncode == 130
+        for i in range(3):
+            rec = await get_turn(store, SessionKey("ops", f"s{i}"), "t1")
+            assert rec is not None and (rec.status, rec.text) == ("completed", "done")
+    finally:
+        await store.close()
