@@ -19,7 +19,7 @@ Adapters that need an SDK resolve lazily, so ``import durable_turns`` imports no
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import typing
 
 from .agent import Agent, SurfacePolicy
 from .errors import (
@@ -47,7 +47,7 @@ from .stores.memory import MemoryStore
 from .stores.sqlite import SqliteStore
 from .tools import ActionContext, Tool, ToolContext, ToolSpec, define_action, tool
 
-if TYPE_CHECKING:
+if typing.TYPE_CHECKING:
     from .stores.postgres import PostgresStore
 
 __all__ = [
@@ -97,7 +97,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> typing.Any:
     # PostgresStore needs psycopg (the ``postgres`` extra): imported on first use only.
     if name == "PostgresStore":
         from .stores.postgres import PostgresStore
