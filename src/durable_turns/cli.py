@@ -191,8 +191,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "leases expire). Turns are accepted elsewhere (a Runtime with "
                     "drive=False, a server) into the same store.")
     work.add_argument("app", type=Path, metavar="APP_DIR", help="the app folder (its agent)")
-    work.add_argument("--store", required=True, metavar="URL_OR_PATH",
-                      help="postgresql://… (PostgreSQL, extra 'postgres') or a SQLite file")
+    work.add_argument("--store", required=True, metavar="DSN_OR_PATH",
+                      help="postgresql://… or 'host=… dbname=…' (PostgreSQL, extra "
+                           "'postgres'), or a SQLite file")
     work.add_argument("--model", metavar="PROVIDER:NAME",
                       help="the model, when the app's agent.py names none")
     work.add_argument("--lease-ttl", type=float, default=15.0, metavar="SECONDS",
@@ -392,7 +393,8 @@ async def _work(args: argparse.Namespace) -> int:
     if agent.model is None and model is None:
         raise ConfigurationError(f"{args.app}'s agent.py names no model: pass --model")
     store: SessionStore
-    if args.store.startswith(("postgresql://", "postgres://")):
+    if args.store.startswith(("postgresql://", "postgres://")) or "=" in args.store:
+        # A URL or a libpq "key=value" string: PostgreSQL. Anything else is a SQLite file.
         from .stores.postgres import PostgresStore  # psycopg loads only when asked for
 
         store = PostgresStore(args.store, lease_ttl=args.lease_ttl)
