@@ -143,15 +143,20 @@ def _in_transaction(c: psycopg.Connection[Any], fn: Callable[[psycopg.Connection
 class _Lane:
     """One connection and the thread it is used on."""
 
-    def __init__(self, name: str, connect: Callable[[], psycopg.Connection[Any]]) -> None:
+    def __init__(self, name: str, connect: Callable[[], psycopg.Connection[Any]],
+                 pids: set[int]) -> None:
         self.worker = Worker(name)
         self._connect = connect
+        self._pids = pids
         self.conn: psycopg.Connection[Any] | None = None
 
     def connection(self) -> psycopg.Connection[Any]:
         """The lane's connection (on its thread), reconnected if it was lost."""
         if self.conn is None or self.conn.closed or self.conn.broken:
+            if self.conn is not None:
+                self._pids.discard(self.conn.info.backend_pid)
             self.conn = self._connect()
+            self._pids.add(self.conn.info.backend_pid)
         return self.conn
 
     async def run(self, fn: Callable[[psycopg.Connection[Any]], T]) -> T:
@@ -340,6 +345,9 @@ class PostgresStore(FeedStore):
         self._feed = Feed(self._read_after, self._newest, on_active=self._start_listener)
         self._listener: asyncio.Task[None] | None = None
         self._held: set[_PgLease] = set()
+        self._own_pids: set[int] = set()
+        """Server processes of this store's connections: their notifications are of commits
+        this store published itself, so the listener skips them."""
 
     def __repr__(self) -> str:
         try:
@@ -361,13 +369,13 @@ class PostgresStore(FeedStore):
     async def open(self) -> None:
         if self._leases_lane is not None:
             return
-        leases = _Lane("durable-turns-pg-leases", self._connect)
+        leases = _Lane("durable-turns-pg-leases", self._connect, self._own_pids)
         lanes: list[_Lane] = []
         try:
             await self._guard(leases.run(self._migrate))
             self._inspect = await leases.worker.run(self._connect)
             for i in range(self._pool_size):
-                lane = _Lane(f"durable-turns-pg-{i}", self._connect)
+                lane = _Lane(f"durable-turns-pg-{i}", self._connect, self._own_pids)
                 lanes.append(lane)
                 await lane.worker.run(lane.connection)
         except BaseException:
@@ -590,7 +598,8 @@ class PostgresStore(FeedStore):
                     self._feed.changed_any()
                     while self._feed.active:
                         async for n in conn.notifies(timeout=self.poll_interval):
-                            self._notified(n.payload)
+                            if n.pid not in self._own_pids:  # else published already
+                                self._notified(n.payload)
                         self._feed.changed_any()  # the periodic re-read
             except psycopg.Error as e:
                 log.warning("lost the notification connection (reconnecting): %s", e)
