@@ -271,3 +271,40 @@ async def test_the_worker_command_drives_queued_turns(pg_dsn: str, tmp_path: Pat
             assert rec is not None and (rec.status, rec.text) == ("completed", "done")
     finally:
         await store.close()
+
+
+async def test_a_connection_lost_mid_step_abandons_the_whole_step(pg_dsn: str) -> None:
+    from typing import Any
+
+    from durable_turns import PostgresStore
+    from durable_turns.errors import StoreError
+
+    store = PostgresStore(pg_dsn, pool_size=1)
+    await store.open()
+    try:
+        store.unwrap().execute("CREATE TABLE rows (v TEXT)")
+        lease = await store.claim(KEY)
+        pids: list[int] = []
+
+        def first(h: Any) -> None:
+            h.execute("INSERT INTO rows VALUES ('first')")
+            pids.append(h.info.backend_pid)
+
+        def second(h: Any) -> None:
+            h.execute("INSERT INTO rows VALUES ('second')")  # the connection is gone
+
+        with pytest.raises(StoreError, match="lost mid-step"):
+            async with lease.transaction() as tx:
+                await tx.run_local(first)
+                store.unwrap().execute("SELECT pg_terminate_backend(%s)", (pids[0],))
+                with pytest.raises(Exception):  # noqa: B017 - whatever psycopg raises
+                    await tx.run_local(second)
+                tx.add_message(Message("user", "hi", turn_id="t1"))
+        assert store.unwrap().execute("SELECT v FROM rows").fetchall() == []
+        assert await store.read_messages(KEY) == []  # a new connection serves the next step
+        async with lease.transaction() as tx:
+            await tx.run_local(first)
+        await lease.release()
+        assert store.unwrap().execute("SELECT v FROM rows").fetchall() == [("first",)]
+    finally:
+        await store.close()

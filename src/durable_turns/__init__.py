@@ -97,11 +97,13 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> typing.Any:
-    # PostgresStore needs psycopg (the ``postgres`` extra): imported on first use only.
-    if name == "PostgresStore":
-        from .stores.postgres import PostgresStore
+if not typing.TYPE_CHECKING:  # type checkers see the import above; unknown names stay errors
 
-        globals()[name] = PostgresStore
-        return PostgresStore
-    raise AttributeError(f"module 'durable_turns' has no attribute {name!r}")
+    def __getattr__(name: str) -> typing.Any:
+        # PostgresStore needs psycopg (the ``postgres`` extra): imported on first use only.
+        if name == "PostgresStore":
+            from .stores.postgres import PostgresStore
+
+            globals()[name] = PostgresStore
+            return PostgresStore
+        raise AttributeError(f"module 'durable_turns' has no attribute {name!r}")

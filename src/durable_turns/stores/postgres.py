@@ -180,6 +180,18 @@ class _PgTransaction(BufferedTransaction):
         self._store = lease.store
         self._lane: _Lane | None = None
         self._begun = False
+        self._began_on: psycopg.Connection[Any] | None = None
+
+    def _begin(self, c: psycopg.Connection[Any]) -> None:
+        """Begin on ``c``, or check the transaction begun is still ``c``'s: a connection lost
+        (and replaced) mid-step took the step's earlier writes with it."""
+        if not self._begun:
+            c.execute("BEGIN")
+            self._begun, self._began_on = True, c
+        elif c is not self._began_on:
+            self._begun = False
+            raise StoreError("the step's PostgreSQL connection was lost mid-step; nothing of "
+                             "the step was committed")
 
     def unwrap(self) -> psycopg.Connection[Any]:
         """The step's connection, inside its transaction (for local tools)."""
@@ -200,7 +212,8 @@ class _PgTransaction(BufferedTransaction):
                 self.committed()
                 store._feed.published(self.lease.key, self.writes.events)
             elif self._lane is not None and self._begun:
-                await store._guard(self._lane.run(self._rollback))
+                with contextlib.suppress(StoreError):  # the error that got us here matters
+                    await store._guard(self._lane.run(self._rollback))
         finally:
             if self._lane is not None:
                 store._give_lane(self._lane)
@@ -209,9 +222,7 @@ class _PgTransaction(BufferedTransaction):
     def _commit(self, c: psycopg.Connection[Any]) -> None:
         lease = self.lease
         try:
-            if not self._begun:
-                c.execute("BEGIN")
-                self._begun = True
+            self._begin(c)
             if not _RULES.holds(c, lease.sid, lease.epoch):
                 raise LeaseLostError(str(lease.key), lease.epoch)
             _RULES.flush(c, lease.sid, lease.generation, self.first_index(), self.writes)
@@ -234,14 +245,14 @@ class _PgTransaction(BufferedTransaction):
         return await self._lane.run(lambda c: self._run_local(c, fn))
 
     def _run_local(self, c: psycopg.Connection[Any], fn: Callable[[Any], T]) -> T:
-        if not self._begun:
-            c.execute("BEGIN")
-            self._begun = True
+        self._begin(c)
         c.execute("SAVEPOINT local_tool")
         try:
             out = fn(c)
         except BaseException:
-            if _idle(c) or c.broken:
+            if c.broken:
+                pass  # the transaction is gone: the step's commit is refused (see _begin)
+            elif _idle(c):
                 self._begun = False
             else:
                 c.execute("ROLLBACK TO SAVEPOINT local_tool")
