@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -9,7 +10,22 @@ import pytest
 from durable_turns import MemoryStore, SqliteStore
 from durable_turns.stores import SessionStore
 
-STORES = ["memory", "sqlite"]
+PG_DSN = os.environ.get("DURABLE_TURNS_TEST_PG")
+"""A PostgreSQL DSN (``.ci/pg up`` starts a throwaway cluster); the postgres tests skip
+without it."""
+STORES = ["memory", "sqlite", "postgres"]
+
+
+def pg_schema_dsn() -> str:
+    """A DSN whose tables live in a new, empty schema of the test database."""
+    if PG_DSN is None:
+        pytest.skip("PostgreSQL tests need DURABLE_TURNS_TEST_PG (a DSN; see .ci/pg)")
+    import psycopg
+
+    schema = f"t_{uuid.uuid4().hex[:16]}"
+    with psycopg.connect(PG_DSN, autocommit=True) as c:
+        c.execute(f"CREATE SCHEMA {schema}")
+    return psycopg.conninfo.make_conninfo(PG_DSN, options=f"-csearch_path={schema}")
 
 
 @pytest.fixture(autouse=True)
@@ -19,10 +35,21 @@ def _no_provider_env(monkeypatch: pytest.MonkeyPatch) -> None:
             monkeypatch.delenv(name)
 
 
+@pytest.fixture
+def pg_dsn() -> str:
+    """A DSN on a new, empty schema (skips without DURABLE_TURNS_TEST_PG)."""
+    return pg_schema_dsn()
+
+
 @pytest.fixture(params=STORES)
 def store_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[], SessionStore]:
     if request.param == "memory":
         return MemoryStore
+    if request.param == "postgres":
+        from durable_turns import PostgresStore
+
+        dsn = pg_schema_dsn()
+        return lambda: PostgresStore(dsn, lease_ttl=5.0)
     return lambda: SqliteStore(tmp_path / "store.sqlite")
 
 

@@ -27,13 +27,27 @@ from durable_turns.models import ModelEvent, ModelRequest
 from durable_turns.stores import SessionStore
 
 
+def _placeholder(h: Any) -> str:
+    """The raw handle's parameter marker: ``%s`` for psycopg, ``?`` for sqlite3."""
+    return "%s" if type(h).__module__.startswith("psycopg") else "?"
+
+
+def _has_table(h: Any, name: str) -> bool:
+    if type(h).__module__.startswith("psycopg"):
+        sql = ("SELECT count(*) FROM information_schema.tables "
+               "WHERE table_schema = current_schema() AND table_name = %s")
+    else:
+        sql = "SELECT count(*) FROM sqlite_master WHERE name = ?"
+    return bool(h.execute(sql, (name,)).fetchone()[0])
+
+
 @tool
 def record(value: str, ctx: ToolContext) -> dict[str, str]:
     """Write a row through the store's own handle (exactly once on SQL stores)."""
     h = ctx.store.unwrap()
     if h is not None:
         h.execute("CREATE TABLE IF NOT EXISTS rows (v TEXT)")
-        h.execute("INSERT INTO rows (v) VALUES (?)", (value,))
+        h.execute(f"INSERT INTO rows (v) VALUES ({_placeholder(h)})", (value,))
     return {"recorded": value}
 
 
@@ -88,6 +102,15 @@ def runtime(store: SessionStore, replies: Any, **kw: Any) -> Runtime:
     return Runtime([Agent("ops", "You run ops.", TOOLS)], store, scripted(replies), **kw)
 
 
+async def seen_until(seen: list[TurnEvent], last: str) -> None:
+    """Wait (bounded) until an observer has been handed an event of type ``last``: observers
+    are called from their own task, which on a store whose reads leave the loop (PostgreSQL)
+    may still be catching up when ``turn()`` returns."""
+    async with asyncio.timeout(10):
+        while not any(e.type == last for e in seen):
+            await asyncio.sleep(0.005)
+
+
 def types(events: list[TurnEvent]) -> list[str]:
     return [e.type for e in events]
 
@@ -102,6 +125,7 @@ async def test_a_turn_runs_tools_and_logs_every_step(store: SessionStore) -> Non
     s.observe(seen.append, turn_id="t1")
     r = await s.turn("record a and shout b", turn_id="t1")
     assert (r.status, r.text) == ("completed", "Done: a, B.")
+    await seen_until(seen, "turn.completed")
     assert types([e for e in seen if e.type != "message.delta"]) == [
         "turn.started", "message.completed", "action.requested", "action.requested",
         "action.completed", "action.completed", "message.completed", "turn.completed",
@@ -145,6 +169,7 @@ async def test_tool_errors_become_results_and_local_writes_roll_back(store: Sess
     s.observe(seen.append)
     r = await s.turn("try things")
     assert r.status == "completed"
+    await seen_until(seen, "turn.completed")
     results = {m.call_id: m for m in await s.transcript() if m.role == "tool"}
     assert results["c1"].result == {"error": "ValueError: could not finish ghost"}
     assert results["c2"].result == {"error": "plain words"}
@@ -159,10 +184,8 @@ async def test_tool_errors_become_results_and_local_writes_roll_back(store: Sess
         m.result["error"] for m in results.values()
     ]
     if store.unwrap() is not None:
-        table = store.unwrap().execute(
-            "SELECT count(*) FROM sqlite_master WHERE name = 'rows'").fetchone()[0]
         # the failing tool's CREATE TABLE and INSERT were rolled back together
-        assert table == 0
+        assert not _has_table(store.unwrap(), "rows")
     await rt.close()
 
 
@@ -173,6 +196,7 @@ async def test_fatal_tool_error_fails_the_turn(store: SessionStore) -> None:
     s.observe(seen.append)
     r = await s.turn("go")
     assert r.status == "failed" and r.error == "the deployment has no database"
+    await seen_until(seen, "turn.failed")
     assert seen[-1].type == "turn.failed"
     # The call it owed is answered in the transaction that ended it: the log stays valid.
     msgs = await s.transcript()

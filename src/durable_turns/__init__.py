@@ -19,6 +19,8 @@ Adapters that need an SDK resolve lazily, so ``import durable_turns`` imports no
 
 from __future__ import annotations
 
+import typing
+
 from .agent import Agent, SurfacePolicy
 from .errors import (
     FatalToolError,
@@ -45,6 +47,9 @@ from .stores.memory import MemoryStore
 from .stores.sqlite import SqliteStore
 from .tools import ActionContext, Tool, ToolContext, ToolSpec, define_action, tool
 
+if typing.TYPE_CHECKING:
+    from .stores.postgres import PostgresStore
+
 __all__ = [
     "ActionContext",
     "Agent",
@@ -59,6 +64,7 @@ __all__ = [
     "Model",
     "ModelReply",
     "ModelRequest",
+    "PostgresStore",
     "ResetResult",
     "ResumeAuthorizationError",
     "ResumeConflictError",
@@ -90,3 +96,14 @@ __all__ = [
     "tool",
 ]
 
+
+if not typing.TYPE_CHECKING:  # type checkers see the import above; unknown names stay errors
+
+    def __getattr__(name: str) -> typing.Any:
+        # PostgresStore needs psycopg (the ``postgres`` extra): imported on first use only.
+        if name == "PostgresStore":
+            from .stores.postgres import PostgresStore
+
+            globals()[name] = PostgresStore
+            return PostgresStore
+        raise AttributeError(f"module 'durable_turns' has no attribute {name!r}")

@@ -35,6 +35,7 @@ from .errors import ConfigurationError, DurableTurnsError, StoreError
 from .loader import load_agent
 from .models.resolve import resolve_model
 from .runtime import Runtime
+from .stores import SessionStore
 from .stores.sqlite import SqliteStore
 
 PROG = "durable-turns"
@@ -182,6 +183,24 @@ def build_parser() -> argparse.ArgumentParser:
     retry.add_argument("--model", metavar="PROVIDER:NAME",
                        help="the model, when the app's agent.py names none")
     retry.set_defaults(run=_sessions_retry)
+
+    work = commands.add_parser(
+        "worker", help="drive an app's queued turns from a shared store, until interrupted",
+        description="Be one of many workers of an app: drive every session with a queued or "
+                    "running turn, taking over the sessions of workers that died (their "
+                    "leases expire). Turns are accepted elsewhere (a Runtime with "
+                    "drive=False, a server) into the same store.")
+    work.add_argument("app", type=Path, metavar="APP_DIR", help="the app folder (its agent)")
+    work.add_argument("--store", required=True, metavar="DSN_OR_PATH",
+                      help="postgresql://… or 'host=… dbname=…' (PostgreSQL, extra "
+                           "'postgres'), or a SQLite file")
+    work.add_argument("--model", metavar="PROVIDER:NAME",
+                      help="the model, when the app's agent.py names none")
+    work.add_argument("--lease-ttl", type=float, default=15.0, metavar="SECONDS",
+                      help="PostgreSQL: how long a dead worker's sessions wait for takeover")
+    work.add_argument("--poll-interval", type=float, default=0.5, metavar="SECONDS",
+                      help="seconds between looks for new work")
+    work.set_defaults(run=_worker)
 
     # Hidden: one delivery of the demo's turn, in the child process the demo starts.
     worker = commands.add_parser("demo-worker")
@@ -359,6 +378,33 @@ async def _retry(args: argparse.Namespace) -> int:
           + (f": {result.text}" if result.text else "")
           + (f": {result.error}" if result.error else ""))
     return 0 if result.status == "completed" else 1
+
+
+def _worker(args: argparse.Namespace) -> int:
+    try:
+        return asyncio.run(_work(args))
+    except (StoreError, ConfigurationError, ValueError) as e:
+        return _fail("worker", str(e), 2)
+
+
+async def _work(args: argparse.Namespace) -> int:
+    agent = load_agent(args.app)
+    model = resolve_model(args.model) if args.model else None
+    if agent.model is None and model is None:
+        raise ConfigurationError(f"{args.app}'s agent.py names no model: pass --model")
+    store: SessionStore
+    if args.store.startswith(("postgresql://", "postgres://")) or "=" in args.store:
+        # A URL or a libpq "key=value" string: PostgreSQL. Anything else is a SQLite file.
+        from .stores.postgres import PostgresStore  # psycopg loads only when asked for
+
+        store = PostgresStore(args.store, lease_ttl=args.lease_ttl)
+    else:
+        store = SqliteStore(args.store)
+    async with Runtime([agent], store, model) as rt:
+        where = args.store if isinstance(store, SqliteStore) else repr(store)  # no password
+        print(f"worker of agent {agent.name!r} on {where}: driving queued turns", flush=True)
+        await rt.work(poll_interval=args.poll_interval)
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

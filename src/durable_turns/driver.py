@@ -23,7 +23,7 @@ from typing import Any
 
 from .agent import Agent
 from .engine import TurnEngine
-from .errors import LeaseLostError, StoreError
+from .errors import LeaseLostError, LeaseTimeoutError, StoreError
 from .events import TurnEvent
 from .messages import Message
 from .models import Model
@@ -85,12 +85,14 @@ class SessionDriver:
         publish_live: receives live events (text as it streams, model retries).
         finished: told each chain entry's end (or park).
         lease_timeout: how long to wait for another holder of the session's lease.
+        try_once: claim the lease without waiting; a session another holder has is left to
+            it (the driver ends quietly), as a worker looking for work does.
     """
 
     def __init__(self, key: SessionKey, agent: Agent, model: Model, store: SessionStore, *,
                  transcripts: TranscriptCache, publish: Callable[[list[TurnEvent]], None],
                  publish_live: Callable[[TurnEvent], None], finished: Finished,
-                 lease_timeout: float | None) -> None:
+                 lease_timeout: float | None, try_once: bool = False) -> None:
         self.key = key
         self.failure: BaseException | None = None
         """Why driving stopped, when it stopped on an error (the turns stay in the store)."""
@@ -101,7 +103,8 @@ class SessionDriver:
         self._publish = publish
         self._publish_live = publish_live
         self._finished = finished
-        self._lease_timeout = lease_timeout
+        self._lease_timeout = 0 if try_once else lease_timeout
+        self._try_once = try_once
         self._wanted = True
         self._cancels: dict[str, str] = {}
         self._engine: TurnEngine | None = None
@@ -156,6 +159,11 @@ class SessionDriver:
         except LeaseLostError as e:
             log.warning("durable_turns: %s; stopped driving it", e)
             self._transcripts.forget(self.key)
+        except LeaseTimeoutError as e:
+            self._transcripts.forget(self.key)
+            if not self._try_once:  # else another holder drives it: nothing failed
+                log.error("durable_turns: %s; its turns stay for recover()", e)
+                self.failure = e
         except Exception as e:
             log.exception("durable_turns: driving %s failed; its turns stay for recover()",
                           self.key)

@@ -181,6 +181,29 @@ class Runtime:
             keys.append(key)
         return keys
 
+    async def work(self, *, poll_interval: float = 0.5) -> None:
+        """Be a worker: drive every session of this runtime's agents that has a queued or
+        running turn, as such sessions appear, until cancelled.
+
+        Many workers (processes, machines) may work one store. A session another worker
+        holds is left to it (the claim does not wait); one whose holder died is taken over
+        once its lease expired (PostgreSQL: ``lease_ttl``; SQLite: at once, the OS lock died
+        with the process). Looks for work every ``poll_interval`` seconds.
+
+        Raises:
+            ConfigurationError: this runtime was made with ``drive=False``.
+        """
+        if not self.drive:
+            raise ConfigurationError("Runtime(drive=False) drives nothing; work() needs drive")
+        if poll_interval <= 0:
+            raise ValueError("poll_interval must be positive")
+        await self.open()
+        while True:
+            for key in await self.store.find_claimable():
+                if key.agent in self.agents and key not in self._drivers:
+                    self._drive(key, try_once=True)
+            await asyncio.sleep(poll_interval)
+
     async def idle(self) -> None:
         """Wait until this runtime drives no session (for tests and orderly shutdown)."""
         while self._drivers:
@@ -336,7 +359,7 @@ class Runtime:
 
     # -- drivers ---------------------------------------------------------------------------
 
-    def _drive(self, key: SessionKey) -> None:
+    def _drive(self, key: SessionKey, *, try_once: bool = False) -> None:
         if not self.drive:
             return
         driver = self._drivers.get(key)
@@ -348,7 +371,7 @@ class Runtime:
         driver = SessionDriver(
             key, agent, self.model_for(agent), self.store, transcripts=self._transcripts,
             publish=self._publish, publish_live=self._publish_live, finished=self._finished,
-            lease_timeout=self.lease_timeout,
+            lease_timeout=self.lease_timeout, try_once=try_once,
         )
         self._drivers[key] = driver
         driver.task.add_done_callback(lambda _t: self._driver_done(driver))

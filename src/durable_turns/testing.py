@@ -139,7 +139,8 @@ async def check_local_writes_join_the_transaction(store: SessionStore) -> None:
 
     def write(value: str, fail: bool) -> Callable[[Any], None]:
         def run(h: Any) -> None:
-            h.execute("INSERT INTO conformance_rows (v) VALUES (?)", (value,))
+            # A literal: DB-API drivers disagree on placeholders (``?``, ``%s``).
+            h.execute(f"INSERT INTO conformance_rows (v) VALUES ('{value}')")
             if fail:
                 raise ValueError("tool failed")
 
@@ -395,6 +396,24 @@ async def check_a_stale_epoch_is_refused(store: SessionStore) -> None:
     assert await store.read_messages(KEY) == [_opening("t1")]
 
 
+async def check_claimable_sessions_are_unfinished_and_free(store: SessionStore) -> None:
+    other, parked = SessionKey("agent", "s2"), SessionKey("agent", "parked")
+    assert await store.find_claimable() == []
+    await store.enqueue_turn(KEY, "t1", _opening("t1"))
+    await store.enqueue_turn(other, "t1", _opening("t1"))
+    await store.enqueue_turn(parked, "p1", _opening("p1"))
+    lease = await store.claim(parked)
+    async with lease.transaction() as tx:
+        tx.set_turn(TurnResult("p1", TurnStatus.SUSPENDED, request=InputRequest("ok", "ok?")))
+    await lease.release()
+    assert await store.find_claimable() == [KEY, other]  # a parked turn waits on a person
+    held = await store.claim(KEY)
+    assert await store.find_claimable() == [other]
+    assert await store.find_claimable(limit=0) == []
+    await held.release()
+    assert await store.find_claimable(limit=1) == [KEY]
+
+
 CONFORMANCE: list[Check] = [
     check_enqueue_is_durable_and_idempotent,
     check_lease_is_exclusive,
@@ -411,6 +430,7 @@ CONFORMANCE: list[Check] = [
     check_watchers_hear_commits_and_cancels,
     check_two_holders_contend_for_one_session,
     check_a_stale_epoch_is_refused,
+    check_claimable_sessions_are_unfinished_and_free,
 ]
 """Every check a store must pass."""
 

@@ -21,8 +21,10 @@ MemoryStore, a cheap change check for SQLite, NOTIFY for PostgreSQL), whichever 
 committed them.
 
 Backends: :class:`~durable_turns.stores.memory.MemoryStore`,
-:class:`~durable_turns.stores.sqlite.SqliteStore`. The rules SQL backends share live in
-``stores/_sql.py``; ``durable_turns.testing`` holds the conformance suite every store passes.
+:class:`~durable_turns.stores.sqlite.SqliteStore`,
+:class:`~durable_turns.stores.postgres.PostgresStore` (extra ``postgres``). The rules SQL
+backends share live in ``stores/_sql.py``; ``durable_turns.testing`` holds the conformance
+suite every store passes.
 """
 
 from __future__ import annotations
@@ -231,4 +233,13 @@ class SessionStore(Protocol):
                             turn_id: str | None = None) -> list[SessionKey]:
         """Sessions with a queued or running turn (``unfinished``: what recovery drives),
         with a parked turn (``parked``: an operator's inbox), or with a turn of this id."""
+        ...
+
+    async def find_claimable(self, limit: int = 100) -> list[SessionKey]:
+        """Up to ``limit`` sessions with a queued or running turn whose lease nobody holds
+        now (free, or expired where leases expire): what a worker looking for work claims.
+
+        A hint, not a reservation: another worker may claim one first (the claim then fails
+        or waits), and a lease taken or freed meanwhile is seen at the next look.
+        """
         ...

@@ -3,7 +3,11 @@
 A backend brings its connection, its transactions (``BEGIN IMMEDIATE`` for SQLite, a
 transaction block for PostgreSQL), its schema DDL and its threads; everything that decides
 *what* is read or written goes through :class:`SqlRules`, whose statements use ``?``
-placeholders (rewritten once for drivers that want ``%s``). The tables::
+placeholders (rewritten once for drivers that want ``%s``) and portable SQL (a parameter
+tested for NULL is cast, which PostgreSQL needs to know its type). A backend whose
+transactions do not serialise writers (PostgreSQL) asks for ``lock_rows``: every write then
+locks its session's row first (``FOR UPDATE``), so the chain rules and the fencing check see
+no concurrent writer of the session. The tables::
 
     sessions (sid, agent, session, status, generation, epoch)
     turns    (ordinal, sid, turn_id, kind, status, opening, event, policy, request,
@@ -74,17 +78,19 @@ class SqlRules:
     end one themselves.
     """
 
-    def __init__(self, placeholder: str = "?") -> None:
+    def __init__(self, placeholder: str = "?", *, lock_rows: bool = False) -> None:
         def q(sql: str) -> str:
             return sql if placeholder == "?" else sql.replace("?", placeholder)
 
+        lock = " FOR UPDATE" if lock_rows else ""
         self.q = q
         self._sid = q("SELECT sid FROM sessions WHERE agent = ? AND session = ?")
+        self._sid_for_write = self._sid + lock
         self._insert_session = q("INSERT INTO sessions (agent, session) VALUES (?, ?) "
-                                 "RETURNING sid")
+                                 "ON CONFLICT (agent, session) DO NOTHING RETURNING sid")
         self._claim = q("UPDATE sessions SET epoch = epoch + 1 WHERE sid = ? "
                         "RETURNING epoch, generation")
-        self._epoch = q("SELECT epoch FROM sessions WHERE sid = ?")
+        self._epoch = q("SELECT epoch FROM sessions WHERE sid = ?" + lock)
         self._newest = q("SELECT coalesce(max(seq), 0) FROM events WHERE sid = ?")
         self._count = q("SELECT coalesce(max(idx) + 1, 0) FROM messages WHERE sid = ? AND gen = ?")
         self.insert_message = q(
@@ -114,19 +120,25 @@ class SqlRules:
             "VALUES (?, ?, ?, 'queued', ?, ?, ?, ?) RETURNING ordinal")
         self._cancel = q(
             "UPDATE turns SET cancel = ? WHERE sid = ? AND status IN ('queued', 'running') "
-            "AND cancel IS NULL AND (turn_id = ? OR ? IS NULL) RETURNING turn_id")
+            "AND cancel IS NULL AND (turn_id = ? OR CAST(? AS text) IS NULL) RETURNING turn_id")
         self._cancel_of = q("SELECT cancel FROM turns WHERE sid = ? AND turn_id = ?")
         self._info = q("SELECT status, generation FROM sessions WHERE agent = ? AND session = ?")
 
     # -- sessions and leases ---------------------------------------------------------------
 
     def sid(self, c: Connection, key: SessionKey, *, create: bool) -> int | None:
-        row = c.execute(self._sid, (key.agent, key.session)).fetchone()
+        """The session's id, its row locked for this transaction's writes (``lock_rows``);
+        created (and locked) if missing and ``create``."""
+        params = (key.agent, key.session)
+        row = c.execute(self._sid_for_write, params).fetchone()
         if row is not None:
             return int(row[0])
         if not create:
             return None
-        return int(c.execute(self._insert_session, (key.agent, key.session)).fetchone()[0])
+        row = c.execute(self._insert_session, params).fetchone()
+        if row is None:  # another transaction created it meanwhile (PostgreSQL): lock it
+            row = c.execute(self._sid_for_write, params).fetchone()
+        return int(row[0])
 
     def claim(self, c: Connection, key: SessionKey) -> tuple[int, int, int, int, int]:
         """A new epoch for the session (created if needed), with the lease's counters.
@@ -170,8 +182,10 @@ class SqlRules:
         # Most steps write one row per table: execute() costs less than executemany() then.
         if len(rows) == 1:
             c.execute(sql, rows[0])
-        else:
-            c.executemany(sql, rows)  # type: ignore[attr-defined]
+        elif hasattr(c, "executemany"):  # sqlite3
+            c.executemany(sql, rows)
+        else:  # DB-API: on a cursor (psycopg)
+            c.cursor().executemany(sql, rows)  # type: ignore[attr-defined]
 
     # -- the chain -------------------------------------------------------------------------
 
@@ -256,7 +270,7 @@ class SqlRules:
                     turn_id: str | None) -> list[TurnEvent]:
         rows = c.execute(self.q(
             f"SELECT seq, turn_id, type, data FROM events WHERE sid = ({self._sid}) AND seq > ? "
-            "AND (turn_id = ? OR ? IS NULL) ORDER BY seq"
+            "AND (turn_id = ? OR CAST(? AS text) IS NULL) ORDER BY seq"
         ), (key.agent, key.session, after_seq, turn_id, turn_id)).fetchall()
         return [decode_event(key.agent, key.session, EventRecord(*r)) for r in rows]
 
@@ -266,9 +280,11 @@ class SqlRules:
         ), (key.agent, key.session)).fetchone()
         return int(row[0])
 
-    def find_sessions(self, c: Connection, which: str | None,
-                      turn_id: str | None) -> list[SessionKey]:
-        conditions: list[str] = []
+    def find_sessions(self, c: Connection, which: str | None, turn_id: str | None, *,
+                      where: str | None = None, limit: int | None = None) -> list[SessionKey]:
+        """Sessions by their turns (see ``SessionStore.find_sessions``); ``where``: one more
+        condition on the session row ``s`` (a backend's lease columns)."""
+        conditions: list[str] = [] if where is None else [where]
         params: list[Any] = []
         if which == "unfinished":
             conditions.append("t.status IN ('queued', 'running')")
@@ -279,9 +295,10 @@ class SqlRules:
         if turn_id is not None:
             conditions.append("t.turn_id = ? AND t.kind = 'turn'")
             params.append(turn_id)
-        where = " AND ".join(conditions) or "1 = 1"
+        where_all = " AND ".join(conditions) or "1 = 1"
         rows = c.execute(self.q(
             "SELECT DISTINCT s.agent, s.session FROM turns t JOIN sessions s ON s.sid = t.sid "
-            f"WHERE {where} ORDER BY s.agent, s.session"
+            f"WHERE {where_all} ORDER BY s.agent, s.session"
+            + ("" if limit is None else f" LIMIT {int(limit)}")
         ), tuple(params)).fetchall()
         return [SessionKey(a, s) for a, s in rows]

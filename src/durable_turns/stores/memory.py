@@ -251,6 +251,10 @@ class MemoryStore(FeedStore):
 
         return sorted(k for k, s in self._sessions.items() if any(map(test, s.turns.values())))
 
+    async def find_claimable(self, limit: int = 100) -> list[SessionKey]:
+        keys = await self.find_sessions("unfinished")
+        return [k for k in keys if not self._sessions[k].held][:limit]
+
     async def _read_after(self, key: SessionKey, after_seq: int) -> list[TurnEvent]:
         return await self.read_events(key, after_seq=after_seq)
 

@@ -552,6 +552,23 @@ class SqliteStore(FeedStore):
                             turn_id: str | None = None) -> list[SessionKey]:
         return await self._read(lambda c: _RULES.find_sessions(c, which, turn_id))
 
+    async def find_claimable(self, limit: int = 100) -> list[SessionKey]:
+        keys = await self.find_sessions("unfinished")
+        self._writer_conn()
+        fd = os.open(f"{self.path}-lease", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            free: list[SessionKey] = []
+            for key in keys:
+                if len(free) >= limit:
+                    break
+                offset = _session_byte(key)
+                if _flock(fd, offset, wait=False):  # free: let go at once
+                    _flock(fd, offset, wait=False, unlock=True)
+                    free.append(key)
+        finally:
+            os.close(fd)
+        return free
+
     # -- the event feed (subscribe and watch come from FeedStore) ---------------------------
 
     async def _read_after(self, key: SessionKey, after_seq: int) -> list[TurnEvent]:

@@ -1,0 +1,310 @@
+"""PostgresStore beyond the conformance suite: migrations under concurrency, leases that
+expire and are fenced, and real worker processes killed or paused on real PostgreSQL.
+
+Every test needs ``DURABLE_TURNS_TEST_PG`` (a DSN; ``.ci/run`` starts a throwaway cluster)
+and skips without it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+import pgkit
+from durable_turns import LeaseLostError, Message, SessionKey
+from durable_turns.errors import LeaseTimeoutError
+from durable_turns.testing import get_turn
+
+KEY = SessionKey("ops", "s1")
+
+
+async def test_many_processes_opening_a_new_database_migrate_it_once(pg_dsn: str) -> None:
+    from durable_turns import PostgresStore
+    from durable_turns.stores.postgres import MIGRATIONS
+
+    stores = [PostgresStore(pg_dsn) for _ in range(6)]
+    await asyncio.gather(*(s.open() for s in stores))
+    try:
+        rows = stores[0].unwrap().execute("SELECT version FROM durable_turns_schema").fetchall()
+        assert rows == [(len(MIGRATIONS),)]
+        await stores[1].enqueue_turn(KEY, "t1", Message("user", "hi", turn_id="t1"))
+        assert await stores[2].find_sessions("unfinished") == [KEY]
+    finally:
+        await asyncio.gather(*(s.close() for s in stores))
+
+
+async def test_a_heartbeat_keeps_a_lease_and_an_expired_one_is_taken_over(pg_dsn: str) -> None:
+    from durable_turns import PostgresStore
+
+    a, b = PostgresStore(pg_dsn, lease_ttl=1.0), PostgresStore(pg_dsn, lease_ttl=1.0)
+    await a.open()
+    await b.open()
+    try:
+        await a.enqueue_turn(KEY, "t1", Message("user", "hi", turn_id="t1"))
+        held = await a.claim(KEY)
+        # Renewed every ttl/3: still held well past one ttl.
+        with pytest.raises(LeaseTimeoutError):
+            await b.claim(KEY, timeout=2.5)
+        await held.stop_heartbeat()  # as if its process were paused: the lease expires
+        async with asyncio.timeout(30):
+            taken = await b.claim(KEY)
+        assert taken.epoch > held.epoch
+        with pytest.raises(LeaseLostError):
+            async with held.transaction() as tx:
+                tx.add_message(Message("user", "hi", turn_id="t1"))
+        async with taken.transaction() as tx:
+            tx.add_message(Message("user", "hi", turn_id="t1"))
+        await taken.release()
+        assert len(await b.read_messages(KEY)) == 1
+        # Released: claimed at once by anyone.
+        again = await a.claim(KEY, timeout=5)
+        await again.release()
+    finally:
+        await a.close()
+        await b.close()
+
+
+def _spawn(dsn: str, work: Path, tag: str, *args: str) -> subprocess.Popen[bytes]:
+    with (work / f"stderr-{tag}").open("wb") as err:  # the child keeps its own descriptor
+        return subprocess.Popen(pgkit.command(dsn, work, tag, *args), stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=err)
+
+
+def _wait_for(cond: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + pgkit.CHILD_TIMEOUT
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.005)
+
+
+def _finish(proc: subprocess.Popen[bytes], work: Path, tag: str) -> str:
+    """Wait for a child to end (bounded); returns what it wrote to stderr."""
+    try:
+        proc.wait(timeout=pgkit.CHILD_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise
+    return (work / f"stderr-{tag}").read_text()
+
+
+def _report(work: Path, tag: str) -> dict[str, object]:
+    data: dict[str, object] = json.loads((work / f"report-{tag}.json").read_text())
+    return data
+
+
+def _orders(dsn: str) -> list[tuple[str, int]]:
+    import psycopg
+
+    with psycopg.connect(dsn) as c:
+        rows = c.execute("SELECT call_id, pid FROM orders ORDER BY call_id").fetchall()
+    return [(r[0], r[1]) for r in rows]
+
+
+async def _turn_status(dsn: str) -> str:
+    from durable_turns import PostgresStore
+
+    store = PostgresStore(dsn)
+    await store.open()
+    try:
+        rec = await get_turn(store, KEY, pgkit.TURN_ID)
+        assert rec is not None
+        return str(rec.status)
+    finally:
+        await store.close()
+
+
+async def test_a_killed_worker_is_replaced_and_its_local_writes_vanish(
+        pg_dsn: str, tmp_path: Path) -> None:
+    a = _spawn(pg_dsn, tmp_path, "a", "--start", "--hold")
+    try:
+        _wait_for(lambda: (tmp_path / "held-a").exists() or a.poll() is not None, "held-a")
+        assert a.poll() is None, (tmp_path / "stderr-a").read_text()
+    finally:
+        a.send_signal(signal.SIGKILL)
+        a.wait(timeout=pgkit.CHILD_TIMEOUT)
+    b = _spawn(pg_dsn, tmp_path, "b")
+    err = _finish(b, tmp_path, "b")
+    assert b.returncode == 0, err
+    assert _report(tmp_path, "b")["status"] == "completed"
+    assert _orders(pg_dsn) == [("c1", b.pid), ("c2", b.pid)]  # each exactly once
+    assert await _turn_status(pg_dsn) == "completed"
+
+
+async def test_a_paused_worker_is_fenced_when_it_wakes(pg_dsn: str, tmp_path: Path) -> None:
+    a = _spawn(pg_dsn, tmp_path, "a", "--start", "--hold")
+    try:
+        _wait_for(lambda: (tmp_path / "held-a").exists() or a.poll() is not None, "held-a")
+        assert a.poll() is None
+        os.kill(a.pid, signal.SIGSTOP)  # inside its local tool, its row not committed
+        b = _spawn(pg_dsn, tmp_path, "b")  # takes the lease over once it expires
+        err = _finish(b, tmp_path, "b")
+        assert b.returncode == 0, err
+        assert _report(tmp_path, "b")["status"] == "completed"
+        (tmp_path / "go-a").touch()
+    finally:
+        os.kill(a.pid, signal.SIGCONT)
+    err = _finish(a, tmp_path, "a")
+    # A's commit was refused (a newer epoch): nothing of its step, its row included, landed.
+    assert _orders(pg_dsn) == [("c1", b.pid), ("c2", b.pid)]
+    assert a.returncode == 0, err
+    assert _report(tmp_path, "a")["status"] == "completed"  # B's result, read from the store
+    assert await _turn_status(pg_dsn) == "completed"
+
+
+async def test_two_workers_race_over_fifty_sessions(pg_dsn: str, tmp_path: Path) -> None:
+    from durable_turns import PostgresStore
+
+    store = PostgresStore(pg_dsn)
+    await store.open()
+    keys = [SessionKey(pgkit.AGENT, f"s{i}") for i in range(50)]
+    try:
+        for key in keys:
+            for t in ("t1", "t2"):
+                await store.enqueue_turn(key, t, Message("user", "order", turn_id=t))
+        workers = {tag: _spawn(pg_dsn, tmp_path, tag, "--work") for tag in ("w1", "w2")}
+        try:
+            _wait_for(lambda: all((tmp_path / f"ready-{t}").exists() or p.poll() is not None
+                                  for t, p in workers.items()), "the workers")
+            (tmp_path / "go").touch()  # both start looking for work together
+            for tag, proc in workers.items():
+                err = _finish(proc, tmp_path, tag)
+                assert proc.returncode == 0, err
+        finally:
+            for proc in workers.values():
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+        rows = store.unwrap().execute(
+            "SELECT session, turn_id, count(*) FROM orders GROUP BY session, turn_id").fetchall()
+        assert sorted(rows) == sorted((k.session, t, 1) for k in keys for t in ("t1", "t2"))
+        for key in keys:
+            events = await store.read_events(key)
+            started = [e.turn_id for e in events if e.type == "turn.started"]
+            done = [e.turn_id for e in events if e.type == "turn.completed"]
+            assert started == done == ["t1", "t2"], (key, started, done)  # once each, in order
+        assert await store.find_sessions("unfinished") == []
+    finally:
+        await store.close()
+
+
+async def test_a_subscriber_hears_another_process_commit_through_notify(pg_dsn: str) -> None:
+    from durable_turns import PostgresStore, TurnEvent
+    from durable_turns.events import TurnStarted
+
+    reader, writer = PostgresStore(pg_dsn), PostgresStore(pg_dsn)
+    await reader.open()
+    await writer.open()
+    try:
+        heard: list[list[TurnEvent] | None] = []
+        stop = reader.watch(KEY, heard.append)
+        async with reader.subscribe(KEY, after_seq=0) as sub:
+            lease = await writer.claim(KEY)
+            async with lease.transaction() as tx:
+                tx.add_event(TurnStarted(agent=KEY.agent, session=KEY.session, turn_id="t1"))
+            await lease.release()
+            async with asyncio.timeout(10):
+                got = await anext(sub)
+        stop()
+        assert got.seq == 1 and got.turn_id == "t1"
+        assert None in heard  # the watcher was told to look again
+    finally:
+        await reader.close()
+        await writer.close()
+
+
+async def test_the_worker_command_drives_queued_turns(pg_dsn: str, tmp_path: Path) -> None:
+    import sys
+    from urllib.parse import quote
+
+    import psycopg
+
+    from conftest import PG_DSN
+    from durable_turns import PostgresStore
+
+    # The command takes a URL: the test schema goes in its options.
+    options = psycopg.conninfo.conninfo_to_dict(pg_dsn)["options"]
+    url = f"{PG_DSN}?options={quote(str(options))}"
+
+    app = tmp_path / "ops"
+    app.mkdir()
+    (app / "instructions.md").write_text("You run ops.")
+    (app / "agent.py").write_text(
+        "from durable_turns import ModelReply, scripted\n"
+        "model = scripted(lambda _request: ModelReply('done'))\n")
+    store = PostgresStore(pg_dsn)
+    await store.open()
+    try:
+        for i in range(3):
+            await store.enqueue_turn(SessionKey("ops", f"s{i}"), "t1",
+                                     Message("user", "hi", turn_id="t1"))
+        with (tmp_path / "stderr").open("wb") as err:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "durable_turns.cli", "worker", str(app), "--store",
+                 url, "--lease-ttl", "1", "--poll-interval", "0.05"],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
+        try:
+            deadline = time.monotonic() + pgkit.CHILD_TIMEOUT
+            while await store.find_sessions("unfinished"):
+                assert proc.poll() is None, (tmp_path / "stderr").read_text()
+                assert time.monotonic() < deadline, "timed out waiting for the worker"
+                await asyncio.sleep(0.02)
+        finally:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=pgkit.CHILD_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        assert proc.returncode == 130
+        for i in range(3):
+            rec = await get_turn(store, SessionKey("ops", f"s{i}"), "t1")
+            assert rec is not None and (rec.status, rec.text) == ("completed", "done")
+    finally:
+        await store.close()
+
+
+async def test_a_connection_lost_mid_step_abandons_the_whole_step(pg_dsn: str) -> None:
+    from typing import Any
+
+    from durable_turns import PostgresStore
+    from durable_turns.errors import StoreError
+
+    store = PostgresStore(pg_dsn, pool_size=1)
+    await store.open()
+    try:
+        store.unwrap().execute("CREATE TABLE rows (v TEXT)")
+        lease = await store.claim(KEY)
+        pids: list[int] = []
+
+        def first(h: Any) -> None:
+            h.execute("INSERT INTO rows VALUES ('first')")
+            pids.append(h.info.backend_pid)
+
+        def second(h: Any) -> None:
+            h.execute("INSERT INTO rows VALUES ('second')")  # the connection is gone
+
+        with pytest.raises(StoreError, match="lost mid-step"):
+            async with lease.transaction() as tx:
+                await tx.run_local(first)
+                store.unwrap().execute("SELECT pg_terminate_backend(%s)", (pids[0],))
+                with pytest.raises(Exception):  # noqa: B017 - whatever psycopg raises
+                    await tx.run_local(second)
+                tx.add_message(Message("user", "hi", turn_id="t1"))
+        assert store.unwrap().execute("SELECT v FROM rows").fetchall() == []
+        assert await store.read_messages(KEY) == []  # a new connection serves the next step
+        async with lease.transaction() as tx:
+            await tx.run_local(first)
+        await lease.release()
+        assert store.unwrap().execute("SELECT v FROM rows").fetchall() == [("first",)]
+    finally:
+        await store.close()
