@@ -299,7 +299,13 @@ class SqliteStore(FeedStore):
     async def open(self) -> None:
         if self._writer is not None:
             return
-        self._check_foreign()
+        try:
+            self._check_foreign()
+        except StoreError:
+            # A store being created by another process can look half-made for a moment; its
+            # creator holds the lock file, under which the writer looks again.
+            if not Path(f"{self.path}-lease").exists():
+                raise
         write_pool = Worker("durable-turns-sqlite-write")
         read_pool = Worker("durable-turns-sqlite-read")
         try:
@@ -327,10 +333,21 @@ class SqliteStore(FeedStore):
         return conn
 
     def _connect_writer(self) -> sqlite3.Connection:
-        conn = self._connect()
         fd = os.open(f"{self.path}-lease", os.O_RDWR | os.O_CREAT, 0o644)
         try:
             _flock(fd, _SCHEMA_BYTE, wait=True)
+        except BaseException:
+            os.close(fd)
+            raise
+        try:
+            # Again, under the lock: another process may have been half-way through creating
+            # the file when this one looked first.
+            self._check_foreign()
+            conn = self._connect()
+        except BaseException:
+            os.close(fd)
+            raise
+        try:
             conn.execute("PRAGMA journal_mode = WAL")
             conn.execute(f"PRAGMA synchronous = {self._synchronous}")
             conn.execute("PRAGMA wal_autocheckpoint = 0")  # checkpoints run off the loop
