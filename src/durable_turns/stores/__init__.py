@@ -232,3 +232,9 @@ class SessionStore(Protocol):
         """Sessions with a queued or running turn (``unfinished``: what recovery drives),
         with a parked turn (``parked``: an operator's inbox), or with a turn of this id."""
         ...
+
+    async def list_sessions(self, agent: str) -> list[SessionKey]:
+        """Every session of ``agent`` the store has, newest first: the most recently created
+        session (by its first ``enqueue_turn`` or ``claim``) comes first. A reset keeps a
+        session's place. For hosts that list an agent's conversations."""
+        ...
