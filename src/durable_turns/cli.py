@@ -231,6 +231,22 @@ def build_parser() -> argparse.ArgumentParser:
                        help="the model, when the app's agent.py names none")
     serve.set_defaults(run=_serve)
 
+    chat = commands.add_parser(
+        "chat", help="talk to an app folder's agent in the terminal",
+        description="A terminal chat with the app folder's agent: streamed text, a line per "
+                    "tool call and result, approvals asked inline. Ctrl-C during a turn "
+                    "cancels it; Ctrl-D (or Ctrl-C at the prompt) quits. The session lives "
+                    "in the SQLite file, so a chat picks up where it left off.")
+    chat.add_argument("app", type=Path, metavar="APP_DIR", help="the app folder")
+    chat.add_argument("--db", type=Path, metavar="PATH", default=Path("durable_turns.db"),
+                      help="the SQLite file (created if missing; default %(default)s)")
+    chat.add_argument("--session", default="chat", help="the session (default %(default)s)")
+    chat.add_argument("--user", type=_name, metavar="USER",
+                      help="who types (default: the operating-system user)")
+    chat.add_argument("--model", metavar="PROVIDER:NAME",
+                      help="the model, when the app's agent.py names none")
+    chat.set_defaults(run=_chat)
+
     # Hidden: one delivery of the demo's turn, in the child process the demo starts.
     worker = commands.add_parser("demo-worker")
     worker.add_argument("--db", type=Path, required=True)
@@ -420,11 +436,7 @@ def _serve(args: argparse.Namespace) -> int:
     from .server.run import serve  # uvicorn and Starlette load only for this command
 
     try:
-        agent = load_agent(args.app)
-        model = resolve_model(args.model) if args.model else None
-        if agent.model is None and model is None:
-            raise ConfigurationError(f"{args.app}'s agent.py names no model: pass --model")
-        runtime = Runtime([agent], SqliteStore(args.db), model)
+        agent, runtime = _app_runtime(args)
 
         def ready(url: str) -> None:
             print(f"serving agent {agent.name!r} at {url}/agents/{agent.name}/sessions "
@@ -433,6 +445,35 @@ def _serve(args: argparse.Namespace) -> int:
         asyncio.run(serve(runtime, host=args.host, port=args.port, on_ready=ready))
     except (StoreError, ConfigurationError) as e:
         return _fail("serve", str(e), 2)
+    return 0
+
+
+def _app_runtime(args: argparse.Namespace) -> tuple[Agent, Runtime]:
+    agent = load_agent(args.app)
+    model = resolve_model(args.model) if args.model else None
+    if agent.model is None and model is None:
+        raise ConfigurationError(f"{args.app}'s agent.py names no model: pass --model")
+    return agent, Runtime([agent], SqliteStore(args.db), model)
+
+
+def _chat(args: argparse.Namespace) -> int:
+    from .channels import mount_agent
+    from .channels.repl import chat
+
+    user = args.user or _os_user()
+    if user is None:
+        return _fail("chat", "who is typing? $USER is not set: pass --user", 2)
+    try:
+        agent, runtime = _app_runtime(args)
+
+        async def run() -> None:
+            async with runtime:
+                await runtime.recover()
+                await chat(mount_agent(agent, runtime), session=args.session, user=user)
+
+        asyncio.run(run())
+    except (StoreError, ConfigurationError) as e:
+        return _fail("chat", str(e), 2)
     return 0
 
 
