@@ -187,7 +187,7 @@ class _Host:
     # -- routes ----------------------------------------------------------------------------
 
     async def openapi(self, request: Request) -> Response:
-        return JSONResponse(openapi(BODIES))
+        return JSONResponse(openapi(BODIES, sorted(self.rt.agents)))
 
     async def list_sessions(self, request: Request) -> Response:
         agent = request.path_params["agent"]

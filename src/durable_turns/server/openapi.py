@@ -11,12 +11,16 @@ _ERROR = {"description": "refused: {\"error\": {\"type\", \"message\"}}",
 _SSE = {"description": "the events, as text/event-stream",
         "content": {"text/event-stream": {"schema": {"type": "string"}}}}
 _JSON = {"description": "OK", "content": {"application/json": {"schema": {"type": "object"}}}}
-_PATH = [{"name": n, "in": "path", "required": True, "schema": {"type": "string", "minLength": 1}}
-         for n in ("agent", "session")]
 
 
-def openapi(bodies: dict[str, type[BaseModel]]) -> dict[str, Any]:
-    """The document, with each request body's JSON schema taken from its pydantic model."""
+def openapi(bodies: dict[str, type[BaseModel]], agents: list[str]) -> dict[str, Any]:
+    """The document, with each request body's JSON schema taken from its pydantic model and
+    the ``agent`` path parameter listing the served agents."""
+    params = [
+        {"name": "agent", "in": "path", "required": True,
+         "schema": {"type": "string", "enum": agents}},
+        {"name": "session", "in": "path", "required": True,
+         "schema": {"type": "string", "minLength": 1}}]
     schemas: dict[str, Any] = {"Error": {
         "type": "object", "required": ["error"],
         "properties": {"error": {"type": "object", "required": ["type", "message"],
@@ -31,13 +35,13 @@ def openapi(bodies: dict[str, type[BaseModel]]) -> dict[str, Any]:
 
     def post(name: str, summary: str, ok: dict[str, Any], *codes: int) -> dict[str, Any]:
         return {"post": {
-            "summary": summary, "parameters": _PATH,
+            "summary": summary, "parameters": params,
             "requestBody": {"required": False, "content": {"application/json": {
                 "schema": {"$ref": f"#/components/schemas/{bodies[name].__name__}"}}}},
             "responses": {"200": ok, **errors(400, 401, 404, 413, *codes)}}}
 
     base = "/agents/{agent}/sessions/{session}"
-    agent_only = _PATH[:1]
+    agent_only = params[:1]
     return {
         "openapi": "3.1.0",
         "info": {"title": "durable_turns HTTP host", "version": "1"},
@@ -49,7 +53,7 @@ def openapi(bodies: dict[str, type[BaseModel]]) -> dict[str, Any]:
                 "summary": "the inbox: every parked session and its request",
                 "parameters": agent_only, "responses": {"200": _JSON, **errors(401, 404)}}},
             base: {"get": {"summary": "status, generation, transcript, pending, turns",
-                           "parameters": _PATH, "responses": {"200": _JSON, **errors(401, 404)}}},
+                           "parameters": params, "responses": {"200": _JSON, **errors(401, 404)}}},
             f"{base}/turn": post("turn", "start a turn; its events", _SSE, 409),
             f"{base}/chat": post("chat", "start a turn; its events or its result", _JSON, 409),
             f"{base}/resume": post("resume", "answer a parked turn", _JSON, 403, 409, 422, 500),
@@ -57,7 +61,7 @@ def openapi(bodies: dict[str, type[BaseModel]]) -> dict[str, Any]:
             f"{base}/reset": post("reset", "archive the session's history", _JSON),
             f"{base}/events": {"get": {
                 "summary": "the session's events after a cursor, then live ones",
-                "parameters": [*_PATH,
+                "parameters": [*params,
                                {"name": "after", "in": "query", "required": False,
                                 "schema": {"type": "string", "pattern": "^[0-9]+$"}},
                                {"name": "until", "in": "query", "required": False,
