@@ -20,13 +20,20 @@ WAIT = 60.0
 """The bound on every wait on a CLI process."""
 
 AGENT_PY = '''
+import asyncio, pathlib
 from durable_turns import ModelReply, ToolCall, scripted
 from durable_turns.models.scripted import calls_this_turn
 
 name = "desk"
 
-def _reply(request):
+async def _reply(request):
     opening = next(m.text for m in reversed(request.messages) if m.is_opening)
+    if opening.startswith("slow "):  # "slow PATH": answers once the test has written PATH
+        go = pathlib.Path(opening.split(maxsplit=1)[1])
+        async with asyncio.timeout(60):
+            while not go.exists():
+                await asyncio.sleep(0.01)
+        return ModelReply("finally")
     if opening.startswith("refund") and calls_this_turn(request) == 0:
         return ModelReply("", [ToolCall("c1", "refund", {"order_id": "42"})])
     return ModelReply(f"You said: {opening}" if calls_this_turn(request) == 0 else "done")
@@ -105,6 +112,24 @@ async def test_serve_runs_turns_and_stops_on_sigterm(tmp_path: Path) -> None:
         assert await asyncio.wait_for(proc.wait(), WAIT) == 0
     async with Runtime([load_agent(app)], SqliteStore(db)) as rt:
         assert await rt.session("desk", "s1").status() == "idle"
+
+
+async def test_sigterm_lets_a_running_turn_finish(tmp_path: Path) -> None:
+    app, db, go = make_app(tmp_path), tmp_path / "desk.sqlite", tmp_path / "go"
+    async with served(app, db) as (proc, url), httpx.AsyncClient(base_url=url,
+                                                                 timeout=WAIT) as client:
+        async with client.stream("POST", "/agents/desk/sessions/s1/turn",
+                                 json={"text": f"slow {go}", "turn_id": "t1"}) as r:
+            async with asyncio.timeout(WAIT):
+                async for line in r.aiter_lines():
+                    if line == "event: turn.started":
+                        break
+            proc.send_signal(signal.SIGTERM)  # the model step is running: it cannot end yet
+            go.touch()
+        assert await asyncio.wait_for(proc.wait(), WAIT) == 0
+    async with Runtime([load_agent(app)], SqliteStore(db), drive=False) as rt:
+        done = await rt.session("desk", "s1").result("t1", timeout=WAIT)
+        assert (done.status, done.text) == ("completed", "finally")
 
 
 async def test_serve_recovers_unfinished_turns_at_start(tmp_path: Path) -> None:
