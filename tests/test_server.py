@@ -12,6 +12,9 @@ from typing import Any
 
 import httpx
 import pytest
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse
+from starlette.routing import Route
 
 import crashkit
 from durable_turns import (
@@ -455,3 +458,23 @@ async def test_mount_agent_streams_runs_and_resumes() -> None:
         done = await ch.reset_session(session="c1")
         assert done.generation == 1
         await rt.idle()
+
+
+async def test_a_sync_authenticate_that_raises_refuses_and_channel_routes_are_served() -> None:
+    def authenticate(request: Request) -> dict[str, str]:
+        if request.headers.get("x-key") != "k":
+            raise PermissionError("bad key")
+        return {"id": "kim"}
+
+    async def hook(request: Request) -> PlainTextResponse:
+        return PlainTextResponse("hooked")
+
+    rt = Runtime([agent()], MemoryStore(), scripted(reply))
+    async with rt:
+        app = create_app(rt, authenticate, [Route("/hooks/slack", hook, methods=["POST"])])
+        async with serving(app) as url, httpx.AsyncClient(base_url=url, timeout=WAIT) as c:
+            refused = await c.get("/agents/desk/sessions")
+            assert refused.status_code == 401 and "bad key" in refused.json()["error"]["message"]
+            ok = await c.get("/agents/desk/sessions", headers={"x-key": "k"})
+            assert ok.status_code == 200 and ok.json() == {"sessions": []}
+            assert (await c.post("/hooks/slack")).text == "hooked"
