@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import getpass
+import json
 import os
 import sys
 from collections.abc import Coroutine, Sequence
@@ -33,12 +34,31 @@ from .demo.refunds import APPROVAL_ID, ORDER_ID
 from .demo.term import make_console
 from .errors import ConfigurationError, DurableTurnsError, StoreError
 from .loader import load_agent
+from .messages import Message
 from .models.resolve import resolve_model
+from .models.scripted import scripted
+from .records import InputRequest, SessionInfo, SessionKey, TurnRecord
 from .runtime import Runtime
 from .stores import SessionStore
 from .stores.sqlite import SqliteStore
 
 PROG = "durable-turns"
+LEASE_WAIT = 30.0
+"""How long a ``sessions`` command waits for a process that drives the session."""
+SESSION_ACTIONS = {
+    "list": "list the store's sessions, newest first per agent, with status",
+    "show": "print a session's status, park, turns and transcript",
+    "cancel": "request cancellation of a session's turn (or of every unfinished one)",
+    "reset": "archive a session's history and start it over (F8)",
+}
+SERVE_HELP = """\
+Serve the app folder's agent over HTTP with server-sent events (F12): the routes under
+/agents/AGENT/sessions/ID, described at /openapi.json. Unfinished turns in the store are
+recovered at start. Development mode (no authentication): the speaker's and the answerer's
+"by" come from the request body, so it binds loopback only. SIGTERM shuts down gracefully:
+streams close, running turns get a grace period, anything cut short replays on the next
+start.
+"""
 
 DEMO_HELP = f"""\
 Run a small ops agent's turn ("order a keyboard, a mouse and a monitor, then tell the team")
@@ -201,6 +221,50 @@ def build_parser() -> argparse.ArgumentParser:
     work.add_argument("--poll-interval", type=float, default=0.5, metavar="SECONDS",
                       help="seconds between looks for new work")
     work.set_defaults(run=_worker)
+
+    for action, summary in SESSION_ACTIONS.items():
+        cmd = session_commands.add_parser(action, help=summary, description=summary + ".")
+        if action != "list":
+            cmd.add_argument("session", metavar="AGENT/ID", type=_session_key,
+                             help="the session, as agent/session")
+        else:
+            cmd.add_argument("--agent", metavar="NAME", help="only this agent's sessions")
+        cmd.add_argument("--db", type=Path, metavar="PATH", required=True,
+                         help="the SQLite file")
+        if action == "cancel":
+            cmd.add_argument("--turn", metavar="TURN",
+                             help="the turn to cancel (default: every unfinished one)")
+            cmd.add_argument("--reason", default="cancelled by request", help="why")
+        cmd.set_defaults(run=_sessions)
+
+    serve = commands.add_parser(
+        "serve", help="serve an app folder's agent over HTTP/SSE",
+        description=SERVE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    serve.add_argument("app", type=Path, metavar="APP_DIR", help="the app folder")
+    serve.add_argument("--db", type=Path, metavar="PATH", default=Path("durable_turns.db"),
+                       help="the SQLite file (created if missing; default %(default)s)")
+    serve.add_argument("--host", default="127.0.0.1",
+                       help="the address to bind (loopback only: development mode)")
+    serve.add_argument("--port", type=int, default=8000, help="default %(default)s")
+    serve.add_argument("--model", metavar="PROVIDER:NAME",
+                       help="the model, when the app's agent.py names none")
+    serve.set_defaults(run=_serve)
+
+    chat = commands.add_parser(
+        "chat", help="talk to an app folder's agent in the terminal",
+        description="A terminal chat with the app folder's agent: streamed text, a line per "
+                    "tool call and result, approvals asked inline. Ctrl-C during a turn "
+                    "cancels it; Ctrl-D (or Ctrl-C at the prompt) quits. The session lives "
+                    "in the SQLite file, so a chat picks up where it left off.")
+    chat.add_argument("app", type=Path, metavar="APP_DIR", help="the app folder")
+    chat.add_argument("--db", type=Path, metavar="PATH", default=Path("durable_turns.db"),
+                      help="the SQLite file (created if missing; default %(default)s)")
+    chat.add_argument("--session", default="chat", help="the session (default %(default)s)")
+    chat.add_argument("--user", type=_name, metavar="USER",
+                      help="who types (default: the operating-system user)")
+    chat.add_argument("--model", metavar="PROVIDER:NAME",
+                      help="the model, when the app's agent.py names none")
+    chat.set_defaults(run=_chat)
 
     # Hidden: one delivery of the demo's turn, in the child process the demo starts.
     worker = commands.add_parser("demo-worker")
@@ -405,6 +469,124 @@ async def _work(args: argparse.Namespace) -> int:
         print(f"worker of agent {agent.name!r} on {where}: driving queued turns", flush=True)
         await rt.work(poll_interval=args.poll_interval)
     return 0
+
+
+def _session_key(text: str) -> tuple[str, str]:
+    agent, sep, session = text.partition("/")
+    if not sep or not agent or not session:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected AGENT/ID")
+    return agent, session
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from .server.run import serve  # uvicorn and Starlette load only for this command
+
+    try:
+        agent, runtime = _app_runtime(args)
+
+        def ready(url: str) -> None:
+            print(f"serving agent {agent.name!r} at {url}/agents/{agent.name}/sessions "
+                  f"(store {args.db}); SIGTERM or Ctrl-C stops", flush=True)
+
+        asyncio.run(serve(runtime, host=args.host, port=args.port, on_ready=ready))
+    except (StoreError, ConfigurationError) as e:
+        return _fail("serve", str(e), 2)
+    return 0
+
+
+def _app_runtime(args: argparse.Namespace) -> tuple[Agent, Runtime]:
+    agent = load_agent(args.app)
+    model = resolve_model(args.model) if args.model else None
+    if agent.model is None and model is None:
+        raise ConfigurationError(f"{args.app}'s agent.py names no model: pass --model")
+    return agent, Runtime([agent], SqliteStore(args.db), model)
+
+
+def _chat(args: argparse.Namespace) -> int:
+    from .channels import mount_agent
+    from .channels.repl import chat
+
+    user = args.user or _os_user()
+    if user is None:
+        return _fail("chat", "who is typing? $USER is not set: pass --user", 2)
+    try:
+        agent, runtime = _app_runtime(args)
+
+        async def run() -> None:
+            async with runtime:
+                await runtime.recover()
+                await chat(mount_agent(agent, runtime), session=args.session, user=user)
+
+        asyncio.run(run())
+    except (StoreError, ConfigurationError) as e:
+        return _fail("chat", str(e), 2)
+    return 0
+
+
+def _sessions(args: argparse.Namespace) -> int:
+    if not args.db.exists():
+        return _fail(f"sessions {args.action}", f"{args.db} does not exist", 2)
+    try:
+        return asyncio.run(_session_action(args))
+    except (StoreError, ConfigurationError, LookupError, ValueError) as e:
+        return _fail(f"sessions {args.action}", str(e), 2)
+    except DurableTurnsError as e:
+        return _fail(f"sessions {args.action}", f"{type(e).__name__}: {e}", 1)
+
+
+async def _session_action(args: argparse.Namespace) -> int:
+    if args.action == "list":
+        store = SqliteStore(args.db)
+        await store.open()
+        try:
+            agents = [args.agent] if args.agent else sorted(
+                {k.agent for k in await store.find_sessions()})
+            for name in agents:
+                for key in await store.list_sessions(name):
+                    info = await store.session_info(key)
+                    print(f"{key}\t{info.status if info else 'new'}\t"
+                          f"generation {info.generation if info else 0}")
+        finally:
+            await store.close()
+        return 0
+    agent, session_id = args.session
+    # A reset runs on the session's chain, so this runtime drives it; the model is never
+    # asked (the turns the reset cancels stop before their next model call).
+    rt = Runtime([Agent(agent)], SqliteStore(args.db), scripted([]), lease_timeout=LEASE_WAIT)
+    async with rt:
+        session = rt.session(agent, session_id)
+        if await rt.store.session_info(session.key) is None:
+            raise LookupError(f"{args.db} has no session {session.key}")
+        if args.action == "cancel":
+            ids = await session.cancel(args.turn, reason=args.reason)
+            print(f"cancel requested for {', '.join(ids)}" if ids else "no unfinished turn")
+        elif args.action == "reset":
+            done = await session.reset()
+            print(f"{session.key} reset: history archived as {done.previous_session}, "
+                  f"generation {done.generation}")
+        else:
+            _show(session.key, await rt.store.session_info(session.key),
+                  await session.pending(), await rt.store.turns(session.key),
+                  await session.transcript())
+        await rt.idle()
+    return 0
+
+
+def _show(key: SessionKey, info: SessionInfo | None, pending: InputRequest | None,
+          turns: list[TurnRecord], transcript: list[Message]) -> None:
+    print(f"{key}: {info.status if info else 'new'}, generation "
+          f"{info.generation if info else 0}")
+    if pending is not None:
+        print(f"parked: turn {pending.turn_id} waits for input {pending.id!r}: "
+              f"{pending.prompt}")
+    for t in turns:
+        if t.kind == "turn":
+            print(f"turn {t.turn_id}: {t.status}"
+                  + "".join(f" — {v}" for v in (t.text, t.error, t.reason) if v))
+    for m in transcript:
+        calls = ", ".join(f"{c.name}({json.dumps(c.input)})" for c in m.tool_calls)
+        body = m.text or calls or json.dumps(m.result)
+        print(f"  {m.role:<9} {body}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

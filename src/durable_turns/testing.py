@@ -212,6 +212,19 @@ async def check_sessions_are_found_by_turn_id(store: SessionStore) -> None:
     assert await store.find_sessions("parked") == []
 
 
+async def check_sessions_are_listed_newest_first(store: SessionStore) -> None:
+    names = ["b", "a", "c"]
+    for name in names:
+        await store.enqueue_turn(SessionKey("agent", name), f"t-{name}", _opening(f"t-{name}"))
+    await store.enqueue_turn(SessionKey("other", "z"), "t-z", _opening("t-z"))
+    await store.enqueue_turn(SessionKey("agent", "b"), "t-b2", _opening("t-b2"))
+    await store.enqueue_turn(SessionKey("agent", "a"), "r", Message("trigger", "reset"),
+                             kind="reset")
+    assert await store.list_sessions("agent") == [SessionKey("agent", n) for n in "cab"]
+    assert await store.list_sessions("other") == [SessionKey("other", "z")]
+    assert await store.list_sessions("nobody") == []
+
+
 async def _commit_events(store: SessionStore, key: SessionKey, turn_id: str, n: int) -> None:
     lease = await store.claim(key)
     try:
@@ -423,6 +436,7 @@ CONFORMANCE: list[Check] = [
     check_cancel_requests_are_durable,
     check_parked_session_refuses_other_turns,
     check_sessions_are_found_by_turn_id,
+    check_sessions_are_listed_newest_first,
     check_reset_starts_a_new_generation,
     check_supersede_cancels_unfinished_turns_but_not_a_park,
     check_events_are_read_by_turn,

@@ -242,4 +242,9 @@ class SessionStore(Protocol):
         A hint, not a reservation: another worker may claim one first (the claim then fails
         or waits), and a lease taken or freed meanwhile is seen at the next look.
         """
+
+    async def list_sessions(self, agent: str) -> list[SessionKey]:
+        """Every session of ``agent`` the store has, newest first: the most recently created
+        session (by its first ``enqueue_turn`` or ``claim``) comes first. A reset keeps a
+        session's place. For hosts that list an agent's conversations."""
         ...

@@ -302,3 +302,10 @@ class SqlRules:
             + ("" if limit is None else f" LIMIT {int(limit)}")
         ), tuple(params)).fetchall()
         return [SessionKey(a, s) for a, s in rows]
+
+    def list_sessions(self, c: Connection, agent: str) -> list[SessionKey]:
+        # sid grows with each new session (sessions are never deleted): newest first.
+        rows = c.execute(self.q(
+            "SELECT session FROM sessions WHERE agent = ? ORDER BY sid DESC"
+        ), (agent,)).fetchall()
+        return [SessionKey(agent, r[0]) for r in rows]

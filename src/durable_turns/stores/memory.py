@@ -255,6 +255,10 @@ class MemoryStore(FeedStore):
         keys = await self.find_sessions("unfinished")
         return [k for k in keys if not self._sessions[k].held][:limit]
 
+    async def list_sessions(self, agent: str) -> list[SessionKey]:
+        # Dicts keep insertion order: the order the sessions were created in.
+        return [k for k in reversed(self._sessions) if k.agent == agent]
+
     async def _read_after(self, key: SessionKey, after_seq: int) -> list[TurnEvent]:
         return await self.read_events(key, after_seq=after_seq)
 

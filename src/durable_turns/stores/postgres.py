@@ -571,6 +571,9 @@ class PostgresStore(FeedStore):
                             turn_id: str | None = None) -> list[SessionKey]:
         return await self._read(lambda c: _RULES.find_sessions(c, which, turn_id))
 
+    async def list_sessions(self, agent: str) -> list[SessionKey]:
+        return await self._read(lambda c: _RULES.list_sessions(c, agent))
+
     async def find_claimable(self, limit: int = 100) -> list[SessionKey]:
         return await self._read(lambda c: _RULES.find_sessions(
             c, "unfinished", None, where=_LEASE_FREE, limit=limit))

@@ -586,6 +586,9 @@ class SqliteStore(FeedStore):
             os.close(fd)
         return free
 
+    async def list_sessions(self, agent: str) -> list[SessionKey]:
+        return await self._read(lambda c: _RULES.list_sessions(c, agent))
+
     # -- the event feed (subscribe and watch come from FeedStore) ---------------------------
 
     async def _read_after(self, key: SessionKey, after_seq: int) -> list[TurnEvent]:

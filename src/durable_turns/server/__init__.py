@@ -1,0 +1,21 @@
+"""The HTTP/SSE host of a runtime's agents (F12): ``create_app(runtime)`` → an ASGI app.
+
+Needs the ``server`` extra (``pip install 'durable-turns[server]'``: Starlette, uvicorn,
+sse-starlette). Routes, status codes and the SSE framing are in the README's
+"HTTP/SSE host (F12)" section and at ``/openapi.json``.
+"""
+
+from __future__ import annotations
+
+try:
+    import sse_starlette  # noqa: F401
+    import starlette  # noqa: F401
+except ImportError as e:  # pragma: no cover - depends on the install
+    raise ImportError(
+        "durable_turns.server needs the server extra: pip install 'durable-turns[server]'"
+    ) from e
+
+from ._http import MAX_BODY, Authenticate, is_loopback
+from .app import PING, create_app
+
+__all__ = ["MAX_BODY", "PING", "Authenticate", "create_app", "is_loopback"]

@@ -1,0 +1,148 @@
+"""The HTTP edges of the host: JSON errors, bounded bodies, callers, SSE framing.
+
+Every failure leaves as ``{"error": {"type", "message"}}`` with the status F12 gives it;
+exceptions of the engine are translated here, once.
+"""
+
+from __future__ import annotations
+
+import inspect
+import ipaddress
+import json
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+from ..errors import (
+    InvalidInputError,
+    ResumeAuthorizationError,
+    ResumeConflictError,
+    SessionBusyError,
+    TurnConflictError,
+    UnknownAgentError,
+    UnknownTurnError,
+)
+from ..events import TurnEvent
+
+log = logging.getLogger("durable_turns.server")
+
+MAX_BODY = 1 << 20
+"""The largest request body accepted (1 MiB); a longer one is refused with 413."""
+
+Authenticate = Callable[[Request], Any]
+"""``authenticate(request)`` (sync or async) → the caller's principal (its ``id`` is ``by``),
+or ``None`` (or an exception) to refuse with 401."""
+
+B = TypeVar("B", bound=BaseModel)
+
+
+class HttpError(Exception):
+    """A refusal with its status, error type and message, answered as JSON."""
+
+    def __init__(self, status: int, type_: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.type = type_
+        self.message = message
+
+
+_STATUS: list[tuple[type[BaseException], int]] = [
+    (UnknownAgentError, 404),
+    (UnknownTurnError, 404),
+    (ResumeAuthorizationError, 403),
+    (ResumeConflictError, 409),
+    (SessionBusyError, 409),
+    (TurnConflictError, 409),
+    (InvalidInputError, 422),
+    (ValueError, 400),
+]
+
+
+def error_response(exc: BaseException) -> JSONResponse:
+    """The JSON answer for ``exc``: its F12 status, or 500 without its details."""
+    if isinstance(exc, HttpError):
+        return _error(exc.status, exc.type, exc.message)
+    for cls, status in _STATUS:
+        if isinstance(exc, cls):
+            return _error(status, type(exc).__name__, str(exc))
+    log.error("request failed", exc_info=exc)
+    return _error(500, "InternalError", "the server failed; the error is in its log")
+
+
+def _error(status: int, type_: str, message: str) -> JSONResponse:
+    return JSONResponse({"error": {"type": type_, "message": message}}, status_code=status)
+
+
+async def read_body(request: Request, model: type[B]) -> B:
+    """The request's JSON body as ``model``; an empty body is ``{}``.
+
+    Raises:
+        HttpError: 413 over :data:`MAX_BODY`, 400 not JSON or not the model's shape.
+    """
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > MAX_BODY:
+        raise HttpError(413, "PayloadTooLarge", f"the body is over {MAX_BODY} bytes")
+    raw = bytearray()
+    async for chunk in request.stream():
+        raw += chunk
+        if len(raw) > MAX_BODY:
+            raise HttpError(413, "PayloadTooLarge", f"the body is over {MAX_BODY} bytes")
+    try:
+        data = json.loads(raw) if raw.strip() else {}
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise HttpError(400, "MalformedBody", f"the body is not JSON: {e}") from None
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        problems = "; ".join(
+            f"{'.'.join(map(str, err['loc'])) or 'body'}: {err['msg']}" for err in e.errors())
+        raise HttpError(400, "MalformedBody", problems) from None
+
+
+async def principal_of(request: Request, authenticate: Authenticate | None,
+                       dev_by: str | None) -> tuple[str | None, Any]:
+    """Who calls: ``(by, principal)``. In development mode (no ``authenticate``) ``by`` is
+    what the body says and there is no principal.
+
+    Raises:
+        HttpError: 401 when ``authenticate`` refuses.
+    """
+    if authenticate is None:
+        return dev_by, None
+    try:
+        found = authenticate(request)
+        if inspect.isawaitable(found):
+            found = await found
+    except Exception as e:
+        raise HttpError(401, "Unauthorized", f"authentication refused: {e}") from None
+    if found is None:
+        raise HttpError(401, "Unauthorized", "authentication refused")
+    who = found.get("id") if isinstance(found, Mapping) else getattr(found, "id", None)
+    if who is None:
+        raise HttpError(401, "Unauthorized", "the principal has no id")
+    return str(who), found
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` names this machine only (``localhost``, ``127.0.0.0/8``, ``::1``)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def sse_fields(event: TurnEvent) -> dict[str, Any]:
+    """An event's SSE fields: ``id`` (the durable seq; none for live-only events),
+    ``event`` (its type), ``data`` (its JSON)."""
+    durable = event.type not in ("message.delta", "message.retry")
+    return {"id": str(event.seq) if durable else None, "event": event.type,
+            "data": json.dumps(event.to_dict(), default=str)}
+
+
+Handler = Callable[[Request], Awaitable[Any]]

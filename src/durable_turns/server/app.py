@@ -1,0 +1,356 @@
+"""The routes of the HTTP host (F12): sessions, turns, answers and their event streams.
+
+Each handler is a few calls to a :class:`~durable_turns.channels.ChannelContext` or an
+:class:`~durable_turns.AgentSession`; the turn itself runs in the runtime, so it goes on
+when the client that started it leaves.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Iterable, Sequence
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+from sse_starlette import EventSourceResponse, ServerSentEvent
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Route
+
+from ..channels import ChannelContext, TurnStream, mount_agent
+from ..errors import ResumeAuthorizationError, ResumeConflictError
+from ..events import TERMINAL_TYPES, TurnEvent
+from ..hitl import Grant
+from ..inbound import InboundEvent
+from ..records import TurnRecord, TurnResult
+from ..runtime import Runtime
+from ..sessions import AgentSession, grant_answer
+from ._http import (
+    Authenticate,
+    HttpError,
+    error_response,
+    is_loopback,
+    principal_of,
+    read_body,
+    sse_fields,
+)
+from .openapi import openapi
+
+PING = 15.0
+"""Seconds between keep-alive comments on an idle event stream."""
+FRAME_CACHE = 1024
+"""How many recent events' SSE encodings the host keeps for its other subscribers."""
+
+
+class TurnBody(BaseModel):
+    """``POST /turn`` and ``POST /chat``."""
+
+    model_config = ConfigDict(extra="forbid")
+    text: str = Field(min_length=1)
+    turn_id: str | None = Field(default=None, min_length=1)
+    replace: bool = False
+    by: str | None = None
+    """Development mode only: who speaks (with ``authenticate``, the principal's id)."""
+
+
+class ResumeBody(BaseModel):
+    """``POST /resume``."""
+
+    model_config = ConfigDict(extra="forbid")
+    turn_id: str = Field(min_length=1)
+    input_id: str = Field(min_length=1)
+    value: Any = None
+    by: str | None = None
+
+
+class CancelBody(BaseModel):
+    """``POST /cancel``."""
+
+    model_config = ConfigDict(extra="forbid")
+    turn_id: str | None = Field(default=None, min_length=1)
+    reason: str = "cancelled by request"
+
+
+class ResetBody(BaseModel):
+    """``POST /reset`` (no fields)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+BODIES: dict[str, type[BaseModel]] = {
+    "turn": TurnBody, "chat": TurnBody, "resume": ResumeBody, "cancel": CancelBody,
+    "reset": ResetBody,
+}
+
+
+def create_app(runtime: Runtime, authenticate: Authenticate | None = None,
+               channels: Iterable[BaseRoute] = (), *, ping: float = PING) -> Starlette:
+    """The HTTP/SSE host of ``runtime``'s agents (F12), as a Starlette (ASGI) app.
+
+    Args:
+        runtime: the runtime whose agents it serves (opened on the first request; close it
+            yourself).
+        authenticate: ``authenticate(request)`` (sync or async) → the caller's principal,
+            whose ``id`` (key or attribute) is the speaker and the resumer; ``None`` or an
+            exception refuses (401). Without it the host is in development mode: ``by``
+            comes from the body, and requests that did not arrive on loopback are refused.
+        channels: more routes to serve beside the API (a channel's webhooks).
+        ping: seconds between keep-alive comments on an idle event stream.
+    """
+    return _Host(runtime, authenticate, ping).app(list(channels))
+
+
+class _Host:
+    def __init__(self, runtime: Runtime, authenticate: Authenticate | None,
+                 ping: float) -> None:
+        self.rt = runtime
+        self.authenticate = authenticate
+        self.ping = ping
+        self.frames: OrderedDict[int, tuple[TurnEvent, dict[str, Any]]] = OrderedDict()
+        self.mounted: dict[str, ChannelContext] = {
+            name: mount_agent(agent, runtime) for name, agent in runtime.agents.items()}
+
+    def app(self, extra: Sequence[BaseRoute]) -> Starlette:
+        base = "/agents/{agent}/sessions/{session}"
+        routes: list[BaseRoute] = [
+            Route("/openapi.json", self.openapi, methods=["GET"]),
+            Route("/agents/{agent}/sessions", self.guard(self.list_sessions), methods=["GET"]),
+            Route("/agents/{agent}/pending", self.guard(self.inbox), methods=["GET"]),
+            Route(base, self.guard(self.show), methods=["GET"]),
+            Route(f"{base}/turn", self.guard(self.turn), methods=["POST"]),
+            Route(f"{base}/chat", self.guard(self.chat), methods=["POST"]),
+            Route(f"{base}/resume", self.guard(self.resume), methods=["POST"]),
+            Route(f"{base}/cancel", self.guard(self.cancel), methods=["POST"]),
+            Route(f"{base}/reset", self.guard(self.reset), methods=["POST"]),
+            Route(f"{base}/events", self.guard(self.events), methods=["GET"]),
+            *extra,
+        ]
+        return Starlette(routes=routes, exception_handlers={
+            404: self.not_found, 405: self.not_allowed})
+
+    # -- plumbing --------------------------------------------------------------------------
+
+    def guard(self, handler: Any) -> Any:
+        async def guarded(request: Request) -> Response:
+            try:
+                if self.authenticate is None:
+                    server = request.scope.get("server") or ("127.0.0.1", 0)
+                    if not is_loopback(str(server[0])):
+                        raise HttpError(403, "DevelopmentMode",
+                                        "no authenticate: serving loopback only")
+                else:
+                    request.state.by, request.state.principal = await principal_of(
+                        request, self.authenticate, None)
+                await self.rt.open()
+                response: Response = await handler(request)
+                return response
+            except Exception as e:
+                return error_response(e)
+
+        return guarded
+
+    async def not_found(self, request: Request, exc: Exception) -> Response:
+        return error_response(HttpError(404, "NotFound", f"no route {request.url.path}"))
+
+    async def not_allowed(self, request: Request, exc: Exception) -> Response:
+        return error_response(HttpError(405, "MethodNotAllowed",
+                                        f"{request.method} is not allowed here"))
+
+    def by(self, request: Request, body_by: str | None) -> tuple[str | None, Any]:
+        if self.authenticate is None:
+            return body_by, None
+        return request.state.by, request.state.principal
+
+    def channel(self, request: Request) -> ChannelContext:
+        agent = request.path_params["agent"]
+        self.rt.key(agent, "_")  # raises UnknownAgentError
+        return self.mounted[agent]
+
+    def session(self, request: Request) -> AgentSession:
+        return self.rt.session(request.path_params["agent"], request.path_params["session"])
+
+    async def known_session(self, request: Request) -> AgentSession:
+        s = self.session(request)
+        if await self.rt.store.session_info(s.key) is None:
+            raise HttpError(404, "UnknownSession", f"no session {s.key}")
+        return s
+
+    def sse(self, events: AsyncIterator[TurnEvent], close: Any = None,
+            headers: dict[str, str] | None = None) -> EventSourceResponse:
+        async def frames() -> AsyncIterator[ServerSentEvent]:
+            try:
+                async for e in events:
+                    yield ServerSentEvent(**self.encoded(e))
+            finally:
+                if close is not None:
+                    close()
+
+        return EventSourceResponse(frames(), ping=self.ping, headers=headers)
+
+    def encoded(self, event: TurnEvent) -> dict[str, Any]:
+        # Every subscriber of a session is handed the same event object: encode it once,
+        # not once per subscriber (bench/sse.py: JSON was a fifth of the fan-out's CPU).
+        found = self.frames.get(id(event))
+        if found is not None and found[0] is event:
+            return found[1]
+        fields = sse_fields(event)
+        self.frames[id(event)] = (event, fields)  # holding the event keeps its id unique
+        if len(self.frames) > FRAME_CACHE:
+            self.frames.popitem(last=False)
+        return fields
+
+    # -- routes ----------------------------------------------------------------------------
+
+    async def openapi(self, request: Request) -> Response:
+        return JSONResponse(openapi(BODIES, sorted(self.rt.agents)))
+
+    async def list_sessions(self, request: Request) -> Response:
+        agent = request.path_params["agent"]
+        self.rt.key(agent, "_")
+        out = []
+        for key in await self.rt.store.list_sessions(agent):
+            info = await self.rt.store.session_info(key)
+            out.append({"session": key.session, "status": info.status if info else "new",
+                        "generation": info.generation if info else 0})
+        return JSONResponse({"sessions": out})
+
+    async def inbox(self, request: Request) -> Response:
+        agent = request.path_params["agent"]
+        self.rt.key(agent, "_")
+        out = []
+        for key in await self.rt.store.find_sessions("parked"):
+            if key.agent == agent:
+                pending = await self.rt.session(agent, key.session).pending()
+                if pending is not None:
+                    out.append({"session": key.session, "request": pending.to_dict()})
+        return JSONResponse({"pending": out})
+
+    async def show(self, request: Request) -> Response:
+        s = await self.known_session(request)
+        info = await self.rt.store.session_info(s.key)
+        pending = await s.pending()
+        return JSONResponse({
+            "agent": s.key.agent, "session": s.key.session,
+            "status": info.status if info else "new",
+            "generation": info.generation if info else 0,
+            "transcript": [_message(m) for m in await s.transcript()],
+            "pending": pending.to_dict() if pending else None,
+            "turns": [_turn(t) for t in await self.rt.store.turns(s.key) if t.kind == "turn"],
+        })
+
+    async def _start(self, request: Request) -> TurnStream:
+        body = await read_body(request, TurnBody)
+        ch = self.channel(request)
+        by, _principal = self.by(request, body.by)
+        event = None
+        if by is not None:
+            # Attested: the principal's id, or (development mode) what the body says, which
+            # that mode trusts by design (it serves loopback only).
+            event = InboundEvent("http", {"id": by, "attested": True}, body.text)
+        return await ch.open_turn(body.text, session=request.path_params["session"],
+                                  replace=body.replace, event=event, turn_id=body.turn_id)
+
+    async def turn(self, request: Request) -> Response:
+        stream = await self._start(request)
+        return self.sse(aiter(stream), stream.close, {"X-Turn-Id": stream.turn_id})
+
+    async def chat(self, request: Request) -> Response:
+        stream = await self._start(request)
+        if "text/event-stream" in request.headers.get("accept", ""):
+            return self.sse(aiter(stream), stream.close, {"X-Turn-Id": stream.turn_id})
+        stream.close()
+        result = await stream.session.result(stream.turn_id)
+        return JSONResponse(_result(result))
+
+    async def resume(self, request: Request) -> Response:
+        body = await read_body(request, ResumeBody)
+        ch = self.channel(request)
+        s = self.session(request)
+        by, principal = self.by(request, body.by)
+        granted = await self._grant(s, body, by, principal)
+        stream = await ch.open_resume(body.turn_id, body.input_id, body.value,
+                                      session=s.key.session, by=by, granted=granted)
+        if "text/event-stream" in request.headers.get("accept", ""):
+            return self.sse(aiter(stream), stream.close)
+        stream.close()
+        result = await s.result(body.turn_id)
+        return JSONResponse(_result(result))
+
+    async def _grant(self, s: AgentSession, body: ResumeBody, by: str | None,
+                     principal: Any) -> Grant | None:
+        pending = await s.pending()
+        if pending is None or pending.turn_id != body.turn_id or pending.id != body.input_id:
+            return None
+        if "policy" not in (pending.answerers or {}):
+            return None
+        try:
+            return await grant_answer(s, {"turn_id": body.turn_id, "input_id": body.input_id,
+                                          "by": by, "principal": principal})
+        except (ResumeAuthorizationError, ResumeConflictError):
+            raise
+        except Exception as e:
+            # F6: the app's decision failed; nothing was applied and the caller may retry.
+            raise HttpError(500, "AuthorizeAnswerFailed",
+                            f"authorize_answer failed ({type(e).__name__}); nothing was "
+                            "applied, retry later") from e
+
+    async def cancel(self, request: Request) -> Response:
+        body = await read_body(request, CancelBody)
+        s = await self.known_session(request)
+        ids = await s.cancel(body.turn_id, reason=body.reason)
+        return JSONResponse({"cancelled": ids})
+
+    async def reset(self, request: Request) -> Response:
+        await read_body(request, ResetBody)
+        ch = self.channel(request)
+        done = await ch.reset_session(session=request.path_params["session"])
+        return JSONResponse({"previous_session": done.previous_session,
+                             "generation": done.generation})
+
+    async def events(self, request: Request) -> Response:
+        s = self.session(request)
+        cursor = request.headers.get("last-event-id") or request.query_params.get("after")
+        after = 0
+        if cursor:
+            if not cursor.isdigit():
+                raise HttpError(400, "MalformedCursor",
+                                f"an event cursor is a sequence number, not {cursor!r}")
+            after = int(cursor)
+        until = request.query_params.get("until")
+        if until not in (None, "turn"):
+            raise HttpError(400, "MalformedQuery", "until takes one value: turn")
+        sub = self.rt.subscribe(s.key, after)
+        await sub.ready()
+
+        async def stream() -> AsyncIterator[TurnEvent]:
+            async for e in sub:
+                yield e
+                if until == "turn" and e.type in TERMINAL_TYPES:
+                    return
+
+        return self.sse(stream(), sub.close)
+
+
+def _message(m: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {"role": m.role, "text": m.text, "turn_id": m.turn_id}
+    if m.tool_calls:
+        out["tool_calls"] = [c.to_dict() for c in m.tool_calls]
+    if m.call_id is not None:
+        out.update(call_id=m.call_id, result=m.result, is_error=m.is_error)
+    if m.by is not None:
+        out["by"] = m.by
+    return out
+
+
+def _turn(t: TurnRecord) -> dict[str, Any]:
+    return {**_result(t.result), "opening": t.opening.text}
+
+
+def _result(r: TurnResult) -> dict[str, Any]:
+    return {"turn_id": r.turn_id, "status": str(r.status), "text": r.text,
+            "request": r.request.to_dict() if r.request else None, "error": r.error,
+            "reason": r.reason}
+
+
+__all__ = ["PING", "create_app"]

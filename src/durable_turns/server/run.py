@@ -1,0 +1,70 @@
+"""Serve a runtime's agents over HTTP with uvicorn, and shut down without losing a step."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import Callable
+
+import uvicorn
+
+from ..errors import ConfigurationError
+from ..runtime import Runtime
+from ._http import Authenticate, is_loopback
+from .app import create_app
+
+log = logging.getLogger("durable_turns.server")
+
+GRACE = 10.0
+"""Seconds a shutdown waits for open streams to close and running turns to end."""
+
+
+async def serve(runtime: Runtime, *, host: str = "127.0.0.1", port: int = 8000,
+                authenticate: Authenticate | None = None, grace: float = GRACE,
+                on_ready: Callable[[str], None] | None = None) -> None:
+    """Recover the store's unfinished turns, then serve until SIGTERM or SIGINT.
+
+    On the signal the server stops accepting, closes its event streams, waits up to ``grace``
+    seconds for running turns to end (each step commits or, cut short, is replayed by the
+    next ``recover()``), then closes the runtime.
+
+    Args:
+        on_ready: called with the base URL once the server listens.
+
+    Raises:
+        ConfigurationError: no ``authenticate`` (development mode) and ``host`` is not
+            loopback.
+    """
+    if authenticate is None and not is_loopback(host):
+        raise ConfigurationError(
+            f"development mode (no authenticate) serves loopback only, not {host!r}: "
+            "bind 127.0.0.1, or pass authenticate=… to create_app")
+    stopped: list[int] = []
+    # uvicorn re-raises the signal it caught once it has shut down; these handlers take it,
+    # so the runtime closes in order instead of the process dying with the signal.
+    previous = {sig: signal.signal(sig, lambda s, _f: stopped.append(s))
+                for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        async with runtime:
+            recovered = await runtime.recover()
+            if recovered:
+                log.warning("recovering %d session(s) with unfinished turns", len(recovered))
+            config = uvicorn.Config(create_app(runtime, authenticate), host=host, port=port,
+                                    lifespan="off", timeout_graceful_shutdown=int(grace) or 1,
+                                    log_level="info")
+            server = uvicorn.Server(config)
+            task = asyncio.create_task(server.serve())
+            while not server.started and not task.done():  # uvicorn has no event for it
+                await asyncio.sleep(0.01)
+            if server.started and on_ready is not None:
+                on_ready(f"http://{host}:{port}")
+            await task
+            try:
+                await asyncio.wait_for(runtime.idle(), grace)
+            except TimeoutError:
+                log.warning("turns still running after %ss; they replay on the next start",
+                            grace)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -1,0 +1,190 @@
+"""``durable-turns serve`` and ``durable-turns sessions …``: real processes on a SQLite file."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import httpx
+
+from durable_turns import Runtime, SqliteStore, load_agent
+
+WAIT = 60.0
+"""The bound on every wait on a CLI process."""
+
+AGENT_PY = '''
+import asyncio, pathlib
+from durable_turns import ModelReply, ToolCall, scripted
+from durable_turns.models.scripted import calls_this_turn
+
+name = "desk"
+
+async def _reply(request):
+    opening = next(m.text for m in reversed(request.messages) if m.is_opening)
+    if opening.startswith("slow "):  # "slow PATH": answers once the test has written PATH
+        go = pathlib.Path(opening.split(maxsplit=1)[1])
+        async with asyncio.timeout(60):
+            while not go.exists():
+                await asyncio.sleep(0.01)
+        return ModelReply("finally")
+    if opening.startswith("refund") and calls_this_turn(request) == 0:
+        return ModelReply("", [ToolCall("c1", "refund", {"order_id": "42"})])
+    return ModelReply(f"You said: {opening}" if calls_this_turn(request) == 0 else "done")
+
+model = scripted(_reply)
+'''
+
+REFUND = '''
+from durable_turns import ToolContext, tool
+
+@tool
+async def refund(order_id: str, ctx: ToolContext) -> dict:
+    """Refund an order once a person approves it."""
+    ok = await ctx.request_input("approve", f"Refund {order_id}?", schema={"type": "boolean"})
+    return {"refunded": ok is True}
+'''
+
+
+def make_app(tmp_path: Path) -> Path:
+    root = tmp_path / "desk"
+    (root / "tools").mkdir(parents=True)
+    (root / "instructions.md").write_text("You help.")
+    (root / "agent.py").write_text(AGENT_PY)
+    (root / "tools" / "refund.py").write_text(REFUND)
+    return root
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "durable_turns.cli", *args],
+                          capture_output=True, text=True, timeout=WAIT)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@asynccontextmanager
+async def served(app: Path, db: Path) -> AsyncIterator[tuple[asyncio.subprocess.Process, str]]:
+    port = free_port()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "durable_turns.cli", "serve", str(app), "--db", str(db),
+        "--port", str(port), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    try:
+        assert proc.stdout is not None
+        line = await asyncio.wait_for(proc.stdout.readline(), WAIT)
+        assert line.startswith(b"serving agent 'desk'"), line
+        yield proc, f"http://127.0.0.1:{port}"
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await asyncio.wait_for(proc.wait(), WAIT)
+
+
+async def test_serve_runs_turns_and_stops_on_sigterm(tmp_path: Path) -> None:
+    app, db = make_app(tmp_path), tmp_path / "desk.sqlite"
+    async with served(app, db) as (proc, url), httpx.AsyncClient(base_url=url,
+                                                                 timeout=WAIT) as client:
+        r = await client.post("/agents/desk/sessions/s1/chat", json={"text": "hi"})
+        assert r.status_code == 200 and r.json()["text"] == "You said: hi"
+        async with client.stream("GET", "/agents/desk/sessions/s1/events",
+                                 params={"after": "0"}) as events:
+            lines = events.aiter_lines()
+            async with asyncio.timeout(WAIT):
+                async for line in lines:
+                    if line == "event: turn.completed":
+                        break
+            proc.send_signal(signal.SIGTERM)  # with a stream open
+            # The server ends the stream as it shuts down (EventSource then reconnects).
+            with contextlib.suppress(httpx.RemoteProtocolError):
+                async with asyncio.timeout(WAIT):
+                    async for _ in lines:
+                        pass
+        assert await asyncio.wait_for(proc.wait(), WAIT) == 0
+    async with Runtime([load_agent(app)], SqliteStore(db)) as rt:
+        assert await rt.session("desk", "s1").status() == "idle"
+
+
+async def test_sigterm_lets_a_running_turn_finish(tmp_path: Path) -> None:
+    app, db, go = make_app(tmp_path), tmp_path / "desk.sqlite", tmp_path / "go"
+    async with served(app, db) as (proc, url), httpx.AsyncClient(base_url=url,
+                                                                 timeout=WAIT) as client:
+        async with client.stream("POST", "/agents/desk/sessions/s1/turn",
+                                 json={"text": f"slow {go}", "turn_id": "t1"}) as r:
+            async with asyncio.timeout(WAIT):
+                async for line in r.aiter_lines():
+                    if line == "event: turn.started":
+                        break
+            proc.send_signal(signal.SIGTERM)  # the model step is running: it cannot end yet
+            go.touch()
+        assert await asyncio.wait_for(proc.wait(), WAIT) == 0
+    async with Runtime([load_agent(app)], SqliteStore(db), drive=False) as rt:
+        done = await rt.session("desk", "s1").result("t1", timeout=WAIT)
+        assert (done.status, done.text) == ("completed", "finally")
+
+
+async def test_serve_recovers_unfinished_turns_at_start(tmp_path: Path) -> None:
+    app, db = make_app(tmp_path), tmp_path / "desk.sqlite"
+    async with Runtime([load_agent(app)], SqliteStore(db), drive=False) as rt:
+        await rt.session("desk", "s1").start("left behind", turn_id="t1")
+    async with served(app, db) as (_proc, url), httpx.AsyncClient(base_url=url,
+                                                                  timeout=WAIT) as client:
+        async with client.stream("GET", "/agents/desk/sessions/s1/events",
+                                 params={"after": "0", "until": "turn"}) as events:
+            body = [line async for line in events.aiter_lines()]
+        assert "event: turn.completed" in body
+
+
+def test_serve_refuses_a_public_host_in_development_mode(tmp_path: Path) -> None:
+    out = cli("serve", str(make_app(tmp_path)), "--db", str(tmp_path / "x.sqlite"),
+              "--host", "0.0.0.0")
+    assert out.returncode == 2
+    assert "loopback only" in out.stderr
+
+
+def test_serve_needs_a_model(tmp_path: Path) -> None:
+    app = make_app(tmp_path)
+    (app / "agent.py").write_text("name = 'desk'\n")
+    out = cli("serve", str(app), "--db", str(tmp_path / "x.sqlite"))
+    assert out.returncode == 2 and "--model" in out.stderr
+
+
+async def test_sessions_list_show_cancel_reset(tmp_path: Path) -> None:
+    app, db = make_app(tmp_path), tmp_path / "desk.sqlite"
+    async with Runtime([load_agent(app)], SqliteStore(db)) as rt:
+        await rt.session("desk", "old").turn("hello")
+        parked = rt.session("desk", "new")
+        await parked.start("refund it", turn_id="r1")
+        assert (await parked.result("r1", timeout=WAIT)).status == "suspended"
+        await rt.idle()
+
+    listed = cli("sessions", "list", "--db", str(db))
+    assert listed.returncode == 0, listed.stderr
+    rows = [line.split("\t")[:2] for line in listed.stdout.splitlines()]
+    assert rows == [["desk/new", "suspended"], ["desk/old", "idle"]]
+
+    shown = cli("sessions", "show", "desk/new", "--db", str(db))
+    assert shown.returncode == 0, shown.stderr
+    assert "parked: turn r1 waits for input 'approve': Refund 42?" in shown.stdout
+    assert "turn r1: suspended" in shown.stdout
+
+    assert cli("sessions", "show", "desk/nobody", "--db", str(db)).returncode == 2
+    assert cli("sessions", "show", "nonsense", "--db", str(db)).returncode == 2
+    cancelled = cli("sessions", "cancel", "desk/old", "--db", str(db))
+    assert cancelled.returncode == 0 and "no unfinished turn" in cancelled.stdout
+
+    reset = cli("sessions", "reset", "desk/new", "--db", str(db))
+    assert reset.returncode == 0, reset.stderr
+    assert "archived as new#g0, generation 1" in reset.stdout
+    async with Runtime([load_agent(app)], SqliteStore(db), drive=False) as rt:
+        s = rt.session("desk", "new")
+        assert (await s.status(), await s.pending(), await s.transcript()) == ("new", None, [])
