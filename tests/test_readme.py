@@ -71,9 +71,11 @@ def clean_env() -> dict[str, str]:
     return env
 
 
-def run(argv: list[str], tmp_path: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(argv, cwd=tmp_path, env=clean_env(), capture_output=True, text=True,
-                          timeout=TIMEOUT, stdin=subprocess.DEVNULL)
+def run(argv: list[str], tmp_path: Path,
+        extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, cwd=tmp_path, env={**clean_env(), **(extra_env or {})},
+                          capture_output=True, text=True, timeout=TIMEOUT,
+                          stdin=subprocess.DEVNULL)
 
 
 def test_the_readme_has_examples_and_marks_them_properly() -> None:
@@ -92,9 +94,15 @@ def test_python_example_runs(block: Block, tmp_path: Path) -> None:
     compile(block.code, f"README.md:{block.line}", "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
     if block.not_run is not None:
         pytest.skip(f"README.md:{block.line} is marked not-run: {block.not_run}")
+    extra: dict[str, str] = {}
+    if "DATABASE_URL" in block.code:  # a PostgreSQL example: the tests' server, when there is one
+        dsn = os.environ.get("DURABLE_TURNS_TEST_PG")
+        if not dsn:
+            pytest.skip(f"README.md:{block.line} needs PostgreSQL (DURABLE_TURNS_TEST_PG)")
+        extra["DATABASE_URL"] = dsn
     script = tmp_path / "example.py"
     script.write_text(block.code)
-    proc = run([sys.executable, str(script)], tmp_path)
+    proc = run([sys.executable, str(script)], tmp_path, extra)
     assert proc.returncode == 0, (
         f"README.md:{block.line}: the example exited {proc.returncode}\n"
         f"{proc.stdout}\n{proc.stderr}"
