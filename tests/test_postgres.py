@@ -308,3 +308,78 @@ async def test_a_connection_lost_mid_step_abandons_the_whole_step(pg_dsn: str) -
         assert store.unwrap().execute("SELECT v FROM rows").fetchall() == [("first",)]
     finally:
         await store.close()
+
+
+async def test_a_turn_driven_by_a_worker_streams_to_a_server_that_does_not_drive(
+    pg_dsn: str, tmp_path: Path,
+) -> None:
+    """The production shape: `serve --no-drive` accepts, a `worker` process drives, and the
+    server's SSE client sees every event of the turn, live, through NOTIFY."""
+    import socket
+    import sys
+    from urllib.parse import quote
+
+    import httpx
+    import psycopg
+
+    from conftest import PG_DSN
+
+    options = psycopg.conninfo.conninfo_to_dict(pg_dsn)["options"]
+    url = f"{PG_DSN}?options={quote(str(options))}"
+    app = tmp_path / "ops"
+    app.mkdir()
+    (app / "instructions.md").write_text("You run ops.")
+    (app / "agent.py").write_text(
+        "import os\n"
+        "from durable_turns import ModelReply, scripted\n"
+        "model = scripted(lambda _request: ModelReply(f'done by pid {os.getpid()}'))\n")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+
+    def spawn(*args: str) -> subprocess.Popen[str]:
+        return subprocess.Popen([sys.executable, "-m", "durable_turns.cli", *args],
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+
+    server = spawn("serve", str(app), "--store", url, "--no-drive", "--port", str(port))
+    worker = spawn("worker", str(app), "--store", url, "--lease-ttl", "2",
+                   "--poll-interval", "0.05")
+    try:
+        assert server.stdout is not None
+        line = await asyncio.wait_for(asyncio.to_thread(server.stdout.readline),
+                                      pgkit.CHILD_TIMEOUT)
+        assert "not driving" in line, line + (server.stderr.read() if server.stderr else "")
+        events: list[tuple[str | None, str]] = []
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}",
+                                     timeout=pgkit.CHILD_TIMEOUT) as client, \
+                client.stream("POST", "/agents/ops/sessions/s1/turn",
+                              json={"text": "hello", "turn_id": "t1"}) as r:
+            assert r.status_code == 200
+            seq: str | None = None
+            async with asyncio.timeout(pgkit.CHILD_TIMEOUT):
+                async for line in r.aiter_lines():
+                    if line.startswith("id: "):
+                        seq = line[4:]
+                    elif line.startswith("event: "):
+                        events.append((seq, line[7:]))
+                        seq = None
+                        if line == "event: turn.completed":
+                            break
+            reply = await client.get("/agents/ops/sessions/s1")
+        assert reply.status_code == 200
+        text = reply.json()["transcript"][-1]["text"]
+    finally:
+        for p in (server, worker):
+            p.send_signal(signal.SIGINT)
+        for p in (server, worker):
+            try:
+                p.communicate(timeout=pgkit.CHILD_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.communicate()
+    durable = [(s, t) for s, t in events if t != "message.delta"]
+    assert [t for _, t in durable] == ["turn.started", "message.completed", "turn.completed"]
+    assert [s for s, _ in durable] == ["1", "2", "3"]
+    # The worker drove it (the server drives nothing): its pid is in the reply.
+    assert text == f"done by pid {worker.pid}"

@@ -243,6 +243,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("app", type=Path, metavar="APP_DIR", help="the app folder")
     serve.add_argument("--db", type=Path, metavar="PATH", default=Path("durable_turns.db"),
                        help="the SQLite file (created if missing; default %(default)s)")
+    serve.add_argument("--store", metavar="DSN_OR_PATH",
+                       help="instead of --db: postgresql://… (PostgreSQL, extra 'postgres') "
+                            "or a SQLite file")
+    serve.add_argument("--no-drive", dest="drive", action="store_false",
+                       help="accept turns and answer from the store, drive nothing: "
+                            "'durable-turns worker' processes drive (the production shape)")
     serve.add_argument("--host", default="127.0.0.1",
                        help="the address to bind (loopback only: development mode)")
     serve.add_argument("--port", type=int, default=8000, help="default %(default)s")
@@ -456,19 +462,21 @@ async def _work(args: argparse.Namespace) -> int:
     model = resolve_model(args.model) if args.model else None
     if agent.model is None and model is None:
         raise ConfigurationError(f"{args.app}'s agent.py names no model: pass --model")
-    store: SessionStore
-    if args.store.startswith(("postgresql://", "postgres://")) or "=" in args.store:
-        # A URL or a libpq "key=value" string: PostgreSQL. Anything else is a SQLite file.
-        from .stores.postgres import PostgresStore  # psycopg loads only when asked for
-
-        store = PostgresStore(args.store, lease_ttl=args.lease_ttl)
-    else:
-        store = SqliteStore(args.store)
+    store = _store(args.store, lease_ttl=args.lease_ttl)
     async with Runtime([agent], store, model) as rt:
         where = args.store if isinstance(store, SqliteStore) else repr(store)  # no password
         print(f"worker of agent {agent.name!r} on {where}: driving queued turns", flush=True)
         await rt.work(poll_interval=args.poll_interval)
     return 0
+
+
+def _store(spec: str, *, lease_ttl: float = 15.0) -> SessionStore:
+    """A URL or a libpq "key=value" string: PostgreSQL. Anything else is a SQLite file."""
+    if spec.startswith(("postgresql://", "postgres://")) or "=" in spec:
+        from .stores.postgres import PostgresStore  # psycopg loads only when asked for
+
+        return PostgresStore(spec, lease_ttl=lease_ttl)
+    return SqliteStore(spec)
 
 
 def _session_key(text: str) -> tuple[str, str]:
@@ -484,9 +492,13 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         agent, runtime = _app_runtime(args)
 
+        where = args.db if args.store is None else (
+            args.store if isinstance(runtime.store, SqliteStore) else repr(runtime.store))
+        drives = "" if args.drive else "; not driving: 'durable-turns worker' processes do"
+
         def ready(url: str) -> None:
             print(f"serving agent {agent.name!r} at {url}/agents/{agent.name}/sessions "
-                  f"(store {args.db}); SIGTERM or Ctrl-C stops", flush=True)
+                  f"(store {where}{drives}); SIGTERM or Ctrl-C stops", flush=True)
 
         asyncio.run(serve(runtime, host=args.host, port=args.port, on_ready=ready))
     except (StoreError, ConfigurationError) as e:
@@ -499,7 +511,9 @@ def _app_runtime(args: argparse.Namespace) -> tuple[Agent, Runtime]:
     model = resolve_model(args.model) if args.model else None
     if agent.model is None and model is None:
         raise ConfigurationError(f"{args.app}'s agent.py names no model: pass --model")
-    return agent, Runtime([agent], SqliteStore(args.db), model)
+    spec = getattr(args, "store", None)
+    store = _store(spec) if spec else SqliteStore(args.db)
+    return agent, Runtime([agent], store, model, drive=getattr(args, "drive", True))
 
 
 def _chat(args: argparse.Namespace) -> int:
