@@ -383,3 +383,57 @@ async def test_a_turn_driven_by_a_worker_streams_to_a_server_that_does_not_drive
     assert [s for s, _ in durable] == ["1", "2", "3"]
     # The worker drove it (the server drives nothing): its pid is in the reply.
     assert text == f"done by pid {worker.pid}"
+
+
+def _worker_runtime(store: object, text: str = "done") -> object:
+    from durable_turns import Agent, ModelReply, Runtime, scripted
+
+    return Runtime([Agent("ops", "You run ops.", [])], store,  # type: ignore[arg-type]
+                   scripted(lambda _request: ModelReply(text)))
+
+
+async def test_a_notification_wakes_a_worker_that_never_polls(pg_dsn: str) -> None:
+    from durable_turns import Agent, PostgresStore, Runtime
+
+    # Neither the worker nor its store looks again on a timer in this test's lifetime: only
+    # a NOTIFY can tell the worker of the second turn.
+    worker = _worker_runtime(PostgresStore(pg_dsn, poll_interval=3600))
+    assert isinstance(worker, Runtime)
+    front = Runtime([Agent("ops")], PostgresStore(pg_dsn), drive=False)
+    working = asyncio.ensure_future(worker.work(poll_interval=3600))
+    try:
+        async with asyncio.timeout(pgkit.CHILD_TIMEOUT):
+            # The first turn may be found by the worker's first look; once it is done, the
+            # worker sleeps on its notifications.
+            first = await front.session("ops", "s1").start("hi", turn_id="t1")
+            assert (await front.session("ops", "s1").result(first.turn_id)).text == "done"
+            second = await front.session("ops", "s2").start("hi", turn_id="t2")
+            assert (await front.session("ops", "s2").result(second.turn_id)).text == "done"
+    finally:
+        working.cancel()
+        await asyncio.gather(working, return_exceptions=True)
+        await worker.close()
+        await front.close()
+
+
+async def test_a_lost_notification_only_delays_a_turn_until_the_re_poll(pg_dsn: str) -> None:
+    from durable_turns import PostgresStore, Runtime
+
+    store = PostgresStore(pg_dsn, poll_interval=3600)
+    worker = _worker_runtime(store)
+    assert isinstance(worker, Runtime)
+    working = asyncio.ensure_future(worker.work(poll_interval=0.2))
+    try:
+        await worker.open()
+        # Accepted on the worker's own store, below the runtime: its notification is its own
+        # connection's, which the listener drops (as it drops every one of its own). Only the
+        # worker's re-poll can find the turn.
+        await store.enqueue_turn(KEY, "t1", Message("user", "hi", turn_id="t1"))
+        async with asyncio.timeout(pgkit.CHILD_TIMEOUT):
+            while (rec := await get_turn(store, KEY, "t1")) is None or not rec.status.final:
+                await asyncio.sleep(0.02)
+        assert (rec.status, rec.text) == ("completed", "done")
+    finally:
+        working.cancel()
+        await asyncio.gather(working, return_exceptions=True)
+        await worker.close()

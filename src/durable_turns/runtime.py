@@ -99,6 +99,7 @@ class Runtime:
         self.secret = secret or os.urandom(32)
         self.drive = drive
         self._opened = False
+        self._open_lock = asyncio.Lock()
         self._drivers: dict[SessionKey, SessionDriver] = {}
         self._transcripts = TranscriptCache(TRANSCRIPT_CACHE)
         self._waiting: dict[tuple[SessionKey, str], list[asyncio.Future[TurnResult | None]]] = {}
@@ -108,9 +109,13 @@ class Runtime:
     # -- lifecycle -------------------------------------------------------------------------
 
     async def open(self) -> None:
-        if not self._opened:
-            await self.store.open()
-            self._opened = True
+        """Open the store (once, however many callers ask at the same moment)."""
+        if self._opened:
+            return
+        async with self._open_lock:
+            if not self._opened:
+                await self.store.open()
+                self._opened = True
 
     async def close(self) -> None:
         """Stop driving (unfinished turns stay durable for ``recover()``) and close the store."""
@@ -188,7 +193,9 @@ class Runtime:
         Many workers (processes, machines) may work one store. A session another worker
         holds is left to it (the claim does not wait); one whose holder died is taken over
         once its lease expired (PostgreSQL: ``lease_ttl``; SQLite: at once, the OS lock died
-        with the process). Looks for work every ``poll_interval`` seconds.
+        with the process). Wakes when the store's feed reports a change (PostgreSQL: a
+        NOTIFY of a new turn, a resume or a cancel), and looks every ``poll_interval``
+        seconds anyway, so a lost notification is only a delay.
 
         Raises:
             ConfigurationError: this runtime was made with ``drive=False``.
@@ -198,11 +205,20 @@ class Runtime:
         if poll_interval <= 0:
             raise ValueError("poll_interval must be positive")
         await self.open()
-        while True:
-            for key in await self.store.find_claimable():
-                if key.agent in self.agents and key not in self._drivers:
-                    self._drive(key, try_once=True)
-            await asyncio.sleep(poll_interval)
+        wake = asyncio.Event()
+        # Woken by the store's feed (PostgreSQL: NOTIFY of a new turn, resume or cancel);
+        # the poll makes a lost notification only a delay.
+        stop = self.store.watch(None, lambda _events: wake.set())
+        try:
+            while True:
+                wake.clear()
+                for key in await self.store.find_claimable():
+                    if key.agent in self.agents and key not in self._drivers:
+                        self._drive(key, try_once=True)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(wake.wait(), poll_interval)
+        finally:
+            stop()
 
     async def idle(self) -> None:
         """Wait until this runtime drives no session (for tests and orderly shutdown)."""

@@ -223,10 +223,12 @@ class SessionStore(Protocol):
         unknown session: it yields what that session gets."""
         ...
 
-    def watch(self, key: SessionKey, watcher: Watcher) -> Callable[[], None]:
+    def watch(self, key: SessionKey | None, watcher: Watcher) -> Callable[[], None]:
         """Call ``watcher(events)`` when this process commits events of the session, and
         ``watcher(None)`` when anything of it may have changed elsewhere (another process's
-        commit, a cancel or enqueue). Returns the function that stops watching."""
+        commit, a cancel or enqueue). ``key=None`` watches every session, with ``None`` only
+        (a worker waking for new work). Spurious calls are allowed. Returns the function
+        that stops watching."""
         ...
 
     async def find_sessions(self, which: SessionFilter | None = None, *,

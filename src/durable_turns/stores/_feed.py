@@ -76,13 +76,14 @@ class Feed:
         self._newest = newest
         self._on_active = on_active
         self._topics: dict[SessionKey, _Topic] = {}
+        self._everyone: list[Watcher] = []  # watchers of every session (a worker's)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closed = False
 
     @property
     def active(self) -> bool:
         """Whether anyone subscribes to or watches any session."""
-        return bool(self._topics)
+        return bool(self._topics or self._everyone)
 
     # -- what the store tells the feed -----------------------------------------------------
 
@@ -102,6 +103,8 @@ class Feed:
 
     def changed(self, key: SessionKey) -> None:
         """Something of ``key`` may have changed elsewhere: read it, tell the watchers."""
+        for w in list(self._everyone):
+            w(None)
         topic = self._topics.get(key)
         if topic is None:
             return
@@ -112,15 +115,34 @@ class Feed:
 
     def changed_any(self) -> None:
         """Something may have changed elsewhere, in any session."""
+        for w in list(self._everyone):
+            w(None)
         for key in list(self._topics):
-            self.changed(key)
+            topic = self._topics.get(key)
+            if topic is None:
+                continue
+            for w in list(topic.watchers):
+                w(None)
+            if topic.subs:
+                self._reread(topic)
 
     # -- subscribers and watchers ----------------------------------------------------------
 
     def subscribe(self, key: SessionKey, after_seq: int | None) -> Subscription:
         return Subscription(self, key, after_seq)
 
-    def watch(self, key: SessionKey, watcher: Watcher) -> Callable[[], None]:
+    def watch(self, key: SessionKey | None, watcher: Watcher) -> Callable[[], None]:
+        if key is None:
+            first = not self.active
+            self._everyone.append(watcher)
+            if first and self._on_active is not None:
+                self._on_active()
+
+            def unwatch_all() -> None:
+                if watcher in self._everyone:
+                    self._everyone.remove(watcher)
+
+            return unwatch_all
         topic = self._topic(key)
         topic.watchers.append(watcher)
 
@@ -141,11 +163,12 @@ class Feed:
         for t in list(self._tasks):
             t.cancel()
         self._topics.clear()
+        self._everyone.clear()
 
     def _topic(self, key: SessionKey) -> _Topic:
         topic = self._topics.get(key)
         if topic is None:
-            first = not self._topics
+            first = not self.active
             topic = self._topics[key] = _Topic(key)
             if first and self._on_active is not None:
                 self._on_active()
@@ -380,5 +403,5 @@ class FeedStore:
     def subscribe(self, key: SessionKey, after_seq: int | None = None) -> Subscription:
         return self._feed.subscribe(key, after_seq)
 
-    def watch(self, key: SessionKey, watcher: Watcher) -> Callable[[], None]:
+    def watch(self, key: SessionKey | None, watcher: Watcher) -> Callable[[], None]:
         return self._feed.watch(key, watcher)

@@ -177,6 +177,7 @@ class MemoryStore(FeedStore):
         rec = TurnRecord(turn_id, self._ordinal, TurnStatus.QUEUED, opening, event, policy,
                          kind=kind, data=data)
         s.turns[turn_id] = rec
+        self._feed.changed(key)
         return rec, True
 
     async def request_cancel(
