@@ -23,6 +23,11 @@ Throughput: ``--sessions`` (60) sessions with one such turn each are queued, the
 worker processes (``Runtime.work()``) start together and drive them; the figure is turns and
 steps per second from the start signal until no session has an unfinished turn.
 
+Failover: a worker process is SIGKILLed inside a tool of a turn; a worker in this process
+(polling every 50 ms) takes the session over once the lease expires and finishes the turn. The
+figure is the time from the SIGKILL to the turn's end, for ``--failover-ttl`` (2 and 5 s)
+leases: about one lease TTL, since the dead worker's last heartbeat is at most a third of it old.
+
 Every run uses a fresh schema; figures are medians of ``--repeat`` (3) runs. The machine's
 core count bounds the worker figures: on 2 cores, 4 workers mostly add contention.
 """
@@ -34,6 +39,7 @@ import asyncio
 import json
 import multiprocessing
 import os
+import signal
 import statistics
 import sys
 import tempfile
@@ -182,6 +188,67 @@ async def _throughput(base_dsn: str, workers: int, sessions: int, calls: int) ->
         await store.close()
 
 
+def _failover_agent(stuck: bool, inside: Any = None) -> Agent:
+    @tool
+    async def ship(order: str) -> dict[str, Any]:
+        """Ship an order (the first worker is killed in here)."""
+        if stuck:
+            inside.set()
+            await asyncio.sleep(3600)
+        return {"order": order, "shipped": True}
+
+    return Agent("bench", "You ship orders.", [ship])
+
+
+def _failover_model() -> Any:
+    def reply(request: ModelRequest) -> ModelReply:
+        if calls_this_turn(request) == 0:
+            return ModelReply("", [ToolCall("c1", "ship", {"order": "42"})])
+        return ModelReply("shipped")
+
+    return scripted(reply)
+
+
+def _stuck_worker(dsn: str, ttl: float, inside: Any) -> None:
+    async def run() -> None:
+        rt = Runtime([_failover_agent(True, inside)], PostgresStore(dsn, lease_ttl=ttl),
+                     _failover_model())
+        async with rt:
+            await rt.work(poll_interval=0.02)
+
+    asyncio.run(run())
+
+
+async def _failover(base_dsn: str, ttl: float) -> float:
+    """Seconds from a worker's SIGKILL to another worker finishing its turn."""
+    dsn = _schema_dsn(base_dsn)
+    key = SessionKey("bench", "failover")
+    store = PostgresStore(dsn, lease_ttl=ttl)
+    rt = Runtime([_failover_agent(False)], store, _failover_model())
+    async with rt:
+        await store.enqueue_turn(key, "t1", Message("user", "ship 42", turn_id="t1"))
+        ctx = multiprocessing.get_context("spawn")
+        inside = ctx.Event()
+        proc = ctx.Process(target=_stuck_worker, args=(dsn, ttl, inside))
+        proc.start()
+        if not await asyncio.to_thread(inside.wait, 60):
+            proc.kill()
+            raise SystemExit("the first worker never reached its tool")
+        assert proc.pid is not None
+        t0 = time.perf_counter()
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.join(timeout=60)
+        working = asyncio.ensure_future(rt.work(poll_interval=0.05))
+        try:
+            result = await asyncio.wait_for(rt.session("bench", "failover").result("t1"), 120)
+        finally:
+            working.cancel()
+            await asyncio.gather(working, return_exceptions=True)
+        if result.status != "completed":
+            raise SystemExit(f"the failed-over turn ended {result.status}")
+        return time.perf_counter() - t0
+
+
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     steps: dict[str, list[float]] = {"sqlite": [], "postgres": [], "psycopg floor": []}
     for _ in range(args.repeat):
@@ -197,9 +264,12 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         runs = [await _throughput(args.dsn, n, args.sessions, args.calls)
                 for _ in range(args.repeat)]
         throughput[str(n)] = round(statistics.median(runs), 1)
+    failover = {str(ttl): round(statistics.median(
+        [await _failover(args.dsn, ttl) for _ in range(args.repeat)]), 2)
+        for ttl in args.failover_ttl}
     return {"cpus": os.cpu_count(), "calls": args.calls, "turns": args.turns,
             "sessions": args.sessions, "us_per_step": per_step, "turns_per_s": throughput,
-            "steps_per_turn": 2 * args.calls + 1}
+            "steps_per_turn": 2 * args.calls + 1, "failover_s": failover}
 
 
 def main() -> None:
@@ -210,6 +280,8 @@ def main() -> None:
     p.add_argument("--turns", type=int, default=20)
     p.add_argument("--sessions", type=int, default=60)
     p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--failover-ttl", type=float, nargs="+", default=[2.0, 5.0],
+                   metavar="SECONDS", help="lease TTLs to measure failover with")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
@@ -229,6 +301,9 @@ def main() -> None:
     print(f"throughput over {out['sessions']} sessions (turns/s, steps/s):")
     for k, v in out["turns_per_s"].items():
         print(f"  {k} worker(s)    {v:>6.1f}  {v * out['steps_per_turn']:>8.1f}")
+    print("failover after a SIGKILL (s, from the kill to the turn's end):")
+    for k, v in out["failover_s"].items():
+        print(f"  lease_ttl {k:>5} s   {v:>6.2f}")
 
 
 if __name__ == "__main__":
