@@ -78,6 +78,15 @@ def build_agent(work: Path, tag: str, hold: bool) -> Agent:
     return Agent(AGENT, "You run the shop's orders.", [create_order])
 
 
+def ensure_orders(store: PostgresStore) -> None:
+    """Create the orders table. Processes start together, and CREATE TABLE IF NOT EXISTS
+    races in PostgreSQL's catalog: one at a time, under a transaction-scoped advisory lock."""
+    conn = store.unwrap()
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(20251201)")
+        conn.execute(ORDERS_DDL)
+
+
 async def worker(dsn: str, work: Path, tag: str) -> None:
     def reply(request: ModelRequest) -> ModelReply:
         return SCRIPT[1:][calls_this_turn(request)]  # one order, then done
@@ -85,7 +94,7 @@ async def worker(dsn: str, work: Path, tag: str) -> None:
     store = PostgresStore(dsn, lease_ttl=1.0)
     rt = Runtime([build_agent(work, tag, False)], store, scripted(reply))
     async with rt:
-        store.unwrap().execute(ORDERS_DDL)
+        ensure_orders(store)
         (work / f"ready-{tag}").touch()
         while not (work / "go").exists():
             await asyncio.sleep(0.005)
@@ -108,7 +117,7 @@ async def child(dsn: str, work: Path, tag: str, start: bool, hold: bool) -> None
     store = PostgresStore(dsn, lease_ttl=1.0)
     rt = Runtime([build_agent(work, tag, hold)], store, scripted(reply))
     async with rt:
-        store.unwrap().execute(ORDERS_DDL)
+        ensure_orders(store)
         session = rt.session(AGENT, SESSION)
         if start:
             await session.start("order the fruit", turn_id=TURN_ID)

@@ -20,6 +20,7 @@ no concurrent writer of the session. The tables::
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from ..events import EventRecord, TurnEvent, decode_event, encode_event
@@ -309,3 +310,61 @@ class SqlRules:
             "SELECT session FROM sessions WHERE agent = ? ORDER BY sid DESC"
         ), (agent,)).fetchall()
         return [SessionKey(agent, r[0]) for r in rows]
+
+
+class SqlReads:
+    """The reads of the store seam, for a store built on :class:`SqlRules`: each is one rule,
+    run by the store's :meth:`_query` on a connection of its choosing (a reader thread, a
+    pool lane, …). A store sets ``_rules`` and implements ``_query``."""
+
+    _rules: SqlRules
+
+    async def _query(self, fn: Callable[[Any], Any]) -> Any:
+        raise NotImplementedError
+
+    async def turns(self, key: SessionKey, *, turn_id: str | None = None,
+                    unfinished: bool = False) -> list[TurnRecord]:
+        out: list[TurnRecord] = await self._query(
+            lambda c: self._rules.turns(c, key, turn_id, unfinished))
+        return out
+
+    async def session_info(self, key: SessionKey) -> SessionInfo | None:
+        out: SessionInfo | None = await self._query(lambda c: self._rules.session_info(c, key))
+        return out
+
+    async def read_messages(self, key: SessionKey, *, after: int = 0,
+                            generation: int | None = None) -> list[Message]:
+        out: list[Message] = await self._query(
+            lambda c: self._rules.read_messages(c, key, after, generation))
+        return out
+
+    async def read_steps(self, key: SessionKey, *, generation: int | None = None,
+                         step_id: str | None = None) -> dict[str, StepRecord]:
+        out: dict[str, StepRecord] = await self._query(
+            lambda c: self._rules.read_steps(c, key, generation, step_id))
+        return out
+
+    async def read_events(self, key: SessionKey, *, after_seq: int = 0,
+                          turn_id: str | None = None) -> list[TurnEvent]:
+        out: list[TurnEvent] = await self._query(
+            lambda c: self._rules.read_events(c, key, after_seq, turn_id))
+        return out
+
+    async def find_sessions(self, which: str | None = None, *,
+                            turn_id: str | None = None) -> list[SessionKey]:
+        out: list[SessionKey] = await self._query(
+            lambda c: self._rules.find_sessions(c, which, turn_id))
+        return out
+
+    async def list_sessions(self, agent: str) -> list[SessionKey]:
+        out: list[SessionKey] = await self._query(lambda c: self._rules.list_sessions(c, agent))
+        return out
+
+    async def events_after(self, key: SessionKey, after_seq: int) -> list[TurnEvent]:
+        """The session's events after ``after_seq`` (what the event feed reads)."""
+        return await self.read_events(key, after_seq=after_seq)
+
+    async def newest_seq(self, key: SessionKey) -> int:
+        """The session's newest event seq, 0 when none (where the event feed starts)."""
+        out: int = await self._query(lambda c: self._rules.newest_seq(c, key))
+        return out

@@ -42,12 +42,11 @@ import psycopg
 from psycopg import pq
 
 from ..errors import FatalToolError, LeaseLostError, LeaseTimeoutError, StoreError
-from ..events import TurnEvent
 from ..messages import Message
-from ..records import EntryKind, SessionInfo, SessionKey, StepRecord, TurnRecord
+from ..records import EntryKind, SessionKey, TurnRecord
 from ._base import BufferedTransaction, LeaseBase
 from ._feed import Feed, FeedStore
-from ._sql import SqlRules
+from ._sql import SqlReads, SqlRules
 from ._thread import Worker
 
 T = TypeVar("T")
@@ -324,7 +323,7 @@ class _PgLease(LeaseBase):
                         store.lease_ttl, e)
 
 
-class PostgresStore(FeedStore):
+class PostgresStore(SqlReads, FeedStore):
     """A session store in a PostgreSQL database, shared by many worker processes.
 
     Args:
@@ -353,7 +352,7 @@ class PostgresStore(FeedStore):
         self._free: asyncio.Queue[_Lane] = asyncio.Queue()
         self._leases_lane: _Lane | None = None
         self._inspect: psycopg.Connection[Any] | None = None
-        self._feed = Feed(self._read_after, self._newest, on_active=self._start_listener)
+        self._feed = Feed(self.events_after, self.newest_seq, on_active=self._start_listener)
         self._listener: asyncio.Task[None] | None = None
         self._held: set[_PgLease] = set()
         self._own_pids: set[int] = set()
@@ -477,6 +476,11 @@ class PostgresStore(FeedStore):
         except psycopg.Error as e:
             raise StoreError(f"PostgreSQL failed ({self!r}): {e}") from e
 
+    _rules = _RULES
+
+    async def _query(self, fn: Callable[[Any], Any]) -> Any:
+        return await self._read(fn)
+
     async def _read(self, fn: Callable[[psycopg.Connection[Any]], T]) -> T:
         async with self._lane() as lane:
             out: T = await self._guard(lane.run(fn))
@@ -546,45 +550,11 @@ class PostgresStore(FeedStore):
 
     # -- reads -----------------------------------------------------------------------------
 
-    async def turns(self, key: SessionKey, *, turn_id: str | None = None,
-                    unfinished: bool = False) -> list[TurnRecord]:
-        return await self._read(lambda c: _RULES.turns(c, key, turn_id, unfinished))
-
-    async def session_info(self, key: SessionKey) -> SessionInfo | None:
-        return await self._read(lambda c: _RULES.session_info(c, key))
-
-    async def read_messages(
-        self, key: SessionKey, *, after: int = 0, generation: int | None = None
-    ) -> list[Message]:
-        return await self._read(lambda c: _RULES.read_messages(c, key, after, generation))
-
-    async def read_steps(self, key: SessionKey, *, generation: int | None = None,
-                         step_id: str | None = None) -> dict[str, StepRecord]:
-        return await self._read(lambda c: _RULES.read_steps(c, key, generation, step_id))
-
-    async def read_events(
-        self, key: SessionKey, *, after_seq: int = 0, turn_id: str | None = None
-    ) -> list[TurnEvent]:
-        return await self._read(lambda c: _RULES.read_events(c, key, after_seq, turn_id))
-
-    async def find_sessions(self, which: str | None = None, *,
-                            turn_id: str | None = None) -> list[SessionKey]:
-        return await self._read(lambda c: _RULES.find_sessions(c, which, turn_id))
-
-    async def list_sessions(self, agent: str) -> list[SessionKey]:
-        return await self._read(lambda c: _RULES.list_sessions(c, agent))
-
     async def find_claimable(self, limit: int = 100) -> list[SessionKey]:
         return await self._read(lambda c: _RULES.find_sessions(
             c, "unfinished", None, where=_LEASE_FREE, limit=limit))
 
     # -- the event feed (subscribe and watch come from FeedStore) ---------------------------
-
-    async def _read_after(self, key: SessionKey, after_seq: int) -> list[TurnEvent]:
-        return await self.read_events(key, after_seq=after_seq)
-
-    async def _newest(self, key: SessionKey) -> int:
-        return await self._read(lambda c: _RULES.newest_seq(c, key))
 
     def _start_listener(self) -> None:
         if self._listener is None or self._listener.done():

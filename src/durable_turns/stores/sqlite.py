@@ -36,12 +36,11 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..errors import FatalToolError, LeaseLostError, StoreError
-from ..events import TurnEvent
 from ..messages import Message
-from ..records import EntryKind, SessionInfo, SessionKey, StepRecord, TurnRecord
+from ..records import EntryKind, SessionKey, TurnRecord
 from ._base import BufferedTransaction, LeaseBase, poll_until
 from ._feed import Feed, FeedStore
-from ._sql import SqlRules
+from ._sql import SqlReads, SqlRules
 from ._thread import Worker
 
 T = TypeVar("T")
@@ -258,7 +257,7 @@ class _SqliteLease(LeaseBase):
             self._fd = None
 
 
-class SqliteStore(FeedStore):
+class SqliteStore(SqlReads, FeedStore):
     """A session store in one SQLite file.
 
     Args:
@@ -291,7 +290,7 @@ class SqliteStore(FeedStore):
         self._write_pool: Worker | None = None
         self._read_pool: Worker | None = None
         self._write_lock = asyncio.Lock()
-        self._feed = Feed(self._read_after, self._newest, on_active=self._start_detector)
+        self._feed = Feed(self.events_after, self.newest_seq, on_active=self._start_detector)
         self._detector: asyncio.Task[None] | None = None
 
     # -- opening ---------------------------------------------------------------------------
@@ -491,6 +490,11 @@ class SqliteStore(FeedStore):
         with contextlib.suppress(sqlite3.Error):  # the next one catches up
             conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
 
+    _rules = _RULES
+
+    async def _query(self, fn: Callable[[Any], Any]) -> Any:
+        return await self._read(fn)
+
     async def _read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         reader, slow, pool = self._reader, self._slow_reader, self._read_pool
         if reader is None or slow is None or pool is None:
@@ -544,31 +548,6 @@ class SqliteStore(FeedStore):
 
     # -- reads -----------------------------------------------------------------------------
 
-    async def turns(self, key: SessionKey, *, turn_id: str | None = None,
-                    unfinished: bool = False) -> list[TurnRecord]:
-        return await self._read(lambda c: _RULES.turns(c, key, turn_id, unfinished))
-
-    async def session_info(self, key: SessionKey) -> SessionInfo | None:
-        return await self._read(lambda c: _RULES.session_info(c, key))
-
-    async def read_messages(
-        self, key: SessionKey, *, after: int = 0, generation: int | None = None
-    ) -> list[Message]:
-        return await self._read(lambda c: _RULES.read_messages(c, key, after, generation))
-
-    async def read_steps(self, key: SessionKey, *, generation: int | None = None,
-                         step_id: str | None = None) -> dict[str, StepRecord]:
-        return await self._read(lambda c: _RULES.read_steps(c, key, generation, step_id))
-
-    async def read_events(
-        self, key: SessionKey, *, after_seq: int = 0, turn_id: str | None = None
-    ) -> list[TurnEvent]:
-        return await self._read(lambda c: _RULES.read_events(c, key, after_seq, turn_id))
-
-    async def find_sessions(self, which: str | None = None, *,
-                            turn_id: str | None = None) -> list[SessionKey]:
-        return await self._read(lambda c: _RULES.find_sessions(c, which, turn_id))
-
     async def find_claimable(self, limit: int = 100) -> list[SessionKey]:
         keys = await self.find_sessions("unfinished")
         self._writer_conn()
@@ -586,16 +565,7 @@ class SqliteStore(FeedStore):
             os.close(fd)
         return free
 
-    async def list_sessions(self, agent: str) -> list[SessionKey]:
-        return await self._read(lambda c: _RULES.list_sessions(c, agent))
-
     # -- the event feed (subscribe and watch come from FeedStore) ---------------------------
-
-    async def _read_after(self, key: SessionKey, after_seq: int) -> list[TurnEvent]:
-        return await self.read_events(key, after_seq=after_seq)
-
-    async def _newest(self, key: SessionKey) -> int:
-        return await self._read(lambda c: _RULES.newest_seq(c, key))
 
     def _start_detector(self) -> None:
         if self._detector is None or self._detector.done():
