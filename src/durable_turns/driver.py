@@ -25,7 +25,7 @@ from .agent import Agent
 from .engine import TurnEngine
 from .errors import LeaseLostError, LeaseTimeoutError, StoreError
 from .events import TurnEvent
-from .messages import Message
+from .messages import Message, MessageLog
 from .models import Model
 from .records import SessionKey, TurnRecord, TurnResult, TurnStatus
 from .stores import Lease, SessionStore
@@ -55,7 +55,7 @@ class TranscriptCache:
         key = lease.key
         cached = self._logs.pop(key, None)
         if cached is None or cached[0] != lease.generation or len(cached[1]) > lease.message_count:
-            cached = (lease.generation, [])
+            cached = (lease.generation, MessageLog())
         log_ = cached[1]
         if len(log_) < lease.message_count:
             log_.extend(await store.read_messages(key, after=len(log_)))

@@ -9,8 +9,9 @@ with a version field so the layout can move on without breaking stored sessions.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, SupportsIndex, overload
 
 Role = Literal["user", "trigger", "assistant", "tool"]
 
@@ -104,6 +105,75 @@ def decode_message(raw: str | bytes) -> Message:
         content=tuple(data.get("content", ())),
         usage=data.get("usage", {}),
     )
+
+
+class MessageLog(list[Message]):
+    """A session's log as stored: a ``list`` of messages whose items are decoded from their
+    stored JSON when first read, so a turn redelivered on a long history does not decode
+    thousands of messages before its next step (it reads the tail; a model adapter that
+    converts the whole transcript decodes it then, once).
+
+    It behaves as a ``list[Message]`` for reading (index, slice, iterate, ``reversed``,
+    ``in``, ``==``) and appending; items still encoded are never handed out.
+    """
+
+    __slots__ = ()
+
+    @classmethod
+    def stored(cls, bodies: Iterable[str | bytes]) -> MessageLog:
+        """A log of messages still in their stored form (:func:`encode_message`)."""
+        log = cls()
+        list.extend(log, bodies)  # type: ignore[misc]  # decoded when read
+        return log
+
+    def _decoded(self, i: int) -> Message:
+        item: object = list.__getitem__(self, i)
+        if isinstance(item, Message):
+            return item
+        message = decode_message(item)  # type: ignore[arg-type]  # a stored body
+        list.__setitem__(self, i, message)
+        return message
+
+    @overload
+    def __getitem__(self, i: SupportsIndex) -> Message: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[Message]: ...
+
+    def __getitem__(self, i: SupportsIndex | slice) -> Message | list[Message]:
+        if isinstance(i, slice):
+            return [self._decoded(j) for j in range(*i.indices(len(self)))]
+        return self._decoded(int(i))
+
+    def __iter__(self) -> Iterator[Message]:
+        for i in range(len(self)):
+            yield self._decoded(i)
+
+    def __reversed__(self) -> Iterator[Message]:
+        for i in range(len(self) - 1, -1, -1):
+            yield self._decoded(i)
+
+    def __contains__(self, item: object) -> bool:
+        return any(m == item for m in self)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, list) or len(other) != len(self):
+            return False
+        return all(a == b for a, b in zip(self, other, strict=True))
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    __hash__ = None
+
+    def __repr__(self) -> str:
+        return repr(list(self))
+
+    def copy(self) -> list[Message]:
+        return list(self)
+
+    def extend(self, items: Iterable[Message]) -> None:
+        # Another log's items are taken as they are (still encoded or not).
+        list.extend(self, list.__iter__(items) if isinstance(items, MessageLog) else items)
 
 
 def owed_calls(transcript: list[Message]) -> tuple[int, list[ToolCall]]:

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from ..events import EventRecord, TurnEvent, decode_event, encode_event
-from ..messages import Message, decode_message, encode_json, encode_message
+from ..messages import Message, MessageLog, decode_message, encode_json, encode_message
 from ..records import (
     EntryKind,
     InputRequest,
@@ -249,7 +249,7 @@ class SqlRules:
             f"SELECT body FROM messages m WHERE sid = ({self._sid}) AND idx >= ? AND gen = {gen} "
             "ORDER BY idx"
         ), params).fetchall()
-        return [decode_message(r[0]) for r in rows]
+        return MessageLog.stored(r[0] for r in rows)  # decoded when read
 
     def read_steps(self, c: Connection, key: SessionKey, generation: int | None,
                    step_id: str | None) -> dict[str, StepRecord]:

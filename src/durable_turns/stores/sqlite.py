@@ -387,6 +387,11 @@ class SqliteStore(SqlReads, FeedStore):
             )
 
     def _migrate(self, conn: sqlite3.Connection) -> None:
+        # A current store needs no write: opening it commits nothing (the schema lock is held,
+        # so nobody migrates it meanwhile).
+        if conn.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS) and \
+                conn.execute("PRAGMA application_id").fetchone()[0] == APPLICATION_ID:
+            return
         conn.execute("BEGIN IMMEDIATE")
         try:
             version = conn.execute("PRAGMA user_version").fetchone()[0]

@@ -1,0 +1,59 @@
+"""The stored log read back lazily: a MessageLog reads as the list of messages it stores."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from durable_turns.messages import Message, MessageLog, ToolCall, encode_message
+
+CALL = ToolCall("c1", "lookup", {"q": "x"})
+MESSAGES = [
+    Message("user", "hi", turn_id="t1", by="U1"),
+    Message("assistant", "", (CALL,), turn_id="t1", usage={"input_tokens": 3}),
+    Message("tool", call_id="c1", result={"n": 1}, turn_id="t1"),
+    Message("assistant", "done", turn_id="t1"),
+]
+
+
+def stored() -> MessageLog:
+    return MessageLog.stored(encode_message(m) for m in MESSAGES)
+
+
+def test_reads_as_the_list_it_stores() -> None:
+    log = stored()
+    assert len(log) == 4
+    assert log == MESSAGES
+    assert not log != MESSAGES  # noqa: SIM202 - __ne__ is overridden too
+    assert MESSAGES == log  # noqa: SIM300 - the reflected comparison
+    assert list(log) == MESSAGES
+    assert list(reversed(log)) == MESSAGES[::-1]
+    assert log[0] == MESSAGES[0] and log[-1] == MESSAGES[-1]
+    assert log[1:3] == MESSAGES[1:3]
+    assert MESSAGES[2] in log and Message("user", "other") not in log
+    assert log.copy() == MESSAGES and type(log.copy()) is list
+    assert all(isinstance(m, Message) for m in log)
+    assert repr(log) == repr(MESSAGES)
+
+
+def test_items_are_decoded_once_and_handed_out_as_messages() -> None:
+    log = stored()
+    first = log[1]
+    assert first is log[1]  # decoded on first read, kept
+    assert first.tool_calls == (CALL,)
+
+
+def test_appending_and_extending() -> None:
+    log = MessageLog()
+    log.extend(stored())  # another log's items move over as they are
+    log.append(Message("user", "again", turn_id="t2"))
+    assert log == [*MESSAGES, Message("user", "again", turn_id="t2")]
+    assert log != MESSAGES and log != "not a list"
+
+
+def test_a_corrupt_record_fails_when_read() -> None:
+    log = MessageLog.stored([encode_message(MESSAGES[0]), json.dumps({"v": 99, "role": "user"})])
+    assert log[0] == MESSAGES[0]
+    with pytest.raises(ValueError, match="unsupported message record version"):
+        log[1]
