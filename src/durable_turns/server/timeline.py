@@ -112,8 +112,9 @@ class _Turn:
     def on_action_completed(self, e: Any) -> None:
         row = self.open.pop(e.call.id, None)
         if row is None:  # it parked before: the run after the answer is a row of its own
-            row = {"kind": "tool", "id": None, "name": e.call.name, "call_id": e.call.id,
-                   "input": e.call.input, "resumed": True}
+            parked = next((r for r in self.rows if r.get("call_id") == e.call.id), None)
+            row = {"kind": "tool", "id": parked["id"] if parked else None, "name": e.call.name,
+                   "call_id": e.call.id, "input": e.call.input, "resumed": True}
             self._insert_after(row, lambda r: r["kind"] == "input"
                                and r.get("call_id") == e.call.id)
         row.update(status=_tool_status(e), started_at=self.cursor, ended_at=e.at,
