@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from importlib import resources
+
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
@@ -61,16 +62,15 @@ def console_routes(runtime: Runtime, guard: Callable[[Handler], Handler],
 
     async def timeline(request: Request) -> Response:
         s = runtime.session(request.path_params["agent"], request.path_params["session"])
-        info = await runtime.store.session_info(s.key)
-        if info is None:
-            raise HttpError(404, "UnknownSession", f"no session {s.key}")
+        # A session never used is not an error here: it is new, with nothing on it yet (a
+        # console opens it before its first turn, and follows its events from 0).
         snapshot = await read_timeline(runtime.store, s.key)
         pending = await s.pending()
-        info = await runtime.store.session_info(s.key) or info
+        info = await runtime.store.session_info(s.key)
         return JSONResponse({
-            "agent": s.key.agent, "session": s.key.session, "status": info.status,
-            "generation": info.generation, "pending": pending.to_dict() if pending else None,
-            **snapshot})
+            "agent": s.key.agent, "session": s.key.session,
+            "status": info.status if info else "new", "generation": info.generation if info else 0,
+            "pending": pending.to_dict() if pending else None, **snapshot})
 
     return [
         Route("/", guard(page), methods=["GET"]),

@@ -191,9 +191,13 @@
   }
 
   function resume(agent, session, request) {
-    return async (value) => resumeOutcome(await api(`${sessionPath(agent, session)}/resume`, {
-      turn_id: request.turn_id, input_id: request.id, value, by: me(),
-    }));
+    return async (value) => {
+      const result = await api(`${sessionPath(agent, session)}/resume`, {
+        turn_id: request.turn_id, input_id: request.id, value, by: me(),
+      });
+      updateCount();
+      return resumeOutcome(result);
+    };
   }
 
   // -- the inbox ---------------------------------------------------------------------------
@@ -384,11 +388,7 @@
       if (s.fetching) { s.again = true; return; }
       s.fetching = true;
       try {
-        let snap;
-        try { snap = await api(`${base}/timeline`); } catch (e) {
-          if (!(e instanceof ApiError && e.status === 404)) throw e;
-          snap = { status: "new", generation: 0, seq: 0, turns: [], pending: null };
-        }
+        const snap = await api(`${base}/timeline`);
         if (s.closed) return;
         s.snap = snap;
         if (s.live && s.live.seq < snap.seq) s.live = null;
@@ -522,9 +522,10 @@
     function turnEnd(t) {
       const what = { completed: "", failed: t.error, cancelled: t.reason,
         suspended: "waiting for an answer", running: "running…", queued: "queued" }[t.status];
+      const usage = usageText(t.usage);
       return el("div", { class: `turn-end ${t.status}` }, badge(t.status), " ", what || "",
-        t.duration !== null ? ` · ${took(t.duration)}` : "", " ",
-        el("span", { class: "usage", text: usageText(t.usage) }));
+        t.duration !== null ? ` · ${took(t.duration)}` : "", usage ? " · " : "",
+        el("span", { class: "usage", text: usage }));
     }
 
     function timelineTurn(t) {
