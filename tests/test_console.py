@@ -32,7 +32,19 @@ from playwright.async_api import (
     expect,
 )
 
-from durable_turns import Agent, MemoryStore, Runtime, SqliteStore, Stop, TextDelta, ToolCall, tool
+from durable_turns import (
+    Agent,
+    MemoryStore,
+    ModelReply,
+    Runtime,
+    SqliteStore,
+    Stop,
+    TextDelta,
+    ToolCall,
+    ToolContext,
+    scripted,
+    tool,
+)
 from durable_turns.demo.brain import ops_model
 from durable_turns.demo.refunds import ensure_refunds_schema, read_refunds, refund_tool
 from durable_turns.models import ModelEvent, ModelRequest
@@ -409,3 +421,93 @@ async def test_in_production_the_console_is_behind_authenticate(tmp_path: Path) 
         await shot(page, "17-production-approved")
         assert refunds(db) == [("9", 1)]
     assert c.errors == []
+
+
+async def test_cancel_and_reset_from_the_session_page() -> None:
+    gates = Gates()
+    async with console([desk(gates)]) as c:
+        page = await c.page(await c.context(), "desk", "#/s/desk/s3")
+        await expect(page.locator("#turns")).to_contain_text("No turn yet")
+        await ask(page, "What is the answer?")
+        await expect(page.locator("[data-call=c1] .badge")).to_have_text("running")
+        await page.click("#cancel")
+        await expect(page.locator("#session-notice")).to_contain_text(
+            "Cancelling 1 turn(s); they stop at their next checkpoint.")
+        gates.tool.set()  # the running tool finishes; the turn stops at the next checkpoint
+        end = page.locator(".turn-end")
+        await expect(end.locator(".badge")).to_have_text("cancelled")
+        await expect(end).to_contain_text("cancelled from the console")
+        await shot(page, "18-cancelled")
+
+        await page.click("#reset")
+        await expect(page.locator("#reset")).to_have_text("Confirm reset")
+        await page.click("#reset")
+        await expect(page.locator("#session-notice")).to_contain_text(
+            "Reset: the history is archived as s3#g0.")
+        await expect(page.locator("#turns")).to_contain_text("No turn yet")
+        await expect(page.locator("#session-status")).to_contain_text("generation 1")
+        await shot(page, "19-reset")
+    assert c.errors == []
+
+
+TRANSFER = {
+    "type": "object",
+    "properties": {
+        "amount": {"type": "number", "maximum": 100, "title": "Amount"},
+        "currency": {"enum": ["EUR", "USD"], "title": "Currency"},
+        "urgent": {"type": "boolean", "title": "Urgent"},
+        "note": {"type": "string", "title": "Note"},
+    },
+    "required": ["amount", "currency"],
+}
+
+
+@tool
+async def transfer(ctx: ToolContext) -> dict[str, Any]:
+    """Move money once a person fills in how much."""
+    answer: dict[str, Any] = await ctx.request_input("how-much", "How much, and in what?",
+                                                     schema=TRANSFER)
+    return {"sent": answer}
+
+
+def teller() -> Agent:
+    def reply(request: ModelRequest) -> ModelReply:
+        if calls_this_turn(request) == 0:
+            return ModelReply("Asking.", [ToolCall("t1", "transfer", {})])
+        sent = next(m.result for m in request.messages if m.call_id == "t1")
+        return ModelReply(f"Sent {sent['sent']['amount']} {sent['sent']['currency']}.")
+
+    return Agent("teller", "You move money.", [transfer], model=scripted(reply))
+
+
+async def test_an_input_that_is_not_yes_or_no_gets_a_form_from_its_schema() -> None:
+    async with console([teller()]) as c:
+        async with httpx.AsyncClient(base_url=c.url, timeout=WAIT) as client:
+            await client.post("/agents/teller/sessions/t1/chat", json={"text": "pay bob",
+                                                                       "by": "alice"})
+        ctx = await c.context()
+        await ctx.add_init_script("localStorage.setItem('durable_turns.me', 'alice')")
+        page = await c.page(ctx, "inbox", "#/inbox")
+        card = page.locator(".card.request[data-session=t1]")
+        await expect(card.locator(".prompt")).to_have_text("How much, and in what?")
+        await expect(card.locator("label > span")).to_have_text(
+            ["Amount *", "Currency *", "Urgent", "Note"])
+        await expect(card.get_by_role("button", name="Approve")).to_have_count(0)
+        await card.get_by_label("Amount").fill("500")
+        await card.get_by_label("Currency").select_option("USD")
+        await card.get_by_role("button", name="Answer").click()
+        refused = card.locator(".notice.error")
+        await expect(refused).to_contain_text("That answer does not fit the request")
+        await expect(refused).to_contain_text("100")
+        await shot(page, "20-form-refused")
+
+        await card.get_by_label("Amount").fill("50")
+        await card.get_by_label("Urgent").check()
+        await card.get_by_role("button", name="Answer").click()
+        await expect(card.locator(".notice.ok")).to_contain_text("the turn completed. Sent 50 USD.")
+        await shot(page, "21-form-answered")
+        s = c.rt.session("teller", "t1")
+        tool_result = next(m.result for m in await s.transcript() if m.role == "tool")
+        assert tool_result == {"sent": {"amount": 50, "currency": "USD", "urgent": True}}
+    # The refused answer is the one error the log may show: the 422 itself.
+    assert [e for e in c.errors if "status of 422" not in e] == []

@@ -178,7 +178,9 @@
         }
         submit(value);
       },
-    }, fields.map(({ name, s, input }) => el("label", {}, s.title || name, input)), go);
+    }, fields.map(({ name, s, input }) => el("label", {},
+      el("span", { text: `${s.title || name}${props && required.has(name) ? " *" : ""}` }),
+      input)), go);
     return el("div", {}, form, out);
   }
 
