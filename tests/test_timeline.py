@@ -134,7 +134,7 @@ async def test_a_reset_leaves_the_archived_turns_out(store: SessionStore) -> Non
     await s.turn("first")
     before = (await read_timeline(store, s.key))["seq"]
     await s.reset()
-    assert (await read_timeline(store, s.key)) == {"seq": before, "turns": []}
+    assert (await read_timeline(store, s.key)) == {"seq": before, "earlier": 0, "turns": []}
     await s.turn("second")
     snap = await read_timeline(store, s.key)
     assert [t["text"] for t in snap["turns"]] == ["second"] and snap["seq"] > before
@@ -165,3 +165,27 @@ async def test_the_sessions_list_says_when_each_was_last_active(store: SessionSt
             ("newer", latest["newer"]), ("older", latest["older"])]
         assert latest["newer"] >= latest["older"]
         assert (new["status"], new["seq"], new["turns"], new["pending"]) == ("new", 0, [], None)
+
+
+async def test_the_last_turns_only_read_from_their_first_event_on(store: SessionStore) -> None:
+    rt = Runtime([Agent("desk", "")], store, scripted(lambda r: ModelReply(
+        f"ok {r.messages[-1].text}")))
+    s = rt.session("desk", "s1")
+    for n in range(5):
+        await s.turn(f"turn {n}")
+    whole = await read_timeline(store, s.key)
+    tail = await read_timeline(store, s.key, last=2)
+    assert (whole["earlier"], tail["earlier"]) == (0, 3)
+    assert tail["seq"] == whole["seq"]
+    assert tail["turns"] == whole["turns"][-2:]
+    assert [t["result"] for t in tail["turns"]] == ["ok turn 3", "ok turn 4"]
+    assert await read_timeline(store, s.key, last=9) == whole
+    transport = httpx.ASGITransport(app=create_app(rt))
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as c:
+        got = (await c.get("/agents/desk/sessions/s1/timeline?last=1")).json()
+        assert [t["text"] for t in got["turns"]] == ["turn 4"] and got["earlier"] == 4
+        for bad in ("0", "-1", "x", "²"):
+            refused = await c.get(f"/agents/desk/sessions/s1/timeline?last={bad}")
+            assert refused.status_code == 400, bad
+            assert refused.json()["error"]["type"] == "MalformedQuery"
+    await rt.close()

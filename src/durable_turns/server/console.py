@@ -64,7 +64,12 @@ def console_routes(runtime: Runtime, guard: Callable[[Handler], Handler],
         s = runtime.session(request.path_params["agent"], request.path_params["session"])
         # A session never used is not an error here: it is new, with nothing on it yet (a
         # console opens it before its first turn, and follows its events from 0).
-        snapshot = await read_timeline(runtime.store, s.key)
+        last = request.query_params.get("last")
+        if last is not None and not (last.isascii() and last.isdigit() and int(last) > 0):
+            raise HttpError(400, "MalformedQuery", f"last is a number of turns above 0, "
+                                                   f"not {last!r}")
+        snapshot = await read_timeline(runtime.store, s.key,
+                                       last=int(last) if last is not None else None)
         pending = await s.pending()
         info = await runtime.store.session_info(s.key)
         return JSONResponse({

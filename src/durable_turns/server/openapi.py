@@ -64,7 +64,10 @@ def openapi(bodies: dict[str, type[BaseModel]], agents: list[str]) -> dict[str, 
             f"{base}/timeline": {"get": {
                 "summary": "each turn's steps (model, tool, input) with their times and "
                            "status, and seq, the cursor for /events?after=",
-                "parameters": params, "responses": {"200": _JSON, **errors(400, 401, 404)}}},
+                "parameters": [*params,
+                               {"name": "last", "in": "query", "required": False,
+                                "schema": {"type": "string", "pattern": "^[0-9]+$"}}],
+                "responses": {"200": _JSON, **errors(400, 401, 404)}}},
             f"{base}/turn": post("turn", "start a turn; its events", _SSE, 409),
             f"{base}/chat": post("chat", "start a turn; its events or its result", _JSON, 409),
             f"{base}/resume": post("resume", "answer a parked turn", _JSON, 403, 409, 422, 500),

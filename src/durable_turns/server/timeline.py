@@ -180,19 +180,29 @@ class _Turn:
         return out
 
 
+def live_turns(chain: Sequence[TurnRecord]) -> list[TurnRecord]:
+    """The turns of the live generation: those accepted after the last reset that ran."""
+    resets = [t.ordinal for t in chain if t.kind == "reset" and t.status == TurnStatus.COMPLETED]
+    live_from = max(resets, default=-1)
+    return [t for t in chain if t.kind == "turn" and t.ordinal > live_from]
+
+
 def timeline(chain: Sequence[TurnRecord], events: Sequence[TurnEvent],
-             transcript: Sequence[Message]) -> dict[str, Any]:
+             transcript: Sequence[Message], *, since: int | None = None) -> dict[str, Any]:
     """The live generation's turns, each with its rows, and ``seq``, the newest event seen.
 
     Args:
-        chain: the session's chain entries in order (turns and commands).
-        events: the session's stored events in order (every generation's).
+        chain: the session's chain entries in order (turns and commands), read after
+            ``events`` (so it has every turn those events belong to).
+        events: the session's stored events in order: all of them, or (with ``since``) every
+            one from the first event of the turn at ordinal ``since`` on.
         transcript: the live message log, read after ``events`` (so it holds every message
             those events announce).
+        since: leave out the turns before this ordinal; ``earlier`` counts them.
     """
     seq = max((e.seq for e in events), default=0)
-    resets = [t.ordinal for t in chain if t.kind == "reset" and t.status == TurnStatus.COMPLETED]
-    live_from = max(resets, default=-1)
+    live = live_turns(chain)
+    shown = [t for t in live if since is None or t.ordinal >= since]
     answers: dict[str, dict[str, TurnRecord]] = {}
     for t in chain:
         if t.kind == "resume" and t.data:
@@ -202,20 +212,39 @@ def timeline(chain: Sequence[TurnRecord], events: Sequence[TurnEvent],
         if m.role == "assistant" and m.turn_id is not None:
             assistant.setdefault(m.turn_id, []).append((i, m))
     turns = {t.turn_id: _Turn(t, assistant.get(t.turn_id, []), answers.get(t.turn_id, {}))
-             for t in chain if t.kind == "turn" and t.ordinal > live_from}
+             for t in shown}
     for e in events:
         turn = turns.get(e.turn_id)
         if turn is not None:
             turn.apply(e)
-    return {"seq": seq, "turns": [t.result() for t in turns.values()]}
+    return {"seq": seq, "earlier": len(live) - len(shown),
+            "turns": [t.result() for t in turns.values()]}
 
 
-async def read_timeline(store: SessionStore, key: SessionKey) -> dict[str, Any]:
-    """:func:`timeline` of a session, read from ``store`` in the order it needs."""
-    events = await store.read_events(key)
+async def read_timeline(store: SessionStore, key: SessionKey, *, last: int | None = None
+                        ) -> dict[str, Any]:
+    """:func:`timeline` of a session (its ``last`` turns only, if given), read from ``store``
+    in the order it needs.
+
+    With ``last``, only the events from the first of those turns on are read: a console
+    showing the end of a long session does not read all of it.
+    """
+    since = None
+    events: list[TurnEvent] | None = None
+    if last is not None:
+        live = live_turns(await store.turns(key))
+        if len(live) > last:
+            first = live[len(live) - last]
+            since = first.ordinal
+            head = await store.read_events(key, turn_id=first.turn_id)
+            if head:  # one read from there on: no event between two reads goes missing
+                events = await store.read_events(key, after_seq=head[0].seq - 1)
+    if events is None:
+        events = await store.read_events(key)
+    # Read after the events: a turn accepted meanwhile is in the chain with its events.
     chain = await store.turns(key)
     transcript = await store.read_messages(key)
-    return timeline(chain, events, transcript)
+    return timeline(chain, events, transcript, since=since)
 
 
 async def last_activity(store: SessionStore, key: SessionKey) -> float | None:

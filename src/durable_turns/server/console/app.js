@@ -317,7 +317,7 @@
   function showSession(agent, session) {
     const base = sessionPath(agent, session);
     const s = { snap: null, live: null, fetching: false, again: false, closed: false,
-      tab: "transcript", es: null, opened: new Set() };
+      tab: "transcript", es: null, opened: new Set(), last: 20 };
     const title = el("span", { id: "session-status" });
     const body = el("div", { id: "turns" });
     const status = el("div", { id: "session-notice" });
@@ -390,7 +390,7 @@
       if (s.fetching) { s.again = true; return; }
       s.fetching = true;
       try {
-        const snap = await api(`${base}/timeline`);
+        const snap = await api(`${base}/timeline${s.last ? `?last=${s.last}` : ""}`);
         if (s.closed) return;
         s.snap = snap;
         if (s.live && s.live.seq < snap.seq) s.live = null;
@@ -442,6 +442,12 @@
       const turns = snap.turns.map((t) => (s.tab === "timeline" ? timelineTurn(t) : transcriptTurn(t)));
       if (s.live && !snap.turns.some((t) => t.turn_id === s.live.turn)) {
         turns.push(liveBubble());
+      }
+      if (snap.earlier) {
+        turns.unshift(el("p", { class: "muted", id: "earlier" },
+          `${snap.earlier} earlier turn(s) not shown. `,
+          el("button", { type: "button", class: "secondary",
+            onclick: () => { s.last = null; refresh(); } }, "Show them")));
       }
       body.replaceChildren(...(turns.length ? turns :
         [el("p", { class: "muted", text: "No turn yet: ask something below." })]));
