@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import socket
 import sqlite3
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, closing
@@ -21,6 +22,7 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
+import uvicorn
 from playwright.async_api import (
     Browser,
     BrowserContext,
@@ -511,3 +513,75 @@ async def test_an_input_that_is_not_yes_or_no_gets_a_form_from_its_schema() -> N
         assert tool_result == {"sent": {"amount": 50, "currency": "USD", "urgent": True}}
     # The refused answer is the one error the log may show: the 422 itself.
     assert [e for e in c.errors if "status of 422" not in e] == []
+
+
+@asynccontextmanager
+async def listening(app: Any, port: int) -> AsyncIterator[None]:
+    """uvicorn serving ``app`` on ``127.0.0.1:port`` (a port the test means to serve again)."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", port))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off",
+                                           timeout_graceful_shutdown=1))
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    try:
+        async with asyncio.timeout(WAIT):
+            while not server.started:  # uvicorn has no event for it: a bounded poll
+                if task.done():
+                    task.result()
+                await asyncio.sleep(0.005)
+        yield
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(task, WAIT)
+        sock.close()
+
+
+async def test_a_dropped_connection_resumes_without_a_gap_or_a_duplicate() -> None:
+    gates = Gates()
+    rt = Runtime([desk(gates)], MemoryStore())
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()
+    cursors: list[str | None] = []
+    inner = create_app(rt)
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        # What the browser sent when it (re)opened the event stream, seen by the server.
+        if scope["type"] == "http" and scope["path"].endswith("/events"):
+            cursors.append(dict(scope["headers"]).get(b"last-event-id", b"").decode() or None)
+        await inner(scope, receive, send)
+
+    async with rt, async_playwright() as p:
+        browser = await p.chromium.launch(executable_path=str(CHROMIUM))
+        c = Console(f"http://127.0.0.1:{port}", rt, browser)
+        try:
+            ctx = await c.context()
+            async with listening(app, port):
+                page = await c.page(ctx, "desk", "#/s/desk/s4")
+                await expect(page.locator("#turns")).to_contain_text("No turn yet")
+                await ask(page, "What is the answer?")
+                await expect(page.locator("[data-call=c1] .badge")).to_have_text("running")
+            # The server is gone; the turn goes on without anyone watching, to its end.
+            gates.tool.set()
+            gates.answer.set()
+            await asyncio.wait_for(rt.idle(), WAIT)
+            async with listening(app, port):
+                # The browser reconnects by itself, telling the server the last event it saw.
+                await expect(page.locator(".turn-end .badge")).to_have_text("completed")
+                await expect(page.locator(".msg.user")).to_have_count(1)
+                await expect(page.locator("[data-role=tool]")).to_have_count(2)
+                replies = page.locator(".msg.assistant")
+                await expect(replies).to_have_count(2)
+                await expect(replies.last).to_contain_text("The answer is 42.")
+                await shot(page, "22-reconnected")
+                await check_public(c)
+        finally:
+            await browser.close()
+    assert cursors[0] is None and len(cursors) >= 2
+    assert any(cursor is not None and int(cursor) >= 4 for cursor in cursors[1:]), cursors
+    # The server going away cut the event stream, and the browser's attempts to reconnect
+    # were refused while it was down: those are the only errors its log may show.
+    gone = ("net::ERR_CONNECTION_REFUSED", "net::ERR_INCOMPLETE_CHUNKED_ENCODING")
+    assert [e for e in c.errors if not e.endswith(gone)] == []

@@ -49,12 +49,17 @@
     }
   }
 
-  async function api(path, body) {
+  async function api(path, body, keep) {
     const init = body === undefined ? {} : {
       method: "POST", headers: { "Content-Type": "application/json" },
       body: JSON.stringify(body),
     };
     const r = await fetch(path, { ...init, credentials: "same-origin" });
+    if (r.ok && keep === "headers") {
+      // The page follows what comes next on the session's event stream, not on this one.
+      await r.body.cancel();
+      return r.headers;
+    }
     let data = null;
     try { data = await r.json(); } catch (_) { data = null; }
     if (!r.ok) {
@@ -347,11 +352,9 @@
       send.disabled = true;
       status.replaceChildren();
       try {
-        // /chat answers once the turn ends or parks; the page follows it on the event stream.
-        const pending = api(`${base}/chat`, { text: t, by: me() });
+        // Accepted (durably) once the answer's headers come; the turn goes on without us.
+        await api(`${base}/turn`, { text: t, by: me() }, "headers");
         text.value = "";
-        const result = await pending;
-        if (result.status === "failed") status.replaceChildren(notice("error", `The turn failed: ${result.error}`));
       } catch (e) {
         status.replaceChildren(notice("error", explain(e)));
       } finally {
