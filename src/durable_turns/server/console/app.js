@@ -80,8 +80,8 @@
     let hint = "";
     if (e.status === 409 && /answered already/.test(e.message)) {
       hint = " Someone answered this request first; their answer stands.";
-    } else if (e.status === 409 && /parked/.test(e.message)) {
-      hint = " The session is waiting for an answer: answer it in the inbox first.";
+    } else if (e.status === 409 && /parked on turn .* waiting for input/.test(e.message)) {
+      hint = " The session is waiting for an answer: answer it (here or in the inbox) first.";
     }
     return `${what}: ${e.message}.${hint}`;
   }
