@@ -561,8 +561,11 @@
     }
 
     refresh();
+    // What leaves no event behind (a reset or an answer given elsewhere) shows within 10 s.
+    const timer = setInterval(refresh, 10000);
     return {
       close: () => {
+        clearInterval(timer);
         s.closed = true;
         if (s.es) s.es.close();
         if (resetArmed) clearTimeout(resetArmed);
