@@ -424,8 +424,9 @@ async def test_openapi_describes_every_route(host: Host) -> None:
     assert doc["openapi"].startswith("3.")
     base = "/agents/{agent}/sessions/{session}"
     assert set(doc["paths"]) == {
-        "/agents/{agent}/sessions", "/agents/{agent}/pending", base,
-        *(f"{base}/{r}" for r in ("turn", "chat", "resume", "cancel", "reset", "events"))}
+        "/", "/agents", "/agents/{agent}/sessions", "/agents/{agent}/pending", base,
+        *(f"{base}/{r}" for r in ("turn", "chat", "resume", "cancel", "reset", "events",
+                                  "timeline"))}
     assert "text" in doc["components"]["schemas"]["TurnBody"]["properties"]
 
 

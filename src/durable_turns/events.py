@@ -1,7 +1,9 @@
 """Turn events: what a running turn tells its observers (F5).
 
-Every event carries ``type`` (the seed's names, exactly), ``agent``, ``session``, ``turn_id``
-and ``seq``, a per-session sequence number. Every event but ``message.delta`` is written to the
+Every event carries ``type`` (the seed's names, exactly), ``agent``, ``session``, ``turn_id``,
+``seq``, a per-session sequence number, and ``at``, the wall-clock time (Unix seconds) it was
+made: for a durable event, when its step committed, so a turn's timeline can be read off its
+events. Every event but ``message.delta`` is written to the
 store in the same transaction as the step that caused it, and only published after that
 transaction commits, so an observer never sees an event that was rolled back, and the log can
 be replayed (``observe(replay=True)``, ``Last-Event-ID``). Live tokens are never persisted: a
@@ -11,6 +13,7 @@ be replayed (``observe(replay=True)``, ``Last-Event-ID``). Live tokens are never
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Literal, Protocol, TypedDict
 
@@ -54,6 +57,9 @@ class TurnEvent:
     session: str
     turn_id: str
     seq: int = 0
+    at: float | None = field(default_factory=time.time, compare=False)
+    """Unix seconds when the event was made (its step's commit); ``None`` for an event stored
+    before events carried it. Not compared: two events are equal whatever their times."""
 
     def payload(self) -> dict[str, Any]:
         """The event's own fields as JSON values (without the common ones)."""
@@ -77,11 +83,12 @@ class TurnEvent:
             "session": self.session,
             "turn_id": self.turn_id,
             "seq": self.seq,
+            "at": self.at,
             **self.payload(),
         }
 
 
-_COMMON = frozenset({"agent", "session", "turn_id", "seq"})
+_COMMON = frozenset({"agent", "session", "turn_id", "seq", "at"})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -191,13 +198,15 @@ class EventRecord:
 
 
 def encode_event(event: TurnEvent) -> str:
-    return encode_json(event.payload())
+    """An event's stored JSON: its own fields and ``at``."""
+    return encode_json({**event.payload(), "at": event.at})
 
 
 def decode_event(agent: str, session: str, record: EventRecord) -> TurnEvent:
     """Rebuild a typed event from its stored record."""
     cls = _BY_TYPE[record.type]
     data = json.loads(record.data)
+    data.setdefault("at", None)  # stored before events carried their time
     if "call" in data:
         data["call"] = ToolCall.from_dict(data["call"])
     if record.type == "input.requested":

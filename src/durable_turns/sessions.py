@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -276,7 +277,8 @@ class AgentSession:
         rt = self.runtime
         await rt.open()
         entry = resume_entry_id(turn_id, input_id)
-        answer = {"turn_id": turn_id, "input_id": input_id, "value": value, "by": by}
+        answer = {"turn_id": turn_id, "input_id": input_id, "value": value, "by": by,
+                  "at": time.time()}  # when it was answered: a turn's timeline shows the wait
         earlier = await rt.store.turns(self.key, turn_id=entry)
         if earlier:
             return await self._repeated(earlier[0], answer)

@@ -35,7 +35,9 @@ from ._http import (
     read_body,
     sse_fields,
 )
+from .console import console_routes
 from .openapi import openapi
+from .timeline import last_activity
 
 PING = 15.0
 """Seconds between keep-alive comments on an idle event stream."""
@@ -124,6 +126,7 @@ class _Host:
             Route(f"{base}/cancel", self.guard(self.cancel), methods=["POST"]),
             Route(f"{base}/reset", self.guard(self.reset), methods=["POST"]),
             Route(f"{base}/events", self.guard(self.events), methods=["GET"]),
+            *console_routes(self.rt, self.guard, self.authenticate is None),
             *extra,
         ]
         return Starlette(routes=routes, exception_handlers={
@@ -212,7 +215,8 @@ class _Host:
         for key in await self.rt.store.list_sessions(agent):
             info = await self.rt.store.session_info(key)
             out.append({"session": key.session, "status": info.status if info else "new",
-                        "generation": info.generation if info else 0})
+                        "generation": info.generation if info else 0,
+                        "last_activity": await last_activity(self.rt.store, key)})
         return JSONResponse({"sessions": out})
 
     async def inbox(self, request: Request) -> Response:

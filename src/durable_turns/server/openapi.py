@@ -46,6 +46,13 @@ def openapi(bodies: dict[str, type[BaseModel]], agents: list[str]) -> dict[str, 
         "openapi": "3.1.0",
         "info": {"title": "durable_turns HTTP host", "version": "1"},
         "paths": {
+            "/": {"get": {"summary": "the web console (HTML)", "responses": {
+                "200": {"description": "the console's page",
+                        "content": {"text/html": {"schema": {"type": "string"}}}},
+                **errors(401)}}},
+            "/agents": {"get": {
+                "summary": "the agents served (name, tools), the mode, and who is asking",
+                "responses": {"200": _JSON, **errors(401)}}},
             "/agents/{agent}/sessions": {"get": {
                 "summary": "the agent's sessions, newest first, with status",
                 "parameters": agent_only, "responses": {"200": _JSON, **errors(401, 404)}}},
@@ -54,6 +61,13 @@ def openapi(bodies: dict[str, type[BaseModel]], agents: list[str]) -> dict[str, 
                 "parameters": agent_only, "responses": {"200": _JSON, **errors(401, 404)}}},
             base: {"get": {"summary": "status, generation, transcript, pending, turns",
                            "parameters": params, "responses": {"200": _JSON, **errors(401, 404)}}},
+            f"{base}/timeline": {"get": {
+                "summary": "each turn's steps (model, tool, input) with their times and "
+                           "status, and seq, the cursor for /events?after=",
+                "parameters": [*params,
+                               {"name": "last", "in": "query", "required": False,
+                                "schema": {"type": "string", "pattern": "^[0-9]+$"}}],
+                "responses": {"200": _JSON, **errors(400, 401, 404)}}},
             f"{base}/turn": post("turn", "start a turn; its events", _SSE, 409),
             f"{base}/chat": post("chat", "start a turn; its events or its result", _JSON, 409),
             f"{base}/resume": post("resume", "answer a parked turn", _JSON, 403, 409, 422, 500),

@@ -1,0 +1,92 @@
+"""The web console (F12): static pages at ``/``, and the two routes only it needed.
+
+The console is plain HTML, CSS and JavaScript shipped in ``server/console/`` (no build step,
+nothing fetched from elsewhere). Its script talks to the public routes only: the ones every
+client has, plus ``GET /agents`` (who is served, and who is asking) and
+``GET …/{session}/timeline`` (each turn's steps with their times), both described at
+``/openapi.json``. Every route here goes through the host's guard, so the console is behind
+the same ``authenticate`` as the API.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from importlib import resources
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Route
+
+from ..runtime import Runtime
+from ._http import HttpError
+from .timeline import read_timeline
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+ASSETS = {
+    "index.html": "text/html; charset=utf-8",
+    "app.js": "text/javascript; charset=utf-8",
+    "app.css": "text/css; charset=utf-8",
+}
+"""The console's files, by name, with their media types: nothing else is served."""
+
+
+def _asset(name: str) -> bytes:
+    return resources.files("durable_turns.server").joinpath("console", name).read_bytes()
+
+
+def console_routes(runtime: Runtime, guard: Callable[[Handler], Handler],
+                   development: bool) -> list[BaseRoute]:
+    """The console's page, its files, ``GET /agents`` and ``GET …/timeline``.
+
+    Args:
+        guard: wraps each handler (authentication, JSON errors), as for every API route.
+        development: whether the host runs without ``authenticate``.
+    """
+
+    async def page(request: Request) -> Response:
+        return _file("index.html")
+
+    async def asset(request: Request) -> Response:
+        name = request.path_params["name"]
+        if name not in ASSETS:
+            raise HttpError(404, "NotFound", f"no console file {name!r}")
+        return _file(name)
+
+    async def agents(request: Request) -> Response:
+        by = None if development else getattr(request.state, "by", None)
+        return JSONResponse({
+            "agents": [{"agent": name, "tools": sorted(a.tools_by_name)}
+                       for name, a in sorted(runtime.agents.items())],
+            "development": development, "by": by})
+
+    async def timeline(request: Request) -> Response:
+        s = runtime.session(request.path_params["agent"], request.path_params["session"])
+        # A session never used is not an error here: it is new, with nothing on it yet (a
+        # console opens it before its first turn, and follows its events from 0).
+        last = request.query_params.get("last")
+        if last is not None and not (last.isascii() and last.isdigit() and int(last) > 0):
+            raise HttpError(400, "MalformedQuery", f"last is a number of turns above 0, "
+                                                   f"not {last!r}")
+        snapshot = await read_timeline(runtime.store, s.key,
+                                       last=int(last) if last is not None else None)
+        pending = await s.pending()
+        info = await runtime.store.session_info(s.key)
+        return JSONResponse({
+            "agent": s.key.agent, "session": s.key.session,
+            "status": info.status if info else "new", "generation": info.generation if info else 0,
+            "pending": pending.to_dict() if pending else None, **snapshot})
+
+    return [
+        Route("/", guard(page), methods=["GET"]),
+        Route("/console/{name}", guard(asset), methods=["GET"]),
+        Route("/agents", guard(agents), methods=["GET"]),
+        Route("/agents/{agent}/sessions/{session}/timeline", guard(timeline), methods=["GET"]),
+    ]
+
+
+def _file(name: str) -> Response:
+    # The console changes with the package: a browser revalidates instead of keeping an old one.
+    return Response(_asset(name), media_type=ASSETS[name],
+                    headers={"Cache-Control": "no-cache", "X-Content-Type-Options": "nosniff"})
+

@@ -1,0 +1,613 @@
+// durable_turns web console. Plain JavaScript, no build step, no library, nothing fetched from
+// anywhere but this server's public routes (see the README's "Web console" section).
+//
+// A session's page is a snapshot (GET …/timeline, which says up to which event `seq` it is)
+// followed by the session's event stream from that cursor (EventSource on …/events?after=seq).
+// Durable events after the snapshot make the page fetch a new snapshot; live text deltas are
+// shown as they come. So a reload (a new snapshot, a new cursor) or a dropped connection (the
+// browser reconnects with Last-Event-ID) shows every row once: rows only ever come from a
+// snapshot.
+"use strict";
+(() => {
+  const view = document.getElementById("view");
+  const ME = "durable_turns.me";
+  const app = { development: true, by: null, agents: [] };
+  let page = null; // what the current view holds open: {close()}
+
+  // -- helpers -----------------------------------------------------------------------------
+
+  function el(tag, attrs, ...kids) {
+    const e = document.createElement(tag);
+    for (const [k, v] of Object.entries(attrs || {})) {
+      if (v === null || v === undefined || v === false) continue;
+      if (k.startsWith("on")) e.addEventListener(k.slice(2), v);
+      else if (k === "class") e.className = v;
+      else if (k === "text") e.textContent = v;
+      else e.setAttribute(k, v === true ? "" : v);
+    }
+    for (const kid of kids.flat()) {
+      if (kid === null || kid === undefined || kid === false) continue;
+      e.append(kid instanceof Node ? kid : document.createTextNode(String(kid)));
+    }
+    return e;
+  }
+
+  const json = (v) => JSON.stringify(v, null, 2);
+  const badge = (status) => el("span", { class: `badge ${status}`, text: status });
+  const enc = encodeURIComponent;
+  const sessionPath = (agent, session) => `/agents/${enc(agent)}/sessions/${enc(session)}`;
+
+  function me() {
+    return app.development ? (localStorage.getItem(ME) || "").trim() || undefined : app.by;
+  }
+
+  class ApiError extends Error {
+    constructor(status, type, message) {
+      super(message);
+      this.status = status;
+      this.type = type;
+    }
+  }
+
+  async function api(path, body, keep) {
+    const init = body === undefined ? {} : {
+      method: "POST", headers: { "Content-Type": "application/json" },
+      body: JSON.stringify(body),
+    };
+    const r = await fetch(path, { ...init, credentials: "same-origin" });
+    if (r.ok && keep === "headers") {
+      // The page follows what comes next on the session's event stream, not on this one.
+      await r.body.cancel();
+      return r.headers;
+    }
+    let data = null;
+    try { data = await r.json(); } catch (_) { data = null; }
+    if (!r.ok) {
+      const err = (data && data.error) || { type: `HTTP ${r.status}`, message: r.statusText };
+      throw new ApiError(r.status, err.type, err.message);
+    }
+    return data;
+  }
+
+  // What a person reads when a call is refused: the server's own words, and what they mean.
+  function explain(e) {
+    if (!(e instanceof ApiError)) return `Could not reach the server (${e.message}).`;
+    const what = {
+      401: "You are not signed in", 403: "You may not do this",
+      404: "Not found", 409: "Conflict", 413: "Too large",
+      422: "That answer does not fit the request",
+    }[e.status] || `Refused (${e.status})`;
+    let hint = "";
+    if (e.status === 409 && /answered already/.test(e.message)) {
+      hint = " Someone answered this request first; their answer stands.";
+    } else if (e.status === 409 && /parked on turn .* waiting for input/.test(e.message)) {
+      hint = " The session is waiting for an answer: answer it (here or in the inbox) first.";
+    }
+    return `${what}: ${e.message}.${hint}`;
+  }
+
+  const notice = (kind, text) => el("div", { class: `notice ${kind}`, role: "status", text });
+
+  function ago(t) {
+    if (t === null || t === undefined) return "—";
+    const s = Math.max(0, Date.now() / 1000 - t);
+    if (s < 60) return `${Math.round(s)} s ago`;
+    if (s < 3600) return `${Math.round(s / 60)} min ago`;
+    if (s < 86400) return `${Math.round(s / 3600)} h ago`;
+    return new Date(t * 1000).toLocaleString();
+  }
+
+  function took(d) {
+    if (d === null || d === undefined) return "";
+    return d < 1 ? `${Math.round(d * 1000)} ms` : `${d.toFixed(2)} s`;
+  }
+
+  function whoMay(answerers) {
+    if (!answerers) return "Anyone may answer (no answerer was named).";
+    if (answerers.user !== undefined) return `Only ${answerers.user} may answer.`;
+    if (answerers.policy !== undefined) {
+      return `Whoever the agent's policy “${answerers.policy}” allows may answer` +
+        (answerers.scope !== undefined ? ` (scope ${answerers.scope}).` : ".");
+    }
+    return `Answerers: ${JSON.stringify(answerers)}`;
+  }
+
+  // -- answering a parked turn -------------------------------------------------------------
+
+  // A form for `request`: Approve / Deny for a boolean, else fields built from its JSON schema.
+  function answerForm(request, send) {
+    const schema = request.schema || {};
+    const out = el("div", { class: "outcome" });
+    const buttons = [];
+    async function submit(value) {
+      buttons.forEach((b) => { b.disabled = true; });
+      out.replaceChildren(el("span", { class: "muted", text: "Answering…" }));
+      try {
+        out.replaceChildren(await send(value));
+      } catch (e) {
+        out.replaceChildren(notice("error", explain(e)));
+      } finally {
+        buttons.forEach((b) => { b.disabled = false; });
+      }
+    }
+    if (schema.type === "boolean") {
+      buttons.push(el("button", { type: "button", onclick: () => submit(true), text: "Approve" }),
+        el("button", { type: "button", class: "danger", onclick: () => submit(false),
+          text: "Deny" }));
+      return el("div", {}, el("form", { onsubmit: (ev) => ev.preventDefault() }, buttons), out);
+    }
+    const fields = [];
+    const props = schema.type === "object" && schema.properties ? schema.properties : null;
+    const entries = props ? Object.entries(props) : [["value", schema]];
+    const required = new Set(schema.required || []);
+    for (const [name, s] of entries) {
+      let input;
+      if (Array.isArray(s.enum)) {
+        input = el("select", { name }, s.enum.map((v) => el("option", { value: JSON.stringify(v),
+          text: String(v) })));
+      } else if (s.type === "boolean") {
+        input = el("input", { type: "checkbox", name });
+      } else if (s.type === "integer" || s.type === "number") {
+        input = el("input", { type: "number", name, step: s.type === "integer" ? "1" : "any",
+          required: !props || required.has(name) });
+      } else if (s.type === "string") {
+        input = el("input", { type: "text", name, required: !props || required.has(name) });
+      } else {
+        input = el("textarea", { name, rows: "3", placeholder: "JSON" });
+      }
+      fields.push({ name, s, input });
+    }
+    function read() {
+      const values = {};
+      for (const { name, s, input } of fields) {
+        if (Array.isArray(s.enum)) values[name] = JSON.parse(input.value);
+        else if (s.type === "boolean") values[name] = input.checked;
+        else if (s.type === "integer" || s.type === "number") {
+          if (input.value !== "") values[name] = Number(input.value);
+        } else if (s.type === "string") {
+          if (input.value !== "" || !props) values[name] = input.value;
+        } else if (input.value.trim() !== "") values[name] = JSON.parse(input.value);
+        else if (!props) values[name] = null;
+      }
+      return props ? values : values.value;
+    }
+    const go = el("button", { type: "submit", text: "Answer" });
+    buttons.push(go);
+    const form = el("form", {
+      onsubmit: (ev) => {
+        ev.preventDefault();
+        let value;
+        try { value = read(); } catch (e) {
+          out.replaceChildren(notice("error", `That is not JSON: ${e.message}`));
+          return;
+        }
+        submit(value);
+      },
+    }, fields.map(({ name, s, input }) => el("label", {},
+      el("span", { text: `${s.title || name}${props && required.has(name) ? " *" : ""}` }),
+      input)), go);
+    return el("div", {}, form, out);
+  }
+
+  function resumeOutcome(result) {
+    if (result.status === "completed") return notice("ok", `Answered: the turn completed. ${result.text || ""}`);
+    if (result.status === "suspended") return notice("ok", `Answered: the turn is waiting again (${result.request.prompt}).`);
+    if (result.status === "failed") return notice("error", `Answered, but the turn failed: ${result.error}`);
+    if (result.status === "cancelled") return notice("error", `Answered, but the turn was cancelled: ${result.reason}`);
+    return notice("ok", `Answered: the turn is ${result.status}.`);
+  }
+
+  function resume(agent, session, request) {
+    return async (value) => {
+      const result = await api(`${sessionPath(agent, session)}/resume`, {
+        turn_id: request.turn_id, input_id: request.id, value, by: me(),
+      });
+      updateCount();
+      return resumeOutcome(result);
+    };
+  }
+
+  // -- the inbox ---------------------------------------------------------------------------
+
+  async function inboxItems() {
+    const lists = await Promise.all(app.agents.map(async (a) => {
+      const got = await api(`/agents/${enc(a.agent)}/pending`);
+      return got.pending.map((p) => ({ agent: a.agent, ...p }));
+    }));
+    return lists.flat();
+  }
+
+  async function updateCount() {
+    try {
+      const n = (await inboxItems()).length;
+      document.getElementById("inbox-count").textContent = n ? String(n) : "";
+    } catch (_) { /* the page shows its own error */ }
+  }
+
+  function showInbox() {
+    const list = el("div", { id: "inbox" });
+    const status = el("div");
+    view.replaceChildren(el("h1", { text: "Inbox" }),
+      el("p", { class: "muted", text: "Turns parked until a person answers." }), status, list);
+    const cards = new Map();
+    async function load() {
+      let items;
+      try { items = await inboxItems(); } catch (e) {
+        status.replaceChildren(notice("error", explain(e)));
+        return;
+      }
+      status.replaceChildren();
+      document.getElementById("inbox-count").textContent = items.length ? String(items.length) : "";
+      const seen = new Set();
+      for (const it of items) {
+        const key = `${it.agent}/${it.session}/${it.request.turn_id}/${it.request.id}`;
+        seen.add(key);
+        if (cards.has(key)) continue;
+        const card = el("div", { class: "card request", "data-session": it.session },
+          el("div", {}, el("a", { href: `#/s/${enc(it.agent)}/${enc(it.session)}`,
+            text: `${it.agent} / ${it.session}` })),
+          el("div", { class: "prompt", text: it.request.prompt }),
+          el("div", { class: "muted answerers", text: whoMay(it.request.answerers) }),
+          el("div", { class: "gone" }),
+          answerForm(it.request, resume(it.agent, it.session, it.request)));
+        cards.set(key, card);
+        list.append(card);
+      }
+      for (const [key, card] of cards) {
+        // Left in place (its outcome or its buttons may still matter), but said to be gone.
+        card.querySelector(".gone").replaceChildren(seen.has(key) ? "" :
+          el("span", { class: "muted", text: "No longer waiting (answered, or reset)." }));
+      }
+      if (!cards.size) list.replaceChildren(el("p", { class: "muted", text: "Nothing is waiting." }));
+    }
+    load();
+    const timer = setInterval(load, 5000);
+    return { close: () => clearInterval(timer) };
+  }
+
+  // -- agents and their sessions -----------------------------------------------------------
+
+  function showSessions(filter) {
+    const tables = el("div");
+    const select = el("select", {
+      id: "status-filter",
+      onchange: () => { location.hash = select.value ? `#/?status=${select.value}` : "#/"; },
+    }, ["", "new", "idle", "running", "suspended"].map((s) => el("option", { value: s,
+      text: s || "every status", selected: s === filter })));
+    const agentPick = el("select", { name: "agent" },
+      app.agents.map((a) => el("option", { value: a.agent, text: a.agent })));
+    const sid = el("input", { name: "session", placeholder: "session id", required: true });
+    const open = el("form", {
+      class: "toolbar",
+      onsubmit: (ev) => {
+        ev.preventDefault();
+        location.hash = `#/s/${enc(agentPick.value)}/${enc(sid.value.trim())}`;
+      },
+    }, "Open or start a session:", agentPick, sid, el("button", { type: "submit", text: "Open" }));
+    view.replaceChildren(el("h1", { text: "Sessions" }),
+      el("div", { class: "toolbar" }, el("label", {}, "Show ", select)), open, tables);
+    async function load() {
+      const parts = [];
+      for (const a of app.agents) {
+        let sessions;
+        try { sessions = (await api(`/agents/${enc(a.agent)}/sessions`)).sessions; } catch (e) {
+          parts.push(notice("error", explain(e)));
+          continue;
+        }
+        // Most recently active first; sessions with no activity yet keep the server's order
+        // (newest first) after them.
+        const order = new Map(sessions.map((s, i) => [s.session, i]));
+        sessions.sort((x, y) => (y.last_activity ?? -1) - (x.last_activity ?? -1) ||
+          order.get(x.session) - order.get(y.session));
+        const shown = sessions.filter((s) => !filter || s.status === filter);
+        parts.push(el("h2", { text: a.agent }), shown.length ? el("table", { class: "sessions" },
+          el("thead", {}, el("tr", {}, el("th", { text: "session" }), el("th", { text: "status" }),
+            el("th", { text: "last activity" }))),
+          el("tbody", {}, shown.map((s) => el("tr", { "data-session": s.session },
+            el("td", {}, el("a", { href: `#/s/${enc(a.agent)}/${enc(s.session)}`,
+              text: s.session })),
+            el("td", {}, badge(s.status)),
+            el("td", { class: "muted", text: ago(s.last_activity) })))))
+          : el("p", { class: "muted", text: filter ? `No ${filter} session.` : "No session yet." }));
+      }
+      tables.replaceChildren(...parts);
+    }
+    load();
+    const timer = setInterval(load, 5000);
+    return { close: () => clearInterval(timer) };
+  }
+
+  // -- one session -------------------------------------------------------------------------
+
+  function showSession(agent, session) {
+    const base = sessionPath(agent, session);
+    const s = { snap: null, live: null, fetching: false, again: false, closed: false,
+      tab: "transcript", es: null, opened: new Set(), last: 20 };
+    const title = el("span", { id: "session-status" });
+    const body = el("div", { id: "turns" });
+    const status = el("div", { id: "session-notice" });
+    const tabs = {};
+    for (const [name, label] of [["transcript", "Transcript"], ["timeline", "Timeline"]]) {
+      tabs[name] = el("button", { type: "button", class: "secondary", id: `tab-${name}`,
+        "aria-pressed": String(name === s.tab),
+        onclick: () => { s.tab = name; render(); } }, label);
+    }
+    const text = el("textarea", { id: "ask", name: "text", placeholder: "Ask the agent…",
+      required: true, rows: "2" });
+    const send = el("button", { type: "submit", text: "Send" });
+    const cancel = el("button", { type: "button", class: "danger", id: "cancel",
+      text: "Cancel", onclick: doCancel });
+    const reset = el("button", { type: "button", class: "secondary", id: "reset",
+      text: "Reset", onclick: doReset });
+    view.replaceChildren(
+      el("h1", {}, el("a", { href: "#/", text: agent }), " / ", session, " ", title),
+      el("div", { class: "toolbar" }, tabs.transcript, tabs.timeline, cancel, reset),
+      status, body,
+      el("form", { class: "ask", onsubmit: doSend }, text, send));
+
+    async function doSend(ev) {
+      ev.preventDefault();
+      const t = text.value.trim();
+      if (!t) return;
+      send.disabled = true;
+      status.replaceChildren();
+      try {
+        // Accepted (durably) once the answer's headers come; the turn goes on without us.
+        await api(`${base}/turn`, { text: t, by: me() }, "headers");
+        text.value = "";
+      } catch (e) {
+        status.replaceChildren(notice("error", explain(e)));
+      } finally {
+        send.disabled = false;
+        refresh();
+      }
+    }
+
+    async function doCancel() {
+      try {
+        const got = await api(`${base}/cancel`, { reason: "cancelled from the console" });
+        status.replaceChildren(notice("ok", got.cancelled.length ?
+          `Cancelling ${got.cancelled.length} turn(s); they stop at their next checkpoint.` :
+          "Nothing to cancel."));
+      } catch (e) { status.replaceChildren(notice("error", explain(e))); }
+    }
+
+    let resetArmed = null;
+    async function doReset() {
+      if (!resetArmed) { // a second click confirms: a reset archives the whole history
+        reset.textContent = "Confirm reset";
+        resetArmed = setTimeout(() => { resetArmed = null; reset.textContent = "Reset"; }, 4000);
+        return;
+      }
+      clearTimeout(resetArmed);
+      resetArmed = null;
+      reset.textContent = "Reset";
+      try {
+        const got = await api(`${base}/reset`, {});
+        status.replaceChildren(notice("ok", `Reset: the history is archived as ${got.previous_session}.`));
+      } catch (e) { status.replaceChildren(notice("error", explain(e))); }
+      refresh();
+    }
+
+    async function refresh() {
+      if (s.fetching) { s.again = true; return; }
+      s.fetching = true;
+      try {
+        const snap = await api(`${base}/timeline${s.last ? `?last=${s.last}` : ""}`);
+        if (s.closed) return;
+        s.snap = snap;
+        if (s.live && s.live.seq < snap.seq) s.live = null;
+        if (!s.es) follow(snap.seq);
+        render();
+      } catch (e) {
+        status.replaceChildren(notice("error", explain(e)));
+      } finally {
+        s.fetching = false;
+        if (s.again && !s.closed) { s.again = false; refresh(); }
+      }
+    }
+
+    function follow(after) {
+      s.es = new EventSource(`${base}/events?after=${after}`);
+      const durable = ["turn.started", "message.completed", "action.requested",
+        "action.completed", "input.requested", "turn.completed", "turn.failed",
+        "turn.cancelled"];
+      for (const type of durable) {
+        s.es.addEventListener(type, (ev) => {
+          const e = JSON.parse(ev.data);
+          if (s.snap && e.seq <= s.snap.seq) return; // already in the snapshot
+          refresh();
+        });
+      }
+      s.es.addEventListener("message.delta", (ev) => {
+        const e = JSON.parse(ev.data);
+        // A delta carries the seq of the last durable event before it: older than the
+        // snapshot means its message is in the snapshot already.
+        if (s.snap && e.seq < s.snap.seq) return;
+        if (!s.live || s.live.seq !== e.seq || s.live.turn !== e.turn_id) {
+          s.live = { seq: e.seq, turn: e.turn_id, text: "" };
+        }
+        s.live.text += e.text;
+        render();
+      });
+      s.es.addEventListener("message.retry", (ev) => {
+        const e = JSON.parse(ev.data);
+        status.replaceChildren(notice("error", `The model call failed (${e.error}); retrying in ${e.delay.toFixed(1)} s.`));
+      });
+    }
+
+    function render() {
+      const snap = s.snap;
+      if (!snap) return;
+      for (const [name, b] of Object.entries(tabs)) b.setAttribute("aria-pressed", String(name === s.tab));
+      title.replaceChildren(badge(snap.status),
+        snap.generation ? el("span", { class: "muted", text: ` generation ${snap.generation}` }) : "");
+      const turns = snap.turns.map((t) => (s.tab === "timeline" ? timelineTurn(t) : transcriptTurn(t)));
+      if (s.live && !snap.turns.some((t) => t.turn_id === s.live.turn)) {
+        turns.push(liveBubble());
+      }
+      if (snap.earlier) {
+        turns.unshift(el("p", { class: "muted", id: "earlier" },
+          `${snap.earlier} earlier turn(s) not shown. `,
+          el("button", { type: "button", class: "secondary",
+            onclick: () => { s.last = null; refresh(); } }, "Show them")));
+      }
+      body.replaceChildren(...(turns.length ? turns :
+        [el("p", { class: "muted", text: "No turn yet: ask something below." })]));
+    }
+
+    function liveBubble() {
+      return el("div", { class: "msg assistant streaming", "data-role": "streaming" },
+        el("span", { class: "who", text: "assistant (streaming)" }), s.live.text);
+    }
+
+    function transcriptTurn(t) {
+      const rows = [el("div", { class: "msg user", "data-role": t.role },
+        el("span", { class: "who", text: t.role === "trigger" ? `trigger · ${t.by || ""}` : (t.by || "user") }),
+        t.text)];
+      for (const step of t.steps) {
+        if (step.kind === "model" && step.status === "done") {
+          if (step.thinking && step.thinking.length) {
+            rows.push(el("details", { class: "thinking" }, el("summary", { text: "thinking" }),
+              step.thinking.join("\n\n")));
+          }
+          if (step.text) {
+            rows.push(el("div", { class: "msg assistant", "data-role": "assistant" },
+              el("span", { class: "who", text: "assistant" }), step.text));
+          }
+        } else if (step.kind === "model" && step.status === "failed") {
+          rows.push(el("div", { class: "tool failed", "data-role": "model-failed" },
+            el("span", { class: "label", text: `model call failed: ${step.error}` })));
+        } else if (step.kind === "tool") {
+          rows.push(toolRow(step));
+        } else if (step.kind === "input") {
+          rows.push(inputRow(t, step));
+        }
+      }
+      if (s.live && s.live.turn === t.turn_id) rows.push(liveBubble());
+      rows.push(turnEnd(t));
+      return el("section", { class: "turn", "data-turn": t.turn_id }, rows);
+    }
+
+    function toolRow(step) {
+      const failed = step.status === "error" || step.status === "failed";
+      // A row the person opened stays open when the page renders again.
+      const key = `${step.call_id}:${step.resumed}`;
+      return el("details", { class: `tool ${step.status}`, "data-role": "tool",
+        "data-call": step.call_id, open: failed || s.opened.has(key),
+        ontoggle: (ev) => { if (ev.target.open) s.opened.add(key); else s.opened.delete(key); } },
+      el("summary", {}, el("span", { class: "label", text: `${step.resumed ? "↻ " : ""}${step.name}` }),
+        " ", badge(step.status), " ", el("span", { class: "muted", text: took(step.duration) })),
+      el("div", { class: "muted", text: "input" }), el("pre", { text: json(step.input) }),
+      step.status === "queued" || step.status === "running" || step.status === "parked" ? "" :
+        [el("div", { class: "muted", text: failed ? "error" : "result" }),
+          el("pre", { class: "result", text: failed && step.error ? step.error : json(step.result) })]);
+    }
+
+    function inputRow(t, step) {
+      const request = { id: step.id.split(":").slice(2).join(":"), turn_id: t.turn_id,
+        prompt: step.prompt, schema: step.schema, answerers: step.answerers };
+      const box = el("div", { class: "request", "data-role": "input" },
+        el("div", { class: "prompt", text: step.prompt }),
+        el("div", { class: "muted", text: whoMay(step.answerers) }));
+      if (step.status === "answered") {
+        box.append(el("div", {}, badge("answered"), ` ${JSON.stringify(step.value)}` +
+          (step.by ? ` by ${step.by}` : "")));
+      } else if (t.status === "suspended") {
+        box.append(answerForm(request, async (value) => {
+          const out = await resume(agent, session, request)(value);
+          refresh();
+          return out;
+        }));
+      } else {
+        box.append(badge(t.status));
+      }
+      return box;
+    }
+
+    function usageText(u) {
+      const parts = Object.entries(u || {}).map(([k, v]) => `${k.replace(/_tokens$/, "")} ${v}`);
+      return parts.length ? `tokens: ${parts.join(" · ")}` : "";
+    }
+
+    function turnEnd(t) {
+      const what = { completed: "", failed: t.error, cancelled: t.reason,
+        suspended: "waiting for an answer", running: "running…", queued: "queued" }[t.status];
+      const usage = usageText(t.usage);
+      return el("div", { class: `turn-end ${t.status}` }, badge(t.status), " ", what || "",
+        t.duration !== null ? ` · ${took(t.duration)}` : "", usage ? " · " : "",
+        el("span", { class: "usage", text: usage }));
+    }
+
+    function timelineTurn(t) {
+      const total = Math.max(t.duration || 0, ...t.steps.map((r) => r.duration || 0), 1e-9);
+      const rows = t.steps.map((r, i) => el("tr", { class: `step ${r.status}`, "data-kind": r.kind },
+        el("td", { class: "num muted hide-narrow", text: String(i + 1) }),
+        el("td", {}, r.kind === "tool" ? `tool ${r.resumed ? "↻ " : ""}${r.name}` :
+          r.kind === "input" ? `input: ${r.prompt}` : "model"),
+        el("td", {}, badge(r.status)),
+        el("td", { class: "num", text: r.duration === null ? (r.ended_at ? "" : "…") : took(r.duration) }),
+        el("td", { class: "bar-cell" }, el("div", { class: `bar ${r.status}`,
+          style: `width:${r.duration === null ? 2 : Math.max(1, (100 * r.duration) / total)}%` }))));
+      return el("section", { class: "turn", "data-turn": t.turn_id },
+        el("h2", {}, badge(t.status), " ", t.text.length > 80 ? `${t.text.slice(0, 80)}…` : t.text),
+        el("table", { class: "timeline" },
+          el("thead", {}, el("tr", {}, el("th", { class: "num hide-narrow", text: "#" }),
+            el("th", { text: "step" }), el("th", { text: "status" }),
+            el("th", { class: "num", text: "time" }), el("th", { text: "" }))),
+          el("tbody", {}, rows)),
+        el("div", { class: "turn-end" }, t.duration !== null ? `turn: ${took(t.duration)} ` : "",
+          usageText(t.usage)));
+    }
+
+    refresh();
+    // What leaves no event behind (a reset or an answer given elsewhere) shows within 10 s.
+    const timer = setInterval(refresh, 10000);
+    return {
+      close: () => {
+        clearInterval(timer);
+        s.closed = true;
+        if (s.es) s.es.close();
+        if (resetArmed) clearTimeout(resetArmed);
+      },
+    };
+  }
+
+  // -- routing -----------------------------------------------------------------------------
+
+  function route() {
+    if (page) page.close();
+    page = null;
+    const hash = location.hash || "#/";
+    const m = hash.match(/^#\/s\/([^/]+)\/(.+)$/);
+    if (m) page = showSession(decodeURIComponent(m[1]), decodeURIComponent(m[2]));
+    else if (hash.startsWith("#/inbox")) page = showInbox();
+    else page = showSessions((hash.match(/status=(\w+)/) || [])[1] || "");
+    updateCount();
+  }
+
+  async function start() {
+    try {
+      const got = await api("/agents");
+      Object.assign(app, got);
+    } catch (e) {
+      view.replaceChildren(notice("error", explain(e)));
+      return;
+    }
+    const who = document.getElementById("who");
+    const input = document.getElementById("me");
+    if (app.development) {
+      who.hidden = false;
+      input.value = localStorage.getItem(ME) || "";
+      input.addEventListener("change", () => localStorage.setItem(ME, input.value.trim()));
+    } else {
+      const p = document.getElementById("principal");
+      p.hidden = false;
+      p.textContent = `Signed in as ${app.by}`;
+    }
+    window.addEventListener("hashchange", route);
+    route();
+  }
+
+  start();
+})();

@@ -1,0 +1,262 @@
+"""A session's turns as timelines: each step a row with its times and status (F12).
+
+Read off the session's durable events, whose ``at`` is the time their step committed, so it
+holds whichever process drove the turn and after a restart. Steps of a turn run one after
+another, so a step starts when the step before it ended: a model row runs from the previous
+commit to its ``message.completed``; a tool row to its ``action.completed`` (or to the
+``input.requested`` it parked on); an input row from the park to the person's answer (the time
+the answer was accepted); a tool that parked runs again, from the answer, as a row of its own.
+
+:func:`timeline` is pure (records in, JSON values out); :func:`read_timeline` reads what it
+needs from a store. The snapshot carries ``seq``, the newest event it saw: a client that
+follows the session's ``/events?after=<seq>`` misses nothing and sees nothing twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ..events import TurnEvent
+from ..messages import Message
+from ..records import SessionKey, TurnRecord, TurnStatus
+from ..stores import SessionStore
+
+Row = dict[str, Any]
+
+
+def _duration(row: Row) -> None:
+    start, end = row.get("started_at"), row.get("ended_at")
+    row["duration"] = round(end - start, 6) if start is not None and end is not None else None
+
+
+def _thinking(m: Message | None) -> list[str]:
+    if m is None:
+        return []
+    out = []
+    for block in m.content:
+        if block.get("type") == "thinking":
+            out.append(str(block.get("thinking", "")))
+        elif block.get("type") == "redacted_thinking":
+            out.append("[redacted thinking]")
+    return out
+
+
+def _tool_status(e: TurnEvent) -> str:
+    error = getattr(e, "error", None)
+    if error is not None:
+        return "failed" if str(error).startswith("turn failed:") else "error"
+    if getattr(e, "result", None) == {"cancelled": True}:
+        return "cancelled"
+    return "done"
+
+
+class _Turn:
+    """The fold of one turn's events into rows."""
+
+    def __init__(self, record: TurnRecord, assistant: list[tuple[int, Message]],
+                 answers: dict[str, TurnRecord]) -> None:
+        self.record = record
+        self.assistant = assistant
+        self.answers = answers
+        self.rows: list[Row] = []
+        self.open: dict[str, Row] = {}
+        self.cursor: float | None = None
+        self.status: str | None = None
+        self.started_at: float | None = None
+        self.ended_at: float | None = None
+        self.usage: dict[str, int] = {}
+        self.models = 0
+        self.n: int | None = None
+        """The transcript index of the latest model reply (its calls' steps are keyed on it)."""
+        self.blamed = False
+        """Whether the latest event failed an owed call (the turn's failure is the call's)."""
+        self.text: str | None = None
+        self.error: str | None = None
+        self.reason: str | None = None
+
+    def apply(self, e: TurnEvent) -> None:
+        at = e.at
+        step = getattr(self, "on_" + e.type.replace(".", "_"), None)
+        if step is not None:
+            at = step(e) or at
+        self.blamed = e.type == "action.completed" and _tool_status(e) == "failed"
+        if at is not None and (self.cursor is None or at > self.cursor):
+            self.cursor = at
+
+    def on_turn_started(self, e: TurnEvent) -> None:
+        self.started_at, self.status = e.at, "running"
+
+    def on_message_completed(self, e: Any) -> None:
+        n, m = self.assistant[self.models] if self.models < len(self.assistant) else (None, None)
+        self.models += 1
+        for k, v in e.usage.items():
+            if isinstance(v, int):
+                self.usage[k] = self.usage.get(k, 0) + v
+        self.n = n
+        row = {"kind": "model", "id": f"model:{n}" if n is not None else None,
+               "status": "done", "started_at": self.cursor, "ended_at": e.at,
+               "text": e.text, "tool_calls": [c.to_dict() for c in e.tool_calls],
+               "stop_reason": e.stop_reason, "usage": dict(e.usage), "thinking": _thinking(m)}
+        self.rows.append(row)
+
+    def on_action_requested(self, e: Any) -> None:
+        n = self.n
+        row = {"kind": "tool", "id": f"tool:{n}:{e.call.id}" if n is not None else None,
+               "name": e.call.name, "call_id": e.call.id, "input": e.call.input,
+               "status": "queued", "started_at": None, "ended_at": None, "result": None,
+               "error": None, "resumed": False}
+        self.rows.append(row)
+        self.open[e.call.id] = row
+
+    def on_action_completed(self, e: Any) -> None:
+        row = self.open.pop(e.call.id, None)
+        if row is None:  # it parked before: the run after the answer is a row of its own
+            parked = next((r for r in self.rows if r.get("call_id") == e.call.id), None)
+            row = {"kind": "tool", "id": parked["id"] if parked else None, "name": e.call.name,
+                   "call_id": e.call.id, "input": e.call.input, "resumed": True}
+            self._insert_after(row, lambda r: r["kind"] == "input"
+                               and r.get("call_id") == e.call.id)
+        row.update(status=_tool_status(e), started_at=self.cursor, ended_at=e.at,
+                   result=e.result, error=e.error)
+
+    def on_input_requested(self, e: Any) -> float | None:
+        request = e.request
+        tool = self.open.pop(request.call_id, None)
+        if tool is not None:
+            tool.update(status="parked", started_at=self.cursor, ended_at=e.at)
+        row: Row = {"kind": "input", "id": f"input:{self.record.turn_id}:{request.id}",
+                    "call_id": request.call_id, "status": "waiting", "started_at": e.at,
+                    "ended_at": None, "prompt": request.prompt, "schema": request.schema,
+                    "answerers": request.answerers, "value": None, "by": None}
+        self._insert_after(row, lambda r: r is tool)
+        self.status = "suspended"
+        answer = self.answers.get(request.id)
+        if answer is None or answer.status != TurnStatus.COMPLETED:
+            return None
+        data = answer.data or {}
+        at = data.get("at")
+        row.update(status="answered", ended_at=at, value=data.get("value"), by=data.get("by"))
+        self.status = "running"
+        return at if isinstance(at, int | float) else None
+
+    def on_turn_completed(self, e: Any) -> None:
+        self.status, self.ended_at, self.text = "completed", e.at, e.text
+
+    def on_turn_failed(self, e: Any) -> None:
+        self.status, self.ended_at, self.error = "failed", e.at, e.error
+        if not self.blamed:
+            # No owed call took the blame: the model step was what failed.
+            self.rows.append({"kind": "model", "id": None, "status": "failed",
+                              "started_at": self.cursor, "ended_at": e.at, "error": e.error})
+
+    def on_turn_cancelled(self, e: Any) -> None:
+        self.status, self.ended_at, self.reason = "cancelled", e.at, e.reason
+
+    def _insert_after(self, row: Row, where: Any) -> None:
+        for i in range(len(self.rows) - 1, -1, -1):
+            if where(self.rows[i]):
+                self.rows.insert(i + 1, row)
+                return
+        self.rows.append(row)
+
+    def result(self) -> dict[str, Any]:
+        status = self.status or str(self.record.status)
+        if status == "running":
+            waiting = [r for r in self.rows if r["status"] == "queued"]
+            if waiting:
+                waiting[0].update(status="running", started_at=self.cursor)
+            elif not self.rows or self.rows[-1]["kind"] != "input":
+                self.rows.append({"kind": "model", "id": None, "status": "running",
+                                  "started_at": self.cursor, "ended_at": None})
+        for row in self.rows:
+            _duration(row)
+        opening = self.record.opening
+        out = {"turn_id": self.record.turn_id, "status": status, "role": opening.role,
+               "by": opening.by, "text": opening.text, "started_at": self.started_at,
+               "ended_at": self.ended_at, "usage": self.usage, "result": self.text,
+               "error": self.error, "reason": self.reason, "steps": self.rows}
+        _duration(out)
+        return out
+
+
+def live_turns(chain: Sequence[TurnRecord]) -> list[TurnRecord]:
+    """The turns of the live generation: those accepted after the last reset that ran."""
+    resets = [t.ordinal for t in chain if t.kind == "reset" and t.status == TurnStatus.COMPLETED]
+    live_from = max(resets, default=-1)
+    return [t for t in chain if t.kind == "turn" and t.ordinal > live_from]
+
+
+def timeline(chain: Sequence[TurnRecord], events: Sequence[TurnEvent],
+             transcript: Sequence[Message], *, since: int | None = None) -> dict[str, Any]:
+    """The live generation's turns, each with its rows, and ``seq``, the newest event seen.
+
+    Args:
+        chain: the session's chain entries in order (turns and commands), read after
+            ``events`` (so it has every turn those events belong to).
+        events: the session's stored events in order: all of them, or (with ``since``) every
+            one from the first event of the turn at ordinal ``since`` on.
+        transcript: the live message log, read after ``events`` (so it holds every message
+            those events announce).
+        since: leave out the turns before this ordinal; ``earlier`` counts them.
+    """
+    seq = max((e.seq for e in events), default=0)
+    live = live_turns(chain)
+    shown = [t for t in live if since is None or t.ordinal >= since]
+    answers: dict[str, dict[str, TurnRecord]] = {}
+    for t in chain:
+        if t.kind == "resume" and t.data:
+            answers.setdefault(str(t.data.get("turn_id")), {})[str(t.data.get("input_id"))] = t
+    assistant: dict[str, list[tuple[int, Message]]] = {}
+    for i, m in enumerate(transcript):
+        if m.role == "assistant" and m.turn_id is not None:
+            assistant.setdefault(m.turn_id, []).append((i, m))
+    turns = {t.turn_id: _Turn(t, assistant.get(t.turn_id, []), answers.get(t.turn_id, {}))
+             for t in shown}
+    for e in events:
+        turn = turns.get(e.turn_id)
+        if turn is not None:
+            turn.apply(e)
+    return {"seq": seq, "earlier": len(live) - len(shown),
+            "turns": [t.result() for t in turns.values()]}
+
+
+async def read_timeline(store: SessionStore, key: SessionKey, *, last: int | None = None
+                        ) -> dict[str, Any]:
+    """:func:`timeline` of a session (its ``last`` turns only, if given), read from ``store``
+    in the order it needs.
+
+    With ``last``, only the events from the first of those turns on are read: a console
+    showing the end of a long session does not read all of it.
+    """
+    since = None
+    events: list[TurnEvent] | None = None
+    if last is not None:
+        live = live_turns(await store.turns(key))
+        if len(live) > last:
+            first = live[len(live) - last]
+            since = first.ordinal
+            head = await store.read_events(key, turn_id=first.turn_id)
+            if head:  # one read from there on: no event between two reads goes missing
+                events = await store.read_events(key, after_seq=head[0].seq - 1)
+    if events is None:
+        events = await store.read_events(key)
+    # Read after the events: a turn accepted meanwhile is in the chain with its events.
+    chain = await store.turns(key)
+    transcript = await store.read_messages(key)
+    return timeline(chain, events, transcript, since=since)
+
+
+async def last_activity(store: SessionStore, key: SessionKey) -> float | None:
+    """When the session last did something: its latest turn's newest event, or the latest
+    answer to a park, whichever is later (``None`` if neither has a time)."""
+    chain = await store.turns(key)
+    times: list[float] = []
+    latest = next((t for t in reversed(chain) if t.kind == "turn"), None)
+    if latest is not None:
+        times += [e.at for e in await store.read_events(key, turn_id=latest.turn_id)
+                  if e.at is not None]
+    answer = next((t for t in reversed(chain) if t.kind == "resume"), None)
+    if answer is not None and isinstance((answer.data or {}).get("at"), int | float):
+        times.append(float((answer.data or {})["at"]))
+    return max(times, default=None)

@@ -1,0 +1,191 @@
+"""A turn's timeline (F12, the console's timeline view and ``GET …/timeline``), on every store.
+
+The rows are read off the durable events' ``at``: these tests run real turns and check the
+rows' kinds, statuses and the order of their times; no test asserts how long a step took,
+only what the events prove (a wait the test itself made is inside the input row).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+
+from durable_turns import (
+    Agent,
+    FatalToolError,
+    ModelReply,
+    Runtime,
+    TextDelta,
+    ToolCall,
+    ToolContext,
+    scripted,
+    tool,
+)
+from durable_turns.events import EventRecord, TurnStarted, decode_event, encode_event
+from durable_turns.models import ModelEvent, ModelRequest
+from durable_turns.server import create_app
+from durable_turns.server.timeline import read_timeline
+from durable_turns.stores import SessionStore
+
+
+@tool
+async def refund(order_id: str, ctx: ToolContext) -> dict[str, Any]:
+    """Refund an order once a person approves it."""
+    ok = await ctx.request_input("approve", f"Refund {order_id}?", schema={"type": "boolean"},
+                                 answerers={"user": "alice"})
+    return {"refunded": ok}
+
+
+@tool
+def explode() -> str:
+    """Fails the whole turn."""
+    raise FatalToolError("the ledger is gone")
+
+
+def chained(rows: list[dict[str, Any]]) -> bool:
+    """Every row starts no earlier than the one before it ended, and ends after it starts."""
+    last = 0.0
+    for r in rows:
+        if r["started_at"] < last or (r["ended_at"] is not None
+                                      and r["ended_at"] < r["started_at"]):
+            return False
+        last = r["ended_at"] if r["ended_at"] is not None else r["started_at"]
+    return True
+
+
+async def test_a_parked_then_answered_turn_reads_as_timed_rows(store: SessionStore) -> None:
+    replies = [ModelReply("Asking.", [ToolCall("c1", "refund", {"order_id": "42"})]),
+               ModelReply("Refunded.")]
+    rt = Runtime([Agent("desk", "", [refund])], store, scripted(replies))
+    s = rt.session("desk", "s1")
+    started = await s.start("refund 42")
+    parked = await s.result(started.turn_id)
+    assert parked.status == "suspended"
+    waited_from = time.time()
+
+    snap = await read_timeline(store, s.key)
+    (turn,) = snap["turns"]
+    assert turn["status"] == "suspended"
+    assert [(r["kind"], r["status"]) for r in turn["steps"]] == [
+        ("model", "done"), ("tool", "parked"), ("input", "waiting")]
+    assert turn["steps"][1]["id"] == "tool:1:c1"
+    assert turn["steps"][2]["id"] == f"input:{started.turn_id}:approve"
+    assert turn["steps"][2]["answerers"] == {"user": "alice"}
+    assert snap["seq"] == max(e.seq for e in await store.read_events(s.key))
+
+    waited_to = time.time()
+    await s.resume(started.turn_id, "approve", True, by="alice")
+    done = await s.result(started.turn_id)
+    assert done.status == "completed"
+    snap = await read_timeline(store, s.key)
+    (turn,) = snap["turns"]
+    rows = turn["steps"]
+    assert [(r["kind"], r["status"], r.get("resumed")) for r in rows] == [
+        ("model", "done", None), ("tool", "parked", False), ("input", "answered", None),
+        ("tool", "done", True), ("model", "done", None)]
+    assert (rows[2]["value"], rows[2]["by"]) == (True, "alice")
+    assert rows[3]["id"] == "tool:1:c1" and rows[3]["result"] == {"refunded": True}
+    assert chained(rows) and all(r["duration"] >= 0 for r in rows)
+    # The person's wait (which this test made) is in the input row, not in a tool's time.
+    assert rows[2]["duration"] >= waited_to - waited_from
+    assert turn["duration"] >= rows[2]["duration"]
+    assert (turn["result"], turn["by"], turn["role"]) == ("Refunded.", None, "user")
+    await rt.close()
+
+
+class _Stream:
+    def __init__(self, *events: ModelEvent) -> None:
+        self.events = events
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
+        for e in self.events:
+            yield e
+
+
+async def test_a_failed_model_call_is_the_failed_row(store: SessionStore) -> None:
+    rt = Runtime([Agent("desk", "", model_retries=0)], store, _Stream(TextDelta("cut off")))
+    s = rt.session("desk", "s1")
+    assert (await s.turn("go")).status == "failed"
+    (turn,) = (await read_timeline(store, s.key))["turns"]
+    assert turn["status"] == "failed" and "without a Stop" in turn["error"]
+    assert [(r["kind"], r["status"]) for r in turn["steps"]] == [("model", "failed")]
+    assert turn["steps"][0]["error"] == turn["error"]
+    await rt.close()
+
+
+async def test_a_fatal_tool_is_where_the_turn_failed(store: SessionStore) -> None:
+    model = scripted([ModelReply("", [ToolCall("c1", "explode", {})])])
+    rt = Runtime([Agent("desk", "", [explode])], store, model)
+    s = rt.session("desk", "s1")
+    assert (await s.turn("go")).status == "failed"
+    (turn,) = (await read_timeline(store, s.key))["turns"]
+    assert [(r["kind"], r["status"]) for r in turn["steps"]] == [
+        ("model", "done"), ("tool", "failed")]
+    assert "the ledger is gone" in turn["steps"][1]["error"]
+    await rt.close()
+
+
+async def test_a_reset_leaves_the_archived_turns_out(store: SessionStore) -> None:
+    rt = Runtime([Agent("desk", "")], store, scripted(lambda _r: ModelReply("ok")))
+    s = rt.session("desk", "s1")
+    await s.turn("first")
+    before = (await read_timeline(store, s.key))["seq"]
+    await s.reset()
+    assert (await read_timeline(store, s.key)) == {"seq": before, "earlier": 0, "turns": []}
+    await s.turn("second")
+    snap = await read_timeline(store, s.key)
+    assert [t["text"] for t in snap["turns"]] == ["second"] and snap["seq"] > before
+    await rt.close()
+
+
+def test_an_events_time_is_stored_and_an_old_event_has_none() -> None:
+    e = TurnStarted(agent="a", session="s", turn_id="t", seq=1, text="hi")
+    assert e.at is not None and abs(e.at - time.time()) < 3600
+    back = decode_event("a", "s", EventRecord(1, "t", "turn.started", encode_event(e)))
+    assert back.at == e.at and back.to_dict()["at"] == e.at
+    old = decode_event("a", "s", EventRecord(1, "t", "turn.started", '{"text":"hi"}'))
+    assert old.at is None and old == e  # times are not compared
+
+
+async def test_the_sessions_list_says_when_each_was_last_active(store: SessionStore) -> None:
+    rt = Runtime([Agent("desk", "")], store, scripted(lambda _r: ModelReply("ok")))
+    async with rt:
+        await rt.session("desk", "older").turn("one")
+        await rt.session("desk", "newer").turn("two")
+        transport = httpx.ASGITransport(app=create_app(rt))
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as c:
+            listed = (await c.get("/agents/desk/sessions")).json()["sessions"]
+            new = (await c.get("/agents/desk/sessions/never/timeline")).json()
+        latest = {k: max(e.at for e in await store.read_events(rt.session("desk", k).key)
+                         if e.at is not None) for k in ("older", "newer")}
+        assert [(x["session"], x["last_activity"]) for x in listed] == [
+            ("newer", latest["newer"]), ("older", latest["older"])]
+        assert latest["newer"] >= latest["older"]
+        assert (new["status"], new["seq"], new["turns"], new["pending"]) == ("new", 0, [], None)
+
+
+async def test_the_last_turns_only_read_from_their_first_event_on(store: SessionStore) -> None:
+    rt = Runtime([Agent("desk", "")], store, scripted(lambda r: ModelReply(
+        f"ok {r.messages[-1].text}")))
+    s = rt.session("desk", "s1")
+    for n in range(5):
+        await s.turn(f"turn {n}")
+    whole = await read_timeline(store, s.key)
+    tail = await read_timeline(store, s.key, last=2)
+    assert (whole["earlier"], tail["earlier"]) == (0, 3)
+    assert tail["seq"] == whole["seq"]
+    assert tail["turns"] == whole["turns"][-2:]
+    assert [t["result"] for t in tail["turns"]] == ["ok turn 3", "ok turn 4"]
+    assert await read_timeline(store, s.key, last=9) == whole
+    transport = httpx.ASGITransport(app=create_app(rt))
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as c:
+        got = (await c.get("/agents/desk/sessions/s1/timeline?last=1")).json()
+        assert [t["text"] for t in got["turns"]] == ["turn 4"] and got["earlier"] == 4
+        for bad in ("0", "-1", "x", "²"):
+            refused = await c.get(f"/agents/desk/sessions/s1/timeline?last={bad}")
+            assert refused.status_code == 400, bad
+            assert refused.json()["error"]["type"] == "MalformedQuery"
+    await rt.close()
