@@ -17,16 +17,18 @@ The engine imports seams only (stores, models, events): never an adapter.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import inspect
 import json
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import jsonschema
 
 from .agent import Agent, SurfacePolicy
+from .batch import BatchState, Outcome
 from .errors import (
     Cancelled,
     ConfigurationError,
@@ -59,6 +61,9 @@ from .records import InputRequest, TurnRecord, TurnResult, TurnStatus, input_ste
 from .replies import RetryPolicy, ask
 from .stores import Lease, Transaction
 from .tools import Tool, ToolContext, compile_schema
+
+if TYPE_CHECKING:
+    from .runtime import Runtime
 
 log = logging.getLogger("durable_turns")
 T = TypeVar("T")
@@ -123,8 +128,10 @@ class TurnEngine:
         publish_live: PublishLive,
         read_answer: ReadAnswer,
         cancel_reason: CancelReason,
+        runtime: Runtime | None = None,
     ) -> None:
         self.agent = agent
+        self.runtime = runtime
         self.model = model
         self.lease = lease
         self.transcript = transcript
@@ -137,12 +144,18 @@ class TurnEngine:
         self._streaming: asyncio.Task[Any] | None = None
         self._interrupted = False
         self._staged: list[Message] = []
+        # Commits made beside the loop's own (a parallel batch's calls, a subagent's
+        # forwarded events) take turns: one transaction of a lease at a time.
+        self._lock = asyncio.Lock()
+        self._on_interrupt: Callable[[], None] | None = None
 
     def interrupt(self, turn_id: str) -> None:
         """Stop the model's stream if ``turn_id`` is streaming: a cancel was requested.
 
         Closing the stream closes the adapter's HTTP stream instead of reading it to the end.
         """
+        if self.turn_id == turn_id and self._on_interrupt is not None:
+            self._on_interrupt()
         if self.turn_id == turn_id and self._streaming is not None and not self._interrupted:
             self._interrupted = True
             self._streaming.cancel()
@@ -183,7 +196,10 @@ class TurnEngine:
                 n, owed = owed_calls(self.transcript)
                 last = self.transcript[n] if n >= 0 else None
                 if owed:
-                    parked = await self._tool_step(turn, n, owed[0], policy, event)
+                    if self.agent.parallel_tools and len(owed) > 1:
+                        parked = await self._batch_step(turn, n, owed, policy, event)
+                    else:
+                        parked = await self._tool_step(turn, n, owed[0], policy, event)
                     if parked is not None:
                         return parked
                 elif last and last.role == "assistant" and not last.tool_calls \
@@ -325,6 +341,33 @@ class TurnEngine:
         """Run one owed call and commit its result; returns an outcome only if it parked."""
         turn_id = turn.turn_id
         step_id = f"tool:{n}:{call.id}"
+        tool, args, problem, ctx = self._prepare(turn_id, n, call, policy, event)
+        if problem is not None or tool is None:
+            await self._record(turn_id, n, call, step_id, {"error": problem}, problem)
+        elif tool.remote:
+            running = self._call_remote(tool, args, ctx, call, turn_id)
+            try:
+                outcome = await (self._interruptible(running, turn_id) if tool.interruptible
+                                 else running)
+            except Parked as p:
+                assert isinstance(p.request, InputRequest)
+                out = TurnResult(turn_id, TurnStatus.SUSPENDED, request=p.request)
+
+                async def park(tx: Transaction) -> list[TurnEvent]:
+                    return self._end(tx, out)
+
+                await self._commit(park)
+                return out
+            await self._record(turn_id, n, call, step_id, outcome.result, outcome.error)
+        else:
+            await self._record(turn_id, n, call, step_id, None, None, local=(tool, args, ctx))
+        return None
+
+    def _prepare(self, turn_id: str, n: int, call: ToolCall, policy: SurfacePolicy | None,
+                 event: InboundEvent | None
+                 ) -> tuple[Tool | None, dict[str, Any], str | None, ToolContext]:
+        """The call's tool, its checked input (or the problem with it) and its context."""
+        step_id = f"tool:{n}:{call.id}"
         tool = self._tools(policy).get(call.name)
         args: dict[str, Any] = {}
         problem: str | None = None
@@ -341,33 +384,33 @@ class TurnEngine:
             idempotency_key=idempotency_key(self.lease, turn_id, step_id),
             store=_NoHandle(), event=event, user=event.user if event else None,
         )
-        if problem is not None or tool is None:
-            await self._record(turn_id, n, call, step_id, {"error": problem}, problem)
-        elif tool.remote:
+        if tool is not None and tool.remote:
             ctx.park = self._parker(turn_id, call.id, event)
-            try:
-                result = _encode_result(await tool.run(args, ctx), self.agent.max_result_bytes)
-                error = None
-            except (KeyboardInterrupt, SystemExit) as e:
-                raise self._crashed(tool, call, turn_id, e) from e
-            except Parked as p:
-                assert isinstance(p.request, InputRequest)
-                out = TurnResult(turn_id, TurnStatus.SUSPENDED, request=p.request)
+            ctx.runtime = self.runtime
+            ctx.record_child = self._child_recorder(turn_id, call.id)
+            ctx.forward = self._forwarder(turn_id)
+            ctx.cancel_check = lambda: self._cancel_reason(turn_id)
+        return tool, args, problem, ctx
 
-                async def park(tx: Transaction) -> list[TurnEvent]:
-                    return self._end(tx, out)
+    async def _call_remote(self, tool: Tool, args: dict[str, Any], ctx: ToolContext,
+                           call: ToolCall, turn_id: str) -> Outcome:
+        """Run a remote tool: its result, or an error result for an exception it raised.
 
-                await self._commit(park)
-                return out
-            except (FatalToolError, ConfigurationError):
-                raise
-            except Exception as e:
-                error = error_text(e)
-                result = {"error": error}
-            await self._record(turn_id, n, call, step_id, result, error)
-        else:
-            await self._record(turn_id, n, call, step_id, None, None, local=(tool, args, ctx))
-        return None
+        Raises:
+            Parked: the tool asked a person.
+            FatalToolError, ConfigurationError: the turn fails.
+            ToolCrashedError: the tool raised KeyboardInterrupt or SystemExit.
+        """
+        try:
+            return Outcome(_encode_result(await tool.run(args, ctx),
+                                          self.agent.max_result_bytes))
+        except (KeyboardInterrupt, SystemExit) as e:
+            raise self._crashed(tool, call, turn_id, e) from e
+        except (FatalToolError, ConfigurationError):
+            raise
+        except Exception as e:
+            error = error_text(e)
+            return Outcome({"error": error}, error)
 
     def _crashed(self, tool: Tool, call: ToolCall, turn_id: str,
                  e: BaseException) -> ToolCrashedError:
@@ -423,6 +466,173 @@ class TurnEngine:
 
         await self._commit(fill)
 
+    # -- parallel batch (F15) --------------------------------------------------------------
+
+    async def _batch_outcomes(self, n: int, calls: list[ToolCall]) -> dict[str, Outcome]:
+        """Outcomes of the calls that committed their step but are not in the transcript."""
+        found: dict[str, Outcome] = {}
+        for c in calls:
+            memo = await self._read_answer(f"tool:{n}:{c.id}")
+            outcome = Outcome.from_memo(memo) if memo is not None else None
+            if outcome is not None:
+                found[c.id] = outcome
+        return found
+
+    async def _batch_step(self, turn: TurnRecord, n: int, owed: list[ToolCall],
+                          policy: SurfacePolicy | None, event: InboundEvent | None
+                          ) -> TurnResult | None:
+        """Run the owed calls of one assistant message at once (F15).
+
+        Remote calls run concurrently and each commits its own step as it finishes; local
+        calls (and calls with a problem) run one at a time, in call order, each in its own
+        transaction. Tool messages are appended in call order (see ``batch.py``). Calls
+        that park are collected: the turn parks on all of them at once. Returns an outcome
+        only if the turn parked.
+        """
+        turn_id = turn.turn_id
+        ids = self._ids(turn_id)
+        state = BatchState(owed, await self._batch_outcomes(n, owed))
+        parked: dict[str, InputRequest] = {}
+        interruptible: set[asyncio.Task[None]] = set()
+
+        async def commit(call: ToolCall, outcome: Outcome | None,
+                         local: tuple[Tool, dict[str, Any], ToolContext] | None = None) -> None:
+            ready: list[tuple[ToolCall, Outcome]] = []
+
+            async def fill(tx: Transaction) -> list[TurnEvent]:
+                nonlocal ready, outcome
+                if local is not None:
+                    outcome = await self._run_local_in(tx, call, turn_id, *local)
+                assert outcome is not None
+                state.done[call.id] = outcome
+                tx.add_step(f"tool:{n}:{call.id}", turn_id, outcome.memo())
+                ready = state.ready()
+                for c, o in ready:
+                    self._add(tx, Message("tool", call_id=c.id, result=o.result,
+                                          is_error=o.error is not None, turn_id=turn_id))
+                return [tx.add_event(ActionCompleted(**ids, call=call, result=outcome.result,
+                                                     error=outcome.error))]
+
+            async with self._lock:
+                await self._commit(fill)
+                state.listed += len(ready)
+
+        async def remote(call: ToolCall, tool: Tool, args: dict[str, Any],
+                         ctx: ToolContext) -> None:
+            try:
+                outcome = await self._call_remote(tool, args, ctx, call, turn_id)
+            except Parked as p:
+                assert isinstance(p.request, InputRequest)
+                parked[call.id] = p.request
+                return
+            except asyncio.CancelledError:
+                if tool.interruptible and self._cancel_reason(turn_id) is not None:
+                    return  # interrupted by a cancel of the turn: it ends cancelled
+                raise
+            await commit(call, outcome)
+
+        tasks: list[asyncio.Task[None]] = []
+        one_by_one: list[tuple[ToolCall, Tool | None, dict[str, Any], str | None,
+                               ToolContext]] = []
+        for c in owed:
+            if c.id in state.done:
+                continue
+            tool, args, problem, ctx = self._prepare(turn_id, n, c, policy, event)
+            if problem is None and tool is not None and tool.remote:
+                task = asyncio.create_task(remote(c, tool, args, ctx))
+                tasks.append(task)
+                if tool.interruptible:
+                    interruptible.add(task)
+            else:
+                one_by_one.append((c, tool, args, problem, ctx))
+
+        def interrupt() -> None:
+            for t in interruptible:
+                t.cancel()
+
+        self._on_interrupt = interrupt
+        try:
+            for c, tool, args, problem, ctx in one_by_one:
+                if self._cancel_reason(turn_id) is not None:
+                    break  # a checkpoint boundary: the calls not run are cancelled
+                if problem is not None or tool is None:
+                    await commit(c, Outcome({"error": problem}, problem))
+                else:
+                    await commit(c, None, (tool, args, ctx))
+            failures = [r for r in await asyncio.gather(*tasks, return_exceptions=True)
+                        if isinstance(r, BaseException)]
+        except BaseException:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
+        finally:
+            self._on_interrupt = None
+        if failures:
+            raise failures[0]
+        await self._check_cancel(turn_id)
+        if parked:
+            requests = [parked[c.id] for c in owed if c.id in parked]
+            out = TurnResult(turn_id, TurnStatus.SUSPENDED,
+                             request=dataclasses.replace(requests[0], more=tuple(requests[1:])))
+
+            async def park(tx: Transaction) -> list[TurnEvent]:
+                return self._end(tx, out)
+
+            await self._commit(park)
+            return out
+        return None
+
+    async def _run_local_in(self, tx: Transaction, call: ToolCall, turn_id: str, tool: Tool,
+                            args: dict[str, Any], ctx: ToolContext) -> Outcome:
+        """Run a local tool inside ``tx`` (its writes roll back if it raises)."""
+        ctx.store = tx
+        limit = self.agent.max_result_bytes
+        try:
+            return Outcome(await tx.run_local(lambda _h: _run_local(tool, args, ctx, limit)))
+        except (KeyboardInterrupt, SystemExit) as e:
+            raise self._crashed(tool, call, turn_id, e) from e
+        except (FatalToolError, ConfigurationError):
+            raise
+        except Exception as e:
+            error = error_text(e)
+            return Outcome({"error": error}, error)
+
+    # -- subagents (F13) -------------------------------------------------------------------
+
+    def _child_recorder(self, turn_id: str, call_id: str
+                        ) -> Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]:
+        step_id = f"child:{turn_id}:{call_id}"
+
+        async def record(memo: dict[str, Any]) -> dict[str, Any]:
+            stored = await self._read_answer(step_id)
+            if stored is not None:
+                known: dict[str, Any] = json.loads(stored)
+                return known
+
+            async def fill(tx: Transaction) -> list[TurnEvent]:
+                tx.add_step(step_id, turn_id, encode_json(memo))
+                return []
+
+            async with self._lock:
+                await self._commit(fill)
+            return memo
+
+        return record
+
+    def _forwarder(self, turn_id: str) -> Callable[[list[TurnEvent]], Awaitable[None]]:
+        ids = self._ids(turn_id)
+
+        async def forward(events: list[TurnEvent]) -> None:
+            async def fill(tx: Transaction) -> list[TurnEvent]:
+                # Each event names its child already; it joins this turn's stream.
+                return [tx.add_event(dataclasses.replace(e, seq=0, **ids)) for e in events]
+
+            async with self._lock:
+                await self._commit(fill)
+
+        return forward
+
     # -- the end ---------------------------------------------------------------------------
 
     def _end(self, tx: Transaction, out: TurnResult) -> list[TurnEvent]:
@@ -469,8 +679,8 @@ class TurnEngine:
         d = entry.data or {}
         turn_id, input_id = str(d.get("turn_id")), str(d.get("input_id"))
         request = parked.request if parked is not None else None
-        if parked is None or request is None or (parked.turn_id, request.id) != (turn_id,
-                                                                                  input_id):
+        if parked is None or request is None or parked.turn_id != turn_id or \
+                input_id not in {r.id for r in request.all}:
             where = f"{parked.turn_id!r}" if parked is not None else "nothing"
             refused = TurnResult(entry.turn_id, TurnStatus.FAILED,
                                  error=f"the session is parked on {where}, not on input "
@@ -528,13 +738,21 @@ class TurnEngine:
     async def _finish(self, out: TurnResult) -> TurnResult:
         """Record a turn's end that no step committed (failure, cancellation, replay)."""
         turn_id = out.turn_id
+        n, owed = owed_calls(self.transcript)
+        owed = owed if n >= 0 and self.transcript[n].turn_id == turn_id else []
+        # Calls of a parallel batch that committed their step keep their result.
+        committed = await self._batch_outcomes(n, owed) if self.agent.parallel_tools else {}
 
         async def fill(tx: Transaction) -> list[TurnEvent]:
             events: list[TurnEvent] = []
             # Calls the turn still owes get a synthetic answer in the transaction that ends
             # it, so the transcript stays a valid conversation for every provider.
-            n, owed = owed_calls(self.transcript)
-            for c in owed if n >= 0 and self.transcript[n].turn_id == turn_id else []:
+            for c in owed:
+                if c.id in committed:
+                    done = committed[c.id]
+                    self._add(tx, Message("tool", call_id=c.id, result=done.result,
+                                          is_error=done.error is not None, turn_id=turn_id))
+                    continue
                 error = None
                 if out.status == TurnStatus.CANCELLED:
                     result: Any = {"cancelled": True}

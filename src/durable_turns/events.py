@@ -54,10 +54,20 @@ class TurnEvent:
     session: str
     turn_id: str
     seq: int = 0
+    child: dict[str, str] | None = None
+    """Set on a subagent's event forwarded into its parent's stream (F13): the child's
+    ``{agent, session, turn_id}``; ``agent``, ``session`` and ``turn_id`` are the parent's."""
+
+    @property
+    def ends_turn(self) -> bool:
+        """A terminal event of its own turn (not a forwarded subagent's)."""
+        return self.child is None and self.type in TERMINAL_TYPES
 
     def payload(self) -> dict[str, Any]:
-        """The event's own fields as JSON values (without the common ones)."""
+        """The event's own fields as JSON values (without the common ones but ``child``)."""
         out: dict[str, Any] = {}
+        if self.child is not None:
+            out["child"] = self.child
         for name in self._own_fields:
             value = getattr(self, name)
             if isinstance(value, ToolCall):
@@ -81,7 +91,7 @@ class TurnEvent:
         }
 
 
-_COMMON = frozenset({"agent", "session", "turn_id", "seq"})
+_COMMON = frozenset({"agent", "session", "turn_id", "seq", "child"})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

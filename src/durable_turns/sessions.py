@@ -243,7 +243,12 @@ class AgentSession:
         return sub.close
 
     async def pending(self) -> InputRequest | None:
-        """The input request the session is parked on, or ``None``."""
+        """The input request the session is parked on, or ``None``.
+
+        When several calls of a parallel batch parked at once, the first is returned and
+        :attr:`InputRequest.more` lists the others (each is answered on its own); a
+        subagent's request carries ``child``.
+        """
         parked = await self._parked()
         return parked.request if parked is not None else None
 
@@ -281,8 +286,15 @@ class AgentSession:
         if earlier:
             return await self._repeated(earlier[0], answer)
         request = await self._parked_on(turn_id, input_id)
-        check_answerer(request, str(self.key), by, granted, rt.secret)
-        validate_answer(request, value)
+        if request.child is not None:
+            # A subagent asked: the answer goes to the exact child, which enforces its own
+            # answerer rules and schema (F13); then this turn goes on and re-attaches.
+            c = request.child
+            await rt.session(c["agent"], c["session"]).resume(
+                c["turn_id"], c["input_id"], value, by=by, granted=granted)
+        else:
+            check_answerer(request, str(self.key), by, granted, rt.secret)
+            validate_answer(request, value)
         opening = Message("trigger", "resume", turn_id=entry, by=by)
         rec, new = await rt.accept(self.key, entry, opening, kind="resume", data=answer)
         if not new:
@@ -320,11 +332,13 @@ class AgentSession:
             raise ResumeConflictError(
                 f"session {self.key} is parked on turn {parked.turn_id!r}, not {turn_id!r}",
                 **ids)
-        if parked.request.id != input_id:
+        request = next((r for r in parked.request.all if r.id == input_id), None)
+        if request is None:
+            waits = [r.id for r in parked.request.all]
             raise ResumeConflictError(
-                f"turn {turn_id!r} waits for input {parked.request.id!r}, not {input_id!r}",
-                **ids)
-        return parked.request
+                f"turn {turn_id!r} waits for input {' or '.join(map(repr, waits))}, not "
+                f"{input_id!r}", **ids)
+        return request
 
     async def transcript(self) -> list[Message]:
         """The session's message log (the live generation)."""
@@ -386,6 +400,11 @@ async def grant_answer(
             f"{by!r} may not answer {request.id!r} under policy {who['policy']!r}",
             input_id=request.id, by=by,
         )
-    grant = Grant(str(session.key), request.turn_id, request.id, who["policy"],
-                  who.get("scope"), by)
+    if request.child is not None:  # the child checks the grant: make it out to the child
+        c = request.child
+        grant = Grant(f"{c['agent']}/{c['session']}", c["turn_id"], c["input_id"],
+                      who["policy"], who.get("scope"), by)
+    else:
+        grant = Grant(str(session.key), request.turn_id, request.id, who["policy"],
+                      who.get("scope"), by)
     return sign(grant, session.runtime.secret)
