@@ -1,0 +1,168 @@
+"""Subagents (F13), on every store: a tool that runs another agent's turn as a child."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from durable_turns import (
+    Agent,
+    InboundEvent,
+    ModelReply,
+    Runtime,
+    Stop,
+    TextDelta,
+    ToolCall,
+    ToolContext,
+    scripted,
+    subagent,
+    tool,
+)
+from durable_turns.errors import ResumeAuthorizationError
+from durable_turns.models import ModelEvent, ModelRequest
+from durable_turns.models.scripted import calls_this_turn
+from durable_turns.records import TurnStatus
+from durable_turns.stores import SessionStore
+from durable_turns.subagents import child_ids, turn_usage
+from durable_turns.testing import get_turn, step_data
+
+WAIT = 30.0
+"""The bound on every wait: a backstop against a hang, not a timing claim."""
+ASK = ToolCall("c1", "helper", {"task": "What is six times seven?"})
+
+
+def relay(request: ModelRequest) -> ModelReply:
+    """The parent's model: ask the helper, then repeat what it answered."""
+    if calls_this_turn(request) == 0:
+        return ModelReply("Asking the helper.", [ASK], usage={"output_tokens": 5})
+    answer = request.messages[-1].result
+    return ModelReply(f"The helper says: {answer}", usage={"output_tokens": 7})
+
+
+@tool
+async def approve(amount: int, ctx: ToolContext) -> str:
+    """Ask a person to approve a payment."""
+    ok = await ctx.request_input("approve", f"Pay {amount}?", schema={"type": "boolean"})
+    return "paid" if ok else "not paid"
+
+
+def runtime(store: SessionStore, helper_model: Any, *helper_tools: Any) -> Runtime:
+    lead = Agent("lead", "You delegate.", [subagent("helper", description="Does sums.")],
+                 model=scripted(relay))
+    helper = Agent("helper", "You do sums.", list(helper_tools), model=helper_model)
+    return Runtime([lead, helper], store)
+
+
+async def test_a_parent_gets_its_subagents_answer(store: SessionStore) -> None:
+    rt = runtime(store, scripted([ModelReply("42", usage={"output_tokens": 3})]))
+    s = rt.session("lead", "s1")
+    r = await s.turn("Ask the helper", turn_id="t1")
+    assert (r.status, r.text) == ("completed", "The helper says: {'answer': '42'}")
+    session_id, child_turn = child_ids("lead", "s1", "t1", "c1")
+    child = rt.session("helper", session_id)
+    assert [(m.role, m.text) for m in await child.transcript()] == [
+        ("user", "What is six times seven?"), ("assistant", "42")]
+    assert (await child.result(child_turn)).text == "42"
+    # The child was recorded in the parent's steps under the parent's turn and call.
+    assert await step_data(store, s.key, "child:t1:c1") is not None
+    # Its events are in the parent's stream, tagged with the child, in the child's order.
+    events = await s.events()
+    tag = {"agent": "helper", "session": session_id, "turn_id": child_turn}
+    forwarded = [e for e in events if e.child is not None]
+    assert [e.type for e in forwarded] == ["turn.started", "message.completed",
+                                           "turn.completed"]
+    assert all(e.turn_id == "t1" and {k: e.child[k] for k in tag} == tag for e in forwarded)
+    assert [e.type for e in events if e.child is None][-1] == "turn.completed"
+    assert forwarded[0].to_dict()["child"]["agent"] == "helper"
+    # The parent's usage includes the child's.
+    assert turn_usage(events, "t1") == {"output_tokens": 15}
+    # A redelivery of the finished parent starts no second child.
+    await s.start("Ask the helper", turn_id="t1")
+    assert len([t for t in await store.turns(child.key) if t.kind == "turn"]) == 1
+    await rt.close()
+
+
+async def test_a_child_that_parks_parks_the_parent_and_is_answered_through_it(
+        store: SessionStore) -> None:
+    helper_model = scripted([
+        ModelReply("", [ToolCall("h1", "approve", {"amount": 42})]),
+        ModelReply("Payment done."),
+    ])
+    rt = runtime(store, helper_model, approve)
+    s = rt.session("lead", "s1")
+    alice = InboundEvent("web", {"id": "alice", "attested": True}, "Pay the bill")
+    t = await s.start(event=alice, turn_id="t1")
+    r = await s.result(t.turn_id, timeout=WAIT)
+    assert r.status == "suspended" and r.request is not None
+    pending = await s.pending()
+    assert pending == r.request
+    session_id, child_turn = child_ids("lead", "s1", "t1", "c1")
+    assert pending.prompt == "Pay 42?" and pending.schema == {"type": "boolean"}
+    assert pending.answerers == {"user": "alice"}  # the child's rule: the speaker
+    assert pending.child == {"agent": "helper", "session": session_id,
+                             "turn_id": child_turn, "input_id": "approve"}
+    assert (pending.turn_id, pending.call_id) == ("t1", "c1")
+    child = rt.session("helper", session_id)
+    assert (await child.pending()) is not None
+    # The parent cannot be used to get round the child's approval gate.
+    with pytest.raises(ResumeAuthorizationError):
+        await s.resume("t1", pending.id, True, by="mallory")
+    assert await step_data(store, child.key, f"input:{child_turn}:approve") is None
+    await s.resume("t1", pending.id, True, by="alice")
+    done = await s.result("t1", timeout=WAIT)
+    assert (done.status, done.text) == (
+        "completed", "The helper says: {'answer': 'Payment done.'}")
+    assert await step_data(store, child.key, f"input:{child_turn}:approve") is not None
+    assert (await child.result(child_turn)).status == "completed"
+    # One child turn, and the park was forwarded once (the replay went on after it).
+    forwarded = [e.type for e in await s.events() if e.child is not None]
+    assert forwarded.count("input.requested") == 1 and forwarded.count("turn.started") == 1
+    await rt.close()
+
+
+class GatedModel:
+    """The child's model: streams a word, then waits for a gate (a long model call)."""
+
+    def __init__(self) -> None:
+        self.streaming = asyncio.Event()
+        self.gate = asyncio.Event()
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
+        yield TextDelta("working")
+        self.streaming.set()
+        await self.gate.wait()
+        yield Stop("end_turn")
+
+
+@pytest.mark.parametrize("how", ["cancel", "reset"])
+async def test_cancelling_or_resetting_the_parent_cancels_its_running_child(
+        store: SessionStore, how: str) -> None:
+    model = GatedModel()
+    rt = runtime(store, model)
+    s = rt.session("lead", "s1")
+    await s.start("Ask the helper", turn_id="t1")
+    await asyncio.wait_for(model.streaming.wait(), WAIT)
+    if how == "cancel":
+        assert await s.cancel("t1", reason="changed my mind") == ["t1"]
+    else:
+        await asyncio.wait_for(s.reset(), WAIT)
+    r = await s.result("t1", timeout=WAIT)
+    assert r.status == "cancelled"
+    session_id, child_turn = child_ids("lead", "s1", "t1", "c1")
+    child = await get_turn(store, rt.key("helper", session_id), child_turn)
+    assert child is not None and child.status == TurnStatus.CANCELLED
+    assert "parent turn cancelled" in (child.reason or "")
+    assert not model.gate.is_set()  # the child stopped mid-call: nothing let it finish
+    await rt.close()
+
+
+async def test_a_child_that_fails_is_an_error_result_for_the_parent(
+        store: SessionStore) -> None:
+    rt = runtime(store, scripted([]))  # the helper's model has no reply: its turn fails
+    r = await rt.session("lead", "s1").turn("Ask the helper", turn_id="t1")
+    assert r.status == "completed"
+    assert "subagent 'helper' failed" in (r.text or "")
+    await rt.close()
