@@ -559,8 +559,13 @@ class TurnEngine:
                     await commit(c, Outcome({"error": problem}, problem))
                 else:
                     await commit(c, None, (tool, args, ctx))
-            failures = [r for r in await asyncio.gather(*tasks, return_exceptions=True)
-                        if isinstance(r, BaseException)]
+            if tasks:
+                # A call that fails the turn (FatalToolError, a crash, a lost lease) ends
+                # the batch: the calls still running are stopped, their work is moot.
+                done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+                for t in done:
+                    if t.exception() is not None:
+                        raise t.exception()  # type: ignore[misc]
         except BaseException:
             for t in tasks:
                 t.cancel()
@@ -568,8 +573,6 @@ class TurnEngine:
             raise
         finally:
             self._on_interrupt = None
-        if failures:
-            raise failures[0]
         await self._check_cancel(turn_id)
         if parked:
             requests = [parked[c.id] for c in owed if c.id in parked]
