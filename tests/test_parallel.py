@@ -10,7 +10,16 @@ import asyncio
 from collections import Counter
 from typing import Any
 
-from durable_turns import Agent, FatalToolError, ModelReply, Runtime, ToolCall, ToolContext, scripted, tool
+from durable_turns import (
+    Agent,
+    FatalToolError,
+    ModelReply,
+    Runtime,
+    ToolCall,
+    ToolContext,
+    scripted,
+    tool,
+)
 from durable_turns.events import TurnEvent
 from durable_turns.stores import SessionStore
 from durable_turns.testing import step_data

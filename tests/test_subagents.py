@@ -74,7 +74,8 @@ async def test_a_parent_gets_its_subagents_answer(store: SessionStore) -> None:
     forwarded = [e for e in events if e.child is not None]
     assert [e.type for e in forwarded] == ["turn.started", "message.completed",
                                            "turn.completed"]
-    assert all(e.turn_id == "t1" and {k: e.child[k] for k in tag} == tag for e in forwarded)
+    assert all(e.turn_id == "t1" and e.child and {k: e.child[k] for k in tag} == tag
+               for e in forwarded)
     assert [e.type for e in events if e.child is None][-1] == "turn.completed"
     assert forwarded[0].to_dict()["child"]["agent"] == "helper"
     # The parent's usage includes the child's.
