@@ -167,3 +167,127 @@ async def test_a_child_that_fails_is_an_error_result_for_the_parent(
     assert r.status == "completed"
     assert "subagent 'helper' failed" in (r.text or "")
     await rt.close()
+
+
+class HelperModel:
+    """A task with "slow" in it streams a word and waits for a gate; any other asks for
+    an approval, then answers."""
+
+    def __init__(self) -> None:
+        self.streaming = asyncio.Event()
+        self.gate = asyncio.Event()
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
+        opening = next(m for m in reversed(request.messages) if m.is_opening)
+        if "slow" in opening.text:
+            yield TextDelta("working")
+            self.streaming.set()
+            await self.gate.wait()
+            yield Stop("end_turn")
+        elif calls_this_turn(request) == 0:
+            yield ToolCall("h1", "approve", {"amount": 7})
+            yield Stop("tool_use")
+        else:
+            yield TextDelta("Payment done.")
+            yield Stop("end_turn")
+
+
+async def test_parks_and_cancels_cross_workers_on_postgres(pg_dsn: str) -> None:
+    from durable_turns import PostgresStore
+
+    def lead_reply(request: ModelRequest) -> ModelReply:
+        opening = next(m for m in reversed(request.messages) if m.is_opening)
+        if calls_this_turn(request) == 0:
+            return ModelReply("", [ToolCall("c1", "helper", {"task": opening.text})])
+        return ModelReply(f"The helper says: {request.messages[-1].result}")
+
+    helper_model = HelperModel()
+    lead = Agent("lead", "", [subagent("helper", description="Pays.")],
+                 model=scripted(lead_reply))
+    helper = Agent("helper", "", [approve], model=helper_model)
+    worker = Runtime([lead, helper], PostgresStore(pg_dsn, lease_ttl=5.0))
+    # A front that drives nothing: it accepts, answers and cancels; the worker drives.
+    front = Runtime([Agent("lead"), Agent("helper")], PostgresStore(pg_dsn), drive=False)
+    working = asyncio.ensure_future(worker.work(poll_interval=0.2))
+    try:
+        async with asyncio.timeout(WAIT):
+            s = front.session("lead", "s1")
+            await s.start("pay the bill", turn_id="t1")
+            r = await s.result("t1")
+            assert r.status == "suspended" and r.request is not None
+            assert r.request.child is not None and r.request.prompt == "Pay 7?"
+            await s.resume("t1", r.request.id, True)
+            done = await s.result("t1")
+            assert (done.status, done.text) == (
+                "completed", "The helper says: {'answer': 'Payment done.'}")
+
+            s2 = front.session("lead", "s2")
+            await s2.start("slow job", turn_id="t2")
+            await helper_model.streaming.wait()
+            await s2.cancel("t2", reason="enough")
+            assert (await s2.result("t2")).status == "cancelled"
+            session_id, child_turn = child_ids("lead", "s2", "t2", "c1")
+            child = await front.session("helper", session_id).result(child_turn)
+            assert child.status == "cancelled"
+    finally:
+        working.cancel()
+        await asyncio.gather(working, return_exceptions=True)
+        await worker.close()
+        await front.close()
+
+
+def parallel_lead(store: SessionStore, helper_model: Any, *helper_tools: Any) -> Runtime:
+    def reply(request: ModelRequest) -> ModelReply:
+        if calls_this_turn(request) == 0:
+            return ModelReply("", [ToolCall("a", "helper", {"task": "pay alice"}),
+                                   ToolCall("b", "helper", {"task": "pay bob"})])
+        return ModelReply("; ".join(str(m.result) for m in request.messages if m.call_id))
+
+    lead = Agent("lead", "", [subagent("helper", description="Pays.")], model=scripted(reply),
+                 parallel_tools=True)
+    helper = Agent("helper", "", list(helper_tools), model=helper_model)
+    return Runtime([lead, helper], store)
+
+
+async def test_two_subagents_of_one_batch_park_and_are_answered_one_by_one(
+        store: SessionStore) -> None:
+    rt = parallel_lead(store, HelperModel(), approve)
+    s = rt.session("lead", "s1")
+    await s.start("pay both", turn_id="t1")
+    r = await s.result("t1", timeout=WAIT)
+    assert r.status == "suspended" and r.request is not None
+    asked = r.request.all
+    assert [(q.call_id, q.child and q.child["input_id"]) for q in asked] == [
+        ("a", "approve"), ("b", "approve")]
+    await s.resume("t1", asked[1].id, False)
+    r = await s.result("t1", timeout=WAIT)
+    assert r.request is not None and [q.id for q in r.request.all] == [asked[0].id]
+    await s.resume("t1", asked[0].id, True)
+    r = await s.result("t1", timeout=WAIT)
+    assert (r.status, r.text) == (
+        "completed", "{'answer': 'Payment done.'}; {'answer': 'Payment done.'}")
+    a_session, a_turn = child_ids("lead", "s1", "t1", "a")
+    b_session, b_turn = child_ids("lead", "s1", "t1", "b")
+    assert await step_data(store, rt.key("helper", a_session), f"input:{a_turn}:approve") \
+        == '{"value":true,"by":null}'
+    assert await step_data(store, rt.key("helper", b_session), f"input:{b_turn}:approve") \
+        == '{"value":false,"by":null}'
+    await rt.close()
+
+
+async def test_cancelling_a_parent_cancels_every_child_of_its_batch(
+        store: SessionStore) -> None:
+    model = GatedModel()
+    rt = parallel_lead(store, model)
+    s = rt.session("lead", "s1")
+    await s.start("pay both", turn_id="t1")
+    await asyncio.wait_for(model.streaming.wait(), WAIT)
+    await s.cancel("t1", reason="stop")
+    assert (await s.result("t1", timeout=WAIT)).status == "cancelled"
+    for call in ("a", "b"):
+        session_id, turn_id = child_ids("lead", "s1", "t1", call)
+        rec = await get_turn(store, rt.key("helper", session_id), turn_id)
+        assert rec is not None and rec.status == TurnStatus.CANCELLED
+    assert [m.result for m in await s.transcript() if m.role == "tool"] == [
+        {"cancelled": True}, {"cancelled": True}]
+    await rt.close()

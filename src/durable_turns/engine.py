@@ -497,10 +497,8 @@ class TurnEngine:
 
         async def commit(call: ToolCall, outcome: Outcome | None,
                          local: tuple[Tool, dict[str, Any], ToolContext] | None = None) -> None:
-            ready: list[tuple[ToolCall, Outcome]] = []
-
             async def fill(tx: Transaction) -> list[TurnEvent]:
-                nonlocal ready, outcome
+                nonlocal outcome
                 if local is not None:
                     outcome = await self._run_local_in(tx, call, turn_id, *local)
                 assert outcome is not None
@@ -510,12 +508,13 @@ class TurnEngine:
                 for c, o in ready:
                     self._add(tx, Message("tool", call_id=c.id, result=o.result,
                                           is_error=o.error is not None, turn_id=turn_id))
+                # Counted under the commit lock (the next commit reads it); a failed commit
+                # ends the whole batch, so it never counts what was not written.
+                state.listed += len(ready)
                 return [tx.add_event(ActionCompleted(**ids, call=call, result=outcome.result,
                                                      error=outcome.error))]
 
-            async with self._lock:
-                await self._commit(fill)
-                state.listed += len(ready)
+            await self._guarded(fill)
 
         async def remote(call: ToolCall, tool: Tool, args: dict[str, Any],
                          ctx: ToolContext) -> None:
@@ -547,8 +546,10 @@ class TurnEngine:
                 one_by_one.append((c, tool, args, problem, ctx))
 
         def interrupt() -> None:
-            for t in interruptible:
-                t.cancel()
+            # Once per call: a second cancel would cut short the call's own clean-up
+            # (a subagent stopping its child).
+            while interruptible:
+                interruptible.pop().cancel()
 
         self._on_interrupt = interrupt
         try:
@@ -617,8 +618,7 @@ class TurnEngine:
                 tx.add_step(step_id, turn_id, encode_json(memo))
                 return []
 
-            async with self._lock:
-                await self._commit(fill)
+            await self._guarded(fill)
             return memo
 
         return record
@@ -631,10 +631,35 @@ class TurnEngine:
                 # Each event names its child already; it joins this turn's stream.
                 return [tx.add_event(dataclasses.replace(e, seq=0, **ids)) for e in events]
 
+            await self._guarded(fill)
+
+        return forward
+
+    async def _guarded(self, fill: Callable[[Transaction], Awaitable[list[TurnEvent]]]
+                       ) -> None:
+        """Commit beside the loop: one transaction of the lease at a time, and never cut
+        short by a cancel of the calling task (an interrupted subagent call, say).
+
+        A transaction abandoned halfway could have committed in the database without the
+        lease learning of it (its event numbers, its message count); so a cancel waits for
+        the commit to end, then goes on.
+        """
+        async def locked() -> None:
             async with self._lock:
                 await self._commit(fill)
 
-        return forward
+        commit = asyncio.ensure_future(locked())
+        interrupted = False
+        while True:
+            try:
+                await asyncio.shield(commit)
+                break
+            except asyncio.CancelledError:
+                if commit.done():
+                    raise
+                interrupted = True
+        if interrupted:
+            raise asyncio.CancelledError
 
     # -- the end ---------------------------------------------------------------------------
 
