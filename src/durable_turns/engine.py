@@ -148,6 +148,7 @@ class TurnEngine:
         # forwarded events) take turns: one transaction of a lease at a time.
         self._lock = asyncio.Lock()
         self._on_interrupt: Callable[[], None] | None = None
+        self._asked_at = -1  # the index of the last reply this engine committed
 
     def interrupt(self, turn_id: str) -> None:
         """Stop the model's stream if ``turn_id`` is streaming: a cancel was requested.
@@ -331,6 +332,7 @@ class TurnEngine:
             return out
 
         await self._commit(fill)
+        self._asked_at = n
         return done
 
     # -- tool step -------------------------------------------------------------------------
@@ -491,7 +493,11 @@ class TurnEngine:
         """
         turn_id = turn.turn_id
         ids = self._ids(turn_id)
-        state = BatchState(owed, await self._batch_outcomes(n, owed))
+        # A batch this engine has just asked for has no committed calls yet: only a
+        # replay (after a crash, a park) reads them.
+        fresh = n == self._asked_at and len(owed) == len(self.transcript[n].tool_calls)
+        self._asked_at = -1  # once: a batch that parks comes back as a replay
+        state = BatchState(owed, {} if fresh else await self._batch_outcomes(n, owed))
         parked: dict[str, InputRequest] = {}
         interruptible: set[asyncio.Task[None]] = set()
 

@@ -54,9 +54,10 @@ class TurnEvent:
     session: str
     turn_id: str
     seq: int = 0
-    child: dict[str, str] | None = None
+    child: dict[str, Any] | None = None
     """Set on a subagent's event forwarded into its parent's stream (F13): the child's
-    ``{agent, session, turn_id}``; ``agent``, ``session`` and ``turn_id`` are the parent's."""
+    ``{agent, session, turn_id, seq}`` (``seq``: the child's own); ``agent``, ``session``
+    and ``turn_id`` are the parent's."""
 
     @property
     def ends_turn(self) -> bool:

@@ -153,7 +153,7 @@ async def _follow(ctx: ToolContext, key: SessionKey, turn_id: str,
             # Read after the record: every event up to a end it shows is read too.
             events = await store.read_events(key, after_seq=cursor, turn_id=turn_id)
             if events:
-                await forward([replace(e, child={**tag, "seq": str(e.seq)}) for e in events])
+                await forward([replace(e, child={**tag, "seq": e.seq}) for e in events])
                 cursor = events[-1].seq
             if rec.status.ended:
                 return rec
