@@ -291,3 +291,17 @@ async def test_cancelling_a_parent_cancels_every_child_of_its_batch(
     assert [m.result for m in await s.transcript() if m.role == "tool"] == [
         {"cancelled": True}, {"cancelled": True}]
     await rt.close()
+
+
+async def test_a_parents_stream_shows_the_child_and_ends_with_the_parent(
+        store: SessionStore) -> None:
+    from durable_turns.channels import ChannelContext
+
+    rt = runtime(store, scripted([ModelReply("42")]))
+    ctx = ChannelContext(rt.agents["lead"], rt)
+    seen = [(e.type, e.child["agent"] if e.child else None) async for e in
+            ctx.run_stream("Ask the helper", session="s1", turn_id="t1")]
+    assert ("turn.completed", "helper") in seen  # the child's end does not end the stream
+    assert seen[-1] == ("turn.completed", None)
+    assert seen[-1] != seen[0] and seen.count(("turn.completed", None)) == 1
+    await rt.close()
