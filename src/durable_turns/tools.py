@@ -127,6 +127,9 @@ class Tool:
     Args:
         spec: name, description and input schema shown to the model.
         run: ``def run(input, ctx)`` (local) or ``async def run(input, ctx)`` (remote).
+        validate: checks a call's input (default: the spec's JSON schema).
+        interruptible: a remote tool that a cancel of its turn stops at once (see the
+            ``interruptible`` attribute); what :func:`~durable_turns.subagent` builds.
     """
 
     __slots__ = ("_check", "interruptible", "remote", "run", "spec")
