@@ -502,7 +502,8 @@ class TurnEngine:
         interruptible: set[asyncio.Task[None]] = set()
 
         async def commit(call: ToolCall, outcome: Outcome | None,
-                         local: tuple[Tool, dict[str, Any], ToolContext] | None = None) -> None:
+                         local: tuple[Tool, dict[str, Any], ToolContext] | None = None,
+                         shielded: bool = False) -> None:
             async def fill(tx: Transaction) -> list[TurnEvent]:
                 nonlocal outcome
                 if local is not None:
@@ -520,7 +521,7 @@ class TurnEngine:
                 return [tx.add_event(ActionCompleted(**ids, call=call, result=outcome.result,
                                                      error=outcome.error))]
 
-            await self._guarded(fill)
+            await self._guarded(fill, shielded)
 
         async def remote(call: ToolCall, tool: Tool, args: dict[str, Any],
                          ctx: ToolContext) -> None:
@@ -534,7 +535,7 @@ class TurnEngine:
                 if tool.interruptible and self._cancel_reason(turn_id) is not None:
                     return  # interrupted by a cancel of the turn: it ends cancelled
                 raise
-            await commit(call, outcome)
+            await commit(call, outcome, shielded=tool.interruptible)
 
         tasks: list[asyncio.Task[None]] = []
         one_by_one: list[tuple[ToolCall, Tool | None, dict[str, Any], str | None,
@@ -624,7 +625,7 @@ class TurnEngine:
                 tx.add_step(step_id, turn_id, encode_json(memo))
                 return []
 
-            await self._guarded(fill)
+            await self._guarded(fill, True)
             return memo
 
         return record
@@ -637,22 +638,26 @@ class TurnEngine:
                 # Each event names its child already; it joins this turn's stream.
                 return [tx.add_event(dataclasses.replace(e, seq=0, **ids)) for e in events]
 
-            await self._guarded(fill)
+            await self._guarded(fill, True)
 
         return forward
 
-    async def _guarded(self, fill: Callable[[Transaction], Awaitable[list[TurnEvent]]]
-                       ) -> None:
-        """Commit beside the loop: one transaction of the lease at a time, and never cut
-        short by a cancel of the calling task (an interrupted subagent call, say).
+    async def _guarded(self, fill: Callable[[Transaction], Awaitable[list[TurnEvent]]],
+                       shielded: bool) -> None:
+        """Commit beside the loop: one transaction of the lease at a time and, ``shielded``,
+        never cut short by a cancel of the calling task (an interrupted subagent call).
 
         A transaction abandoned halfway could have committed in the database without the
-        lease learning of it (its event numbers, its message count); so a cancel waits for
-        the commit to end, then goes on.
+        lease learning of it (its event numbers, its message count), and the turn goes on
+        under that lease after an interrupt; so a cancel waits for the commit to end, then
+        goes on. (Any other cancel ends the drive, and the lease with it.)
         """
         async def locked() -> None:
             async with self._lock:
                 await self._commit(fill)
+
+        if not shielded:
+            return await locked()
 
         commit = asyncio.ensure_future(locked())
         interrupted = False
