@@ -8,7 +8,8 @@ SIGKILLs its own process::
 
 ``subagent``: agent ``lead`` calls ``subagent("helper")``; the helper's turn calls a local
 tool (``record``: a row in ``rows`` through ``ctx.store.unwrap()``) and then answers.
-Kill points: ``child-local`` (inside ``record``, after its row is written, before the child's
+Kill points: ``child-model`` (at the child's first model call: its turn has opened),
+``child-local`` (inside ``record``, after its row is written, before the child's
 step commits), ``child-step`` (right after the child's ``record`` step committed).
 
 ``parallel``: agent ``ops`` (``parallel_tools=True``) makes one batch of four calls: ``c1``,
@@ -110,8 +111,14 @@ def build(scenario: str, work: Path, kill: str) -> tuple[list[Agent], Callable[[
 
         lead = Agent("lead", "", [subagent("helper", description="Records things.")],
                      model=scripted(lead_reply))
-        helper = Agent("helper", "", [record], model=scripted([
-            ModelReply("", [ToolCall("h1", "record", {})]), ModelReply("Recorded once.")]))
+        def helper_reply(request: ModelRequest) -> ModelReply:
+            if calls_this_turn(request) == 0:
+                if kill == "child-model":
+                    die()  # the child's turn has opened; nothing of it ran
+                return ModelReply("", [ToolCall("h1", "record", {})])
+            return ModelReply("Recorded once.")
+
+        helper = Agent("helper", "", [record], model=scripted(helper_reply))
         return [lead, helper], seen
     agent = Agent("ops", "", [effect, record], parallel_tools=True,
                   model=scripted([ModelReply("All four.", BATCH), ModelReply("Done.")]))

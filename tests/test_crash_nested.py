@@ -37,7 +37,7 @@ def killed(p: Any) -> bool:
     return bool(p.returncode == -signal.SIGKILL)
 
 
-@pytest.mark.parametrize("kill", ["child-local", "child-step"])
+@pytest.mark.parametrize("kill", ["child-model", "child-local", "child-step"])
 def test_a_crash_inside_the_child_replays_into_the_same_child(tmp_path: Path,
                                                               kill: str) -> None:
     db = tmp_path / "store.sqlite"
@@ -47,7 +47,11 @@ def test_a_crash_inside_the_child_replays_into_the_same_child(tmp_path: Path,
     assert again.returncode == 0, again.stderr
     assert report(db, "replay") == {"status": "completed", "error": None,
                                     "text": "Helper: {'answer': 'Recorded once.'}"}
-    helper_sessions, child_turns, lead_steps = asyncio.run(read_subagent(db))
+    helper_sessions, child_turns, lead_steps, forwarded, child_seqs = asyncio.run(
+        read_subagent(db))
+    # Every event of the child is in the parent's stream once, in order, however the
+    # forwarding was cut by the crash.
+    assert forwarded == child_seqs
     assert len(helper_sessions) == 1 and len(child_turns) == 1
     assert [s for s in lead_steps if s.startswith("child:")] == [f"child:{TURN_ID}:s1"]
     # The child's local tool wrote its row exactly once (the killed write rolled back).
@@ -58,14 +62,18 @@ def test_a_crash_inside_the_child_replays_into_the_same_child(tmp_path: Path,
     assert (written[0][2] == crashed_pid) is (kill == "child-step")
 
 
-async def read_subagent(db: Path) -> tuple[list[SessionKey], list[str], list[str]]:
+async def read_subagent(db: Path) -> tuple[list[SessionKey], list[str], list[str], list[int],
+                                           list[int]]:
     store = SqliteStore(db)
     await store.open()
     try:
         helpers = await store.list_sessions("helper")
         turns = [t.turn_id for k in helpers for t in await store.turns(k) if t.kind == "turn"]
-        steps = list(await store.read_steps(SessionKey("lead", "s1")))
-        return helpers, turns, steps
+        lead = SessionKey("lead", "s1")
+        steps = list(await store.read_steps(lead))
+        forwarded = [e.child["seq"] for e in await store.read_events(lead) if e.child]
+        child_seqs = [e.seq for k in helpers for e in await store.read_events(k)]
+        return helpers, turns, steps, forwarded, child_seqs
     finally:
         await store.close()
 
