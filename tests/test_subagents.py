@@ -322,3 +322,31 @@ async def test_the_terminal_nests_the_childs_work_and_asks_the_parents_question(
     assert "    [helper] → approve {\"amount\": 3}\n" in text
     assert request is not None and request.id == "approve@c1" and request.child is not None
     await rt.close()
+
+
+async def test_a_parent_that_fails_mid_batch_cancels_its_running_child(
+        store: SessionStore) -> None:
+    from durable_turns import FatalToolError
+
+    model = GatedModel()
+
+    @tool
+    async def give_up() -> None:
+        """Fail the turn once the child is working."""
+        await asyncio.wait_for(model.streaming.wait(), WAIT)
+        raise FatalToolError("cannot go on")
+
+    def reply(request: ModelRequest) -> ModelReply:
+        return ModelReply("", [ToolCall("a", "helper", {"task": "work"}),
+                               ToolCall("b", "give_up", {})])
+
+    lead = Agent("lead", "", [subagent("helper", description="Works."), give_up],
+                 model=scripted(reply), parallel_tools=True)
+    rt = Runtime([lead, Agent("helper", "", model=model)], store)
+    r = await rt.session("lead", "s1").turn("go", turn_id="t1")
+    assert r.status == "failed" and "cannot go on" in (r.error or "")
+    session_id, turn_id = child_ids("lead", "s1", "t1", "a")
+    rec = await get_turn(store, rt.key("helper", session_id), turn_id)
+    assert rec is not None and rec.status == TurnStatus.CANCELLED
+    assert "turn failed" in (rec.reason or "")
+    await rt.close()

@@ -149,6 +149,7 @@ class TurnEngine:
         self._lock = asyncio.Lock()
         self._on_interrupt: Callable[[], None] | None = None
         self._asked_at = -1  # the index of the last reply this engine committed
+        self._failing: str | None = None  # why a batch is stopping its calls, if it fails
 
     def interrupt(self, turn_id: str) -> None:
         """Stop the model's stream if ``turn_id`` is streaming: a cancel was requested.
@@ -391,7 +392,7 @@ class TurnEngine:
             ctx.runtime = self.runtime
             ctx.record_child = self._child_recorder(turn_id, call.id)
             ctx.forward = self._forwarder(turn_id)
-            ctx.cancel_check = lambda: self._cancel_reason(turn_id)
+            ctx.cancel_check = lambda: self._cancel_reason(turn_id) or self._failing
         return tool, args, problem, ctx
 
     async def _call_remote(self, tool: Tool, args: dict[str, Any], ctx: ToolContext,
@@ -574,13 +575,17 @@ class TurnEngine:
                 for t in done:
                     if t.exception() is not None:
                         raise t.exception()  # type: ignore[misc]
-        except BaseException:
+        except BaseException as e:
+            if not isinstance(e, asyncio.CancelledError):
+                # The turn fails: calls still running stop, a subagent's child with them.
+                self._failing = f"turn failed: {e}"
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             raise
         finally:
             self._on_interrupt = None
+            self._failing = None
         await self._check_cancel(turn_id)
         if parked:
             requests = [parked[c.id] for c in owed if c.id in parked]

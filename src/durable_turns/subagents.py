@@ -24,8 +24,9 @@ exact child, where the child's answerer rules and schema are enforced (a parent 
 around an approval gate); the parent then goes on and re-attaches.
 
 Parent-close policy: **cancel**. Cancelling or resetting the parent while the child runs
-cancels the child's turn (durably, so across workers too) and waits for it to stop. A
-runtime shutting down cancels nothing: both turns replay after a restart.
+(or the parent failing mid-batch) cancels the child's turn (durably, so across workers
+too) and waits for it to stop. A runtime shutting down cancels nothing: both turns replay
+after a restart.
 """
 
 from __future__ import annotations
