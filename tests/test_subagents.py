@@ -22,6 +22,7 @@ from durable_turns import (
     tool,
 )
 from durable_turns.errors import ResumeAuthorizationError
+from durable_turns.events import TurnEvent
 from durable_turns.models import ModelEvent, ModelRequest
 from durable_turns.models.scripted import calls_this_turn
 from durable_turns.records import TurnStatus
@@ -59,8 +60,13 @@ def runtime(store: SessionStore, helper_model: Any, *helper_tools: Any) -> Runti
 async def test_a_parent_gets_its_subagents_answer(store: SessionStore) -> None:
     rt = runtime(store, scripted([ModelReply("42", usage={"output_tokens": 3})]))
     s = rt.session("lead", "s1")
+    seen: list[TurnEvent] = []
+    s.observe(seen.append, turn_id="t1")
     r = await s.turn("Ask the helper", turn_id="t1")
     assert (r.status, r.text) == ("completed", "The helper says: {'answer': '42'}")
+    # The child's live text reached the parent's observers, tagged, and was not stored.
+    live = [e for e in seen if e.type == "message.delta" and e.child is not None]
+    assert "".join(e.text for e in live) == "42"  # type: ignore[attr-defined]
     session_id, child_turn = child_ids("lead", "s1", "t1", "c1")
     child = rt.session("helper", session_id)
     assert [(m.role, m.text) for m in await child.transcript()] == [

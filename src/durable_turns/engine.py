@@ -392,6 +392,7 @@ class TurnEngine:
             ctx.runtime = self.runtime
             ctx.record_child = self._child_recorder(turn_id, call.id)
             ctx.forward = self._forwarder(turn_id)
+            ctx.forward_live = self._live_forwarder(turn_id)
             ctx.cancel_check = lambda: self._cancel_reason(turn_id) or self._failing
         return tool, args, problem, ctx
 
@@ -646,6 +647,15 @@ class TurnEngine:
             await self._guarded(fill, True)
 
         return forward
+
+    def _live_forwarder(self, turn_id: str) -> Callable[[TurnEvent], None]:
+        ids = self._ids(turn_id)
+
+        def forward_live(event: TurnEvent) -> None:
+            # After this turn's last durable event, as every live event is.
+            self._publish_live(dataclasses.replace(event, seq=self.lease.last_seq, **ids))
+
+        return forward_live
 
     async def _guarded(self, fill: Callable[[Transaction], Awaitable[list[TurnEvent]]],
                        shielded: bool) -> None:

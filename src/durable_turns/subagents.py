@@ -13,7 +13,8 @@
 3. forwards the child's logged events into the parent's stream as they commit, each tagged
    ``child: {agent, session, turn_id, seq}`` (``agent``, ``session``, ``turn_id`` of the
    event are the parent's), so an HTTP stream, the console or Slack can show nested work;
-   the child's ``message.completed`` events carry its usage (:func:`turn_usage` adds it up);
+   the child's ``message.completed`` events carry its usage (:func:`turn_usage` adds it up),
+   and its live text (``message.delta``) reaches the parent's live subscribers, tagged too;
 4. returns the child's answer; a child that fails or is cancelled on its own is an error
    result the parent's model reads.
 
@@ -147,7 +148,17 @@ async def _follow(ctx: ToolContext, key: SessionKey, turn_id: str,
         and e.child.get("session") == key.session), default=0)
     changed = asyncio.Event()
     unwatch = store.watch(key, lambda _events: changed.set())
+    # The child's live text, if this runtime drives it: handed on as it streams.
+    live = rt.subscribe(key, None, deltas=True)
+    forward_live = ctx.forward_live
+    if forward_live is not None:
+        def on_live(e: TurnEvent) -> None:
+            if e.type == "message.delta" and e.turn_id == turn_id:
+                forward_live(replace(e, child={**tag, "seq": e.seq}))
+
+        live.deliver_to(on_live)
     try:
+        await live.ready()
         while True:
             changed.clear()
             (rec,) = await store.turns(key, turn_id=turn_id)
@@ -162,3 +173,4 @@ async def _follow(ctx: ToolContext, key: SessionKey, turn_id: str,
                 await asyncio.wait_for(changed.wait(), POLL)
     finally:
         unwatch()
+        live.close()

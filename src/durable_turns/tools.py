@@ -78,6 +78,9 @@ class ToolContext:
         default=None, repr=False)
     """Set for remote tools: logs a subagent's events (each tagged with its ``child``) in
     this turn's stream, in one transaction (F13)."""
+    forward_live: Callable[[TurnEvent], None] | None = field(default=None, repr=False)
+    """Set for remote tools: hands a subagent's live event (``message.delta``, tagged with
+    its ``child``) to this turn's live subscribers; never stored."""
     cancel_check: Callable[[], str | None] | None = field(default=None, repr=False)
     """The reason this turn was asked to cancel, if it was (read by interruptible tools)."""
 
