@@ -356,3 +356,42 @@ async def test_a_parent_that_fails_mid_batch_cancels_its_running_child(
     assert rec is not None and rec.status == TurnStatus.CANCELLED
     assert "turn failed" in (rec.reason or "")
     await rt.close()
+
+
+async def test_a_childs_policy_request_is_granted_by_the_childs_rules_through_the_parent(
+        store: SessionStore) -> None:
+    from durable_turns import grant_answer
+
+    @tool
+    async def wire(amount: int, ctx: ToolContext) -> str:
+        """Wire money once finance approves."""
+        ok = await ctx.request_input("wire", f"Wire {amount}?",
+                                     answerers={"policy": "finance", "scope": "eu"})
+        return "wired" if ok else "not wired"
+
+    async def finance(d: Any) -> bool:
+        return bool(d["policy"] == "finance" and d["by"] == "fiona")
+
+    async def nobody(d: Any) -> bool:
+        return False
+
+    lead = Agent("lead", "", [subagent("helper", description="Wires.")],
+                 model=scripted(relay), authorize_answer=nobody)
+    helper = Agent("helper", "", [wire], authorize_answer=finance, model=scripted([
+        ModelReply("", [ToolCall("h1", "wire", {"amount": 5})]), ModelReply("Wired.")]))
+    rt = Runtime([lead, helper], store)
+    s = rt.session("lead", "s1")
+    await s.start("wire it", turn_id="t1")
+    r = await s.result("t1", timeout=WAIT)
+    assert r.request is not None and r.request.answerers == {"policy": "finance",
+                                                              "scope": "eu"}
+    resume = {"turn_id": "t1", "input_id": r.request.id, "by": "mallory"}
+    with pytest.raises(ResumeAuthorizationError):
+        await grant_answer(s, resume)  # the child's rule decides, and says no
+    with pytest.raises(ResumeAuthorizationError):
+        await s.resume("t1", r.request.id, True, by="fiona")  # a policy needs a grant
+    granted = await grant_answer(s, {**resume, "by": "fiona"})
+    await s.resume("t1", r.request.id, True, by="fiona", granted=granted)
+    done = await s.result("t1", timeout=WAIT)
+    assert done.text == "The helper says: {'answer': 'Wired.'}"
+    await rt.close()

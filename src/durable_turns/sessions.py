@@ -367,7 +367,8 @@ async def grant_answer(
     Args:
         session: the parked session.
         resume: ``turn_id``, ``input_id``, ``by`` and ``principal`` of the resume.
-        authorize_answer: the decision; defaults to the agent's ``authorize_answer``.
+        authorize_answer: the decision; defaults to the agent's ``authorize_answer`` (the
+            subagent's, for a request a subagent made).
 
     Returns:
         A grant to pass to ``resume(granted=…)``; it is signed and good for exactly that
@@ -387,11 +388,12 @@ async def grant_answer(
             f"{request.id!r} is not answered under a policy; resume it with by=… instead",
             input_id=request.id, by=by,
         )
-    decide = authorize_answer or session.agent.authorize_answer
+    # A subagent's request is decided by the subagent's rules, as it is enforced there.
+    owner = session.runtime.agents[request.child["agent"]] if request.child else session.agent
+    decide = authorize_answer or owner.authorize_answer
     if decide is None:
         raise ConfigurationError(
-            f"agent {session.agent.name!r} has no authorize_answer to decide policy "
-            f"{who['policy']!r}"
+            f"agent {owner.name!r} has no authorize_answer to decide policy {who['policy']!r}"
         )
     ok = await decide({"policy": who["policy"], "scope": who.get("scope"), "by": by,
                        "principal": resume.get("principal")})
