@@ -11,13 +11,13 @@ import durable_turns
 
 PKG = Path(durable_turns.__file__).parent
 CORE = ["errors", "messages", "records", "events", "inbound", "tools", "agent", "hitl",
-        "engine", "driver", "runtime", "sessions",
+        "engine", "driver", "runtime", "sessions", "batch", "subagents",
         "models/__init__", "stores/__init__", "stores/_base", "stores/_feed", "stores/_sql"]
 ADAPTERS = ("stores.memory", "stores.sqlite", "stores.postgres", "models.scripted",
             "models.anthropic_messages", "models.openai_compat", "models.resolve", "server",
             "channels", "loader", "cli", "demo")
 RECORDS = ["errors", "messages", "records", "events", "inbound"]
-ENGINE = ("engine", "driver", "runtime", "sessions")
+ENGINE = ("engine", "driver", "runtime", "sessions", "batch", "subagents")
 
 
 def _imports(module: str) -> set[str]:

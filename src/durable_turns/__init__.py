@@ -8,7 +8,9 @@ Layers, bottom to top (each imports only from the ones below it):
               ``events.EventSink``
 3. engine   — ``engine`` (the turn loop), ``driver`` (one session's driver: lease, chain,
               cancel, reset, resume), ``runtime`` (Runtime: accept, wait, subscribe,
-              interrupt), ``sessions`` (AgentSession: a façade over the runtime)
+              interrupt), ``sessions`` (AgentSession: a façade over the runtime),
+              ``batch`` (parallel tool calls' order), ``subagents`` (a tool that runs
+              another agent's turn as a durable child)
 4. adapters — ``stores.memory``/``sqlite``/``postgres``, ``models.scripted``/``anthropic``/
               ``openai_compat``, ``server``, ``channels``; they depend on the engine,
               never the reverse (``tests/test_layers.py`` checks it)
@@ -45,6 +47,7 @@ from .runtime import Runtime
 from .sessions import AgentSession, ResetResult, StartedTurn, grant_answer
 from .stores.memory import MemoryStore
 from .stores.sqlite import SqliteStore
+from .subagents import subagent
 from .tools import ActionContext, Tool, ToolContext, ToolSpec, define_action, tool
 
 if typing.TYPE_CHECKING:
@@ -93,6 +96,7 @@ __all__ = [
     "grant_answer",
     "load_agent",
     "scripted",
+    "subagent",
     "tool",
 ]
 

@@ -57,6 +57,8 @@ class Agent:
             (a provider's ``retry-after`` wins, up to 60 s).
         max_result_bytes: a tool result whose JSON is larger becomes an error result naming
             its size and this limit (default 1 MiB).
+        parallel_tools: run the remote calls of one assistant message at once (F15); each
+            commits its own step as it finishes, the transcript keeps call order.
     """
 
     name: str
@@ -68,6 +70,7 @@ class Agent:
     model_retries: int = 3
     model_retry_delay: float = 0.5
     max_result_bytes: int = 1 << 20
+    parallel_tools: bool = False
     tools_by_name: dict[str, Tool] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:

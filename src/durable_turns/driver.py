@@ -19,7 +19,7 @@ import asyncio
 import logging
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .agent import Agent
 from .engine import TurnEngine
@@ -29,6 +29,9 @@ from .messages import Message, MessageLog
 from .models import Model
 from .records import SessionKey, TurnRecord, TurnResult, TurnStatus
 from .stores import Lease, SessionStore
+
+if TYPE_CHECKING:
+    from .runtime import Runtime
 
 log = logging.getLogger("durable_turns")
 
@@ -87,12 +90,14 @@ class SessionDriver:
         lease_timeout: how long to wait for another holder of the session's lease.
         try_once: claim the lease without waiting; a session another holder has is left to
             it (the driver ends quietly), as a worker looking for work does.
+        runtime: handed to remote tools (``ToolContext.runtime``), for subagents (F13).
     """
 
     def __init__(self, key: SessionKey, agent: Agent, model: Model, store: SessionStore, *,
                  transcripts: TranscriptCache, publish: Callable[[list[TurnEvent]], None],
                  publish_live: Callable[[TurnEvent], None], finished: Finished,
-                 lease_timeout: float | None, try_once: bool = False) -> None:
+                 lease_timeout: float | None, try_once: bool = False,
+                 runtime: Runtime | None = None) -> None:
         self.key = key
         self.failure: BaseException | None = None
         """Why driving stopped, when it stopped on an error (the turns stay in the store)."""
@@ -105,6 +110,7 @@ class SessionDriver:
         self._finished = finished
         self._lease_timeout = 0 if try_once else lease_timeout
         self._try_once = try_once
+        self._runtime = runtime
         self._wanted = True
         self._cancels: dict[str, str] = {}
         self._engine: TurnEngine | None = None
@@ -193,7 +199,8 @@ class SessionDriver:
 
         engine = TurnEngine(self._agent, self._model, lease,
                             await self._transcripts.load(store, lease), self._publish,
-                            self._publish_live, read_answer, self._cancels.get)
+                            self._publish_live, read_answer, self._cancels.get,
+                            runtime=self._runtime)
         self._engine = engine
         while True:
             pending = await store.turns(key, unfinished=True)

@@ -17,16 +17,18 @@ The engine imports seams only (stores, models, events): never an adapter.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import inspect
 import json
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import jsonschema
 
 from .agent import Agent, SurfacePolicy
+from .batch import BatchState, Outcome
 from .errors import (
     Cancelled,
     ConfigurationError,
@@ -59,6 +61,9 @@ from .records import InputRequest, TurnRecord, TurnResult, TurnStatus, input_ste
 from .replies import RetryPolicy, ask
 from .stores import Lease, Transaction
 from .tools import Tool, ToolContext, compile_schema
+
+if TYPE_CHECKING:
+    from .runtime import Runtime
 
 log = logging.getLogger("durable_turns")
 T = TypeVar("T")
@@ -123,8 +128,10 @@ class TurnEngine:
         publish_live: PublishLive,
         read_answer: ReadAnswer,
         cancel_reason: CancelReason,
+        runtime: Runtime | None = None,
     ) -> None:
         self.agent = agent
+        self.runtime = runtime
         self.model = model
         self.lease = lease
         self.transcript = transcript
@@ -137,12 +144,20 @@ class TurnEngine:
         self._streaming: asyncio.Task[Any] | None = None
         self._interrupted = False
         self._staged: list[Message] = []
+        # Commits made beside the loop's own (a parallel batch's calls, a subagent's
+        # forwarded events) take turns: one transaction of a lease at a time.
+        self._lock = asyncio.Lock()
+        self._on_interrupt: Callable[[], None] | None = None
+        self._asked_at = -1  # the index of the last reply this engine committed
+        self._failing: str | None = None  # why a batch is stopping its calls, if it fails
 
     def interrupt(self, turn_id: str) -> None:
         """Stop the model's stream if ``turn_id`` is streaming: a cancel was requested.
 
         Closing the stream closes the adapter's HTTP stream instead of reading it to the end.
         """
+        if self.turn_id == turn_id and self._on_interrupt is not None:
+            self._on_interrupt()
         if self.turn_id == turn_id and self._streaming is not None and not self._interrupted:
             self._interrupted = True
             self._streaming.cancel()
@@ -183,7 +198,10 @@ class TurnEngine:
                 n, owed = owed_calls(self.transcript)
                 last = self.transcript[n] if n >= 0 else None
                 if owed:
-                    parked = await self._tool_step(turn, n, owed[0], policy, event)
+                    if self.agent.parallel_tools and len(owed) > 1:
+                        parked = await self._batch_step(turn, n, owed, policy, event)
+                    else:
+                        parked = await self._tool_step(turn, n, owed[0], policy, event)
                     if parked is not None:
                         return parked
                 elif last and last.role == "assistant" and not last.tool_calls \
@@ -315,6 +333,7 @@ class TurnEngine:
             return out
 
         await self._commit(fill)
+        self._asked_at = n
         return done
 
     # -- tool step -------------------------------------------------------------------------
@@ -324,6 +343,33 @@ class TurnEngine:
                          ) -> TurnResult | None:
         """Run one owed call and commit its result; returns an outcome only if it parked."""
         turn_id = turn.turn_id
+        step_id = f"tool:{n}:{call.id}"
+        tool, args, problem, ctx = self._prepare(turn_id, n, call, policy, event)
+        if problem is not None or tool is None:
+            await self._record(turn_id, n, call, step_id, {"error": problem}, problem)
+        elif tool.remote:
+            running = self._call_remote(tool, args, ctx, call, turn_id)
+            try:
+                outcome = await (self._interruptible(running, turn_id) if tool.interruptible
+                                 else running)
+            except Parked as p:
+                assert isinstance(p.request, InputRequest)
+                out = TurnResult(turn_id, TurnStatus.SUSPENDED, request=p.request)
+
+                async def park(tx: Transaction) -> list[TurnEvent]:
+                    return self._end(tx, out)
+
+                await self._commit(park)
+                return out
+            await self._record(turn_id, n, call, step_id, outcome.result, outcome.error)
+        else:
+            await self._record(turn_id, n, call, step_id, None, None, local=(tool, args, ctx))
+        return None
+
+    def _prepare(self, turn_id: str, n: int, call: ToolCall, policy: SurfacePolicy | None,
+                 event: InboundEvent | None
+                 ) -> tuple[Tool | None, dict[str, Any], str | None, ToolContext]:
+        """The call's tool, its checked input (or the problem with it) and its context."""
         step_id = f"tool:{n}:{call.id}"
         tool = self._tools(policy).get(call.name)
         args: dict[str, Any] = {}
@@ -341,33 +387,34 @@ class TurnEngine:
             idempotency_key=idempotency_key(self.lease, turn_id, step_id),
             store=_NoHandle(), event=event, user=event.user if event else None,
         )
-        if problem is not None or tool is None:
-            await self._record(turn_id, n, call, step_id, {"error": problem}, problem)
-        elif tool.remote:
+        if tool is not None and tool.remote:
             ctx.park = self._parker(turn_id, call.id, event)
-            try:
-                result = _encode_result(await tool.run(args, ctx), self.agent.max_result_bytes)
-                error = None
-            except (KeyboardInterrupt, SystemExit) as e:
-                raise self._crashed(tool, call, turn_id, e) from e
-            except Parked as p:
-                assert isinstance(p.request, InputRequest)
-                out = TurnResult(turn_id, TurnStatus.SUSPENDED, request=p.request)
+            ctx.runtime = self.runtime
+            ctx.record_child = self._child_recorder(turn_id, call.id)
+            ctx.forward = self._forwarder(turn_id)
+            ctx.forward_live = self._live_forwarder(turn_id)
+            ctx.cancel_check = lambda: self._cancel_reason(turn_id) or self._failing
+        return tool, args, problem, ctx
 
-                async def park(tx: Transaction) -> list[TurnEvent]:
-                    return self._end(tx, out)
+    async def _call_remote(self, tool: Tool, args: dict[str, Any], ctx: ToolContext,
+                           call: ToolCall, turn_id: str) -> Outcome:
+        """Run a remote tool: its result, or an error result for an exception it raised.
 
-                await self._commit(park)
-                return out
-            except (FatalToolError, ConfigurationError):
-                raise
-            except Exception as e:
-                error = error_text(e)
-                result = {"error": error}
-            await self._record(turn_id, n, call, step_id, result, error)
-        else:
-            await self._record(turn_id, n, call, step_id, None, None, local=(tool, args, ctx))
-        return None
+        Raises:
+            Parked: the tool asked a person.
+            FatalToolError, ConfigurationError: the turn fails.
+            ToolCrashedError: the tool raised KeyboardInterrupt or SystemExit.
+        """
+        try:
+            return Outcome(_encode_result(await tool.run(args, ctx),
+                                          self.agent.max_result_bytes))
+        except (KeyboardInterrupt, SystemExit) as e:
+            raise self._crashed(tool, call, turn_id, e) from e
+        except (FatalToolError, ConfigurationError):
+            raise
+        except Exception as e:
+            error = error_text(e)
+            return Outcome({"error": error}, error)
 
     def _crashed(self, tool: Tool, call: ToolCall, turn_id: str,
                  e: BaseException) -> ToolCrashedError:
@@ -423,6 +470,223 @@ class TurnEngine:
 
         await self._commit(fill)
 
+    # -- parallel batch (F15) --------------------------------------------------------------
+
+    async def _batch_outcomes(self, n: int, calls: list[ToolCall]) -> dict[str, Outcome]:
+        """Outcomes of the calls that committed their step but are not in the transcript."""
+        found: dict[str, Outcome] = {}
+        for c in calls:
+            memo = await self._read_answer(f"tool:{n}:{c.id}")
+            outcome = Outcome.from_memo(memo) if memo is not None else None
+            if outcome is not None:
+                found[c.id] = outcome
+        return found
+
+    async def _batch_step(self, turn: TurnRecord, n: int, owed: list[ToolCall],
+                          policy: SurfacePolicy | None, event: InboundEvent | None
+                          ) -> TurnResult | None:
+        """Run the owed calls of one assistant message at once (F15).
+
+        Remote calls run concurrently and each commits its own step as it finishes; local
+        calls (and calls with a problem) run one at a time, in call order, each in its own
+        transaction. Tool messages are appended in call order (see ``batch.py``). Calls
+        that park are collected: the turn parks on all of them at once. Returns an outcome
+        only if the turn parked.
+        """
+        turn_id = turn.turn_id
+        ids = self._ids(turn_id)
+        # A batch this engine has just asked for has no committed calls yet: only a
+        # replay (after a crash, a park) reads them.
+        fresh = n == self._asked_at and len(owed) == len(self.transcript[n].tool_calls)
+        self._asked_at = -1  # once: a batch that parks comes back as a replay
+        state = BatchState(owed, {} if fresh else await self._batch_outcomes(n, owed))
+        parked: dict[str, InputRequest] = {}
+        interruptible: set[asyncio.Task[None]] = set()
+
+        async def commit(call: ToolCall, outcome: Outcome | None,
+                         local: tuple[Tool, dict[str, Any], ToolContext] | None = None,
+                         shielded: bool = False) -> None:
+            async def fill(tx: Transaction) -> list[TurnEvent]:
+                nonlocal outcome
+                if local is not None:
+                    outcome = await self._run_local_in(tx, call, turn_id, *local)
+                assert outcome is not None
+                state.done[call.id] = outcome
+                tx.add_step(f"tool:{n}:{call.id}", turn_id, outcome.memo())
+                ready = state.ready()
+                for c, o in ready:
+                    self._add(tx, Message("tool", call_id=c.id, result=o.result,
+                                          is_error=o.error is not None, turn_id=turn_id))
+                # Counted under the commit lock (the next commit reads it); a failed commit
+                # ends the whole batch, so it never counts what was not written.
+                state.listed += len(ready)
+                return [tx.add_event(ActionCompleted(**ids, call=call, result=outcome.result,
+                                                     error=outcome.error))]
+
+            await self._guarded(fill, shielded)
+
+        async def remote(call: ToolCall, tool: Tool, args: dict[str, Any],
+                         ctx: ToolContext) -> None:
+            try:
+                outcome = await self._call_remote(tool, args, ctx, call, turn_id)
+            except Parked as p:
+                assert isinstance(p.request, InputRequest)
+                parked[call.id] = p.request
+                return
+            except asyncio.CancelledError:
+                if tool.interruptible and self._cancel_reason(turn_id) is not None:
+                    return  # interrupted by a cancel of the turn: it ends cancelled
+                raise
+            await commit(call, outcome, shielded=tool.interruptible)
+
+        tasks: list[asyncio.Task[None]] = []
+        one_by_one: list[tuple[ToolCall, Tool | None, dict[str, Any], str | None,
+                               ToolContext]] = []
+        for c in owed:
+            if c.id in state.done:
+                continue
+            tool, args, problem, ctx = self._prepare(turn_id, n, c, policy, event)
+            if problem is None and tool is not None and tool.remote:
+                task = asyncio.create_task(remote(c, tool, args, ctx))
+                tasks.append(task)
+                if tool.interruptible:
+                    interruptible.add(task)
+            else:
+                one_by_one.append((c, tool, args, problem, ctx))
+
+        def interrupt() -> None:
+            # Once per call: a second cancel would cut short the call's own clean-up
+            # (a subagent stopping its child).
+            while interruptible:
+                interruptible.pop().cancel()
+
+        self._on_interrupt = interrupt
+        try:
+            for c, tool, args, problem, ctx in one_by_one:
+                if self._cancel_reason(turn_id) is not None:
+                    break  # a checkpoint boundary: the calls not run are cancelled
+                if problem is not None or tool is None:
+                    await commit(c, Outcome({"error": problem}, problem))
+                else:
+                    await commit(c, None, (tool, args, ctx))
+            if tasks:
+                # A call that fails the turn (FatalToolError, a crash, a lost lease) ends
+                # the batch: the calls still running are stopped, their work is moot.
+                done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+                for t in done:
+                    if t.exception() is not None:
+                        raise t.exception()  # type: ignore[misc]
+        except BaseException as e:
+            if not isinstance(e, asyncio.CancelledError):
+                # The turn fails: calls still running stop, a subagent's child with them.
+                self._failing = f"turn failed: {e}"
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
+        finally:
+            self._on_interrupt = None
+            self._failing = None
+        await self._check_cancel(turn_id)
+        if parked:
+            requests = [parked[c.id] for c in owed if c.id in parked]
+            out = TurnResult(turn_id, TurnStatus.SUSPENDED,
+                             request=dataclasses.replace(requests[0], more=tuple(requests[1:])))
+
+            async def park(tx: Transaction) -> list[TurnEvent]:
+                return self._end(tx, out)
+
+            await self._commit(park)
+            return out
+        return None
+
+    async def _run_local_in(self, tx: Transaction, call: ToolCall, turn_id: str, tool: Tool,
+                            args: dict[str, Any], ctx: ToolContext) -> Outcome:
+        """Run a local tool inside ``tx`` (its writes roll back if it raises)."""
+        ctx.store = tx
+        limit = self.agent.max_result_bytes
+        try:
+            return Outcome(await tx.run_local(lambda _h: _run_local(tool, args, ctx, limit)))
+        except (KeyboardInterrupt, SystemExit) as e:
+            raise self._crashed(tool, call, turn_id, e) from e
+        except (FatalToolError, ConfigurationError):
+            raise
+        except Exception as e:
+            error = error_text(e)
+            return Outcome({"error": error}, error)
+
+    # -- subagents (F13) -------------------------------------------------------------------
+
+    def _child_recorder(self, turn_id: str, call_id: str
+                        ) -> Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]:
+        step_id = f"child:{turn_id}:{call_id}"
+
+        async def record(memo: dict[str, Any]) -> dict[str, Any]:
+            stored = await self._read_answer(step_id)
+            if stored is not None:
+                known: dict[str, Any] = json.loads(stored)
+                return known
+
+            async def fill(tx: Transaction) -> list[TurnEvent]:
+                tx.add_step(step_id, turn_id, encode_json(memo))
+                return []
+
+            await self._guarded(fill, True)
+            return memo
+
+        return record
+
+    def _forwarder(self, turn_id: str) -> Callable[[list[TurnEvent]], Awaitable[None]]:
+        ids = self._ids(turn_id)
+
+        async def forward(events: list[TurnEvent]) -> None:
+            async def fill(tx: Transaction) -> list[TurnEvent]:
+                # Each event names its child already; it joins this turn's stream.
+                return [tx.add_event(dataclasses.replace(e, seq=0, **ids)) for e in events]
+
+            await self._guarded(fill, True)
+
+        return forward
+
+    def _live_forwarder(self, turn_id: str) -> Callable[[TurnEvent], None]:
+        ids = self._ids(turn_id)
+
+        def forward_live(event: TurnEvent) -> None:
+            # After this turn's last durable event, as every live event is.
+            self._publish_live(dataclasses.replace(event, seq=self.lease.last_seq, **ids))
+
+        return forward_live
+
+    async def _guarded(self, fill: Callable[[Transaction], Awaitable[list[TurnEvent]]],
+                       shielded: bool) -> None:
+        """Commit beside the loop: one transaction of the lease at a time and, ``shielded``,
+        never cut short by a cancel of the calling task (an interrupted subagent call).
+
+        A transaction abandoned halfway could have committed in the database without the
+        lease learning of it (its event numbers, its message count), and the turn goes on
+        under that lease after an interrupt; so a cancel waits for the commit to end, then
+        goes on. (Any other cancel ends the drive, and the lease with it.)
+        """
+        async def locked() -> None:
+            async with self._lock:
+                await self._commit(fill)
+
+        if not shielded:
+            return await locked()
+
+        commit = asyncio.ensure_future(locked())
+        interrupted = False
+        while True:
+            try:
+                await asyncio.shield(commit)
+                break
+            except asyncio.CancelledError:
+                if commit.done():
+                    raise
+                interrupted = True
+        if interrupted:
+            raise asyncio.CancelledError
+
     # -- the end ---------------------------------------------------------------------------
 
     def _end(self, tx: Transaction, out: TurnResult) -> list[TurnEvent]:
@@ -469,8 +733,8 @@ class TurnEngine:
         d = entry.data or {}
         turn_id, input_id = str(d.get("turn_id")), str(d.get("input_id"))
         request = parked.request if parked is not None else None
-        if parked is None or request is None or (parked.turn_id, request.id) != (turn_id,
-                                                                                  input_id):
+        if parked is None or request is None or parked.turn_id != turn_id or \
+                input_id not in {r.id for r in request.all}:
             where = f"{parked.turn_id!r}" if parked is not None else "nothing"
             refused = TurnResult(entry.turn_id, TurnStatus.FAILED,
                                  error=f"the session is parked on {where}, not on input "
@@ -528,13 +792,21 @@ class TurnEngine:
     async def _finish(self, out: TurnResult) -> TurnResult:
         """Record a turn's end that no step committed (failure, cancellation, replay)."""
         turn_id = out.turn_id
+        n, owed = owed_calls(self.transcript)
+        owed = owed if n >= 0 and self.transcript[n].turn_id == turn_id else []
+        # Calls of a parallel batch that committed their step keep their result.
+        committed = await self._batch_outcomes(n, owed) if self.agent.parallel_tools else {}
 
         async def fill(tx: Transaction) -> list[TurnEvent]:
             events: list[TurnEvent] = []
             # Calls the turn still owes get a synthetic answer in the transaction that ends
             # it, so the transcript stays a valid conversation for every provider.
-            n, owed = owed_calls(self.transcript)
-            for c in owed if n >= 0 and self.transcript[n].turn_id == turn_id else []:
+            for c in owed:
+                if c.id in committed:
+                    done = committed[c.id]
+                    self._add(tx, Message("tool", call_id=c.id, result=done.result,
+                                          is_error=done.error is not None, turn_id=turn_id))
+                    continue
                 error = None
                 if out.status == TurnStatus.CANCELLED:
                     result: Any = {"cancelled": True}

@@ -60,10 +60,21 @@ class TurnEvent:
     at: float | None = field(default_factory=time.time, compare=False)
     """Unix seconds when the event was made (its step's commit); ``None`` for an event stored
     before events carried it. Not compared: two events are equal whatever their times."""
+    child: dict[str, Any] | None = None
+    """Set on a subagent's event forwarded into its parent's stream (F13): the child's
+    ``{agent, session, turn_id, seq}`` (``seq``: the child's own); ``agent``, ``session``
+    and ``turn_id`` are the parent's."""
+
+    @property
+    def ends_turn(self) -> bool:
+        """A terminal event of its own turn (not a forwarded subagent's)."""
+        return self.child is None and self.type in TERMINAL_TYPES
 
     def payload(self) -> dict[str, Any]:
-        """The event's own fields as JSON values (without the common ones)."""
+        """The event's own fields as JSON values (without the common ones but ``child``)."""
         out: dict[str, Any] = {}
+        if self.child is not None:
+            out["child"] = self.child
         for name in self._own_fields:
             value = getattr(self, name)
             if isinstance(value, ToolCall):
@@ -88,7 +99,7 @@ class TurnEvent:
         }
 
 
-_COMMON = frozenset({"agent", "session", "turn_id", "seq", "at"})
+_COMMON = frozenset({"agent", "session", "turn_id", "seq", "at", "child"})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -79,15 +79,33 @@ class InputRequest:
     answerers: dict[str, Any] | None = None
     turn_id: str = ""
     call_id: str = ""
+    child: dict[str, str] | None = None
+    """Set when a subagent's turn asked (F13): ``{agent, session, turn_id, input_id}`` of the
+    child's own request. ``resume()`` on the parent routes the answer there, where the
+    child's answerer rules are enforced."""
+    more: tuple[InputRequest, ...] = ()
+    """Other requests the same turn waits for at once: calls of one parallel batch that
+    parked too (F15). Each is answered on its own, by its ``id``."""
+
+    @property
+    def all(self) -> tuple[InputRequest, ...]:
+        """This request and the ones in :attr:`more`, in call order."""
+        return (self, *self.more)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "prompt": self.prompt, "schema": self.schema,
-                "answerers": self.answerers, "turn_id": self.turn_id, "call_id": self.call_id}
+        out: dict[str, Any] = {"id": self.id, "prompt": self.prompt, "schema": self.schema,
+               "answerers": self.answerers, "turn_id": self.turn_id, "call_id": self.call_id}
+        if self.child is not None:
+            out["child"] = dict(self.child)
+        if self.more:
+            out["more"] = [r.to_dict() for r in self.more]
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> InputRequest:
         return cls(data["id"], data["prompt"], data.get("schema"), data.get("answerers"),
-                   data.get("turn_id", ""), data.get("call_id", ""))
+                   data.get("turn_id", ""), data.get("call_id", ""), data.get("child"),
+                   tuple(cls.from_dict(r) for r in data.get("more", ())))
 
 
 @dataclass(frozen=True, slots=True)

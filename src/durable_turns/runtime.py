@@ -35,7 +35,7 @@ from .errors import (
     UnknownAgentError,
     UnknownTurnError,
 )
-from .events import TERMINAL_TYPES, EventSink, TurnEvent
+from .events import EventSink, TurnEvent
 from .messages import Message
 from .models import Model
 from .records import EntryKind, SessionKey, TurnRecord, TurnResult
@@ -282,8 +282,7 @@ class Runtime:
         changed = asyncio.Event()
 
         def on_change(events: list[TurnEvent] | None) -> None:
-            if events is None or any(e.turn_id == turn_id and e.type in TERMINAL_TYPES
-                                     for e in events):
+            if events is None or any(e.turn_id == turn_id and e.ends_turn for e in events):
                 changed.set()
 
         unwatch = self.store.watch(key, on_change)
@@ -387,7 +386,7 @@ class Runtime:
         driver = SessionDriver(
             key, agent, self.model_for(agent), self.store, transcripts=self._transcripts,
             publish=self._publish, publish_live=self._publish_live, finished=self._finished,
-            lease_timeout=self.lease_timeout, try_once=try_once,
+            lease_timeout=self.lease_timeout, try_once=try_once, runtime=self,
         )
         self._drivers[key] = driver
         driver.task.add_done_callback(lambda _t: self._driver_done(driver))

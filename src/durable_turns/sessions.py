@@ -244,7 +244,12 @@ class AgentSession:
         return sub.close
 
     async def pending(self) -> InputRequest | None:
-        """The input request the session is parked on, or ``None``."""
+        """The input request the session is parked on, or ``None``.
+
+        When several calls of a parallel batch parked at once, the first is returned and
+        :attr:`InputRequest.more` lists the others (each is answered on its own); a
+        subagent's request carries ``child``.
+        """
         parked = await self._parked()
         return parked.request if parked is not None else None
 
@@ -283,8 +288,15 @@ class AgentSession:
         if earlier:
             return await self._repeated(earlier[0], answer)
         request = await self._parked_on(turn_id, input_id)
-        check_answerer(request, str(self.key), by, granted, rt.secret)
-        validate_answer(request, value)
+        if request.child is not None:
+            # A subagent asked: the answer goes to the exact child, which enforces its own
+            # answerer rules and schema (F13); then this turn goes on and re-attaches.
+            c = request.child
+            await rt.session(c["agent"], c["session"]).resume(
+                c["turn_id"], c["input_id"], value, by=by, granted=granted)
+        else:
+            check_answerer(request, str(self.key), by, granted, rt.secret)
+            validate_answer(request, value)
         opening = Message("trigger", "resume", turn_id=entry, by=by)
         rec, new = await rt.accept(self.key, entry, opening, kind="resume", data=answer)
         if not new:
@@ -322,11 +334,13 @@ class AgentSession:
             raise ResumeConflictError(
                 f"session {self.key} is parked on turn {parked.turn_id!r}, not {turn_id!r}",
                 **ids)
-        if parked.request.id != input_id:
+        request = next((r for r in parked.request.all if r.id == input_id), None)
+        if request is None:
+            waits = [r.id for r in parked.request.all]
             raise ResumeConflictError(
-                f"turn {turn_id!r} waits for input {parked.request.id!r}, not {input_id!r}",
-                **ids)
-        return parked.request
+                f"turn {turn_id!r} waits for input {' or '.join(map(repr, waits))}, not "
+                f"{input_id!r}", **ids)
+        return request
 
     async def transcript(self) -> list[Message]:
         """The session's message log (the live generation)."""
@@ -355,7 +369,8 @@ async def grant_answer(
     Args:
         session: the parked session.
         resume: ``turn_id``, ``input_id``, ``by`` and ``principal`` of the resume.
-        authorize_answer: the decision; defaults to the agent's ``authorize_answer``.
+        authorize_answer: the decision; defaults to the agent's ``authorize_answer`` (the
+            subagent's, for a request a subagent made).
 
     Returns:
         A grant to pass to ``resume(granted=…)``; it is signed and good for exactly that
@@ -375,11 +390,12 @@ async def grant_answer(
             f"{request.id!r} is not answered under a policy; resume it with by=… instead",
             input_id=request.id, by=by,
         )
-    decide = authorize_answer or session.agent.authorize_answer
+    # A subagent's request is decided by the subagent's rules, as it is enforced there.
+    owner = session.runtime.agents[request.child["agent"]] if request.child else session.agent
+    decide = authorize_answer or owner.authorize_answer
     if decide is None:
         raise ConfigurationError(
-            f"agent {session.agent.name!r} has no authorize_answer to decide policy "
-            f"{who['policy']!r}"
+            f"agent {owner.name!r} has no authorize_answer to decide policy {who['policy']!r}"
         )
     ok = await decide({"policy": who["policy"], "scope": who.get("scope"), "by": by,
                        "principal": resume.get("principal")})
@@ -388,6 +404,11 @@ async def grant_answer(
             f"{by!r} may not answer {request.id!r} under policy {who['policy']!r}",
             input_id=request.id, by=by,
         )
-    grant = Grant(str(session.key), request.turn_id, request.id, who["policy"],
-                  who.get("scope"), by)
+    if request.child is not None:  # the child checks the grant: make it out to the child
+        c = request.child
+        grant = Grant(f"{c['agent']}/{c['session']}", c["turn_id"], c["input_id"],
+                      who["policy"], who.get("scope"), by)
+    else:
+        grant = Grant(str(session.key), request.turn_id, request.id, who["policy"],
+                      who.get("scope"), by)
     return sign(grant, session.runtime.secret)

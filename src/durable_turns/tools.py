@@ -16,13 +16,17 @@ import inspect
 import json
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol, get_args, get_type_hints, overload
+from typing import TYPE_CHECKING, Any, Protocol, get_args, get_type_hints, overload
 
 import jsonschema
 import pydantic
 
 from .errors import ConfigurationError, ToolDeclarationError
 from .inbound import InboundEvent, User
+
+if TYPE_CHECKING:
+    from .events import TurnEvent
+    from .runtime import Runtime
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +68,21 @@ class ToolContext:
     user: User | None = None
     park: Callable[..., Awaitable[Any]] | None = field(default=None, repr=False)
     """Set by the engine for remote tools: what :meth:`request_input` calls."""
+    runtime: Runtime | None = field(default=None, repr=False)
+    """The runtime driving the turn (a tool that runs another agent's turn uses it)."""
+    record_child: Callable[[dict[str, Any]], Awaitable[dict[str, Any]]] | None = field(
+        default=None, repr=False)
+    """Set for remote tools: checkpoints step ``child:<turn_id>:<call_id>`` with the memo
+    given, unless it is recorded already, and returns the recorded memo (F13)."""
+    forward: Callable[[list[TurnEvent]], Awaitable[None]] | None = field(
+        default=None, repr=False)
+    """Set for remote tools: logs a subagent's events (each tagged with its ``child``) in
+    this turn's stream, in one transaction (F13)."""
+    forward_live: Callable[[TurnEvent], None] | None = field(default=None, repr=False)
+    """Set for remote tools: hands a subagent's live event (``message.delta``, tagged with
+    its ``child``) to this turn's live subscribers; never stored."""
+    cancel_check: Callable[[], str | None] | None = field(default=None, repr=False)
+    """The reason this turn was asked to cancel, if it was (read by interruptible tools)."""
 
     def request_input(
         self,
@@ -111,9 +130,12 @@ class Tool:
     Args:
         spec: name, description and input schema shown to the model.
         run: ``def run(input, ctx)`` (local) or ``async def run(input, ctx)`` (remote).
+        validate: checks a call's input (default: the spec's JSON schema).
+        interruptible: a remote tool that a cancel of its turn stops at once (see the
+            ``interruptible`` attribute); what :func:`~durable_turns.subagent` builds.
     """
 
-    __slots__ = ("_check", "remote", "run", "spec")
+    __slots__ = ("_check", "interruptible", "remote", "run", "spec")
 
     def __init__(
         self,
@@ -121,12 +143,17 @@ class Tool:
         run: RunFn,
         *,
         validate: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+        interruptible: bool = False,
     ) -> None:
         if not callable(run):
             raise ConfigurationError(f"tool {spec.name!r}: run must be callable")
         self.spec = spec
         self.run = run
         self.remote = _is_async(run)
+        self.interruptible = interruptible and self.remote
+        """A cancel of the turn cancels the running call (``asyncio.CancelledError`` is
+        raised in it) instead of waiting for it to return: for calls that wait on other
+        durable work, such as a subagent's turn, and stop it on the way out."""
         self._check = validate or _schema_validator(spec)
 
     @property

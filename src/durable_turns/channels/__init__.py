@@ -16,7 +16,7 @@ from typing import Any
 
 from ..agent import Agent
 from ..errors import ConfigurationError
-from ..events import TERMINAL_TYPES, TurnEvent
+from ..events import TurnEvent
 from ..hitl import Grant
 from ..inbound import InboundEvent
 from ..records import SessionKey, TurnStatus
@@ -111,7 +111,7 @@ class ChannelContext:
                 # It may have ended before we subscribed (a repeated answer): then the
                 # stream is its last terminal event.
                 ends = [e for e in await s.events(0)
-                        if e.turn_id == turn_id and e.type in TERMINAL_TYPES]
+                        if e.turn_id == turn_id and e.ends_turn]
                 if ends and ends[-1].seq <= after:
                     sub.close()
                     return TurnStream(s, turn_id, None, fresh=True, done=ends[-1])
@@ -191,7 +191,7 @@ class TurnStream:
             if e.turn_id != self.turn_id:
                 continue
             yield e
-            if e.type in TERMINAL_TYPES and e.seq >= last_end:
+            if e.ends_turn and e.seq >= last_end:
                 return
 
     def close(self) -> None:
@@ -218,5 +218,5 @@ async def _where_it_stands(s: AgentSession, turn_id: str) -> tuple[int, bool]:
 
 
 def _last_end(events: list[TurnEvent], turn_id: str) -> int:
-    seqs = [e.seq for e in events if e.turn_id == turn_id and e.type in TERMINAL_TYPES]
+    seqs = [e.seq for e in events if e.turn_id == turn_id and e.ends_turn]
     return max(seqs, default=-1)

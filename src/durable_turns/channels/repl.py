@@ -84,7 +84,12 @@ async def _render(events: AsyncIterator[TurnEvent], out: Write) -> InputRequest 
     streamed = False
     async for e in events:
         d = e.to_dict()
-        if e.type == "turn.started":
+        if e.child is not None:  # a subagent's work, nested under the call that runs it
+            if open_line:
+                out("\n")
+                open_line = False
+            _nested(e.child.get("agent", "?"), d, out)
+        elif e.type == "turn.started":
             out("agent> ")
             open_line, streamed = True, False
         elif e.type == "message.delta":
@@ -120,6 +125,20 @@ async def _render(events: AsyncIterator[TurnEvent], out: Write) -> InputRequest 
             elif e.type == "turn.cancelled":
                 out(f"(turn cancelled: {d['reason']})\n")
     return None
+
+
+def _nested(agent: str, d: dict[str, Any], out: Write) -> None:
+    """One line for a subagent's event (its question is asked as the parent's, after)."""
+    kind = d["type"]
+    if kind == "message.completed" and d["text"]:
+        out(f"    [{agent}] {d['text']}\n")
+    elif kind == "action.requested":
+        out(f"    [{agent}] → {d['call']['name']} {json.dumps(d['call']['input'])}\n")
+    elif kind == "action.completed":
+        mark = "✗" if d["error"] else "✓"
+        out(f"    [{agent}] {mark} {d['call']['name']}: {json.dumps(d['result'])[:200]}\n")
+    elif kind in ("turn.failed", "turn.cancelled"):
+        out(f"    [{agent}] {kind.split('.')[1]}: {d.get('error') or d.get('reason')}\n")
 
 
 def _ask(request: InputRequest, read: Read, out: Write) -> Any:

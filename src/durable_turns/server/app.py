@@ -20,7 +20,7 @@ from starlette.routing import BaseRoute, Route
 
 from ..channels import ChannelContext, TurnStream, mount_agent
 from ..errors import ResumeAuthorizationError, ResumeConflictError
-from ..events import TERMINAL_TYPES, TurnEvent
+from ..events import TurnEvent
 from ..hitl import Grant
 from ..inbound import InboundEvent
 from ..records import TurnRecord, TurnResult
@@ -330,7 +330,7 @@ class _Host:
         async def stream() -> AsyncIterator[TurnEvent]:
             async for e in sub:
                 yield e
-                if until == "turn" and e.type in TERMINAL_TYPES:
+                if until == "turn" and e.ends_turn:
                     return
 
         return self.sse(stream(), sub.close)

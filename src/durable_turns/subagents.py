@@ -1,0 +1,176 @@
+"""Subagents: a tool that runs another agent's turn as a durable child (F13).
+
+``subagent("researcher", description=…)`` is a remote tool (input ``{"task": str}``, result
+``{"answer": text}``). When the model calls it, the tool:
+
+1. derives the child's session and turn id from the parent's session, turn and call id
+   (:func:`child_ids`: never from a position, so a replay finds the same ids) and records
+   them as the parent's step ``child:<turn_id>:<call_id>`` **before** the child starts; a
+   replay after a crash re-attaches to that child instead of starting a second one;
+2. starts the child's turn (a redelivery if it exists: nothing of it runs twice, and the
+   child's local tools keep their exactly-once) with the task as its opening text and the
+   parent's inbound event, so the child's requests default to the same speaker;
+3. forwards the child's logged events into the parent's stream as they commit, each tagged
+   ``child: {agent, session, turn_id, seq}`` (``agent``, ``session``, ``turn_id`` of the
+   event are the parent's), so an HTTP stream, the console or Slack can show nested work;
+   the child's ``message.completed`` events carry its usage (:func:`turn_usage` adds it up),
+   and its live text (``message.delta``) reaches the parent's live subscribers, tagged too;
+4. returns the child's answer; a child that fails or is cancelled on its own is an error
+   result the parent's model reads.
+
+A child that parks parks the parent: the parent's request mirrors the child's (``id`` is
+``<child input id>@<call id>``; ``child`` names the child and its own input id), so
+``pending()`` on the parent shows it, and ``resume()`` on the parent hands the answer to the
+exact child, where the child's answerer rules and schema are enforced (a parent is no way
+around an approval gate); the parent then goes on and re-attaches.
+
+Parent-close policy: **cancel**. Cancelling or resetting the parent while the child runs
+(or the parent failing mid-batch) cancels the child's turn (durably, so across workers
+too) and waits for it to stop. A runtime shutting down cancels nothing: both turns replay
+after a restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterable
+from dataclasses import replace
+from typing import Any
+
+from .errors import ConfigurationError, Parked
+from .events import TurnEvent
+from .records import InputRequest, SessionKey, TurnRecord, TurnStatus
+from .tools import Tool, ToolContext, ToolSpec
+
+POLL = 1.0
+"""Seconds between looks at the child when no change was reported (a lost notification)."""
+CANCEL_WAIT = 30.0
+"""How long a cancelled parent waits for its child's turn to stop before giving up on it."""
+INPUT = {
+    "type": "object",
+    "properties": {"task": {"type": "string", "minLength": 1,
+                            "description": "What the subagent should do, in full."}},
+    "required": ["task"],
+    "additionalProperties": False,
+}
+
+
+def child_ids(agent: str, session: str, turn_id: str, call_id: str) -> tuple[str, str]:
+    """The child's session id and turn id for the parent's call ``call_id`` of ``turn_id``
+    in session ``agent/session``."""
+    return f"{agent}:{session}:{turn_id}:{call_id}", f"{turn_id}:{call_id}"
+
+
+def turn_usage(events: Iterable[TurnEvent], turn_id: str) -> dict[str, int]:
+    """A turn's token usage: its model calls' and, through their forwarded
+    ``message.completed`` events, its subagents'."""
+    total: dict[str, int] = {}
+    for e in events:
+        usage = getattr(e, "usage", None)
+        if e.turn_id == turn_id and e.type == "message.completed" and usage:
+            for k, v in usage.items():
+                total[k] = total.get(k, 0) + v
+    return total
+
+
+def subagent(agent_name: str, *, description: str, name: str | None = None) -> Tool:
+    """A tool that runs agent ``agent_name``'s turn as a child session and returns its answer.
+
+    Args:
+        agent_name: the child agent; the runtime must have it.
+        description: what the parent's model is told the subagent does.
+        name: the tool's name (default: ``agent_name``).
+
+    Returns:
+        A remote, interruptible :class:`~durable_turns.Tool` with input ``{"task": str}``
+        and result ``{"answer": text}``.
+    """
+
+    async def run(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+        return await _run_child(agent_name, str(args["task"]), ctx)
+
+    return Tool(ToolSpec(name or agent_name, description, INPUT), run, interruptible=True)
+
+
+async def _run_child(agent_name: str, task: str, ctx: ToolContext) -> dict[str, Any]:
+    rt = ctx.runtime
+    if rt is None or ctx.record_child is None or ctx.forward is None:
+        raise ConfigurationError(f"subagent {agent_name!r} runs only in a turn a Runtime drives")
+    if agent_name not in rt.agents:
+        raise ConfigurationError(
+            f"subagent {agent_name!r}: the runtime has no such agent ({sorted(rt.agents)})")
+    session_id, turn_id = child_ids(ctx.agent, ctx.session, ctx.turn_id, ctx.call_id)
+    # Recorded before the child starts: a replay re-attaches to exactly this child.
+    memo = await ctx.record_child({"agent": agent_name, "session": session_id,
+                                   "turn_id": turn_id})
+    key = rt.key(memo["agent"], memo["session"])
+    turn_id = memo["turn_id"]
+    tag = {"agent": key.agent, "session": key.session, "turn_id": turn_id}
+    child = rt.session(key.agent, key.session)
+    try:
+        await child.start(task, turn_id=turn_id, event=ctx.event)
+        rec = await _follow(ctx, key, turn_id, tag)
+    except asyncio.CancelledError:
+        reason = ctx.cancel_check() if ctx.cancel_check is not None else None
+        if reason is not None:  # the parent was cancelled or reset, not shut down
+            await rt.interrupt(key, turn_id, reason=f"parent turn cancelled: {reason}")
+            with contextlib.suppress(Exception):
+                await rt.wait(key, turn_id, timeout=CANCEL_WAIT)
+        raise
+    if rec.status == TurnStatus.COMPLETED:
+        return {"answer": rec.text or ""}
+    if rec.status == TurnStatus.SUSPENDED and rec.request is not None:
+        asked = [_mirror(r, ctx, tag) for r in rec.request.all]
+        raise Parked(replace(asked[0], more=tuple(asked[1:])))
+    if rec.status == TurnStatus.CANCELLED:
+        raise RuntimeError(f"subagent {key.agent!r} was cancelled: {rec.reason}")
+    raise RuntimeError(f"subagent {key.agent!r} failed: {rec.error}")
+
+
+def _mirror(r: InputRequest, ctx: ToolContext, tag: dict[str, str]) -> InputRequest:
+    """The parent's request for a child's: answering it answers the child's."""
+    return InputRequest(f"{r.id}@{ctx.call_id}", r.prompt, r.schema, r.answerers,
+                        ctx.turn_id, ctx.call_id, {**tag, "input_id": r.id})
+
+
+async def _follow(ctx: ToolContext, key: SessionKey, turn_id: str,
+                  tag: dict[str, str]) -> TurnRecord:
+    """Forward the child turn's events into the parent's stream until the turn ends or
+    parks; returns its record."""
+    rt, forward = ctx.runtime, ctx.forward
+    assert rt is not None and forward is not None
+    store = rt.store
+    # Events forwarded before a crash or a park are in the parent's log: go on after them.
+    cursor = max((int(e.child["seq"]) for e in await store.read_events(
+        rt.key(ctx.agent, ctx.session), turn_id=ctx.turn_id)
+        if e.child is not None and e.child.get("turn_id") == turn_id
+        and e.child.get("session") == key.session), default=0)
+    changed = asyncio.Event()
+    unwatch = store.watch(key, lambda _events: changed.set())
+    # The child's live text, if this runtime drives it: handed on as it streams.
+    live = rt.subscribe(key, None, deltas=True)
+    forward_live = ctx.forward_live
+    if forward_live is not None:
+        def on_live(e: TurnEvent) -> None:
+            if e.type == "message.delta" and e.turn_id == turn_id:
+                forward_live(replace(e, child={**tag, "seq": e.seq}))
+
+        live.deliver_to(on_live)
+    try:
+        await live.ready()
+        while True:
+            changed.clear()
+            (rec,) = await store.turns(key, turn_id=turn_id)
+            # Read after the record: every event up to a end it shows is read too.
+            events = await store.read_events(key, after_seq=cursor, turn_id=turn_id)
+            if events:
+                await forward([replace(e, child={**tag, "seq": e.seq}) for e in events])
+                cursor = events[-1].seq
+            if rec.status.ended:
+                return rec
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), POLL)
+    finally:
+        unwatch()
+        live.close()
