@@ -52,8 +52,8 @@ from collections.abc import AsyncIterator, Callable, Collection
 from typing import Any, TypeVar
 
 import psycopg
-from psycopg import pq
 import psycopg_pool
+from psycopg import pq
 from psycopg_pool import ConnectionPool
 
 from ..errors import FatalToolError, LeaseLostError, LeaseTimeoutError, StoreError
@@ -442,7 +442,7 @@ class PostgresStore(SqlReads, FeedStore):
 
     def __init__(self, dsn: str, *, lease_ttl: float = 15.0, pool_size: int = 4,
                  poll_interval: float = 1.0, connect_timeout: float = 10.0,
-                 idle_timeout: float | None | _Default = _DEFAULT) -> None:
+                 idle_timeout: float | _Default | None = _DEFAULT) -> None:
         if lease_ttl <= 0 or poll_interval <= 0:
             raise ValueError("lease_ttl and poll_interval must be positive")
         if pool_size < 1:
@@ -581,10 +581,14 @@ class PostgresStore(SqlReads, FeedStore):
 
     async def _stop(self, lanes: list[_Lane]) -> None:
         pools, self._pools = self._pools, []
-        closer = lanes[-1].worker
-        for pool in pools:
-            with contextlib.suppress(Exception):
-                await closer.run(lambda p=pool: p.close(timeout=self._connect_timeout))
+        closer, timeout = lanes[-1].worker, self._connect_timeout
+
+        def close_pools() -> None:
+            for pool in pools:
+                with contextlib.suppress(Exception):
+                    pool.close(timeout=timeout)
+
+        await closer.run(close_pools)
         for lane in lanes:
             lane.worker.stop()
 
