@@ -114,7 +114,8 @@ async def test_a_notification_names_its_sessions_and_seqs(pg_dsn: str) -> None:
                 if len(payloads) == 2:
                     break
         # The enqueue (a chain change: no seq), then one for the whole step: its newest seq.
-        assert payloads == [[["ops", "s1", None]], [["ops", "s1", 2]]]
+        assert payloads == [{"from": store.origin, "changes": [["ops", "s1", None]]},
+                            {"from": store.origin, "changes": [["ops", "s1", 2]]}]
     finally:
         await listener.close()
         await store.close()

@@ -26,11 +26,13 @@
   :class:`~durable_turns.errors.LeaseLostError` and nothing of its step, local tools'
   writes included, is committed.
 - The feed: every transaction that writes events, enqueues or cancels sends one
-  ``pg_notify('durable_turns', payload)``; the payload is a JSON list of
-  ``[agent, session, seq]`` (``seq`` the newest event committed, ``null`` for a change of the
-  chain: a new turn, a resume, a cancel), never any content. One listening connection per
-  store, open while anyone subscribes or watches, coalesces what arrives together (one
-  re-read per session, none when its subscribers already have that seq) and tells the feed;
+  ``pg_notify('durable_turns', payload)``; the payload is JSON,
+  ``{"from": store, "changes": [[agent, session, seq], ...]}`` (``seq`` the newest event
+  committed, ``null`` for a change of the chain: a new turn, a resume, a cancel), never any
+  content. One listening connection per store, open while anyone subscribes or watches,
+  skips its own store's notifications (published already), coalesces what arrives together
+  (one re-read per session, none when its subscribers already have that seq) and tells the
+  feed;
   it also re-reads every ``poll_interval`` seconds and after a reconnect, so a lost
   notification is only a delay. Workers wake only on chain changes.
 - The schema is migrated by the store, under an advisory lock, so many processes may open a
@@ -48,6 +50,7 @@ import logging
 import os
 import socket
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable, Collection
 from typing import Any, TypeVar
 
@@ -173,28 +176,35 @@ _LEASE_FREE = "(s.lease_until IS NULL OR s.lease_until < clock_timestamp())"
 _NOTIFY = "SELECT pg_notify(%s, %s)"
 
 
-def payload(changes: list[tuple[SessionKey, int | None]]) -> str:
-    """A notification's payload: ``[[agent, session, seq], ...]``; ``[]`` (anything may have
-    changed) when the keys would not fit PostgreSQL's payload limit."""
-    text = json.dumps([[k.agent, k.session, seq] for k, seq in changes])
-    return text if len(text.encode()) < _NOTIFY_LIMIT else "[]"
+Changes = list[tuple[SessionKey, int | None]]
 
 
-def parse_payload(text: str) -> list[tuple[SessionKey, int | None]] | None:
-    """The changes a payload names; ``None`` for "anything may have changed" (an empty list
-    or a payload this version cannot read)."""
+def payload(origin: str, changes: Changes) -> str:
+    """A notification's payload: ``{"from": origin, "changes": [[agent, session, seq], ...]}``;
+    without ``changes`` (anything may have changed) when they would not fit PostgreSQL's
+    payload limit."""
+    text = json.dumps({"from": origin,
+                       "changes": [[k.agent, k.session, seq] for k, seq in changes]})
+    return text if len(text.encode()) < _NOTIFY_LIMIT else json.dumps({"from": origin})
+
+
+def parse_payload(text: str) -> tuple[str | None, Changes | None]:
+    """Who sent a payload and the changes it names; ``None`` changes for "anything may have
+    changed" (none named, or a payload this version cannot read)."""
     try:
         data = json.loads(text)
-        if data and isinstance(data[0], str):  # one change, as durable_turns 0.x sent it
-            data = [data]
-        out = [(SessionKey(str(a), str(s)), None if q is None else int(q)) for a, s, q in data]
-    except (ValueError, TypeError):
-        return None
-    return out or None
+        if isinstance(data, list):  # [agent, session, seq], as the first version sent it
+            data = {"changes": [data]}
+        origin = data.get("from")
+        out = [(SessionKey(str(a), str(s)), None if q is None else int(q))
+               for a, s, q in data.get("changes") or ()]
+    except (ValueError, TypeError, AttributeError):
+        return None, None
+    return (None if origin is None else str(origin)), (out or None)
 
 
-def _notify(c: psycopg.Connection[Any], key: SessionKey, seq: int | None) -> None:
-    c.execute(_NOTIFY, (CHANNEL, payload([(key, seq)])))
+def _notify(c: psycopg.Connection[Any], origin: str, key: SessionKey, seq: int | None) -> None:
+    c.execute(_NOTIFY, (CHANNEL, payload(origin, [(key, seq)])))
 
 
 def _idle(c: psycopg.Connection[Any]) -> bool:
@@ -327,7 +337,7 @@ class _PgTransaction(BufferedTransaction):
                 raise LeaseLostError(str(lease.key), lease.epoch)
             _RULES.flush(c, lease.sid, lease.generation, self.first_index(), self.writes)
             if self.writes.events:
-                _notify(c, lease.key, self.writes.events[-1].seq)
+                _notify(c, self._store.origin, lease.key, self.writes.events[-1].seq)
             c.execute("COMMIT")
         except BaseException:
             _rollback(c)
@@ -457,6 +467,9 @@ class PostgresStore(SqlReads, FeedStore):
         self.idle_timeout = idle_timeout
         self.owner = f"{socket.gethostname()}:{os.getpid()}"
         """What ``sessions.lease_owner`` says of this store's leases (host:pid)."""
+        self.origin = uuid.uuid4().hex[:16]
+        """This store's name in its notifications (``from``): its listener skips its own,
+        whose events it published already."""
         self._pool_size = pool_size
         self._connect_timeout = connect_timeout
         self._pools: list[ConnectionPool[psycopg.Connection[Any]]] = []
@@ -467,9 +480,6 @@ class PostgresStore(SqlReads, FeedStore):
         self._feed = Feed(self.events_after, self.newest_seq, on_active=self._start_listener)
         self._listener: asyncio.Task[None] | None = None
         self._held: set[_PgLease] = set()
-        self._own_pids: set[int] = set()
-        """Server processes of this store's connections: their notifications are of commits
-        this store published itself, so the listener skips them."""
 
     def __repr__(self) -> str:
         try:
@@ -492,19 +502,15 @@ class PostgresStore(SqlReads, FeedStore):
 
     def _configure(self, c: psycopg.Connection[Any]) -> None:
         """Set up a new pooled connection (on a pool thread)."""
-        if self.idle_timeout is not None:
-            c.execute("SELECT set_config('idle_in_transaction_session_timeout', %s, false)",
-                      (f"{max(1, round(self.idle_timeout * 1000))}ms",))
-        self._own_pids.add(c.info.backend_pid)
-
-    def _reset(self, c: psycopg.Connection[Any]) -> None:
-        if c.broken or c.closed:
-            self._own_pids.discard(c.info.backend_pid)
+        assert self.idle_timeout is not None
+        c.execute("SELECT set_config('idle_in_transaction_session_timeout', %s, false)",
+                  (f"{max(1, round(self.idle_timeout * 1000))}ms",))
 
     def _pool(self, name: str, size: int) -> ConnectionPool[psycopg.Connection[Any]]:
         pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
             self.dsn, kwargs=self._connect_args(), min_size=size, max_size=size, open=False,
-            configure=self._configure, name=name, timeout=self._connect_timeout,
+            configure=self._configure if self.idle_timeout is not None else None, name=name,
+            timeout=self._connect_timeout,
             reconnect_timeout=max(self._connect_timeout, 60.0), num_workers=1)
         self._pools.append(pool)
         return pool
@@ -517,11 +523,16 @@ class PostgresStore(SqlReads, FeedStore):
         leases = _Lane("durable-turns-pg-leases", leases_pool, self._connect_timeout)
         lanes: list[_Lane] = []
         try:
-            await self._guard(leases.worker.run(lambda: self._open_pools(leases)))
+            # A plain connection first: a server that is down or refuses us is said at once,
+            # with its reason (a pool would retry quietly until its timeout).
             self._inspect = await leases.worker.run(self._connect)
+            await self._guard(leases.worker.run(lambda: self._open_pools(leases)))
             lanes = [_Lane(f"durable-turns-pg-{i}", steps_pool, self._connect_timeout)
                      for i in range(self._pool_size)]
         except BaseException:
+            inspect, self._inspect = self._inspect, None
+            if inspect is not None:
+                inspect.close()
             await self._stop([leases])
             raise
         self._leases_lane, self._lanes = leases, lanes
@@ -534,11 +545,6 @@ class PostgresStore(SqlReads, FeedStore):
             for pool in self._pools:
                 pool.open(wait=True, timeout=self._connect_timeout)
         except psycopg_pool.PoolTimeout as e:
-            # The pool retries in the background and logs why; say it once, plainly.
-            try:
-                psycopg.connect(self.dsn, **self._connect_args()).close()
-            except psycopg.Error as why:
-                raise StoreError(f"cannot connect to PostgreSQL ({self!r}): {why}") from e
             raise StoreError(f"cannot open a pool of connections to PostgreSQL ({self!r}) "
                              f"in {self._connect_timeout}s") from e
         leases.once(lambda c: _in_transaction(c, self._migrate))
@@ -706,7 +712,7 @@ class PostgresStore(SqlReads, FeedStore):
         def enqueue(c: psycopg.Connection[Any]) -> tuple[TurnRecord, bool]:
             out = _RULES.enqueue(c, key, turn_id, opening, event, policy, kind, supersede, data)
             if out[1]:
-                _notify(c, key, None)
+                _notify(c, self.origin, key, None)
             return out
 
         return await self._write_tx(enqueue)
@@ -717,7 +723,7 @@ class PostgresStore(SqlReads, FeedStore):
         def cancel(c: psycopg.Connection[Any]) -> list[str]:
             ids = _RULES.request_cancel(c, key, turn_id, reason)
             if ids:
-                _notify(c, key, None)
+                _notify(c, self.origin, key, None)
             return ids
 
         ids = await self._write_tx(cancel)
@@ -758,10 +764,9 @@ class PostgresStore(SqlReads, FeedStore):
                     # down) is read once, by everyone.
                     self._feed.changed_any()
                     while self._feed.active:
-                        batch = _Batch(self._feed)
+                        batch = _Batch(self._feed, self.origin)
                         async for n in conn.notifies(timeout=self.poll_interval):
-                            if n.pid not in self._own_pids:  # else published already
-                                batch.add(n.payload)
+                            batch.add(n.payload)
                         batch.flush()
                         self._feed.changed_any()  # the periodic re-read
             except psycopg.Error as e:
@@ -773,14 +778,17 @@ class _Batch:
     adds each as it comes and the feed hears of them when the event loop next runs (after
     the whole burst psycopg read), with the newest seq per session."""
 
-    def __init__(self, feed: Feed) -> None:
+    def __init__(self, feed: Feed, origin: str) -> None:
         self._feed = feed
+        self._origin = origin
         self._changes: dict[SessionKey, int | None] = {}
         self._anything = False
         self._scheduled = False
 
     def add(self, text: str) -> None:
-        changes = parse_payload(text)
+        origin, changes = parse_payload(text)
+        if origin == self._origin:
+            return  # this store's own commit: published already
         if changes is None:
             self._anything = True
         else:
