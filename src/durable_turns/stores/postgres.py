@@ -131,7 +131,8 @@ MIGRATIONS: list[str] = [
 ]
 
 CHANNEL = "durable_turns"
-"""The NOTIFY channel; a payload is a JSON list of ``[agent, session, seq]``."""
+"""The NOTIFY channel; a payload is
+``{"from": origin, "changes": [[agent, session, seq], ...]}``."""
 LISTENER_NAME = "durable_turns listener"
 """The ``application_name`` of a store's listening connection (in ``pg_stat_activity``)."""
 _MIGRATION_LOCK = 0x44545552  # "DTUR": the advisory lock key around migrations
@@ -179,7 +180,7 @@ _NOTIFY = "SELECT pg_notify(%s, %s)"
 Changes = list[tuple[SessionKey, int | None]]
 
 
-def payload(origin: str, changes: Changes) -> str:
+def _payload(origin: str, changes: Changes) -> str:
     """A notification's payload: ``{"from": origin, "changes": [[agent, session, seq], ...]}``;
     without ``changes`` (anything may have changed) when they would not fit PostgreSQL's
     payload limit."""
@@ -188,7 +189,7 @@ def payload(origin: str, changes: Changes) -> str:
     return text if len(text.encode()) < _NOTIFY_LIMIT else json.dumps({"from": origin})
 
 
-def parse_payload(text: str) -> tuple[str | None, Changes | None]:
+def _parse_payload(text: str) -> tuple[str | None, Changes | None]:
     """Who sent a payload and the changes it names; ``None`` changes for "anything may have
     changed" (none named, or a payload this version cannot read)."""
     try:
@@ -204,7 +205,7 @@ def parse_payload(text: str) -> tuple[str | None, Changes | None]:
 
 
 def _notify(c: psycopg.Connection[Any], origin: str, key: SessionKey, seq: int | None) -> None:
-    c.execute(_NOTIFY, (CHANNEL, payload(origin, [(key, seq)])))
+    c.execute(_NOTIFY, (CHANNEL, _payload(origin, [(key, seq)])))
 
 
 def _idle(c: psycopg.Connection[Any]) -> bool:
@@ -786,7 +787,7 @@ class _Batch:
         self._scheduled = False
 
     def add(self, text: str) -> None:
-        origin, changes = parse_payload(text)
+        origin, changes = _parse_payload(text)
         if origin == self._origin:
             return  # this store's own commit: published already
         if changes is None:
