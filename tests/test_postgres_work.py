@@ -265,3 +265,40 @@ async def test_a_worker_whose_step_connection_is_killed_mid_step_completes_the_t
         rows = c.execute("SELECT call_id, pid FROM orders ORDER BY call_id").fetchall()
     # The killed step left nothing; A drove the turn again on a new connection: each once.
     assert rows == [("c1", a.pid), ("c2", a.pid)]
+
+
+async def test_a_worker_whose_connections_are_all_killed_goes_on_working(pg_dsn: str) -> None:
+    import uuid
+
+    from durable_turns import Agent, ModelReply, Runtime, scripted
+
+    name = f"worker-{uuid.uuid4().hex[:8]}"
+    worker = Runtime([Agent("ops", "You run ops.", [])],
+                     PostgresStore(psycopg.conninfo.make_conninfo(pg_dsn, application_name=name),
+                                   poll_interval=0.2),
+                     scripted(lambda _request: ModelReply("done")))
+    front = Runtime([Agent("ops")], PostgresStore(pg_dsn), drive=False)
+    working = asyncio.ensure_future(worker.work(poll_interval=0.1))
+    admin = psycopg.connect(pg_dsn, autocommit=True)
+    try:
+        async with asyncio.timeout(pgkit.CHILD_TIMEOUT):
+            first = await front.session("ops", "s1").start("hi", turn_id="t1")
+            assert (await front.session("ops", "s1").result(first.turn_id)).text == "done"
+        await _until(lambda: admin.execute("SELECT lease_owner FROM sessions").fetchall()
+                     == [(None,)], "the lease's release")
+        # Every connection of the worker's pools (and its unwrap() one) dies at once, as in a
+        # server restart: its next claim fails, the pool replaces them, and the worker claims
+        # and drives again.
+        killed = admin.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                               "WHERE application_name = %s", (name,)).fetchone()
+        assert killed is not None and killed[0] >= 2
+        async with asyncio.timeout(pgkit.CHILD_TIMEOUT):
+            second = await front.session("ops", "s2").start("hi", turn_id="t2")
+            assert (await front.session("ops", "s2").result(second.turn_id)).text == "done"
+        assert not working.done()
+    finally:
+        admin.close()
+        working.cancel()
+        await asyncio.gather(working, return_exceptions=True)
+        await worker.close()
+        await front.close()

@@ -31,6 +31,7 @@ from .driver import SessionDriver, TranscriptCache
 from .errors import (
     ConfigurationError,
     DurableTurnsError,
+    StoreError,
     TurnConflictError,
     UnknownAgentError,
     UnknownTurnError,
@@ -223,7 +224,12 @@ class Runtime:
             while True:
                 wake.clear()
                 room = max_sessions - len(self._drivers)
-                for lease in await self.store.claim_ready(agents, room) if room > 0 else ():
+                try:
+                    claimed = await self.store.claim_ready(agents, room) if room > 0 else ()
+                except StoreError as e:  # the database is away: look again at the next poll
+                    log.warning("worker: cannot claim sessions (retrying): %s", e)
+                    claimed = ()
+                for lease in claimed:
                     driver = self._drivers.get(lease.key)
                     if driver is not None and driver.alive:
                         await lease.release()  # this runtime drives it already
