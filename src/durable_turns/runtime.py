@@ -198,7 +198,7 @@ class Runtime:
         died with the process). Wakes when the store's feed reports a change of a chain
         (PostgreSQL: a NOTIFY of a new turn, a resume or a cancel) or a session of its own
         is done, and looks every ``poll_interval`` seconds anyway, so a lost notification is
-        only a delay.
+        only a delay. A look the store refuses (the database away) is logged and made again.
 
         Args:
             poll_interval: seconds between looks when nothing woke the worker.
