@@ -103,7 +103,8 @@ async def worker(dsn: str, work: Path, tag: str) -> None:
         (work / f"ready-{tag}").touch()
         while not (work / "go").exists():
             await asyncio.sleep(0.005)
-        working = asyncio.ensure_future(rt.work(poll_interval=0.05))
+        # At most 10 sessions each: the 50 are shared out over both workers as they go.
+        working = asyncio.ensure_future(rt.work(poll_interval=0.05, max_sessions=10))
         try:
             while await store.find_sessions("unfinished"):
                 await asyncio.sleep(0.05)
