@@ -19,9 +19,11 @@ transaction doing what a step commit must: lock the session row and check the ep
 row), and ``pg_notify``. It reads nothing else and keeps no state, so it is a lower bound,
 not the same work.
 
-Throughput: ``--sessions`` (60) sessions with one such turn each are queued, then 1, 2 and 4
-worker processes (``Runtime.work()``) start together and drive them; the figure is turns and
-steps per second from the start signal until no session has an unfinished turn.
+Throughput: ``--sessions`` (100) sessions with one such turn each are queued, then 1, 2 and 4
+worker processes (``Runtime.work(max_sessions=…)``, ``--max-sessions`` (25) each, so the
+sessions spread over the workers) start together and drive them, claiming with
+``claim_ready`` (``FOR UPDATE SKIP LOCKED``); the figure is turns and steps per second from the
+start signal until no session has an unfinished turn, and how many turns each worker drove.
 
 Failover: a worker process is SIGKILLed inside a tool of a turn; a worker in this process
 (polling every 50 ms) takes the session over once the lease expires and finishes the turn. The
@@ -60,6 +62,7 @@ from durable_turns import (
     SqliteStore,
     ToolCall,
     ToolContext,
+    TurnEvent,
     scripted,
     tool,
 )
@@ -142,13 +145,28 @@ def _floor(dsn: str, turns: int, calls: int) -> float:
         return (time.perf_counter() - t0) / steps * 1e6
 
 
-def _worker(dsn: str, calls: int, start: Any, done: Any) -> None:
+class _Count:
+    """An event sink counting the turns a worker completed."""
+
+    def __init__(self) -> None:
+        self.turns = 0
+
+    def emit(self, event: TurnEvent) -> None:
+        if event.type == "turn.completed":
+            self.turns += 1
+
+
+def _worker(dsn: str, calls: int, max_sessions: int, start: Any, done: Any,
+            counts: Any) -> None:
+    count = _Count()
+
     async def run() -> None:
         store = PostgresStore(dsn, lease_ttl=5.0)
-        rt = Runtime([_agent("%s")], store, _model(calls))
+        rt = Runtime([_agent("%s")], store, _model(calls), count)
         async with rt:
             start.wait()
-            working = asyncio.ensure_future(rt.work(poll_interval=0.02))
+            working = asyncio.ensure_future(
+                rt.work(poll_interval=0.02, max_sessions=max_sessions))
             while not done.is_set():
                 await asyncio.sleep(0.02)
             working.cancel()
@@ -156,10 +174,12 @@ def _worker(dsn: str, calls: int, start: Any, done: Any) -> None:
             await rt.idle()
 
     asyncio.run(run())
+    counts.put(count.turns)
 
 
-async def _throughput(base_dsn: str, workers: int, sessions: int, calls: int) -> float:
-    """Turns per second with ``workers`` worker processes."""
+async def _throughput(base_dsn: str, workers: int, sessions: int, calls: int,
+                      max_sessions: int) -> tuple[float, list[int]]:
+    """Turns per second with ``workers`` worker processes, and the turns each drove."""
     dsn = _schema_dsn(base_dsn)
     store = PostgresStore(dsn)
     await store.open()
@@ -169,8 +189,9 @@ async def _throughput(base_dsn: str, workers: int, sessions: int, calls: int) ->
             await store.enqueue_turn(SessionKey("bench", f"s{i}"), "t1",
                                      Message("user", "go", turn_id="t1"))
         ctx = multiprocessing.get_context("spawn")
-        start, done = ctx.Event(), ctx.Event()
-        procs = [ctx.Process(target=_worker, args=(dsn, calls, start, done))
+        start, done, counts = ctx.Event(), ctx.Event(), ctx.Queue()
+        procs = [ctx.Process(target=_worker,
+                             args=(dsn, calls, max_sessions, start, done, counts))
                  for _ in range(workers)]
         for p in procs:
             p.start()
@@ -181,9 +202,10 @@ async def _throughput(base_dsn: str, workers: int, sessions: int, calls: int) ->
             await asyncio.sleep(0.01)
         elapsed = time.perf_counter() - t0
         done.set()
+        shares = sorted((counts.get(timeout=60) for _ in procs), reverse=True)
         for p in procs:
             p.join(timeout=60)
-        return sessions / elapsed
+        return sessions / elapsed, shares
     finally:
         await store.close()
 
@@ -260,15 +282,18 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         steps["psycopg floor"].append(_floor(_schema_dsn(args.dsn), args.turns, args.calls))
     per_step = {k: round(statistics.median(v), 1) for k, v in steps.items()}
     throughput: dict[str, float] = {}
+    shares: dict[str, list[int]] = {}
     for n in (1, 2, 4):
-        runs = [await _throughput(args.dsn, n, args.sessions, args.calls)
+        runs = [await _throughput(args.dsn, n, args.sessions, args.calls, args.max_sessions)
                 for _ in range(args.repeat)]
-        throughput[str(n)] = round(statistics.median(runs), 1)
+        throughput[str(n)] = round(statistics.median(r[0] for r in runs), 1)
+        shares[str(n)] = runs[-1][1]
     failover = {str(ttl): round(statistics.median(
         [await _failover(args.dsn, ttl) for _ in range(args.repeat)]), 2)
         for ttl in args.failover_ttl}
     return {"cpus": os.cpu_count(), "calls": args.calls, "turns": args.turns,
             "sessions": args.sessions, "us_per_step": per_step, "turns_per_s": throughput,
+            "turns_per_worker": shares, "max_sessions": args.max_sessions,
             "steps_per_turn": 2 * args.calls + 1, "failover_s": failover}
 
 
@@ -278,7 +303,9 @@ def main() -> None:
                    help="a PostgreSQL DSN (default: $DURABLE_TURNS_TEST_PG)")
     p.add_argument("--calls", type=int, default=5)
     p.add_argument("--turns", type=int, default=20)
-    p.add_argument("--sessions", type=int, default=60)
+    p.add_argument("--sessions", type=int, default=100)
+    p.add_argument("--max-sessions", type=int, default=25,
+                   help="sessions one worker drives at once (Runtime.work(max_sessions=))")
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--failover-ttl", type=float, nargs="+", default=[2.0, 5.0],
                    metavar="SECONDS", help="lease TTLs to measure failover with")
@@ -300,7 +327,8 @@ def main() -> None:
         print(f"  {k:<14} {v:>8.1f}")
     print(f"throughput over {out['sessions']} sessions (turns/s, steps/s):")
     for k, v in out["turns_per_s"].items():
-        print(f"  {k} worker(s)    {v:>6.1f}  {v * out['steps_per_turn']:>8.1f}")
+        print(f"  {k} worker(s)    {v:>6.1f}  {v * out['steps_per_turn']:>8.1f}"
+              f"   turns per worker: {out['turns_per_worker'][k]}")
     print("failover after a SIGKILL (s, from the kill to the turn's end):")
     for k, v in out["failover_s"].items():
         print(f"  lease_ttl {k:>5} s   {v:>6.2f}")

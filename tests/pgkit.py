@@ -12,7 +12,8 @@ The agent has one local tool, ``create_order``: a row in ``orders`` through
 ``ctx.store.unwrap()``, inside the step's transaction. Files in WORK are the signals:
 
 - ``held-<tag>`` (``--hold``): the child sits inside ``create_order`` for call ``c1``, its row
-  written, the step not committed; it goes on once the test writes ``go-<tag>``;
+  written, the step not committed; it goes on once the test writes ``go-<tag>``. The file
+  holds the step connection's server pid;
 - ``ready-<tag>`` (``--work``): the worker is open; it starts working once ``go`` exists;
 - ``report-<tag>.json``: how the turn ended, as this child saw it.
 """
@@ -48,8 +49,10 @@ SCRIPT = [
     ModelReply("And the pear.", [ToolCall("c2", "create_order", {"item": "pear"})]),
     ModelReply("Done."),
 ]
+# One row per call: a second writer of the same call waits on the first one's row lock until
+# that transaction ends (what a paused worker must not make last forever).
 ORDERS_DDL = ("CREATE TABLE IF NOT EXISTS orders (call_id TEXT NOT NULL, item TEXT, pid INTEGER, "
-              "session TEXT, turn_id TEXT)")
+              "session TEXT, turn_id TEXT, UNIQUE (session, turn_id, call_id))")
 CHILD_TIMEOUT = 30.0
 """The bound on every wait of a child, and of the test on a child."""
 
@@ -71,7 +74,9 @@ def build_agent(work: Path, tag: str, hold: bool) -> Agent:
                      "VALUES (%s, %s, %s, %s, %s)",
                      (ctx.call_id, item, os.getpid(), ctx.session, ctx.turn_id))
         if hold and ctx.call_id == "c1":
-            (work / f"held-{tag}").touch()
+            # The step's server process, for a test that kills it.
+            (work / f"held-{tag}.tmp").write_text(str(conn.info.backend_pid))
+            (work / f"held-{tag}.tmp").rename(work / f"held-{tag}")
             _wait_for_file(work / f"go-{tag}")  # on the store's thread, like any local tool
         return {"item": item}
 
@@ -98,7 +103,8 @@ async def worker(dsn: str, work: Path, tag: str) -> None:
         (work / f"ready-{tag}").touch()
         while not (work / "go").exists():
             await asyncio.sleep(0.005)
-        working = asyncio.ensure_future(rt.work(poll_interval=0.05))
+        # At most 10 sessions each: the 50 are shared out over both workers as they go.
+        working = asyncio.ensure_future(rt.work(poll_interval=0.05, max_sessions=10))
         try:
             while await store.find_sessions("unfinished"):
                 await asyncio.sleep(0.05)

@@ -140,7 +140,12 @@ async def test_a_killed_worker_is_replaced_and_its_local_writes_vanish(
     assert await _turn_status(pg_dsn) == "completed"
 
 
-async def test_a_paused_worker_is_fenced_when_it_wakes(pg_dsn: str, tmp_path: Path) -> None:
+async def test_a_paused_worker_neither_blocks_the_takeover_nor_commits(
+        pg_dsn: str, tmp_path: Path) -> None:
+    """A is SIGSTOPped inside its local tool, its order row written and locked (orders has a
+    unique key per call). B takes the session over and writes the same call's row: without
+    the step connections' idle-in-transaction timeout it would wait on A's lock for as long
+    as A is paused. A, woken, commits nothing."""
     a = _spawn(pg_dsn, tmp_path, "a", "--start", "--hold")
     try:
         _wait_for(lambda: (tmp_path / "held-a").exists() or a.poll() is not None, "held-a")

@@ -220,6 +220,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="PostgreSQL: how long a dead worker's sessions wait for takeover")
     work.add_argument("--poll-interval", type=float, default=0.5, metavar="SECONDS",
                       help="seconds between looks for new work")
+    work.add_argument("--max-sessions", type=int, default=100, metavar="N",
+                      help="sessions this worker drives at once, at most (the rest are left "
+                           "to other workers)")
     work.set_defaults(run=_worker)
 
     for action, summary in SESSION_ACTIONS.items():
@@ -466,7 +469,7 @@ async def _work(args: argparse.Namespace) -> int:
     async with Runtime([agent], store, model) as rt:
         where = args.store if isinstance(store, SqliteStore) else repr(store)  # no password
         print(f"worker of agent {agent.name!r} on {where}: driving queued turns", flush=True)
-        await rt.work(poll_interval=args.poll_interval)
+        await rt.work(poll_interval=args.poll_interval, max_sessions=args.max_sessions)
     return 0
 
 

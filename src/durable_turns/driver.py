@@ -91,13 +91,15 @@ class SessionDriver:
         try_once: claim the lease without waiting; a session another holder has is left to
             it (the driver ends quietly), as a worker looking for work does.
         runtime: handed to remote tools (``ToolContext.runtime``), for subagents (F13).
+        lease: the session's lease, already claimed (``SessionStore.claim_ready``); the
+            driver releases it when done. Later looks at the chain claim again (``try_once``).
     """
 
     def __init__(self, key: SessionKey, agent: Agent, model: Model, store: SessionStore, *,
                  transcripts: TranscriptCache, publish: Callable[[list[TurnEvent]], None],
                  publish_live: Callable[[TurnEvent], None], finished: Finished,
                  lease_timeout: float | None, try_once: bool = False,
-                 runtime: Runtime | None = None) -> None:
+                 runtime: Runtime | None = None, lease: Lease | None = None) -> None:
         self.key = key
         self.failure: BaseException | None = None
         """Why driving stopped, when it stopped on an error (the turns stay in the store)."""
@@ -108,13 +110,14 @@ class SessionDriver:
         self._publish = publish
         self._publish_live = publish_live
         self._finished = finished
-        self._lease_timeout = 0 if try_once else lease_timeout
-        self._try_once = try_once
+        self._try_once = try_once or lease is not None
+        self._lease_timeout = 0 if self._try_once else lease_timeout
         self._runtime = runtime
         self._wanted = True
         self._cancels: dict[str, str] = {}
         self._engine: TurnEngine | None = None
         self._lease: Lease | None = None
+        self._claimed = lease
         self._checking = False
         self._check_again = False
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -180,7 +183,9 @@ class SessionDriver:
                 t.cancel()
 
     async def _drive_once(self) -> None:
-        lease = await self._store.claim(self.key, timeout=self._lease_timeout)
+        lease, self._claimed = self._claimed, None
+        if lease is None:
+            lease = await self._store.claim(self.key, timeout=self._lease_timeout)
         self._lease = lease
         unwatch = self._store.watch(self.key, self._on_change)
         try:

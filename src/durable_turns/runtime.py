@@ -31,6 +31,7 @@ from .driver import SessionDriver, TranscriptCache
 from .errors import (
     ConfigurationError,
     DurableTurnsError,
+    StoreError,
     TurnConflictError,
     UnknownAgentError,
     UnknownTurnError,
@@ -40,7 +41,7 @@ from .messages import Message
 from .models import Model
 from .records import EntryKind, SessionKey, TurnRecord, TurnResult
 from .sessions import AgentSession
-from .stores import SessionStore, Subscription
+from .stores import Lease, SessionStore, Subscription
 
 log = logging.getLogger("durable_turns")
 
@@ -186,16 +187,23 @@ class Runtime:
             keys.append(key)
         return keys
 
-    async def work(self, *, poll_interval: float = 0.5) -> None:
+    async def work(self, *, poll_interval: float = 0.5, max_sessions: int = 100) -> None:
         """Be a worker: drive every session of this runtime's agents that has a queued or
         running turn, as such sessions appear, until cancelled.
 
-        Many workers (processes, machines) may work one store. A session another worker
-        holds is left to it (the claim does not wait); one whose holder died is taken over
-        once its lease expired (PostgreSQL: ``lease_ttl``; SQLite: at once, the OS lock died
-        with the process). Wakes when the store's feed reports a change (PostgreSQL: a
-        NOTIFY of a new turn, a resume or a cancel), and looks every ``poll_interval``
-        seconds anyway, so a lost notification is only a delay.
+        Many workers (processes, machines) may work one store. Sessions are claimed with
+        ``store.claim_ready`` (PostgreSQL: ``FOR UPDATE SKIP LOCKED``), so workers never wait
+        on each other and never get the same session; a session whose holder died is taken
+        over once its lease expired (PostgreSQL: ``lease_ttl``; SQLite: at once, the OS lock
+        died with the process). Wakes when the store's feed reports a change of a chain
+        (PostgreSQL: a NOTIFY of a new turn, a resume or a cancel) or a session of its own
+        is done, and looks every ``poll_interval`` seconds anyway, so a lost notification is
+        only a delay. A look the store refuses (the database away) is logged and made again.
+
+        Args:
+            poll_interval: seconds between looks when nothing woke the worker.
+            max_sessions: how many sessions this worker drives at once, at most; the rest
+                are left to other workers (or to this one, once it has room).
 
         Raises:
             ConfigurationError: this runtime was made with ``drive=False``.
@@ -204,19 +212,36 @@ class Runtime:
             raise ConfigurationError("Runtime(drive=False) drives nothing; work() needs drive")
         if poll_interval <= 0:
             raise ValueError("poll_interval must be positive")
+        if max_sessions < 1:
+            raise ValueError("max_sessions must be at least 1")
         await self.open()
         wake = asyncio.Event()
         # Woken by the store's feed (PostgreSQL: NOTIFY of a new turn, resume or cancel);
         # the poll makes a lost notification only a delay.
         stop = self.store.watch(None, lambda _events: wake.set())
+        agents = list(self.agents)
         try:
             while True:
                 wake.clear()
-                for key in await self.store.find_claimable():
-                    if key.agent in self.agents and key not in self._drivers:
-                        self._drive(key, try_once=True)
+                room = max_sessions - len(self._drivers)
+                try:
+                    claimed = await self.store.claim_ready(agents, room) if room > 0 else ()
+                except StoreError as e:  # the database is away: look again at the next poll
+                    log.warning("worker: cannot claim sessions (retrying): %s", e)
+                    claimed = ()
+                for lease in claimed:
+                    driver = self._drivers.get(lease.key)
+                    if driver is not None and driver.alive:
+                        await lease.release()  # this runtime drives it already
+                        driver.wake()
+                        continue
+                    self._drive(lease.key, lease=lease)
+                    self._drivers[lease.key].task.add_done_callback(lambda _t: wake.set())
+                # Not asyncio.wait_for: on Python 3.11 it swallows a cancellation that comes
+                # as the wait ends, and work() would never stop.
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(wake.wait(), poll_interval)
+                    async with asyncio.timeout(poll_interval):
+                        await wake.wait()
         finally:
             stop()
 
@@ -374,7 +399,8 @@ class Runtime:
 
     # -- drivers ---------------------------------------------------------------------------
 
-    def _drive(self, key: SessionKey, *, try_once: bool = False) -> None:
+    def _drive(self, key: SessionKey, *, try_once: bool = False,
+               lease: Lease | None = None) -> None:
         if not self.drive:
             return
         driver = self._drivers.get(key)
@@ -386,7 +412,7 @@ class Runtime:
         driver = SessionDriver(
             key, agent, self.model_for(agent), self.store, transcripts=self._transcripts,
             publish=self._publish, publish_live=self._publish_live, finished=self._finished,
-            lease_timeout=self.lease_timeout, try_once=try_once, runtime=self,
+            lease_timeout=self.lease_timeout, try_once=try_once, runtime=self, lease=lease,
         )
         self._drivers[key] = driver
         driver.task.add_done_callback(lambda _t: self._driver_done(driver))

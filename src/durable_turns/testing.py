@@ -427,6 +427,39 @@ async def check_claimable_sessions_are_unfinished_and_free(store: SessionStore) 
     assert await store.find_claimable(limit=1) == [KEY]
 
 
+async def check_ready_sessions_are_claimed_once(store: SessionStore) -> None:
+    other, parked = SessionKey("agent", "s2"), SessionKey("agent", "parked")
+    foreign = SessionKey("another", "s1")
+    assert list(await store.claim_ready(["agent"])) == []
+    for key in (KEY, other, parked, foreign):
+        await store.enqueue_turn(key, "t1", _opening("t1"))
+    lease = await store.claim(parked)
+    async with lease.transaction() as tx:
+        tx.set_turn(TurnResult("t1", TurnStatus.SUSPENDED, request=InputRequest("ok", "ok?")))
+    await lease.release()
+    held = await store.claim(KEY)
+    # Two workers claiming at once share the ready sessions out, never one to both.
+    first, second = await asyncio.gather(store.claim_ready(["agent"]),
+                                         store.claim_ready(["agent"]))
+    assert sorted(x.key for x in [*first, *second]) == [other]  # KEY is held, parked waits
+    got = [*first, *second][0]
+    assert list(await store.claim_ready(["agent", "another"], limit=0)) == []
+    assert [x.key for x in await store.claim_ready(["another"])] == [foreign]
+    # A claimed lease is a lease: a new epoch that commits, and nobody else's until released.
+    async with got.transaction() as tx:
+        tx.add_message(_opening("t1"))
+    assert list(await store.claim_ready(["agent"])) == []
+    await held.release()
+    await got.release()
+    again = await store.claim_ready(["agent"], limit=1)
+    assert len(again) == 1 and again[0].key in (KEY, other)
+    rest = await store.claim_ready(["agent"])
+    assert {x.key for x in [*again, *rest]} == {KEY, other}
+    assert [x.epoch for x in [*again, *rest] if x.key == other] > [got.epoch]
+    for x in [*again, *rest]:
+        await x.release()
+
+
 CONFORMANCE: list[Check] = [
     check_enqueue_is_durable_and_idempotent,
     check_lease_is_exclusive,
@@ -445,6 +478,7 @@ CONFORMANCE: list[Check] = [
     check_two_holders_contend_for_one_session,
     check_a_stale_epoch_is_refused,
     check_claimable_sessions_are_unfinished_and_free,
+    check_ready_sessions_are_claimed_once,
 ]
 """Every check a store must pass."""
 

@@ -29,7 +29,7 @@ suite every store passes.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Literal, Protocol, TypeVar
 
@@ -244,6 +244,17 @@ class SessionStore(Protocol):
         A hint, not a reservation: another worker may claim one first (the claim then fails
         or waits), and a lease taken or freed meanwhile is seen at the next look.
         """
+
+    async def claim_ready(self, agents: Collection[str], limit: int = 100) -> Sequence[Lease]:
+        """Claim, without waiting, up to ``limit`` sessions of these agents that have a queued
+        or running turn and whose lease nobody holds (free, or expired where leases expire,
+        whoever held it): what a worker looking for work drives. Each lease has a new epoch.
+
+        Never waits for another claimer and never hands one session to two of them
+        (PostgreSQL: one ``UPDATE`` over ``SELECT ... FOR UPDATE SKIP LOCKED``; stores of one
+        machine: :meth:`find_claimable`, then a claim that does not wait).
+        """
+        ...
 
     async def list_sessions(self, agent: str) -> list[SessionKey]:
         """Every session of ``agent`` the store has, newest first: the most recently created

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Collection, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from ..errors import LeaseTimeoutError, SessionBusyError
 from ..events import TurnEvent
@@ -86,6 +86,30 @@ class BufferedTransaction:
         if self.writes.new_generation:
             self.lease.generation += 1
             self.lease.message_count = 0
+
+
+L = TypeVar("L")
+
+
+async def claim_found(find: Callable[[int], Awaitable[list[SessionKey]]],
+                      claim: Callable[[SessionKey], Awaitable[L]], agents: Collection[str],
+                      limit: int) -> list[L]:
+    """``claim_ready`` for a store of one machine: its ``find_claimable`` (``find``), then a
+    claim that does not wait (``claim``) of each of these agents' sessions, up to ``limit``;
+    a session someone claimed meanwhile is passed over."""
+    leases: list[L] = []
+    if limit <= 0:
+        return leases
+    for key in await find(max(limit * 4, 100)):
+        if key.agent not in agents:
+            continue
+        try:
+            leases.append(await claim(key))
+        except LeaseTimeoutError:
+            continue
+        if len(leases) >= limit:
+            break
+    return leases
 
 
 async def poll_until(

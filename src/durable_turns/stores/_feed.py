@@ -101,16 +101,22 @@ class Feed:
         else:
             self._reread(topic)
 
-    def changed(self, key: SessionKey) -> None:
-        """Something of ``key`` may have changed elsewhere: read it, tell the watchers."""
-        for w in list(self._everyone):
-            w(None)
+    def changed(self, key: SessionKey, seq: int | None = None) -> None:
+        """Something of ``key`` may have changed elsewhere: read it, tell the watchers.
+
+        With ``seq``, the change is known to be events up to ``seq`` only (the chain did not
+        change): watchers of every session (workers looking for work) are not told, and the
+        session's subscribers read nothing if they have that event already.
+        """
+        if seq is None:
+            for w in list(self._everyone):
+                w(None)
         topic = self._topics.get(key)
         if topic is None:
             return
         for w in list(topic.watchers):
             w(None)
-        if topic.subs:
+        if topic.subs and (seq is None or topic.last is None or seq > topic.last):
             self._reread(topic)
 
     def changed_any(self) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
@@ -22,6 +22,7 @@ from ._base import (
     BufferedTransaction,
     LeaseBase,
     check_enqueue,
+    claim_found,
     poll_until,
     supersede_reason,
     updated_request,
@@ -255,6 +256,10 @@ class MemoryStore(FeedStore):
     async def find_claimable(self, limit: int = 100) -> list[SessionKey]:
         keys = await self.find_sessions("unfinished")
         return [k for k in keys if not self._sessions[k].held][:limit]
+
+    async def claim_ready(self, agents: Collection[str], limit: int = 100) -> list[_MemoryLease]:
+        return await claim_found(self.find_claimable, lambda k: self.claim(k, timeout=0),
+                                 agents, limit)
 
     async def list_sessions(self, agent: str) -> list[SessionKey]:
         # Dicts keep insertion order: the order the sessions were created in.

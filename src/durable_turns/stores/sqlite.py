@@ -31,14 +31,14 @@ import hashlib
 import os
 import sqlite3
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any, TypeVar
 
 from ..errors import FatalToolError, LeaseLostError, StoreError
 from ..messages import Message
 from ..records import EntryKind, SessionKey, TurnRecord
-from ._base import BufferedTransaction, LeaseBase, poll_until
+from ._base import BufferedTransaction, LeaseBase, claim_found, poll_until
 from ._feed import Feed, FeedStore
 from ._sql import SqlReads, SqlRules
 from ._thread import Worker
@@ -552,6 +552,10 @@ class SqliteStore(SqlReads, FeedStore):
         return ids
 
     # -- reads -----------------------------------------------------------------------------
+
+    async def claim_ready(self, agents: Collection[str], limit: int = 100) -> list[_SqliteLease]:
+        return await claim_found(self.find_claimable, lambda k: self.claim(k, timeout=0),
+                                 agents, limit)
 
     async def find_claimable(self, limit: int = 100) -> list[SessionKey]:
         keys = await self.find_sessions("unfinished")
