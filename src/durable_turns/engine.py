@@ -40,6 +40,7 @@ from .errors import (
 from .events import (
     ActionCompleted,
     ActionRequested,
+    ActionRetry,
     EventIds,
     InputRequested,
     MessageCompleted,
@@ -59,6 +60,7 @@ from .records import InputRequest, TurnRecord, TurnResult, TurnStatus, input_ste
 from .replies import RetryPolicy, ask
 from .stores import Lease, Transaction
 from .tools import Tool, ToolContext, compile_schema
+from .tracing import TurnTrace, begin_turn
 
 log = logging.getLogger("durable_turns")
 T = TypeVar("T")
@@ -137,6 +139,7 @@ class TurnEngine:
         self._streaming: asyncio.Task[Any] | None = None
         self._interrupted = False
         self._staged: list[Message] = []
+        self._trace: TurnTrace | None = None
 
     def interrupt(self, turn_id: str) -> None:
         """Stop the model's stream if ``turn_id`` is streaming: a cancel was requested.
@@ -171,6 +174,21 @@ class TurnEngine:
 
     async def run(self, turn: TurnRecord) -> TurnResult:
         """Drive ``turn`` from wherever the transcript shows it to its end (or its park)."""
+        trace = begin_turn(self.lease.key, turn, self.transcript, self.model)
+        if trace is None:
+            return await self._run(turn)
+        self._trace = trace
+        try:
+            out = await self._run(turn)
+        except BaseException as e:
+            trace.abandon(e)
+            raise
+        finally:
+            self._trace = None
+        trace.end(out)
+        return out
+
+    async def _run(self, turn: TurnRecord) -> TurnResult:
         policy = SurfacePolicy.from_dict(turn.policy) if turn.policy else None
         event = InboundEvent.from_dict(turn.event) if turn.event else None
         self.turn_id = turn.turn_id
@@ -229,6 +247,8 @@ class TurnEngine:
         self._staged.clear()
         async with self.lease.transaction() as tx:
             events = await fill(tx)
+            if self._trace is not None and self._trace.pending and self.turn_id is not None:
+                tx.set_turn(TurnResult(self.turn_id, TurnStatus.RUNNING), self._trace.record())
         self.transcript.extend(self._staged)
         self._staged.clear()
         self._publish(events)
@@ -284,6 +304,8 @@ class TurnEngine:
             self._publish_live(MessageDelta(**ids, seq=self.lease.last_seq, text=text))
 
         def on_retry(attempt: int, delay: float, error: ModelError) -> None:
+            if self._trace is not None:
+                self._trace.retry(attempt, delay, str(error))
             log.warning("turn %s of %s: model call failed (%s); attempt %d of %d in %.2fs",
                         turn_id, self.lease.key, error, attempt + 1, self._retry.retries + 1,
                         delay)
@@ -291,6 +313,8 @@ class TurnEngine:
                                             retries=self._retry.retries, delay=delay,
                                             error=str(error)))
 
+        if self._trace is not None:
+            self._trace.model_step(f"model:{n}")
         got = await self._interruptible(
             ask(self.model, request, self._retry, on_text=on_text, on_retry=on_retry), turn_id)
         text, calls, stop = got.text, got.calls, got.stop
@@ -315,6 +339,8 @@ class TurnEngine:
             return out
 
         await self._commit(fill)
+        if self._trace is not None:
+            self._trace.model_done(reply.usage or {}, stop.reason)
         return done
 
     # -- tool step -------------------------------------------------------------------------
@@ -326,6 +352,8 @@ class TurnEngine:
         turn_id = turn.turn_id
         step_id = f"tool:{n}:{call.id}"
         tool = self._tools(policy).get(call.name)
+        if self._trace is not None:
+            self._trace.tool_step(step_id, call)
         args: dict[str, Any] = {}
         problem: str | None = None
         if tool is None:
@@ -346,13 +374,16 @@ class TurnEngine:
         elif tool.remote:
             ctx.park = self._parker(turn_id, call.id, event)
             try:
-                result = _encode_result(await tool.run(args, ctx), self.agent.max_result_bytes)
+                result = _encode_result(await tool.call(args, ctx, self._on_tool_retry(tool, call)),
+                                        self.agent.max_result_bytes)
                 error = None
             except (KeyboardInterrupt, SystemExit) as e:
                 raise self._crashed(tool, call, turn_id, e) from e
             except Parked as p:
                 assert isinstance(p.request, InputRequest)
                 out = TurnResult(turn_id, TurnStatus.SUSPENDED, request=p.request)
+                if self._trace is not None:
+                    self._trace.parked(p.request)
 
                 async def park(tx: Transaction) -> list[TurnEvent]:
                     return self._end(tx, out)
@@ -369,6 +400,25 @@ class TurnEngine:
             await self._record(turn_id, n, call, step_id, None, None, local=(tool, args, ctx))
         return None
 
+    def _on_tool_retry(self, tool: Tool, call: ToolCall) -> Callable[[int, float, BaseException],
+                                                                     None] | None:
+        if not tool.retries:
+            return None
+        ids = self._ids(self.turn_id or "")
+
+        def on_retry(attempt: int, delay: float, e: BaseException) -> None:
+            error = error_text(e)
+            log.warning("turn %s of %s: tool %r failed (%s); attempt %d of %d in %.2fs",
+                        ids["turn_id"], self.lease.key, tool.name, error, attempt + 1,
+                        tool.retries + 1, delay)
+            if self._trace is not None:
+                self._trace.retry(attempt, delay, error)
+            self._publish_live(ActionRetry(**ids, seq=self.lease.last_seq, call=call,
+                                           attempt=attempt, retries=tool.retries, delay=delay,
+                                           error=error))
+
+        return on_retry
+
     def _crashed(self, tool: Tool, call: ToolCall, turn_id: str,
                  e: BaseException) -> ToolCrashedError:
         log.error("turn %s of %s: tool %r raised %s; the step is abandoned", turn_id,
@@ -381,6 +431,8 @@ class TurnEngine:
         async def park(input_id: str, prompt: str, schema: Any, answerers: Any) -> Any:
             stored = await self._read_answer(input_step_id(turn_id, input_id))
             if stored is not None:
+                if self._trace is not None:
+                    self._trace.input(input_step_id(turn_id, input_id), stored)
                 return json.loads(stored)["value"]
             if schema is not None:
                 try:
@@ -422,12 +474,14 @@ class TurnEngine:
             return [tx.add_event(ActionCompleted(**ids, call=call, result=result, error=error))]
 
         await self._commit(fill)
+        if self._trace is not None:
+            self._trace.tool_done(error)
 
     # -- the end ---------------------------------------------------------------------------
 
     def _end(self, tx: Transaction, out: TurnResult) -> list[TurnEvent]:
         ids = self._ids(out.turn_id)
-        tx.set_turn(out)
+        tx.set_turn(out, self._trace.record(out.status) if self._trace is not None else None)
         tx.set_status("suspended" if out.status == TurnStatus.SUSPENDED else "idle")
         if out.status == TurnStatus.COMPLETED:
             return [tx.add_event(TurnCompleted(**ids, text=out.text or ""))]
@@ -563,7 +617,7 @@ class _NoHandle:
 
 
 def _run_local(tool: Tool, args: dict[str, Any], ctx: ToolContext, limit: int) -> Any:
-    out = tool.run(args, ctx)
+    out = tool.call_local(args, ctx)
     if inspect.isawaitable(out):
         close = getattr(out, "close", None)
         if close is not None:
