@@ -60,7 +60,7 @@ from .records import InputRequest, TurnRecord, TurnResult, TurnStatus, input_ste
 from .replies import RetryPolicy, ask
 from .stores import Lease, Transaction
 from .tools import Tool, ToolContext, compile_schema
-from .tracing import TurnTrace, begin_turn
+from .tracing import StepSpan, TurnTrace, begin_turn
 
 log = logging.getLogger("durable_turns")
 T = TypeVar("T")
@@ -299,13 +299,14 @@ class TurnEngine:
             turn_id=turn_id,
         )
         ids = self._ids(turn_id)
+        span = self._trace.model_step(f"model:{n}") if self._trace is not None else None
 
         def on_text(text: str) -> None:
             self._publish_live(MessageDelta(**ids, seq=self.lease.last_seq, text=text))
 
         def on_retry(attempt: int, delay: float, error: ModelError) -> None:
-            if self._trace is not None:
-                self._trace.retry(attempt, delay, str(error))
+            if span is not None:
+                span.retry(attempt, delay, str(error))
             log.warning("turn %s of %s: model call failed (%s); attempt %d of %d in %.2fs",
                         turn_id, self.lease.key, error, attempt + 1, self._retry.retries + 1,
                         delay)
@@ -313,8 +314,6 @@ class TurnEngine:
                                             retries=self._retry.retries, delay=delay,
                                             error=str(error)))
 
-        if self._trace is not None:
-            self._trace.model_step(f"model:{n}")
         got = await self._interruptible(
             ask(self.model, request, self._retry, on_text=on_text, on_retry=on_retry), turn_id)
         text, calls, stop = got.text, got.calls, got.stop
@@ -339,8 +338,8 @@ class TurnEngine:
             return out
 
         await self._commit(fill)
-        if self._trace is not None:
-            self._trace.model_done(reply.usage or {}, stop.reason)
+        if span is not None:
+            span.model_done(reply.usage or {}, stop.reason)
         return done
 
     # -- tool step -------------------------------------------------------------------------
@@ -352,8 +351,7 @@ class TurnEngine:
         turn_id = turn.turn_id
         step_id = f"tool:{n}:{call.id}"
         tool = self._tools(policy).get(call.name)
-        if self._trace is not None:
-            self._trace.tool_step(step_id, call)
+        span = self._trace.tool_step(step_id, call) if self._trace is not None else None
         args: dict[str, Any] = {}
         problem: str | None = None
         if tool is None:
@@ -370,11 +368,12 @@ class TurnEngine:
             store=_NoHandle(), event=event, user=event.user if event else None,
         )
         if problem is not None or tool is None:
-            await self._record(turn_id, n, call, step_id, {"error": problem}, problem)
+            await self._record(turn_id, n, call, step_id, {"error": problem}, problem, span=span)
         elif tool.remote:
             ctx.park = self._parker(turn_id, call.id, event)
             try:
-                result = _encode_result(await tool.call(args, ctx, self._on_tool_retry(tool, call)),
+                on_retry = self._on_tool_retry(tool, call, span)
+                result = _encode_result(await tool.call(args, ctx, on_retry),
                                         self.agent.max_result_bytes)
                 error = None
             except (KeyboardInterrupt, SystemExit) as e:
@@ -382,8 +381,8 @@ class TurnEngine:
             except Parked as p:
                 assert isinstance(p.request, InputRequest)
                 out = TurnResult(turn_id, TurnStatus.SUSPENDED, request=p.request)
-                if self._trace is not None:
-                    self._trace.parked(p.request)
+                if span is not None:
+                    span.parked(p.request)
 
                 async def park(tx: Transaction) -> list[TurnEvent]:
                     return self._end(tx, out)
@@ -395,13 +394,14 @@ class TurnEngine:
             except Exception as e:
                 error = error_text(e)
                 result = {"error": error}
-            await self._record(turn_id, n, call, step_id, result, error)
+            await self._record(turn_id, n, call, step_id, result, error, span=span)
         else:
-            await self._record(turn_id, n, call, step_id, None, None, local=(tool, args, ctx))
+            await self._record(turn_id, n, call, step_id, None, None, local=(tool, args, ctx),
+                               span=span)
         return None
 
-    def _on_tool_retry(self, tool: Tool, call: ToolCall) -> Callable[[int, float, BaseException],
-                                                                     None] | None:
+    def _on_tool_retry(self, tool: Tool, call: ToolCall, span: StepSpan | None
+                       ) -> Callable[[int, float, BaseException], None] | None:
         if not tool.retries:
             return None
         ids = self._ids(self.turn_id or "")
@@ -411,8 +411,8 @@ class TurnEngine:
             log.warning("turn %s of %s: tool %r failed (%s); attempt %d of %d in %.2fs",
                         ids["turn_id"], self.lease.key, tool.name, error, attempt + 1,
                         tool.retries + 1, delay)
-            if self._trace is not None:
-                self._trace.retry(attempt, delay, error)
+            if span is not None:
+                span.retry(attempt, delay, error)
             self._publish_live(ActionRetry(**ids, seq=self.lease.last_seq, call=call,
                                            attempt=attempt, retries=tool.retries, delay=delay,
                                            error=error))
@@ -449,7 +449,7 @@ class TurnEngine:
 
     async def _record(self, turn_id: str, n: int, call: ToolCall, step_id: str, result: Any,
                       error: str | None, local: tuple[Tool, dict[str, Any], ToolContext] | None
-                      = None) -> None:
+                      = None, span: StepSpan | None = None) -> None:
         ids = self._ids(turn_id)
 
         async def fill(tx: Transaction) -> list[TurnEvent]:
@@ -474,8 +474,8 @@ class TurnEngine:
             return [tx.add_event(ActionCompleted(**ids, call=call, result=result, error=error))]
 
         await self._commit(fill)
-        if self._trace is not None:
-            self._trace.tool_done(error)
+        if span is not None:
+            span.done(error)
 
     # -- the end ---------------------------------------------------------------------------
 

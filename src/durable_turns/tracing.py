@@ -85,8 +85,7 @@ class TurnTrace:
         self._model = _model_name(model)
         self._data = {k: v for k, v in (turn.data or {}).items() if k != "trace"}
         self._ids = {"durable_turns.session": str(key), "durable_turns.turn_id": turn.turn_id}
-        self._step: Span | None = None
-        self._attempt = 1
+        self._open: set[StepSpan] = set()
         self._usage = [0, 0]
         self.pending = True
         """Whether this stretch has yet to record its span's context in the turn's data."""
@@ -164,46 +163,14 @@ class TurnTrace:
                 "gen_ai.tool.call.id": call.id, "gen_ai.tool.type": "function",
                 "durable_turns.step_id": step_id}
 
-    def model_step(self, step_id: str) -> None:
+    def model_step(self, step_id: str) -> StepSpan:
         """A model step starts."""
-        self._step_started(self._start(f"chat {self._model}", self._chat(step_id)))
+        return self._step_started(self._start(f"chat {self._model}", self._chat(step_id)))
 
-    def model_done(self, usage: Mapping[str, int], stop_reason: str) -> None:
-        """The model step committed."""
-        span = self._step
-        if span is None:
-            return
-        for k, v in self._chat("", usage).items():
-            if k.startswith("gen_ai.usage."):
-                span.set_attribute(k, v)
-        self._usage[0] += int(usage.get("input_tokens", 0))
-        self._usage[1] += int(usage.get("output_tokens", 0))
-        span.set_attribute("gen_ai.response.finish_reasons", [stop_reason])
-        self._step_ended()
-
-    def tool_step(self, step_id: str, call: ToolCall) -> None:
+    def tool_step(self, step_id: str, call: ToolCall) -> StepSpan:
         """A tool step starts."""
-        self._step_started(self._start(f"execute_tool {call.name}",
-                                       self._tool(step_id, call)))
-
-    def tool_done(self, error: str | None) -> None:
-        """The tool step committed (``error``: the error result the model reads)."""
-        self._step_ended(error)
-
-    def retry(self, attempt: int, delay: float, error: str) -> None:
-        """The current step's attempt ``attempt`` failed; it is tried again after ``delay``."""
-        if self._step is not None:
-            self._step.add_event("durable_turns.retry", {"durable_turns.attempt": attempt,
-                                                         "durable_turns.retry.delay": delay,
-                                                         "error.message": error})
-        self._attempt = attempt + 1
-
-    def parked(self, request: InputRequest) -> None:
-        """The current tool step parked the turn on ``request``."""
-        if self._step is not None:
-            self._step.set_attributes({"durable_turns.parked": True,
-                                       "durable_turns.input.id": request.id})
-            self._step_ended()
+        return self._step_started(self._start(f"execute_tool {call.name}",
+                                              self._tool(step_id, call)))
 
     def input(self, step_id: str, stored: str) -> None:
         """A person's answer was read from step ``step_id`` (a resumed tool asked again)."""
@@ -216,27 +183,28 @@ class TurnTrace:
             span.set_attribute("durable_turns.input.by", by)
         span.end()
 
-    def _step_started(self, span: Span) -> None:
-        if self._step is not None:
-            self._step.end()
-        self._step, self._attempt = span, 1
+    def _step_started(self, span: Span) -> StepSpan:
+        step = StepSpan(self, span)
+        self._open.add(step)
+        return step
 
-    def _step_ended(self, error: str | None = None) -> None:
-        span, self._step = self._step, None
-        if span is None:
-            return
-        span.set_attribute("durable_turns.attempt", self._attempt)
-        if error is not None:
-            span.set_status(self._trace.Status(self._trace.StatusCode.ERROR, error))
-        span.end()
+    def add_usage(self, usage: Mapping[str, int]) -> None:
+        self._usage[0] += int(usage.get("input_tokens", 0))
+        self._usage[1] += int(usage.get("output_tokens", 0))
+
+    def error_status(self, description: str) -> Any:
+        return self._trace.Status(self._trace.StatusCode.ERROR, description)
+
+    def closed(self, step: StepSpan) -> None:
+        self._open.discard(step)
 
     # -- the end ---------------------------------------------------------------------------
 
     def end(self, out: TurnResult) -> None:
         """The stretch ended: the turn completed, failed, was cancelled or parked."""
         error = out.error if out.status == TurnStatus.FAILED else None
-        if self._step is not None:  # the step did not commit: the turn ended inside it
-            self._step_ended(error or out.reason or "the turn ended inside this step")
+        for step in list(self._open):  # a step that did not commit: the turn ended inside it
+            step.done(error or out.reason or "the turn ended inside this step")
         attrs: dict[str, Any] = {"durable_turns.turn.status": out.status.value}
         if self._usage != [0, 0]:
             attrs["gen_ai.usage.input_tokens"] = self._usage[0]
@@ -247,16 +215,56 @@ class TurnTrace:
             attrs["durable_turns.input.id"] = out.request.id
         self.span.set_attributes(attrs)
         if error is not None:
-            self.span.set_status(self._trace.Status(self._trace.StatusCode.ERROR, error))
+            self.span.set_status(self.error_status(error))
         self.span.end()
 
     def abandon(self, e: BaseException) -> None:
         """The stretch stopped on an exception (lease lost, store error, a crashing tool):
         nothing of the current step committed and the turn stays for another drive."""
-        for span in (self._step, self.span):
-            if span is not None:
-                span.record_exception(e)
-                span.set_status(self._trace.Status(self._trace.StatusCode.ERROR,
-                                                   f"{type(e).__name__}: {e}"))
-                span.end()
-        self._step = None
+        for span in [s.span for s in self._open] + [self.span]:
+            span.record_exception(e)
+            span.set_status(self.error_status(f"{type(e).__name__}: {e}"))
+            span.end()
+        self._open.clear()
+
+
+class StepSpan:
+    """The span of one step while it runs; the engine reports its retries and its end."""
+
+    __slots__ = ("_attempt", "_turn", "span")
+
+    def __init__(self, turn: TurnTrace, span: Span) -> None:
+        self._turn = turn
+        self.span = span
+        self._attempt = 1
+
+    def retry(self, attempt: int, delay: float, error: str) -> None:
+        """Attempt ``attempt`` failed; the step is tried again after ``delay`` seconds."""
+        self.span.add_event("durable_turns.retry", {"durable_turns.attempt": attempt,
+                                                    "durable_turns.retry.delay": delay,
+                                                    "error.message": error})
+        self._attempt = attempt + 1
+
+    def model_done(self, usage: Mapping[str, int], stop_reason: str) -> None:
+        """The model step committed."""
+        for ours, theirs in (("input_tokens", "gen_ai.usage.input_tokens"),
+                             ("output_tokens", "gen_ai.usage.output_tokens")):
+            if ours in usage:
+                self.span.set_attribute(theirs, usage[ours])
+        self._turn.add_usage(usage)
+        self.span.set_attribute("gen_ai.response.finish_reasons", [stop_reason])
+        self.done()
+
+    def parked(self, request: InputRequest) -> None:
+        """The tool step parked the turn on ``request``."""
+        self.span.set_attributes({"durable_turns.parked": True,
+                                  "durable_turns.input.id": request.id})
+        self.done()
+
+    def done(self, error: str | None = None) -> None:
+        """The step committed (``error``: the error result the model reads), or ended."""
+        self._turn.closed(self)
+        self.span.set_attribute("durable_turns.attempt", self._attempt)
+        if error is not None:
+            self.span.set_status(self._turn.error_status(error))
+        self.span.end()
