@@ -23,7 +23,7 @@ server = MCPServer("ledger", log_level="WARNING")
 
 def count(tool: str, ctx: Context | None, **args: Any) -> None:
     meta = ctx.request_context.meta if ctx is not None else None
-    key = (meta or {}).get("durable_turns/idempotency_key") if isinstance(meta, dict) else None
+    key = (meta or {}).get("durable-turns/idempotency-key") if isinstance(meta, dict) else None
     with COUNTER.open("a") as f:
         f.write(json.dumps({"tool": tool, "args": args, "key": key}) + "\n")
 

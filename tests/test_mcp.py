@@ -247,7 +247,7 @@ async def test_streamable_http_tools_with_a_timeout(http_server: tuple[str, Path
                                       "cancelled"}
     assert [c["tool"] for c in calls(counter)] == ["add_entry", "audit"]
     assert all(c["key"] for c in calls(counter))
-    assert IDEMPOTENCY_META == "durable_turns/idempotency_key"
+    assert IDEMPOTENCY_META == "durable-turns/idempotency-key"
 
 
 def test_an_app_folder_names_its_mcp_servers(tmp_path: Path) -> None:

@@ -352,3 +352,28 @@ async def _untraced_record(tmp: str) -> Any:
         found = await rt.store.turns(rt.key("ops", "s1"), turn_id="t1")
         return found[0].data
 
+
+
+async def test_a_retried_turn_links_to_its_failed_stretch(spans: InMemorySpanExporter) -> None:
+    calls = 0
+
+    def reply(_request: Any) -> ModelReply:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise ModelError("provider: overloaded", provider="demo")
+        return ModelReply("Back.")
+
+    async with Runtime([Agent("ops", model_retries=0)], MemoryStore(), scripted(reply)) as rt:
+        session = rt.session("ops", "s1")
+        assert (await session.turn("hi", turn_id="t1")).status == "failed"
+        await session.retry("t1")
+        assert (await session.result("t1", timeout=WAIT)).status == "completed"
+    turns = sorted((s for s in spans.get_finished_spans() if s.name == "durable_turns.turn"),
+                   key=lambda s: s.start_time or 0)
+    assert [(t.attributes or {})["durable_turns.turn.status"] for t in turns] == [
+        "failed", "completed"]
+    failed, retried = turns
+    assert failed.context is not None
+    assert [(ln.context.span_id, dict(ln.attributes or {})) for ln in retried.links] == [
+        (failed.context.span_id, {"durable_turns.link": "retried"})]

@@ -48,7 +48,7 @@ McpServer = StdioServerParameters | str
 """A stdio server's parameters, or a streamable-HTTP URL."""
 LIST_TIMEOUT = 60.0
 """Seconds :func:`load_mcp_servers` waits for a server's tool list."""
-IDEMPOTENCY_META = "durable_turns/idempotency_key"
+IDEMPOTENCY_META = "durable-turns/idempotency-key"
 """The ``_meta`` key that carries ``ctx.idempotency_key`` on every ``tools/call``."""
 
 

@@ -10,10 +10,11 @@ Spans, named and attributed after the OpenTelemetry GenAI semantic conventions:
 
 - ``durable_turns.turn`` (``gen_ai.operation.name`` = ``invoke_agent``): one per stretch of a
   turn driven in one go. A turn that parks ends its span with the park; the resumed part is a
-  new span **linked** to it (a two-day approval is not a two-day span). A replay after a crash
-  is a new span linked to the crashed attempt's: each stretch records its span's context in
-  the turn's ``data`` (``{"trace": {...}}``) with its first commit, so another process can
-  link to it.
+  new span **linked** to it (``durable_turns.link`` = ``resumed``; a two-day approval is not a
+  two-day span). A replay after a crash is a new span linked to the crashed attempt's
+  (``replayed``), and ``session.retry()`` of a failed turn links to the failed one
+  (``retried``): each stretch records its span's context in the turn's ``data``
+  (``{"trace": {...}}``) with its first commit, so another process can link to it.
 - ``chat <model>`` (``chat``) per model step, ``execute_tool <tool>`` (``execute_tool``) per
   tool step, ``durable_turns.input`` for a person's stored answer, children of the turn's span.
   Steps a replay skips (already committed) appear as zero-length spans with
@@ -42,6 +43,9 @@ if TYPE_CHECKING:
 
 TRACER_NAME = "durable_turns"
 """The instrumentation scope the engine's spans are created under."""
+_LINKS = {TurnStatus.SUSPENDED.value: "resumed", TurnStatus.FAILED.value: "retried"}
+"""``durable_turns.link`` by how the stretch before ended; anything else (a crash, a lost
+lease: it never recorded an end) is a replay."""
 
 
 @functools.cache
@@ -96,7 +100,7 @@ class TurnTrace:
                 ctx = trace.SpanContext(int(previous["trace_id"], 16),
                                         int(previous["span_id"], 16), is_remote=True,
                                         trace_flags=trace.TraceFlags(trace.TraceFlags.SAMPLED))
-                why = "resumed" if previous.get("ended") == TurnStatus.SUSPENDED else "replayed"
+                why = _LINKS.get(str(previous.get("ended")), "replayed")
                 links.append(trace.Link(ctx, {"durable_turns.link": why}))
             except (KeyError, TypeError, ValueError):
                 pass  # a record this version cannot read: the new span stands alone
