@@ -267,3 +267,27 @@ def test_an_app_folder_names_its_mcp_servers(tmp_path: Path) -> None:
     (app / "agent.py").write_text("mcp_servers = [{'cmd': 'x'}]\n")
     with pytest.raises(ConfigurationError, match=r"agent\.py: unknown keys \['cmd'\]"):
         load_agent(app)
+
+
+async def test_an_app_folder_with_mcp_servers_loads_inside_an_event_loop(tmp_path: Path) -> None:
+    # Hosts load their app folder from async code (serve, worker): the lists are read on a
+    # thread with a loop of its own, so a running loop is no obstacle.
+    app = tmp_path / "app"
+    (app / "tools").mkdir(parents=True)
+    (app / "instructions.md").write_text("You keep the ledger.")
+    (app / "tools" / "hello.py").write_text(
+        "from durable_turns import tool\n\n@tool\ndef hello() -> str:\n    "
+        '"""Say hello."""\n    return "hi"\n')
+    server = [str(SERVER), str(tmp_path / "calls.jsonl")]
+    (app / "agent.py").write_text(
+        "import sys\nfrom mcp import StdioServerParameters\n"
+        f"mcp_servers = [StdioServerParameters(command=sys.executable, args={server!r})]\n")
+    agent = load_agent(app)
+    assert sorted(t.name for t in agent.tools) == ["add_entry", "audit", "close_account",
+                                                   "hello"]
+    model = scripted([ModelReply("", [ToolCall("c1", "add_entry",
+                                               {"account": "acme", "amount": 2})]),
+                      ModelReply("Booked.")])
+    async with Runtime([agent], MemoryStore(), model) as rt:
+        assert (await rt.session(agent.name, "s1").turn("book 2")).text == "Booked."
+    assert [c["tool"] for c in calls(tmp_path / "calls.jsonl")] == ["add_entry"]

@@ -12,7 +12,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,7 @@ from durable_turns import (
     tool,
 )
 from durable_turns.errors import ModelError
+from durable_turns.stores import SessionStore
 
 HERE = Path(__file__).resolve().parent
 WAIT = 30.0
@@ -117,9 +118,9 @@ def refund_agent() -> tuple[Agent, Any]:
 
 
 async def test_the_span_tree_of_a_turn_with_two_tools_a_retry_and_a_park(
-        spans: InMemorySpanExporter, tmp_path: Path) -> None:
+        spans: InMemorySpanExporter, store_factory: Callable[[], SessionStore]) -> None:
     agent, model = refund_agent()
-    async with Runtime([agent], SqliteStore(tmp_path / "db.sqlite"), model) as rt:
+    async with Runtime([agent], store_factory(), model) as rt:
         session = rt.session("shop", "s1")
         parked = await session.result((await session.start("refund 42", turn_id="t1")).turn_id)
         assert parked.status == "suspended" and parked.request is not None
@@ -127,6 +128,7 @@ async def test_the_span_tree_of_a_turn_with_two_tools_a_retry_and_a_park(
         await session.resume("t1", "approve", True, by="alice")
         done = await session.result("t1", timeout=WAIT)
         assert done.status == "completed"
+        record = (await rt.store.turns(rt.key("shop", "s1"), turn_id="t1"))[0]
     finished = spans.get_finished_spans()
 
     # The park ended the first turn span: it was exported before anyone answered.
@@ -186,8 +188,6 @@ async def test_the_span_tree_of_a_turn_with_two_tools_a_retry_and_a_park(
     replayed = [s for s in finished if (s.attributes or {}).get("durable_turns.replayed")]
     assert (replayed[0].attributes or {})["gen_ai.usage.input_tokens"] == 11
     # The turn's record names the last span, so a later process can link to it.
-    async with Runtime([agent], SqliteStore(tmp_path / "db.sqlite"), model) as rt:
-        record = (await rt.store.turns(rt.key("shop", "s1"), turn_id="t1"))[0]
     assert record.data == {"trace": {"trace_id": f"{b.context.trace_id:032x}",
                                      "span_id": f"{b.context.span_id:016x}",
                                      "ended": "completed"}}
