@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -200,3 +201,35 @@ async def test_a_timeout_bounds_each_attempt_and_a_later_attempt_can_succeed() -
         await session.turn("go", turn_id="t1")
         msg = tool_message(await session.transcript())
     assert attempts == 2 and msg.result == "ok"
+
+
+async def test_action_retry_is_live_only_on_the_wire() -> None:
+    import httpx
+
+    from durable_turns.server import create_app
+
+    failed = False
+
+    @tool(retries=1, retry_delay=0.001)
+    async def charge(ctx: ToolContext) -> str:
+        """Fails once."""
+        nonlocal failed
+        if not failed:
+            failed = True
+            raise ConnectionError("reset")
+        return "charged"
+
+    async with Runtime([Agent("ops", tools=[charge])], MemoryStore(),
+                       scripted(one_call("charge"))) as rt:
+        transport = httpx.ASGITransport(app=create_app(rt))
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1",
+                                     timeout=WAIT) as client:
+            r = await client.post("/agents/ops/sessions/s1/turn", json={"text": "go"})
+    frames = [dict(line.split(": ", 1) for line in block.splitlines() if ": " in line)
+              for block in r.text.split("\r\n\r\n") if "event:" in block]
+    retry = [f for f in frames if f["event"] == "action.retry"]
+    assert len(retry) == 1 and "id" not in retry[0]  # live only: no durable id
+    data = json.loads(retry[0]["data"])
+    assert (data["attempt"], data["retries"], data["call"]["name"], data["error"]) == (
+        1, 1, "charge", "ConnectionError: reset")
+    assert all("id" in f for f in frames if f["event"].startswith(("turn.", "action.c")))
