@@ -11,11 +11,11 @@ import durable_turns
 
 PKG = Path(durable_turns.__file__).parent
 CORE = ["errors", "messages", "records", "events", "inbound", "tools", "agent", "hitl",
-        "engine", "driver", "runtime", "sessions", "batch", "subagents",
+        "engine", "driver", "runtime", "sessions", "batch", "subagents", "tracing",
         "models/__init__", "stores/__init__", "stores/_base", "stores/_feed", "stores/_sql"]
 ADAPTERS = ("stores.memory", "stores.sqlite", "stores.postgres", "models.scripted",
             "models.anthropic_messages", "models.openai_compat", "models.resolve", "server",
-            "channels", "loader", "cli", "demo")
+            "channels", "loader", "cli", "demo", "mcp")
 RECORDS = ["errors", "messages", "records", "events", "inbound"]
 ENGINE = ("engine", "driver", "runtime", "sessions", "batch", "subagents")
 
@@ -126,7 +126,8 @@ def test_no_module_reaches_into_another_modules_private_names() -> None:
 def test_import_loads_no_sdk() -> None:
     code = (
         "import sys, durable_turns\n"
-        "heavy = {'anthropic', 'openai', 'psycopg', 'starlette', 'uvicorn', 'slack_sdk'}\n"
+        "heavy = {'anthropic', 'openai', 'psycopg', 'starlette', 'uvicorn', 'slack_sdk', 'mcp',"
+        " 'opentelemetry'}\n"
         "print(sorted(heavy & set(sys.modules)))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -23,10 +23,15 @@ def _top_level_imports() -> set[str]:
     return found
 
 
+IMPORT_NAMES = {"opentelemetry_api": "opentelemetry"}
+"""Distributions whose import name is not their own."""
+
+
 def _distribution(requirement: str) -> str:
     name = re.match(r"[A-Za-z0-9_.-]+", requirement)
     assert name, requirement
-    return name.group(0).lower().replace("-", "_")
+    dist = name.group(0).lower().replace("-", "_")
+    return IMPORT_NAMES.get(dist, dist)
 
 
 def test_every_extra_installs_something_the_package_imports() -> None:

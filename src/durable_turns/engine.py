@@ -42,6 +42,7 @@ from .errors import (
 from .events import (
     ActionCompleted,
     ActionRequested,
+    ActionRetry,
     EventIds,
     InputRequested,
     MessageCompleted,
@@ -61,6 +62,7 @@ from .records import InputRequest, TurnRecord, TurnResult, TurnStatus, input_ste
 from .replies import RetryPolicy, ask
 from .stores import Lease, Transaction
 from .tools import Tool, ToolContext, compile_schema
+from .tracing import StepSpan, TurnTrace, begin_turn
 
 if TYPE_CHECKING:
     from .runtime import Runtime
@@ -150,6 +152,7 @@ class TurnEngine:
         self._on_interrupt: Callable[[], None] | None = None
         self._asked_at = -1  # the index of the last reply this engine committed
         self._failing: str | None = None  # why a batch is stopping its calls, if it fails
+        self._trace: TurnTrace | None = None
 
     def interrupt(self, turn_id: str) -> None:
         """Stop the model's stream if ``turn_id`` is streaming: a cancel was requested.
@@ -186,6 +189,21 @@ class TurnEngine:
 
     async def run(self, turn: TurnRecord) -> TurnResult:
         """Drive ``turn`` from wherever the transcript shows it to its end (or its park)."""
+        trace = begin_turn(self.lease.key, turn, self.transcript, self.model)
+        if trace is None:
+            return await self._run(turn)
+        self._trace = trace
+        try:
+            out = await self._run(turn)
+        except BaseException as e:
+            trace.abandon(e)
+            raise
+        finally:
+            self._trace = None
+        trace.end(out)
+        return out
+
+    async def _run(self, turn: TurnRecord) -> TurnResult:
         policy = SurfacePolicy.from_dict(turn.policy) if turn.policy else None
         event = InboundEvent.from_dict(turn.event) if turn.event else None
         self.turn_id = turn.turn_id
@@ -247,6 +265,8 @@ class TurnEngine:
         self._staged.clear()
         async with self.lease.transaction() as tx:
             events = await fill(tx)
+            if self._trace is not None and self._trace.pending and self.turn_id is not None:
+                tx.set_turn(TurnResult(self.turn_id, TurnStatus.RUNNING), self._trace.record())
         self.transcript.extend(self._staged)
         self._staged.clear()
         self._publish(events)
@@ -297,11 +317,14 @@ class TurnEngine:
             turn_id=turn_id,
         )
         ids = self._ids(turn_id)
+        span = self._trace.model_step(f"model:{n}") if self._trace is not None else None
 
         def on_text(text: str) -> None:
             self._publish_live(MessageDelta(**ids, seq=self.lease.last_seq, text=text))
 
         def on_retry(attempt: int, delay: float, error: ModelError) -> None:
+            if span is not None:
+                span.retry(attempt, delay, str(error))
             log.warning("turn %s of %s: model call failed (%s); attempt %d of %d in %.2fs",
                         turn_id, self.lease.key, error, attempt + 1, self._retry.retries + 1,
                         delay)
@@ -334,6 +357,8 @@ class TurnEngine:
 
         await self._commit(fill)
         self._asked_at = n
+        if span is not None:
+            span.model_done(reply.usage or {}, stop.reason)
         return done
 
     # -- tool step -------------------------------------------------------------------------
@@ -345,25 +370,30 @@ class TurnEngine:
         turn_id = turn.turn_id
         step_id = f"tool:{n}:{call.id}"
         tool, args, problem, ctx = self._prepare(turn_id, n, call, policy, event)
+        span = self._trace.tool_step(step_id, call) if self._trace is not None else None
         if problem is not None or tool is None:
-            await self._record(turn_id, n, call, step_id, {"error": problem}, problem)
+            await self._record(turn_id, n, call, step_id, {"error": problem}, problem, span=span)
         elif tool.remote:
-            running = self._call_remote(tool, args, ctx, call, turn_id)
+            running = self._call_remote(tool, args, ctx, call, turn_id, span)
             try:
                 outcome = await (self._interruptible(running, turn_id) if tool.interruptible
                                  else running)
             except Parked as p:
                 assert isinstance(p.request, InputRequest)
                 out = TurnResult(turn_id, TurnStatus.SUSPENDED, request=p.request)
+                if span is not None:
+                    span.parked(p.request)
 
                 async def park(tx: Transaction) -> list[TurnEvent]:
                     return self._end(tx, out)
 
                 await self._commit(park)
                 return out
-            await self._record(turn_id, n, call, step_id, outcome.result, outcome.error)
+            await self._record(turn_id, n, call, step_id, outcome.result, outcome.error,
+                               span=span)
         else:
-            await self._record(turn_id, n, call, step_id, None, None, local=(tool, args, ctx))
+            await self._record(turn_id, n, call, step_id, None, None, local=(tool, args, ctx),
+                               span=span)
         return None
 
     def _prepare(self, turn_id: str, n: int, call: ToolCall, policy: SurfacePolicy | None,
@@ -397,7 +427,8 @@ class TurnEngine:
         return tool, args, problem, ctx
 
     async def _call_remote(self, tool: Tool, args: dict[str, Any], ctx: ToolContext,
-                           call: ToolCall, turn_id: str) -> Outcome:
+                           call: ToolCall, turn_id: str, span: StepSpan | None = None
+                           ) -> Outcome:
         """Run a remote tool: its result, or an error result for an exception it raised.
 
         Raises:
@@ -406,7 +437,8 @@ class TurnEngine:
             ToolCrashedError: the tool raised KeyboardInterrupt or SystemExit.
         """
         try:
-            return Outcome(_encode_result(await tool.run(args, ctx),
+            on_retry = self._on_tool_retry(tool, call, span)
+            return Outcome(_encode_result(await tool.call(args, ctx, on_retry),
                                           self.agent.max_result_bytes))
         except (KeyboardInterrupt, SystemExit) as e:
             raise self._crashed(tool, call, turn_id, e) from e
@@ -415,6 +447,25 @@ class TurnEngine:
         except Exception as e:
             error = error_text(e)
             return Outcome({"error": error}, error)
+
+    def _on_tool_retry(self, tool: Tool, call: ToolCall, span: StepSpan | None
+                       ) -> Callable[[int, float, BaseException], None] | None:
+        if not tool.retries:
+            return None
+        ids = self._ids(self.turn_id or "")
+
+        def on_retry(attempt: int, delay: float, e: BaseException) -> None:
+            error = error_text(e)
+            log.warning("turn %s of %s: tool %r failed (%s); attempt %d of %d in %.2fs",
+                        ids["turn_id"], self.lease.key, tool.name, error, attempt + 1,
+                        tool.retries + 1, delay)
+            if span is not None:
+                span.retry(attempt, delay, error)
+            self._publish_live(ActionRetry(**ids, seq=self.lease.last_seq, call=call,
+                                           attempt=attempt, retries=tool.retries, delay=delay,
+                                           error=error))
+
+        return on_retry
 
     def _crashed(self, tool: Tool, call: ToolCall, turn_id: str,
                  e: BaseException) -> ToolCrashedError:
@@ -428,6 +479,8 @@ class TurnEngine:
         async def park(input_id: str, prompt: str, schema: Any, answerers: Any) -> Any:
             stored = await self._read_answer(input_step_id(turn_id, input_id))
             if stored is not None:
+                if self._trace is not None:
+                    self._trace.input(input_step_id(turn_id, input_id), stored)
                 return json.loads(stored)["value"]
             if schema is not None:
                 try:
@@ -444,7 +497,7 @@ class TurnEngine:
 
     async def _record(self, turn_id: str, n: int, call: ToolCall, step_id: str, result: Any,
                       error: str | None, local: tuple[Tool, dict[str, Any], ToolContext] | None
-                      = None) -> None:
+                      = None, span: StepSpan | None = None) -> None:
         ids = self._ids(turn_id)
 
         async def fill(tx: Transaction) -> list[TurnEvent]:
@@ -469,6 +522,8 @@ class TurnEngine:
             return [tx.add_event(ActionCompleted(**ids, call=call, result=result, error=error))]
 
         await self._commit(fill)
+        if span is not None:
+            span.done(error)
 
     # -- parallel batch (F15) --------------------------------------------------------------
 
@@ -505,7 +560,7 @@ class TurnEngine:
 
         async def commit(call: ToolCall, outcome: Outcome | None,
                          local: tuple[Tool, dict[str, Any], ToolContext] | None = None,
-                         shielded: bool = False) -> None:
+                         shielded: bool = False, span: StepSpan | None = None) -> None:
             async def fill(tx: Transaction) -> list[TurnEvent]:
                 nonlocal outcome
                 if local is not None:
@@ -524,35 +579,41 @@ class TurnEngine:
                                                      error=outcome.error))]
 
             await self._guarded(fill, shielded)
+            if span is not None and outcome is not None:
+                span.done(outcome.error)
 
         async def remote(call: ToolCall, tool: Tool, args: dict[str, Any],
-                         ctx: ToolContext) -> None:
+                         ctx: ToolContext, span: StepSpan | None) -> None:
             try:
-                outcome = await self._call_remote(tool, args, ctx, call, turn_id)
+                outcome = await self._call_remote(tool, args, ctx, call, turn_id, span)
             except Parked as p:
                 assert isinstance(p.request, InputRequest)
                 parked[call.id] = p.request
+                if span is not None:
+                    span.parked(p.request)
                 return
             except asyncio.CancelledError:
                 if tool.interruptible and self._cancel_reason(turn_id) is not None:
                     return  # interrupted by a cancel of the turn: it ends cancelled
                 raise
-            await commit(call, outcome, shielded=tool.interruptible)
+            await commit(call, outcome, shielded=tool.interruptible, span=span)
 
         tasks: list[asyncio.Task[None]] = []
         one_by_one: list[tuple[ToolCall, Tool | None, dict[str, Any], str | None,
-                               ToolContext]] = []
+                               ToolContext, StepSpan | None]] = []
         for c in owed:
             if c.id in state.done:
                 continue
             tool, args, problem, ctx = self._prepare(turn_id, n, c, policy, event)
+            span = (self._trace.tool_step(f"tool:{n}:{c.id}", c) if self._trace is not None
+                    else None)
             if problem is None and tool is not None and tool.remote:
-                task = asyncio.create_task(remote(c, tool, args, ctx))
+                task = asyncio.create_task(remote(c, tool, args, ctx, span))
                 tasks.append(task)
                 if tool.interruptible:
                     interruptible.add(task)
             else:
-                one_by_one.append((c, tool, args, problem, ctx))
+                one_by_one.append((c, tool, args, problem, ctx, span))
 
         def interrupt() -> None:
             # Once per call: a second cancel would cut short the call's own clean-up
@@ -562,13 +623,13 @@ class TurnEngine:
 
         self._on_interrupt = interrupt
         try:
-            for c, tool, args, problem, ctx in one_by_one:
+            for c, tool, args, problem, ctx, span in one_by_one:
                 if self._cancel_reason(turn_id) is not None:
                     break  # a checkpoint boundary: the calls not run are cancelled
                 if problem is not None or tool is None:
-                    await commit(c, Outcome({"error": problem}, problem))
+                    await commit(c, Outcome({"error": problem}, problem), span=span)
                 else:
-                    await commit(c, None, (tool, args, ctx))
+                    await commit(c, None, (tool, args, ctx), span=span)
             if tasks:
                 # A call that fails the turn (FatalToolError, a crash, a lost lease) ends
                 # the batch: the calls still running are stopped, their work is moot.
@@ -691,7 +752,7 @@ class TurnEngine:
 
     def _end(self, tx: Transaction, out: TurnResult) -> list[TurnEvent]:
         ids = self._ids(out.turn_id)
-        tx.set_turn(out)
+        tx.set_turn(out, self._trace.record(out.status) if self._trace is not None else None)
         tx.set_status("suspended" if out.status == TurnStatus.SUSPENDED else "idle")
         if out.status == TurnStatus.COMPLETED:
             return [tx.add_event(TurnCompleted(**ids, text=out.text or ""))]
@@ -835,7 +896,7 @@ class _NoHandle:
 
 
 def _run_local(tool: Tool, args: dict[str, Any], ctx: ToolContext, limit: int) -> Any:
-    out = tool.run(args, ctx)
+    out = tool.call_local(args, ctx)
     if inspect.isawaitable(out):
         close = getattr(out, "close", None)
         if close is not None:

@@ -26,6 +26,7 @@ EventType = Literal[
     "message.retry",
     "message.completed",
     "action.requested",
+    "action.retry",
     "action.completed",
     "input.requested",
     "turn.completed",
@@ -37,6 +38,10 @@ TERMINAL_TYPES: frozenset[str] = frozenset(
     {"turn.completed", "turn.failed", "turn.cancelled", "input.requested"}
 )
 """Event types a stream of one turn ends on (``input.requested`` parks it)."""
+
+LIVE_TYPES: frozenset[str] = frozenset({"message.delta", "message.retry", "action.retry"})
+"""Event types that are never stored: they are published live only and carry the ``seq`` of
+the durable event before them."""
 
 
 class EventIds(TypedDict):
@@ -155,6 +160,24 @@ class ActionCompleted(TurnEvent):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ActionRetry(TurnEvent):
+    """A remote tool's attempt failed (or timed out) and the call is tried again after
+    ``delay`` seconds (``Tool(retries=…)``), with the same idempotency key.
+
+    Live only, like ``message.retry``: never stored.
+    """
+
+    type: ClassVar[EventType] = "action.retry"
+    call: ToolCall
+    attempt: int
+    """The attempt that failed (1 for the first)."""
+    retries: int
+    """How many retries the tool allows (``Tool(retries=…)``)."""
+    delay: float
+    error: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class InputRequested(TurnEvent):
     type: ClassVar[EventType] = "input.requested"
     request: InputRequest
@@ -186,6 +209,7 @@ _BY_TYPE: dict[str, type[TurnEvent]] = {
         MessageRetry,
         MessageCompleted,
         ActionRequested,
+        ActionRetry,
         ActionCompleted,
         InputRequested,
         TurnCompleted,

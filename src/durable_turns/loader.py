@@ -6,12 +6,19 @@
       instructions.md          the base system prompt (required)
       instructions.slack.md    the overlay for turns whose event source is "slack"
                                (appended; a ``surfaces`` entry in agent.py may change that)
-      agent.py                 name, surfaces, authorize_answer, model (all optional)
+      agent.py                 name, surfaces, authorize_answer, model, mcp_servers
+                               (all optional)
       tools/*.py               one Tool per module: a @tool function or `tool = Tool(…)`
 
 Every mistake is an assembly error (:class:`~durable_turns.errors.ConfigurationError`) that
 names the file: a policy with no overlay file, a tool module that fails to import or holds
-no Tool or two, a denied tool that does not exist.
+no Tool or two, a denied tool that does not exist, an MCP server that cannot list its tools.
+
+``mcp_servers`` in ``agent.py`` is a list of MCP servers whose tools the agent gets (F17): each
+a streamable-HTTP URL, an ``mcp.StdioServerParameters``, or a mapping with ``url`` or
+``command`` (and ``args``, ``env``, ``cwd``) plus :func:`durable_turns.mcp.mcp_tools`'s options
+(``name``, ``prefix``, ``include``, ``timeout``, ``retries``, ``retry_delay``). Their tool lists
+are read when the folder is loaded.
 """
 
 from __future__ import annotations
@@ -89,6 +96,13 @@ def load_agent(path: str | Path) -> Agent:
         _the_tool(_import(f, f"{prefix}.tools.{f.stem}"), f)
         for f in sorted((root / "tools").glob("*.py")) if not f.name.startswith("_")
     ]
+    servers = settings.get("mcp_servers") or ()
+    if servers:
+        from .mcp import load_mcp_servers  # the MCP SDK loads only when an app names a server
+
+        if isinstance(servers, str | Mapping) or not isinstance(servers, list | tuple):
+            raise ConfigurationError(f"{root / 'agent.py'}: mcp_servers must be a list")
+        tools += load_mcp_servers(servers, str(root / "agent.py"))
     names = {t.name for t in tools}
     surfaces = {
         source: _policy(source, value, root / f"instructions.{source}.md")

@@ -11,9 +11,12 @@ A tool's ``run`` decides its delivery guarantee by how it is declared:
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
 import json
+import random
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, get_args, get_type_hints, overload
@@ -21,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol, get_args, get_type_hints, overl
 import jsonschema
 import pydantic
 
-from .errors import ConfigurationError, ToolDeclarationError
+from .errors import ConfigurationError, FatalToolError, ToolDeclarationError
 from .inbound import InboundEvent, User
 
 if TYPE_CHECKING:
@@ -83,6 +86,9 @@ class ToolContext:
     its ``child``) to this turn's live subscribers; never stored."""
     cancel_check: Callable[[], str | None] | None = field(default=None, repr=False)
     """The reason this turn was asked to cancel, if it was (read by interruptible tools)."""
+    attempt: int = 1
+    """Which attempt of this call this is (1-based): above 1 when ``Tool(retries=…)`` asked
+    again; every attempt sees the same :attr:`idempotency_key`."""
 
     def request_input(
         self,
@@ -122,6 +128,10 @@ class ActionContext:
 
 
 RunFn = Callable[[dict[str, Any], ToolContext], Any]
+OnRetry = Callable[[int, float, BaseException], None]
+"""Told ``(failed attempt, delay in seconds, its exception)`` before a tool is asked again."""
+RETRY_BACKOFF_CAP = 30.0
+"""The longest backoff between two attempts of a tool call, in seconds."""
 
 
 class Tool:
@@ -133,9 +143,25 @@ class Tool:
         validate: checks a call's input (default: the spec's JSON schema).
         interruptible: a remote tool that a cancel of its turn stops at once (see the
             ``interruptible`` attribute); what :func:`~durable_turns.subagent` builds.
+        timeout: seconds one attempt may take (``None``: no limit). A remote tool over it is
+            cancelled; a local one cannot be (it runs inside the step's transaction): when it
+            returns late its writes are rolled back. Either way the attempt fails with
+            ``TimeoutError``.
+        retries: how often a remote tool's failed attempt is tried again before its error
+            becomes the call's result (default 0). Every attempt sees the same
+            ``ctx.idempotency_key``; ``ctx.attempt`` counts them.
+        retry_on: the exceptions that are retried (default: any ``Exception`` but
+            :class:`~durable_turns.errors.FatalToolError`; a timeout is a ``TimeoutError``).
+        retry_delay: the first backoff in seconds; it doubles per attempt, with jitter, up
+            to 30 s.
+
+    Raises:
+        ConfigurationError: ``run`` is not callable, a limit is negative, or ``retries`` is
+            set on a local tool (it would hold the step's transaction through the backoff).
     """
 
-    __slots__ = ("_check", "interruptible", "remote", "run", "spec")
+    __slots__ = ("_check", "interruptible", "remote", "retries", "retry_delay", "retry_on",
+                 "run", "spec", "timeout")
 
     def __init__(
         self,
@@ -144,9 +170,23 @@ class Tool:
         *,
         validate: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
         interruptible: bool = False,
+        timeout: float | None = None,
+        retries: int = 0,
+        retry_on: tuple[type[BaseException], ...] = (Exception,),
+        retry_delay: float = 0.5,
     ) -> None:
         if not callable(run):
             raise ConfigurationError(f"tool {spec.name!r}: run must be callable")
+        if timeout is not None and not timeout > 0:
+            raise ConfigurationError(f"tool {spec.name!r}: timeout must be > 0 seconds")
+        if not isinstance(retries, int) or retries < 0:
+            raise ConfigurationError(f"tool {spec.name!r}: retries must be an int >= 0")
+        if retry_delay < 0:
+            raise ConfigurationError(f"tool {spec.name!r}: retry_delay must be >= 0")
+        if not isinstance(retry_on, tuple) or not all(
+                isinstance(c, type) and issubclass(c, Exception) for c in retry_on):
+            raise ConfigurationError(
+                f"tool {spec.name!r}: retry_on must be a tuple of Exception classes")
         self.spec = spec
         self.run = run
         self.remote = _is_async(run)
@@ -154,7 +194,73 @@ class Tool:
         """A cancel of the turn cancels the running call (``asyncio.CancelledError`` is
         raised in it) instead of waiting for it to return: for calls that wait on other
         durable work, such as a subagent's turn, and stop it on the way out."""
+        if retries and not self.remote:
+            raise ConfigurationError(
+                f"tool {spec.name!r}: retries apply to remote tools (async def); a local "
+                "tool runs inside the step's transaction, which would hold the database's "
+                "write lock through the backoff"
+            )
+        self.timeout = timeout
+        self.retries = retries
+        self.retry_on = retry_on
+        self.retry_delay = retry_delay
         self._check = validate or _schema_validator(spec)
+
+    async def call(self, args: dict[str, Any], ctx: ToolContext,
+                   on_retry: OnRetry | None = None) -> Any:
+        """Run a remote tool's attempts: each within ``timeout``, up to ``1 + retries``.
+
+        Returns the first attempt's result that did not raise; raises the last attempt's
+        exception (a timeout as ``TimeoutError`` naming the tool and the limit). Exceptions
+        outside ``retry_on``, :class:`~durable_turns.errors.FatalToolError` and the runtime's
+        own signals (``BaseException``) are raised at once.
+        """
+        if self.timeout is None and not self.retries:
+            return await self.run(args, ctx)
+        attempt = 1
+        while True:
+            ctx.attempt = attempt
+            try:
+                return await self._attempt(args, ctx)
+            except Exception as e:
+                if attempt > self.retries or isinstance(e, FatalToolError) \
+                        or not isinstance(e, self.retry_on):
+                    raise
+                ceiling = min(self.retry_delay * 2.0 ** (attempt - 1), RETRY_BACKOFF_CAP)
+                delay = ceiling / 2 + random.uniform(0, ceiling / 2)  # "equal jitter"
+                if on_retry is not None:
+                    on_retry(attempt, delay, e)
+                await asyncio.sleep(delay)
+                attempt += 1
+
+    async def _attempt(self, args: dict[str, Any], ctx: ToolContext) -> Any:
+        if self.timeout is None:
+            return await self.run(args, ctx)
+        try:
+            async with asyncio.timeout(self.timeout) as limit:
+                return await self.run(args, ctx)
+        except TimeoutError:
+            if not limit.expired():
+                raise  # the tool's own TimeoutError, not our limit
+            raise TimeoutError(f"tool {self.name!r} took longer than {self.timeout:g}s and "
+                               "was cancelled") from None
+
+    def call_local(self, args: dict[str, Any], ctx: ToolContext) -> Any:
+        """Run a local tool once; past ``timeout`` it raises ``TimeoutError`` when it returns.
+
+        A local tool cannot be interrupted: it runs on the store's thread, inside the step's
+        transaction. Raising after the fact makes the engine roll its writes back, so a
+        late result never commits.
+        """
+        if self.timeout is None:
+            return self.run(args, ctx)
+        start = time.monotonic()
+        out = self.run(args, ctx)
+        took = time.monotonic() - start
+        if took > self.timeout and not inspect.isawaitable(out):
+            raise TimeoutError(f"tool {self.name!r} took {took:.3g}s, longer than its "
+                               f"{self.timeout:g}s; its writes were rolled back")
+        return out
 
     @property
     def name(self) -> str:
@@ -237,23 +343,29 @@ def _pydantic_validator(
 
 @overload
 def tool(fn: Callable[..., Any], *, name: str | None = None,
-         description: str | None = None) -> Tool: ...
+         description: str | None = None, timeout: float | None = None, retries: int = 0,
+         retry_on: tuple[type[BaseException], ...] = (Exception,),
+         retry_delay: float = 0.5) -> Tool: ...
 
 
 @overload
 def tool(fn: None = None, *, name: str | None = None,
-         description: str | None = None) -> Callable[[Callable[..., Any]], Tool]: ...
+         description: str | None = None, timeout: float | None = None, retries: int = 0,
+         retry_on: tuple[type[BaseException], ...] = (Exception,),
+         retry_delay: float = 0.5) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
 def tool(
     fn: Callable[..., Any] | None = None, *, name: str | None = None,
-    description: str | None = None,
+    description: str | None = None, timeout: float | None = None, retries: int = 0,
+    retry_on: tuple[type[BaseException], ...] = (Exception,), retry_delay: float = 0.5,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Make a :class:`Tool` from a function's signature and docstring.
 
     The JSON schema comes from the parameters' type hints (pydantic), the description from the
     docstring. A parameter annotated :class:`ToolContext` receives the context. Use as
-    ``@tool`` or ``@tool(name=…)``.
+    ``@tool`` or ``@tool(name=…, timeout=…, retries=…)``; ``timeout``, ``retries``,
+    ``retry_on`` and ``retry_delay`` are :class:`Tool`'s.
     """
 
     def build(f: Callable[..., Any]) -> Tool:
@@ -292,7 +404,8 @@ def tool(
                 return f(**call_args(args, ctx))
 
             run = run_sync
-        return Tool(spec, run, validate=_pydantic_validator(model))
+        return Tool(spec, run, validate=_pydantic_validator(model), timeout=timeout,
+                    retries=retries, retry_on=retry_on, retry_delay=retry_delay)
 
     return build(fn) if fn is not None else build
 

@@ -26,7 +26,7 @@ from ..errors import (
     UnknownAgentError,
     UnknownTurnError,
 )
-from ..events import TurnEvent
+from ..events import LIVE_TYPES, TurnEvent
 
 log = logging.getLogger("durable_turns.server")
 
@@ -140,7 +140,7 @@ def is_loopback(host: str) -> bool:
 def sse_fields(event: TurnEvent) -> dict[str, Any]:
     """An event's SSE fields: ``id`` (the durable seq; none for live-only events),
     ``event`` (its type), ``data`` (its JSON)."""
-    durable = event.type not in ("message.delta", "message.retry")
+    durable = event.type not in LIVE_TYPES
     return {"id": str(event.seq) if durable else None, "event": event.type,
             "data": json.dumps(event.to_dict(), default=str)}
 

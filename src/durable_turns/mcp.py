@@ -1,0 +1,209 @@
+"""Tools from Model Context Protocol servers (F17): ``await mcp_tools(server)``.
+
+``server`` is what the official ``mcp`` SDK's ``Client`` takes: ``StdioServerParameters``
+(the server is a command, spoken to over its stdin and stdout) or the URL of a
+streamable-HTTP endpoint. :func:`mcp_tools` reads the server's tool list once, when it is
+called, and returns one remote :class:`~durable_turns.tools.Tool` per MCP tool, with the
+server's name, description and input schema passed to the model unchanged.
+
+They are remote durable tools like any ``async def`` tool: at least once (a crash between the
+server's answer and the step's commit calls it again, with the same ``ctx.idempotency_key``,
+also sent to the server in the request's ``_meta``), and their results are checkpointed, so a
+replay never calls the server again for a committed step. Each call opens its own connection
+(for stdio: starts the server's process) and closes it, so nothing is held between turns or
+across a crash; that costs a process start per call on stdio.
+
+Failures become the call's error result, which the model reads, never a failed turn:
+
+- the server cannot be reached (not started, connection refused, a crash mid-call):
+  ``{"error": "ConnectionError: MCP server '<name>' …"}``;
+- the server answers with an error (an unknown tool, bad arguments): ``MCPError: …``;
+- the tool reports an error (``isError``): ``McpToolError: <its text>``.
+
+``timeout`` and ``retries`` are the tool's (:class:`~durable_turns.tools.Tool`): retry on
+``ConnectionError`` to ride out a server that restarts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import shlex
+from collections.abc import Iterable, Mapping
+from typing import Any, cast
+
+from .errors import ConfigurationError
+from .tools import RunFn, Tool, ToolContext, ToolSpec
+
+try:
+    import mcp_types
+    from mcp import Client, MCPError, StdioServerParameters
+    from mcp_types.jsonrpc import CONNECTION_CLOSED
+except ImportError as e:  # pragma: no cover - the extra is part of dev
+    raise ImportError(
+        "durable_turns.mcp needs the official MCP SDK: pip install 'durable-turns[mcp]'"
+    ) from e
+
+McpServer = StdioServerParameters | str
+"""A stdio server's parameters, or a streamable-HTTP URL."""
+LIST_TIMEOUT = 60.0
+"""Seconds :func:`load_mcp_servers` waits for a server's tool list."""
+IDEMPOTENCY_META = "durable-turns/idempotency-key"
+"""The ``_meta`` key that carries ``ctx.idempotency_key`` on every ``tools/call``."""
+
+
+class McpToolError(Exception):
+    """An MCP tool answered with ``isError``; its text is the message (the model reads it)."""
+
+
+def server_label(server: McpServer) -> str:
+    """How errors name a server: its URL, or its command line."""
+    if isinstance(server, str):
+        return server
+    return shlex.join([server.command, *server.args])
+
+
+def _cause(e: BaseException) -> BaseException:
+    # anyio's task groups wrap a transport's failure in an ExceptionGroup: find the cause.
+    while isinstance(e, BaseExceptionGroup) and e.exceptions:
+        e = e.exceptions[0]
+    return e
+
+
+def _reason(e: BaseException) -> str:
+    e = _cause(e)
+    text = str(e)
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+async def mcp_tools(server: McpServer, *, name: str | None = None, prefix: str = "",
+                    include: Iterable[str] | None = None, timeout: float | None = None,
+                    retries: int = 0, retry_delay: float = 0.5) -> list[Tool]:
+    """The tools of an MCP server, as remote durable tools.
+
+    Args:
+        server: ``StdioServerParameters(command=…, args=[…])`` or a streamable-HTTP URL.
+        name: how error results name the server (default: its URL or command line).
+        prefix: put before every tool's name (to keep two servers' tools apart).
+        include: only these tools (MCP names); default all.
+        timeout: seconds each call may take (``Tool(timeout=…)``).
+        retries: how often a failed call is tried again (``Tool(retries=…)``).
+        retry_delay: the first backoff in seconds.
+
+    Returns:
+        One :class:`~durable_turns.tools.Tool` per MCP tool, in the server's order.
+
+    Raises:
+        ConfigurationError: the server could not be reached or could not list its tools,
+            or ``include`` names a tool it does not have.
+    """
+    label = name or server_label(server)
+    listed: list[mcp_types.Tool] = []
+    try:
+        async with Client(server) as client:
+            cursor: str | None = None
+            while True:
+                page = await client.list_tools(cursor=cursor)
+                listed += page.tools
+                cursor = page.next_cursor
+                if not cursor:
+                    break
+    except Exception as e:
+        raise ConfigurationError(
+            f"MCP server {label!r} could not list its tools: {_reason(e)}") from e
+    wanted = set(include) if include is not None else None
+    missing = sorted(wanted - {t.name for t in listed}) if wanted is not None else []
+    if missing:
+        raise ConfigurationError(f"MCP server {label!r} has no tools {missing}")
+    return [
+        Tool(ToolSpec(prefix + t.name, t.description or t.title or t.name, t.input_schema),
+             _caller(server, label, t.name), timeout=timeout, retries=retries,
+             retry_delay=retry_delay)
+        for t in listed if wanted is None or t.name in wanted
+    ]
+
+
+def _caller(server: McpServer, label: str, tool_name: str) -> RunFn:
+    async def call(args: dict[str, Any], ctx: ToolContext) -> Any:
+        connected = False
+        try:
+            async with Client(server) as client:
+                connected = True
+                meta = cast(mcp_types.RequestParamsMeta, {IDEMPOTENCY_META: ctx.idempotency_key})
+                result = await client.call_tool(tool_name, args, meta=meta)
+        except Exception as e:
+            cause = _cause(e)
+            if connected and isinstance(cause, MCPError) and cause.code != CONNECTION_CLOSED:
+                raise cause from None  # the server answered: an unknown tool, bad arguments
+            what = "failed during" if connected else "is unreachable for"
+            raise ConnectionError(
+                f"MCP server {label!r} {what} {tool_name!r}: {_reason(e)}") from e
+        if result.is_error:
+            raise McpToolError(_text(result) or f"{tool_name} failed")
+        return _value(result)
+
+    return call
+
+
+def _text(result: mcp_types.CallToolResult) -> str:
+    return "\n".join(b.text for b in result.content if isinstance(b, mcp_types.TextContent))
+
+
+def _value(result: mcp_types.CallToolResult) -> Any:
+    """A JSON value for the model: the structured result, else the text, else the blocks."""
+    if result.structured_content is not None:
+        return result.structured_content
+    if all(isinstance(b, mcp_types.TextContent) for b in result.content):
+        return _text(result)
+    return {"content": [b.model_dump(mode="json", by_alias=True, exclude_none=True)
+                        for b in result.content]}
+
+
+def _server_entry(entry: Any, where: str) -> tuple[McpServer, dict[str, Any]]:
+    """One ``mcp_servers`` entry: a server, or a mapping with ``url`` or ``command``."""
+    if isinstance(entry, str | StdioServerParameters):
+        return entry, {}
+    if not isinstance(entry, Mapping):
+        raise ConfigurationError(f"{where}: an mcp_servers entry must be a URL, "
+                                 f"StdioServerParameters or a mapping, not {entry!r}")
+    options = {k: entry[k] for k in ("name", "prefix", "include", "timeout", "retries",
+                                     "retry_delay") if k in entry}
+    unknown = sorted(set(entry) - set(options) - {"url", "command", "args", "env", "cwd"})
+    if unknown:
+        raise ConfigurationError(f"{where}: unknown keys {unknown} in mcp_servers entry")
+    if ("url" in entry) == ("command" in entry):
+        raise ConfigurationError(f"{where}: an mcp_servers entry needs 'url' or 'command'")
+    if "url" in entry:
+        return str(entry["url"]), options
+    params = StdioServerParameters(command=entry["command"], args=list(entry.get("args", [])),
+                                   env=entry.get("env"), cwd=entry.get("cwd"))
+    return params, options
+
+
+def load_mcp_servers(entries: Iterable[Any], where: str) -> list[Tool]:
+    """The tools of every server in an app folder's ``mcp_servers`` (blocking).
+
+    The loader is synchronous and may run inside an event loop, so the lists are read on a
+    thread with an event loop of its own.
+
+    Raises:
+        ConfigurationError: naming ``where`` and the server that failed.
+    """
+    servers = [_server_entry(e, where) for e in entries]
+
+    async def read_all() -> list[Tool]:
+        tools: list[Tool] = []
+        for server, options in servers:
+            tools += await mcp_tools(server, **options)
+        return tools
+
+    pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="mcp-tools")
+    try:
+        return pool.submit(asyncio.run, read_all()).result(LIST_TIMEOUT * len(servers) or None)
+    except ConfigurationError as e:
+        raise ConfigurationError(f"{where}: {e}") from e
+    except concurrent.futures.TimeoutError as e:
+        raise ConfigurationError(f"{where}: MCP servers did not list their tools within "
+                                 f"{LIST_TIMEOUT:g}s each") from e
+    finally:
+        pool.shutdown(wait=False)

@@ -1,0 +1,58 @@
+"""A small MCP server for the tests, on the official SDK (``MCPServer``), over stdio.
+
+Run as ``python tests/mcp_server.py COUNTER`` (stdio) or ``python tests/mcp_server.py COUNTER
+--http PORT`` (streamable HTTP on 127.0.0.1). Every ``tools/call`` appends a line to COUNTER
+(the tool's name, its arguments and the idempotency key the client sent), so a test can count
+how often the server was really called, from any process.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import anyio
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+
+COUNTER = Path(sys.argv[1]) if len(sys.argv) > 1 else Path("calls.jsonl")
+server = MCPServer("ledger", log_level="WARNING")
+
+
+def count(tool: str, ctx: Context | None, **args: Any) -> None:
+    meta = ctx.request_context.meta if ctx is not None else None
+    key = (meta or {}).get("durable-turns/idempotency-key") if isinstance(meta, dict) else None
+    with COUNTER.open("a") as f:
+        f.write(json.dumps({"tool": tool, "args": args, "key": key}) + "\n")
+
+
+@server.tool()
+def add_entry(account: str, amount: int, ctx: Context) -> dict[str, Any]:
+    """Add an entry to an account's ledger."""
+    count("add_entry", ctx, account=account, amount=amount)
+    return {"account": account, "balance": 100 + amount}
+
+
+@server.tool()
+def close_account(account: str, ctx: Context) -> str:
+    """Close an account (always refused)."""
+    count("close_account", ctx, account=account)
+    raise ToolError(f"account {account} has a balance")
+
+
+@server.tool()
+async def audit(account: str, ctx: Context) -> str:
+    """Audit an account (never finishes)."""
+    count("audit", ctx, account=account)
+    await anyio.sleep_forever()
+    return "unreachable"
+
+
+if __name__ == "__main__":
+    if "--http" in sys.argv:
+        port = int(sys.argv[sys.argv.index("--http") + 1])
+        server.run(transport="streamable-http", host="127.0.0.1", port=port)
+    else:
+        server.run()
