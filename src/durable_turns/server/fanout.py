@@ -1,0 +1,172 @@
+"""The way from a session's events to many SSE clients: encode once, queue, write in bursts.
+
+A session watched by a thousand clients hands every event to a thousand subscriptions of
+the store's feed (one store read serves them all). What each client then costs is the
+server's part of the fan-out, so it is kept small:
+
+- :class:`FrameCache` encodes an event into its SSE frame (sse-starlette's
+  ``ServerSentEvent``) once, for every client that gets the same event object;
+- an :class:`Outbox` per client takes frames synchronously, as the feed delivers them (no
+  task switch per event), and its stream yields everything queued as one chunk: a client
+  that fell behind a burst (a commit's events, a model's text deltas) costs one write, not
+  one per event. The socket write is what dominates (``bench/sse.py --profile``).
+- the response is Starlette's ``StreamingResponse`` (sse-starlette frames every event, and
+  the keep-alive comments): sse-starlette's own response opens an anyio cancel scope around
+  every write, which doubled the cost of a write (``bench/sse.py``); the keep-alive is a
+  timer per client instead of a task, and the streams end when the server shuts down
+  (:meth:`Streams.end_all`, called by ``serve``).
+- **Slow clients.** An outbox holds at most ``limit`` bytes. A client that does not read
+  that much (its socket and uvicorn's buffer are full) is cut off: its stream ends, nothing
+  more is queued for it, and the other clients never wait for it. Nothing durable is lost:
+  the client reconnects with ``Last-Event-ID`` (EventSource does it by itself) and the
+  store replays what it missed; only live text deltas of that gap are gone, and the
+  ``message.completed`` that follows carries the whole text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime
+
+from sse_starlette import ServerSentEvent
+from starlette.responses import StreamingResponse
+
+from ..events import TurnEvent
+from ._http import sse_fields
+
+MAX_BACKLOG = 1 << 20
+"""Bytes of frames an SSE client may have waiting before it is cut off (1 MiB)."""
+FRAME_CACHE = 1024
+"""How many recent events' SSE frames are kept for the other subscribers."""
+HEADERS = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
+"""An event stream's headers, as sse-starlette sets them: no cache, no proxy buffering."""
+
+
+class FrameCache:
+    """An event's SSE frame, encoded once for every client that is handed the same event."""
+
+    def __init__(self, size: int = FRAME_CACHE) -> None:
+        self._size = size
+        # Keyed by id(): holding the event keeps its id unique while it is cached.
+        self._frames: OrderedDict[int, tuple[TurnEvent, bytes]] = OrderedDict()
+
+    def frame(self, event: TurnEvent) -> bytes:
+        """``event`` as its SSE frame: ``id:`` (durable events only), ``event:``, ``data:``."""
+        found = self._frames.get(id(event))
+        if found is not None and found[0] is event:
+            return found[1]
+        frame = ServerSentEvent(**sse_fields(event)).encode()
+        self._frames[id(event)] = (event, frame)
+        if len(self._frames) > self._size:
+            self._frames.popitem(last=False)
+        return frame
+
+
+class Outbox:
+    """The frames waiting for one SSE client, bounded; iterate it for the response body.
+
+    Args:
+        limit: the most bytes that may wait; a frame that comes while more than that waits
+            cuts the client off (:attr:`overflowed`): its stream ends.
+        ping: seconds between keep-alive comments while the stream is read (0: none).
+    """
+
+    def __init__(self, limit: int = MAX_BACKLOG, ping: float = 0) -> None:
+        self.limit = limit
+        self.ping = ping
+        self.overflowed = False
+        """Whether the client was cut off for not reading."""
+        self._frames: list[bytes] = []
+        self._size = 0
+        self._ended = False
+        self._wake = asyncio.Event()
+        self._timer: asyncio.TimerHandle | None = None
+
+    @property
+    def ended(self) -> bool:
+        """Whether nothing more will be queued (the stream ends once the queue is written)."""
+        return self._ended
+
+    def put(self, frame: bytes) -> None:
+        """Queue ``frame``; cut the client off if it is over its limit."""
+        if self._ended:
+            return
+        if self._size > self.limit:
+            # Checked before adding, so that one event larger than the limit (a big tool
+            # result) still reaches a client that reads.
+            self.overflowed = True
+            self._frames.clear()
+            self._size = 0
+            self.end()
+            return
+        self._size += len(frame)
+        self._frames.append(frame)
+        self._wake.set()
+
+    def end(self) -> None:
+        """Queue nothing more: the stream ends after what is queued."""
+        self._ended = True
+        self._wake.set()
+        if self._timer is not None:
+            self._timer.cancel()
+
+    def _keepalive(self) -> None:
+        self.put(ServerSentEvent(comment=f"ping - {datetime.now(UTC)}").encode())
+        if not self._ended:
+            self._timer = asyncio.get_running_loop().call_later(self.ping, self._keepalive)
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return self._chunks()
+
+    async def _chunks(self) -> AsyncIterator[bytes]:
+        if self.ping > 0 and not self._ended:
+            self._timer = asyncio.get_running_loop().call_later(self.ping, self._keepalive)
+        try:
+            while True:
+                if self._frames:
+                    chunk = b"".join(self._frames)
+                    self._frames.clear()
+                    self._size = 0
+                    yield chunk
+                    continue
+                if self._ended:
+                    return
+                self._wake.clear()
+                await self._wake.wait()
+        finally:
+            if self._timer is not None:
+                self._timer.cancel()
+
+
+class Streams:
+    """The open outboxes of a host, so that a shutdown can end them all."""
+
+    def __init__(self) -> None:
+        self._open: set[Outbox] = set()
+
+    def response(self, outbox: Outbox, close: Callable[[], None]) -> StreamingResponse:
+        """The ``text/event-stream`` response that writes ``outbox``; ``close`` is called
+        when it ends (written out, cut off, the client gone or the server shutting down)."""
+        self._open.add(outbox)
+
+        async def body() -> AsyncIterator[bytes]:
+            try:
+                async for chunk in outbox:
+                    yield chunk
+            finally:
+                self._open.discard(outbox)
+                outbox.end()
+                close()
+
+        return StreamingResponse(body(), media_type="text/event-stream", headers=HEADERS)
+
+    def end_all(self) -> None:
+        """End every open stream (after what is queued); a client reconnects with its
+        ``Last-Event-ID``. Call it on the event loop."""
+        for outbox in list(self._open):
+            outbox.end()
+
+
+__all__ = ["FRAME_CACHE", "HEADERS", "MAX_BACKLOG", "FrameCache", "Outbox", "Streams"]
