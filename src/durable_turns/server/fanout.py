@@ -15,9 +15,11 @@ server's part of the fan-out, so it is kept small:
   every write, which doubled the cost of a write (``bench/sse.py``); the keep-alive is a
   timer per client instead of a task, and the streams end when the server shuts down
   (:meth:`Streams.end_all`, called by ``serve``).
-- **Slow clients.** An outbox holds at most ``limit`` bytes. A client that does not read
-  that much (its socket and uvicorn's buffer are full) is cut off: its stream ends, nothing
-  more is queued for it, and the other clients never wait for it. Nothing durable is lost:
+- **Slow clients.** While a write to a client is held up (its socket and uvicorn's buffer
+  are full), its outbox takes at most ``limit`` more bytes. A client that does not read that
+  much is cut off: its stream ends, nothing more is queued for it, and the other clients
+  never wait for it. (A replay is queued before the first write, so a long catch-up is not
+  cut off; it goes out as one write.) Nothing durable is lost:
   the client reconnects with ``Last-Event-ID`` (EventSource does it by itself) and the
   store replays what it missed; only live text deltas of that gap are gone, and the
   ``message.completed`` that follows carries the whole text.
@@ -68,8 +70,9 @@ class Outbox:
     """The frames waiting for one SSE client, bounded; iterate it for the response body.
 
     Args:
-        limit: the most bytes that may wait; a frame that comes while more than that waits
-            cuts the client off (:attr:`overflowed`): its stream ends.
+        limit: the most bytes that may wait behind a write in progress; a frame that comes
+            while more than that waits cuts the client off (:attr:`overflowed`): its
+            stream ends.
         ping: seconds between keep-alive comments while the stream is read (0: none).
     """
 
@@ -81,6 +84,7 @@ class Outbox:
         self._frames: list[bytes] = []
         self._size = 0
         self._ended = False
+        self._writing = False
         self._wake = asyncio.Event()
         self._timer: asyncio.TimerHandle | None = None
 
@@ -93,7 +97,7 @@ class Outbox:
         """Queue ``frame``; cut the client off if it is over its limit."""
         if self._ended:
             return
-        if self._size > self.limit:
+        if self._writing and self._size > self.limit:
             # Checked before adding, so that one event larger than the limit (a big tool
             # result) still reaches a client that reads.
             self.overflowed = True
@@ -129,7 +133,9 @@ class Outbox:
                     chunk = b"".join(self._frames)
                     self._frames.clear()
                     self._size = 0
+                    self._writing = True  # until the response asks for the next chunk
                     yield chunk
+                    self._writing = False
                     continue
                 if self._ended:
                     return
