@@ -222,11 +222,17 @@ async def run_one(base: str, port: int, pid: int, times: Path, n: int,
         assert [s for s, _ in got] == expected, "a subscriber missed or repeated an event"
         lat += [(t - stamps[s]) * 1000 for s, t in got]
     lat.sort()
+    by_seq: dict[int, list[float]] = {}
+    for got in seen:
+        for s, t in got:
+            by_seq.setdefault(s, []).append((t - stamps[s]) * 1000)
+    worst = sorted(((max(v), s) for s, v in by_seq.items()), reverse=True)[:3]
     delivered = len(expected) * n
     return {"subscribers": n, "events": len(expected), "delivered": delivered,
             "latency_ms_p50": round(statistics.median(lat), 2),
             "latency_ms_p99": round(lat[min(len(lat) - 1, int(len(lat) * 0.99))], 2),
             "latency_ms_max": round(lat[-1], 2),
+            "slowest_events": [f"seq {s}: {m:.0f} ms" for m, s in worst],
             "server_cpu_s": round(cpu, 3),
             "server_cpu_us_per_delivered_event": round(cpu / delivered * 1e6, 1),
             "server_cpu_ms_per_turn_event": round(cpu / len(expected) * 1e3, 2)}

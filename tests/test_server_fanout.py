@@ -12,7 +12,7 @@ import httpx
 from durable_turns import Agent, MemoryStore, ModelReply, Runtime, scripted
 from durable_turns.models import ModelRequest
 from durable_turns.server import create_app
-from durable_turns.server.fanout import Outbox
+from durable_turns.server.fanout import Outbox, Pacer
 from fakes.serving import serving
 
 WAIT = 60.0
@@ -154,3 +154,17 @@ async def test_an_outbox_cuts_off_a_client_over_its_limit_and_keeps_one_big_fram
         burst.put(part)
     burst.end()
     assert [c async for c in burst] == [b"abc"]  # what queued meanwhile goes as one write
+
+
+async def test_live_text_waits_for_the_next_durable_event_or_the_pacer() -> None:
+    pacer = Pacer(linger=0.01)
+    box = Outbox(pacer=pacer)
+    chunks = aiter(box)
+    box.put(b"d1", urgent=False)
+    box.put(b"d2", urgent=False)
+    box.put(b"E", urgent=True)  # a durable event takes the live text with it, in order
+    assert await asyncio.wait_for(anext(chunks), WAIT) == b"d1d2E"
+    box.put(b"d3", urgent=False)  # alone: written at the pacer's tick
+    assert await asyncio.wait_for(anext(chunks), WAIT) == b"d3"
+    box.end()
+    assert [c async for c in chunks] == []

@@ -29,12 +29,13 @@ from ._http import (
     Authenticate,
     HttpError,
     error_response,
+    is_durable,
     is_loopback,
     principal_of,
     read_body,
 )
 from .console import console_routes
-from .fanout import MAX_BACKLOG, FrameCache, Outbox, Streams
+from .fanout import MAX_BACKLOG, FrameCache, Outbox, Pacer, Streams
 from .openapi import openapi
 from .timeline import last_activity
 
@@ -119,6 +120,7 @@ class _Host:
         # encoded once (bench/sse.py: encoding per subscriber was a fifth of the fan-out).
         self.frames = FrameCache()
         self.streams = Streams()
+        self.pacer = Pacer()
         self.mounted: dict[str, ChannelContext] = {
             name: mount_agent(agent, runtime) for name, agent in runtime.agents.items()}
 
@@ -327,11 +329,11 @@ class _Host:
         await sub.ready()
         # The fan-out path (fanout.py): the feed hands each event to this client's outbox
         # as it is published; the response writes whatever has queued meanwhile at once.
-        outbox = Outbox(self.max_backlog, self.ping)
+        outbox = Outbox(self.max_backlog, self.ping, self.pacer)
         frame = self.frames.frame
 
         def take(e: TurnEvent) -> None:
-            outbox.put(frame(e))
+            outbox.put(frame(e), urgent=is_durable(e))
             if outbox.ended or (until == "turn" and e.ends_turn):
                 outbox.end()
                 sub.close()

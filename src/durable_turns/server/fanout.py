@@ -10,6 +10,10 @@ server's part of the fan-out, so it is kept small:
   task switch per event), and its stream yields everything queued as one chunk: a client
   that fell behind a burst (a commit's events, a model's text deltas) costs one write, not
   one per event. The socket write is what dominates (``bench/sse.py --profile``).
+- live text (``message.delta``) is not urgent: a :class:`Pacer` writes it out at most
+  ``linger`` seconds later (20 ms), or with the next durable event, whichever is first; a
+  model's deltas then cost one write per client per tick instead of one each, and durable
+  events are written at once.
 - the response is Starlette's ``StreamingResponse`` (sse-starlette frames every event, and
   the keep-alive comments): sse-starlette's own response opens an anyio cancel scope around
   every write, which doubled the cost of a write (``bench/sse.py``); the keep-alive is a
@@ -40,6 +44,8 @@ from ._http import sse_fields
 
 MAX_BACKLOG = 1 << 20
 """Bytes of frames an SSE client may have waiting before it is cut off (1 MiB)."""
+LINGER = 0.02
+"""Seconds live text may wait for company before it is written."""
 FRAME_CACHE = 1024
 """How many recent events' SSE frames are kept for the other subscribers."""
 HEADERS = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
@@ -66,6 +72,28 @@ class FrameCache:
         return frame
 
 
+class Pacer:
+    """Writes out the outboxes that hold only non-urgent frames, every ``linger`` seconds:
+    one timer for all of a host's clients."""
+
+    def __init__(self, linger: float = LINGER) -> None:
+        self.linger = linger
+        self._due: list[Outbox] = []
+        self._timer: asyncio.TimerHandle | None = None
+
+    def later(self, outbox: Outbox) -> None:
+        """Write ``outbox`` out at the next tick."""
+        self._due.append(outbox)
+        if self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(self.linger, self._tick)
+
+    def _tick(self) -> None:
+        self._timer = None
+        due, self._due = self._due, []
+        for outbox in due:
+            outbox.flush()
+
+
 class Outbox:
     """The frames waiting for one SSE client, bounded; iterate it for the response body.
 
@@ -74,11 +102,16 @@ class Outbox:
             while more than that waits cuts the client off (:attr:`overflowed`): its
             stream ends.
         ping: seconds between keep-alive comments while the stream is read (0: none).
+        pacer: writes out non-urgent frames (``put(…, urgent=False)``) later; without one,
+            every frame is urgent.
     """
 
-    def __init__(self, limit: int = MAX_BACKLOG, ping: float = 0) -> None:
+    def __init__(self, limit: int = MAX_BACKLOG, ping: float = 0,
+                 pacer: Pacer | None = None) -> None:
         self.limit = limit
         self.ping = ping
+        self._pacer = pacer
+        self._paced = False
         self.overflowed = False
         """Whether the client was cut off for not reading."""
         self._frames: list[bytes] = []
@@ -93,8 +126,9 @@ class Outbox:
         """Whether nothing more will be queued (the stream ends once the queue is written)."""
         return self._ended
 
-    def put(self, frame: bytes) -> None:
-        """Queue ``frame``; cut the client off if it is over its limit."""
+    def put(self, frame: bytes, urgent: bool = True) -> None:
+        """Queue ``frame`` (written at once if ``urgent``, else at the pacer's next tick or
+        with the next urgent frame); cut the client off if it is over its limit."""
         if self._ended:
             return
         if self._writing and self._size > self.limit:
@@ -107,7 +141,17 @@ class Outbox:
             return
         self._size += len(frame)
         self._frames.append(frame)
-        self._wake.set()
+        if urgent or self._pacer is None:
+            self._wake.set()
+        elif not self._paced:
+            self._paced = True
+            self._pacer.later(self)
+
+    def flush(self) -> None:
+        """Write out what is queued now."""
+        self._paced = False
+        if self._frames:
+            self._wake.set()
 
     def end(self) -> None:
         """Queue nothing more: the stream ends after what is queued."""
