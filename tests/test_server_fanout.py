@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import httpx
+from starlette.applications import Starlette
 
 from durable_turns import Agent, MemoryStore, ModelReply, Runtime, scripted
 from durable_turns.models import ModelRequest
@@ -29,7 +30,7 @@ def reply(request: ModelRequest) -> ModelReply:
 
 
 @asynccontextmanager
-async def hosted(max_backlog: int = 1 << 20) -> AsyncIterator[tuple[Runtime, str, object]]:
+async def hosted(max_backlog: int = 1 << 20) -> AsyncIterator[tuple[Runtime, str, Starlette]]:
     rt = Runtime([Agent("desk", "You help.")], MemoryStore(), scripted(reply, chunks=3))
     async with rt:
         app = create_app(rt, max_backlog=max_backlog)
@@ -113,6 +114,14 @@ async def test_a_client_that_does_not_read_is_cut_off_and_catches_up_on_reconnec
         assert [(s, e) for s, e, _ in rest if s is not None] == missed
 
 
+async def test_head_of_an_event_stream_is_its_headers_only() -> None:
+    async with hosted() as (_rt, url, _app), httpx.AsyncClient(base_url=url,
+                                                                timeout=WAIT) as client:
+        r = await client.head("/agents/desk/sessions/s1/events")
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+
+
 async def test_end_streams_ends_open_event_streams() -> None:
     async with hosted() as (_rt, url, app), httpx.AsyncClient(base_url=url,
                                                                timeout=WAIT) as client:
@@ -125,7 +134,7 @@ async def test_end_streams_ends_open_event_streams() -> None:
                 async for line in lines:
                     if line == "event: turn.completed":
                         break
-                app.state.end_streams()  # type: ignore[attr-defined]
+                app.state.end_streams()
                 rest = [line async for line in lines]  # the stream ends
         assert all(not line.startswith("id:") for line in rest)
 

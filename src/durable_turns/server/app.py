@@ -35,7 +35,7 @@ from ._http import (
     read_body,
 )
 from .console import console_routes
-from .fanout import MAX_BACKLOG, FrameCache, Outbox, Pacer, Streams
+from .fanout import HEADERS, MAX_BACKLOG, FrameCache, Outbox, Pacer, Streams
 from .openapi import openapi
 from .timeline import last_activity
 
@@ -325,6 +325,8 @@ class _Host:
         until = request.query_params.get("until")
         if until not in (None, "turn"):
             raise HttpError(400, "MalformedQuery", "until takes one value: turn")
+        if request.method == "HEAD":  # the headers only: a stream would never end
+            return Response(media_type="text/event-stream", headers=HEADERS)
         sub = self.rt.subscribe(s.key, after)
         await sub.ready()
         # The fan-out path (fanout.py): the feed hands each event to this client's outbox
