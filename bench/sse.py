@@ -2,22 +2,31 @@
 
 Usage (from the repository root, with the ``server`` extra installed)::
 
-    python bench/sse.py                 # 1, 100 and 1000 subscribers
-    python bench/sse.py -n 1 -n 10      # any counts
-    python bench/sse.py --json          # the same figures, machine-readable
+    python bench/sse.py                      # 1, 100 and 1000 subscribers
+    python bench/sse.py -n 1 -n 10           # any counts
+    python bench/sse.py --http h11 --loop asyncio   # uvicorn without httptools/uvloop
+    python bench/sse.py -n 1000 --profile /tmp/sse.prof   # cProfile of the server
+    python bench/sse.py --json               # the same figures, machine-readable
 
-The server is ``durable_turns.server`` under uvicorn in a child process, on a fresh
-``SqliteStore``, with a scripted model whose turn makes ``--calls`` (20) sequential tool
-calls, each reply paced by ``--pace`` (20 ms) so the turn lasts long enough to be watched
-live. The child's event sink writes the wall-clock time at which each durable event was
-published (right after its commit). The bench process opens N ``GET …/events?until=turn``
-streams (httpx, one event loop), waits until every one is subscribed (its response headers
-arrived), then starts the turn with ``POST …/chat`` and reads every stream to the turn's end.
+Three kinds of process, so that each one's CPU is its own:
+
+- **the server**: ``durable_turns.server`` under uvicorn (``--http``/``--loop``: ``auto``
+  takes httptools and uvloop when installed) on a fresh ``SqliteStore``, with a scripted
+  model whose turn makes ``--calls`` (20) sequential tool calls, each reply paced by
+  ``--pace`` (20 ms) and streamed as 3 text deltas, so the turn lasts long enough to be
+  watched live. Its event sink writes the wall-clock time at which each durable event was
+  published (right after its commit).
+- **the watchers**: ``--clients`` processes (default: one per 500 subscribers) that open
+  the N ``GET …/events?until=turn`` streams over raw sockets (no HTTP library: they read
+  bytes and note when each ``id:`` line arrives), so the client's own parsing does not
+  queue in front of the figure.
+- **the bench**: waits until every stream is subscribed (its response headers arrived),
+  starts the turn with ``POST …/chat`` and collects the watchers' receipts.
 
 - **commit → client latency**: for every durable event and every subscriber, receipt time
-  minus publish time (same machine, same clock). The client is one Python process parsing
-  every stream, so at 1,000 subscribers this includes the client's own queueing.
-- **server CPU per event**: the child's user + system CPU (``/proc/PID/stat``) from the
+  minus publish time (same machine, same clock). On a 2-core machine the watchers still
+  share the CPU with the server; their share is small but not zero.
+- **server CPU per event**: the server's user + system CPU (``/proc/PID/stat``) from the
   moment the turn starts until the last subscriber has its end, divided by the events
   delivered (durable events times subscribers), and by the turn's durable events.
 
@@ -42,13 +51,15 @@ from typing import Any
 import httpx
 
 AGENT, SESSION = "watched", "s1"
-WAIT = 120.0
+WAIT = 180.0
+PER_CLIENT = 500
 
 
 # -- the server (child process) ---------------------------------------------------------------
 
 
-def serve(port: int, db: Path, times: Path, calls: int, pace: float) -> None:
+def serve(port: int, db: Path, times: Path, calls: int, pace: float, http: str, loop: str,
+          profile: str | None) -> None:
     import uvicorn
 
     from durable_turns import Agent, ModelReply, Runtime, SqliteStore, ToolCall, scripted, tool
@@ -76,8 +87,95 @@ def serve(port: int, db: Path, times: Path, calls: int, pace: float) -> None:
 
     rt = Runtime([Agent(AGENT, "", [tick])], SqliteStore(db, synchronous="OFF"),
                  scripted(reply, delay=pace / 3, chunks=3), sink=Stamp())
-    uvicorn.run(create_app(rt), host="127.0.0.1", port=port, log_level="warning",
-                lifespan="off")
+    config = uvicorn.Config(create_app(rt), host="127.0.0.1", port=port, log_level="warning",
+                            lifespan="off", http=http, loop=loop,
+                            backlog=4096)
+    if profile is None:
+        uvicorn.Server(config).run()
+        return
+    import cProfile
+    import signal
+
+    # uvicorn re-raises the SIGTERM it caught once it has shut down: take it, to write
+    # the profile.
+    signal.signal(signal.SIGTERM, lambda _s, _f: None)
+    prof = cProfile.Profile()
+    prof.enable()
+    try:
+        uvicorn.Server(config).run()
+    finally:
+        prof.disable()
+        prof.dump_stats(profile)
+
+
+# -- the watchers (child processes) -------------------------------------------------------------
+
+
+class Watcher(asyncio.Protocol):
+    """One ``GET …/events`` stream over a raw socket: notes when each ``id:`` line arrives.
+
+    A protocol rather than a stream reader: the watchers share the machine with the server,
+    so each read should cost them as little as it can.
+    """
+
+    def __init__(self, request: bytes, connected: asyncio.Event) -> None:
+        self.request = request
+        self.connected = connected
+        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.got: list[tuple[int, float]] = []
+        self.head = b""
+        self.rest = b""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport.write(self.request)  # type: ignore[attr-defined]
+
+    def data_received(self, data: bytes) -> None:
+        now = time.time()
+        if not self.connected.is_set():
+            self.head += data
+            if b"\r\n\r\n" not in self.head:
+                return
+            head, _, data = self.head.partition(b"\r\n\r\n")
+            if b" 200 " not in head.split(b"\r\n", 1)[0]:
+                self.done.set_exception(RuntimeError(f"refused: {head[:200]!r}"))
+                return
+            self.connected.set()
+        lines = (self.rest + data).split(b"\n")
+        self.rest = lines.pop()
+        for line in lines:
+            if line.startswith(b"id:"):
+                self.got.append((int(line[3:]), now))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.done.done():
+            self.done.set_result(None)
+
+
+async def watchers(port: int, after: int, n: int) -> None:
+    loop = asyncio.get_running_loop()
+    path = f"/agents/{AGENT}/sessions/{SESSION}/events?after={after}&until=turn"
+    request = f"GET {path} HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n".encode()
+    subscribed = [asyncio.Event() for _ in range(n)]
+    made = [Watcher(request, ev) for ev in subscribed]
+    for w in made:
+        await loop.create_connection(lambda w=w: w, "127.0.0.1", port)  # type: ignore[misc]
+    async with asyncio.timeout(WAIT):
+        for ev in subscribed:
+            await ev.wait()
+    print("ready", flush=True)
+    async with asyncio.timeout(WAIT):
+        for w in made:
+            await w.done
+    print(json.dumps([w.got for w in made]), flush=True)
+
+
+def run_watchers(port: int, after: int, n: int) -> None:
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(watchers(port, after, n))
+    else:
+        uvloop.run(watchers(port, after, n))
 
 
 # -- the bench --------------------------------------------------------------------------------
@@ -88,69 +186,71 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def watch(client: httpx.AsyncClient, after: int, subscribed: asyncio.Event,
-                counter: list[int], n: int) -> list[tuple[int, float]]:
-    got: list[tuple[int, float]] = []
-    url = f"/agents/{AGENT}/sessions/{SESSION}/events"
-    async with client.stream("GET", url, params={"after": str(after), "until": "turn"}) as r:
-        counter[0] += 1
-        if counter[0] == n:
-            subscribed.set()
-        async for line in r.aiter_lines():
-            if line.startswith("id:"):
-                got.append((int(line[3:]), time.time()))
-    return got
-
-
-async def run_one(base: str, pid: int, times: Path, n: int) -> dict[str, Any]:
-    limits = httpx.Limits(max_connections=n + 10, max_keepalive_connections=n + 10)
-    async with httpx.AsyncClient(base_url=base, timeout=WAIT, limits=limits) as client:
+async def run_one(base: str, port: int, pid: int, times: Path, n: int,
+                  clients: int) -> dict[str, Any]:
+    async with httpx.AsyncClient(base_url=base, timeout=WAIT) as client:
         state = (await client.get(f"/agents/{AGENT}/sessions/{SESSION}")).json()
         after = 0
         if state.get("turns"):
             events = await client.get(f"/agents/{AGENT}/sessions/{SESSION}/events",
                                       params={"after": "0", "until": "turn"})
             after = max(int(x[3:]) for x in events.text.splitlines() if x.startswith("id:"))
-        subscribed, counter = asyncio.Event(), [0]
-        watchers = [asyncio.create_task(watch(client, after, subscribed, counter, n))
-                    for _ in range(n)]
-        await asyncio.wait_for(subscribed.wait(), WAIT)
+        shares = [n // clients + (1 if i < n % clients else 0) for i in range(clients)]
+        procs = [await asyncio.create_subprocess_exec(
+            sys.executable, __file__, "--watch", str(port), str(after), str(k),
+            stdout=asyncio.subprocess.PIPE) for k in shares if k]
+        for p in procs:
+            assert p.stdout is not None
+            line = await asyncio.wait_for(p.stdout.readline(), WAIT)
+            assert line == b"ready\n", line
         cpu0 = cpu_seconds(pid)
         done = await client.post(f"/agents/{AGENT}/sessions/{SESSION}/chat",
                                  json={"text": "count"})
         assert done.json()["status"] == "completed", done.text
-        seen = await asyncio.wait_for(asyncio.gather(*watchers), WAIT)
+        seen: list[list[tuple[int, float]]] = []
+        for p in procs:
+            out, _ = await asyncio.wait_for(p.communicate(), WAIT)
+            assert p.returncode == 0
+            seen += json.loads(out)
         cpu = cpu_seconds(pid) - cpu0
     stamps = {int(s): float(t) for s, t in
               (line.split() for line in times.read_text().splitlines())}
     expected = sorted(s for s in stamps if s > after)
     lat = []
+    assert len(seen) == n
     for got in seen:
         assert [s for s, _ in got] == expected, "a subscriber missed or repeated an event"
         lat += [(t - stamps[s]) * 1000 for s, t in got]
     lat.sort()
+    by_seq: dict[int, list[float]] = {}
+    for got in seen:
+        for s, t in got:
+            by_seq.setdefault(s, []).append((t - stamps[s]) * 1000)
+    worst = sorted(((max(v), s) for s, v in by_seq.items()), reverse=True)[:3]
     delivered = len(expected) * n
     return {"subscribers": n, "events": len(expected), "delivered": delivered,
             "latency_ms_p50": round(statistics.median(lat), 2),
             "latency_ms_p99": round(lat[min(len(lat) - 1, int(len(lat) * 0.99))], 2),
+            "latency_ms_max": round(lat[-1], 2),
+            "slowest_events": [f"seq {s}: {m:.0f} ms" for m, s in worst],
             "server_cpu_s": round(cpu, 3),
             "server_cpu_us_per_delivered_event": round(cpu / delivered * 1e6, 1),
             "server_cpu_ms_per_turn_event": round(cpu / len(expected) * 1e3, 2)}
 
 
-async def bench(counts: list[int], calls: int, pace: float) -> list[dict[str, Any]]:
+async def bench_one(n: int, a: argparse.Namespace) -> dict[str, Any]:
     """One fresh server (and store) per count, so no run inherits another's connections."""
-    return [await bench_one(n, calls, pace) for n in counts]
-
-
-async def bench_one(n: int, calls: int, pace: float) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         db, times = Path(tmp) / "sse.sqlite", Path(tmp) / "times"
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        child = subprocess.Popen([sys.executable, __file__, "--serve", str(port), str(db),
-                                  str(times), "--calls", str(calls), "--pace", str(pace)])
+        argv = [sys.executable, __file__, "--serve", str(port), str(db), str(times),
+                "--calls", str(a.calls), "--pace", str(a.pace), "--http", a.http,
+                "--loop", a.loop]
+        if a.profile:
+            argv += ["--profile", a.profile]
+        child = subprocess.Popen(argv)
         try:
             base = f"http://127.0.0.1:{port}"
             deadline = time.monotonic() + WAIT
@@ -161,7 +261,8 @@ async def bench_one(n: int, calls: int, pace: float) -> dict[str, Any]:
                 except httpx.TransportError:
                     assert time.monotonic() < deadline and child.poll() is None
                     await asyncio.sleep(0.05)
-            return await run_one(base, child.pid, times, n)
+            clients = a.clients or max(1, -(-n // PER_CLIENT))
+            return await run_one(base, port, child.pid, times, n, clients)
         finally:
             child.terminate()
             child.wait(WAIT)
@@ -173,21 +274,33 @@ def main() -> None:
                    help="subscribers (repeat; default 1, 100, 1000)")
     p.add_argument("--calls", type=int, default=20, help="tool calls in the turn")
     p.add_argument("--pace", type=float, default=0.02, help="seconds per model reply")
+    p.add_argument("--clients", type=int, default=0,
+                   help=f"watcher processes (default: one per {PER_CLIENT} subscribers)")
+    p.add_argument("--http", default="auto", choices=["auto", "h11", "httptools"])
+    p.add_argument("--loop", default="auto", choices=["auto", "asyncio", "uvloop"])
+    p.add_argument("--profile", metavar="PATH", help="write the server's cProfile stats here")
     p.add_argument("--json", action="store_true")
     p.add_argument("--serve", nargs=3, metavar=("PORT", "DB", "TIMES"), help=argparse.SUPPRESS)
+    p.add_argument("--watch", nargs=3, type=int, metavar=("PORT", "AFTER", "N"),
+                   help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.serve:
-        serve(int(a.serve[0]), Path(a.serve[1]), Path(a.serve[2]), a.calls, a.pace)
+        serve(int(a.serve[0]), Path(a.serve[1]), Path(a.serve[2]), a.calls, a.pace, a.http,
+              a.loop, a.profile)
         return
-    rows = asyncio.run(bench(a.counts or [1, 100, 1000], a.calls, a.pace))
+    if a.watch:
+        run_watchers(*a.watch)
+        return
+    rows = [asyncio.run(bench_one(n, a)) for n in a.counts or [1, 100, 1000]]
     if a.json:
         print(json.dumps(rows, indent=2))
         return
-    print(f"{'subscribers':>11} {'events':>6} {'p50 ms':>8} {'p99 ms':>8} "
+    print(f"{'subscribers':>11} {'events':>6} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} "
           f"{'CPU µs/delivered':>16} {'CPU ms/turn event':>17}")
     for r in rows:
         print(f"{r['subscribers']:>11} {r['events']:>6} {r['latency_ms_p50']:>8} "
-              f"{r['latency_ms_p99']:>8} {r['server_cpu_us_per_delivered_event']:>16} "
+              f"{r['latency_ms_p99']:>8} {r['latency_ms_max']:>8} "
+              f"{r['server_cpu_us_per_delivered_event']:>16} "
               f"{r['server_cpu_ms_per_turn_event']:>17}")
 
 

@@ -74,15 +74,21 @@ def free_port() -> int:
 
 
 @asynccontextmanager
-async def served(app: Path, db: Path) -> AsyncIterator[tuple[asyncio.subprocess.Process, str]]:
+async def served(app: Path, db: Path, *more: str,
+                 said: list[bytes] | None = None,
+                 ) -> AsyncIterator[tuple[asyncio.subprocess.Process, str]]:
+    """``serve`` on a free port; ``said`` gets the lines it prints once it listens."""
     port = free_port()
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "durable_turns.cli", "serve", str(app), "--db", str(db),
-        "--port", str(port), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        "--port", str(port), *more, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE)
     try:
         assert proc.stdout is not None
         line = await asyncio.wait_for(proc.stdout.readline(), WAIT)
         assert line.startswith(b"serving agent 'desk'"), line
+        if said is not None:
+            said += [line, await asyncio.wait_for(proc.stdout.readline(), WAIT)]
         yield proc, f"http://127.0.0.1:{port}"
     finally:
         if proc.returncode is None:
@@ -149,6 +155,86 @@ def test_serve_refuses_a_public_host_in_development_mode(tmp_path: Path) -> None
               "--host", "0.0.0.0")
     assert out.returncode == 2
     assert "loopback only" in out.stderr
+    assert "define authenticate(request) in the app folder's agent.py" in out.stderr
+    assert "--auth MODULE:FUNCTION" in out.stderr
+
+
+AUTHENTICATE = '''
+def authenticate(request):
+    token = request.headers.get("authorization", "")
+    if token.startswith("Bearer key-"):
+        return {"id": token.removeprefix("Bearer key-"), "role": "staff"}
+    return None
+'''
+
+
+async def test_serve_authenticates_with_agent_py(tmp_path: Path) -> None:
+    app, db = make_app(tmp_path), tmp_path / "desk.sqlite"
+    with (app / "agent.py").open("a") as f:
+        f.write(AUTHENTICATE)
+    said: list[bytes] = []
+    async with served(app, db, said=said) as (_proc, url), httpx.AsyncClient(
+            base_url=url, timeout=WAIT) as client:
+        assert said[1].startswith(b"authentication: ") and b"agent.py" in said[1]
+        for refused in (
+            await client.get("/agents/desk/sessions"),
+            await client.post("/agents/desk/sessions/s1/chat", json={"text": "hi"}),
+            await client.post("/agents/desk/sessions/s1/chat", json={"text": "hi"},
+                              headers={"Authorization": "Bearer wrong"}),
+        ):
+            assert refused.status_code == 401
+            assert refused.json()["error"]["type"] == "Unauthorized"
+        ann = {"Authorization": "Bearer key-ann"}
+        # The body's "by" is ignored once callers are authenticated: the principal speaks.
+        r = await client.post("/agents/desk/sessions/s1/chat",
+                              json={"text": "refund it", "by": "mallory"}, headers=ann)
+        assert r.status_code == 200 and r.json()["status"] == "suspended"
+        answer = {"turn_id": r.json()["turn_id"], "input_id": "approve", "value": True}
+        bob = await client.post("/agents/desk/sessions/s1/resume", json=answer,
+                                headers={"Authorization": "Bearer key-bob"})
+        assert bob.status_code == 403  # the speaker (ann) answers, not another principal
+        done = await client.post("/agents/desk/sessions/s1/resume", json=answer, headers=ann)
+        assert done.status_code == 200 and done.json()["status"] == "completed"
+        shown = (await client.get("/agents/desk/sessions/s1", headers=ann)).json()
+        (opening,) = [m for m in shown["transcript"] if m["role"] == "user"]
+        assert opening["by"] == "ann"
+
+
+async def test_serve_takes_auth_from_an_option(tmp_path: Path) -> None:
+    app, db = make_app(tmp_path), tmp_path / "desk.sqlite"
+    auth = tmp_path / "gate.py"
+    auth.write_text('''
+async def check(request):
+    key = request.headers.get("x-key")
+    return {"id": key.upper()} if key else None
+''')
+    said: list[bytes] = []
+    async with served(app, db, "--auth", f"{auth}:check", said=said) as (_proc, url), \
+            httpx.AsyncClient(base_url=url, timeout=WAIT) as client:
+        assert said[1].startswith(b"authentication: ") and b"gate.py:check" in said[1]
+        refused = await client.post("/agents/desk/sessions/s1/chat", json={"text": "hi"})
+        assert refused.status_code == 401
+        r = await client.post("/agents/desk/sessions/s1/chat", json={"text": "hi"},
+                              headers={"X-Key": "zoe"})
+        assert r.status_code == 200 and r.json()["text"] == "You said: hi"
+        shown = (await client.get("/agents/desk/sessions/s1", headers={"X-Key": "zoe"})).json()
+        assert [m["by"] for m in shown["transcript"] if m["role"] == "user"] == ["ZOE"]
+
+
+async def test_serve_says_how_to_add_authentication(tmp_path: Path) -> None:
+    said: list[bytes] = []
+    async with served(make_app(tmp_path), tmp_path / "desk.sqlite", said=said):
+        assert said[1].startswith(b"development mode:")
+        assert b"authenticate(request)" in said[1] and b"--auth" in said[1]
+
+
+def test_serve_refuses_a_bad_auth_option(tmp_path: Path) -> None:
+    app = make_app(tmp_path)
+    for spec, problem in (("nocolon", "expected MODULE:FUNCTION"),
+                          (f"{tmp_path / 'missing.py'}:f", "is not a file"),
+                          ("json:no_such_function", "defines no function")):
+        out = cli("serve", str(app), "--db", str(tmp_path / "x.sqlite"), "--auth", spec)
+        assert out.returncode == 2 and problem in out.stderr, out.stderr
 
 
 def test_serve_needs_a_model(tmp_path: Path) -> None:

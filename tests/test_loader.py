@@ -18,7 +18,7 @@ from durable_turns import (
     scripted,
 )
 from durable_turns.errors import ConfigurationError
-from durable_turns.loader import check_surfaces
+from durable_turns.loader import check_surfaces, load_app
 from durable_turns.models import ModelRequest
 
 AGENT_PY = '''
@@ -124,6 +124,8 @@ def test_an_app_folder_without_agent_py_still_gets_its_overlays(tmp_path: Path) 
         ({"agent.py": "surfaces = {'slack': {'mode': 'replace', 'deny_tools': ['nope']}}"},
          r"denies unknown tools \['nope'\]"),
         ({"agent.py": "surfaces = {'slack': {'mode': 'sideways'}}"}, "mode must be"),
+        ({"agent.py": "authenticate = 'alice'"},
+         "agent.py: authenticate must be a function of the request"),
     ],
 )
 def test_assembly_errors_name_the_file(tmp_path: Path, files: dict[str, str | None],
@@ -139,3 +141,11 @@ def test_a_policy_for_a_source_no_channel_emits_logs_a_warning(
     with caplog.at_level(logging.WARNING, logger="durable_turns"):
         assert check_surfaces(agent, ["slack"]) == ["email"]
     assert "policy for source 'email'" in caplog.text
+
+
+def test_load_app_takes_authenticate_from_agent_py(tmp_path: Path) -> None:
+    root = app(tmp_path, **{"agent.py": "def authenticate(request):\n    return {'id': 'ann'}\n"})
+    loaded = load_app(root)
+    assert loaded.agent.name == "agent"
+    assert loaded.authenticate is not None and loaded.authenticate(None) == {"id": "ann"}
+    assert load_app(app(tmp_path / "plain", **{"agent.py": None})).authenticate is None

@@ -33,7 +33,7 @@ from .demo.choice import DEFAULT_ANTHROPIC, ModelChoice, choose_model
 from .demo.refunds import APPROVAL_ID, ORDER_ID
 from .demo.term import make_console
 from .errors import ConfigurationError, DurableTurnsError, StoreError
-from .loader import load_agent
+from .loader import load_agent, load_app, load_callable
 from .messages import Message
 from .models.resolve import resolve_model
 from .models.scripted import scripted
@@ -54,10 +54,13 @@ SESSION_ACTIONS = {
 SERVE_HELP = """\
 Serve the app folder's agent over HTTP with server-sent events (F12): the routes under
 /agents/AGENT/sessions/ID, described at /openapi.json. Unfinished turns in the store are
-recovered at start. Development mode (no authentication): the speaker's and the answerer's
-"by" come from the request body, so it binds loopback only. SIGTERM shuts down gracefully:
-streams close, running turns get a grace period, anything cut short replays on the next
-start.
+recovered at start. SIGTERM shuts down gracefully: streams close, running turns get a grace
+period, anything cut short replays on the next start.
+
+Authentication: define authenticate(request) in APP_DIR/agent.py, or pass --auth
+MODULE:FUNCTION (or FILE.py:FUNCTION). It returns the caller's principal (its "id" is the
+speaker and the answerer), or None to refuse with 401; it may be async. Without it the
+server is in development mode: "by" comes from the request body, so it binds loopback only.
 """
 
 DEMO_HELP = f"""\
@@ -253,7 +256,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="accept turns and answer from the store, drive nothing: "
                             "'durable-turns worker' processes drive (the production shape)")
     serve.add_argument("--host", default="127.0.0.1",
-                       help="the address to bind (loopback only: development mode)")
+                       help="the address to bind (loopback only without authentication)")
+    serve.add_argument("--auth", metavar="MODULE:FUNCTION",
+                       help="authenticate(request) → the caller's principal (default: "
+                            "agent.py's authenticate, if any)")
     serve.add_argument("--port", type=int, default=8000, help="default %(default)s")
     serve.add_argument("--model", metavar="PROVIDER:NAME",
                        help="the model, when the app's agent.py names none")
@@ -482,6 +488,10 @@ def _store(spec: str, *, lease_ttl: float = 15.0) -> SessionStore:
     return SqliteStore(spec)
 
 
+DEV_MODE_HINT = ("to authenticate callers, define authenticate(request) in the app folder's "
+                 "agent.py or pass --auth MODULE:FUNCTION")
+
+
 def _session_key(text: str) -> tuple[str, str]:
     agent, sep, session = text.partition("/")
     if not sep or not agent or not session:
@@ -490,27 +500,41 @@ def _session_key(text: str) -> tuple[str, str]:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from .server import is_loopback
     from .server.run import serve  # uvicorn and Starlette load only for this command
 
     try:
-        agent, runtime = _app_runtime(args)
+        app = load_app(args.app)
+        authenticate = load_callable(args.auth) if args.auth else app.authenticate
+        if authenticate is None and not is_loopback(args.host):
+            raise ConfigurationError(
+                f"development mode (no authentication) serves loopback only, not "
+                f"{args.host!r}: {DEV_MODE_HINT}")
+        agent, runtime = _app_runtime(args, app.agent)
 
         where = args.db if args.store is None else (
             args.store if isinstance(runtime.store, SqliteStore) else repr(runtime.store))
         drives = "" if args.drive else "; not driving: 'durable-turns worker' processes do"
 
+        auth = (f"authentication: {args.auth or f'{args.app}/agent.py:authenticate'}"
+                if authenticate is not None else
+                f"development mode: 'by' comes from request bodies; {DEV_MODE_HINT}")
+
         def ready(url: str) -> None:
             print(f"serving agent {agent.name!r} at {url}/agents/{agent.name}/sessions "
                   f"(store {where}{drives}); SIGTERM or Ctrl-C stops", flush=True)
+            print(auth, flush=True)
 
-        asyncio.run(serve(runtime, host=args.host, port=args.port, on_ready=ready))
+        asyncio.run(serve(runtime, host=args.host, port=args.port, on_ready=ready,
+                          authenticate=authenticate))
     except (StoreError, ConfigurationError) as e:
         return _fail("serve", str(e), 2)
     return 0
 
 
-def _app_runtime(args: argparse.Namespace) -> tuple[Agent, Runtime]:
-    agent = load_agent(args.app)
+def _app_runtime(args: argparse.Namespace,
+                 agent: Agent | None = None) -> tuple[Agent, Runtime]:
+    agent = agent or load_agent(args.app)
     model = resolve_model(args.model) if args.model else None
     if agent.model is None and model is None:
         raise ConfigurationError(f"{args.app}'s agent.py names no model: pass --model")

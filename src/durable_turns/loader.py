@@ -6,8 +6,9 @@
       instructions.md          the base system prompt (required)
       instructions.slack.md    the overlay for turns whose event source is "slack"
                                (appended; a ``surfaces`` entry in agent.py may change that)
-      agent.py                 name, surfaces, authorize_answer, model, mcp_servers
-                               (all optional)
+      agent.py                 name, surfaces, authorize_answer, model, mcp_servers,
+                               authenticate (all optional; ``authenticate`` is for
+                               ``serve``, F12)
       tools/*.py               one Tool per module: a @tool function or `tool = Tool(…)`
 
 Every mistake is an assembly error (:class:`~durable_turns.errors.ConfigurationError`) that
@@ -23,10 +24,12 @@ are read when the folder is loaded.
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import logging
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -78,8 +81,28 @@ def _policy(source: str, value: Any, overlay: Path) -> SurfacePolicy:
     return SurfacePolicy(value.mode, tuple(value.deny_tools), overlay.read_text())
 
 
+@dataclass(frozen=True)
+class App:
+    """An app folder, assembled: its agent and what a server of it needs."""
+
+    agent: Agent
+    """The agent."""
+    authenticate: Callable[..., Any] | None = None
+    """``authenticate(request)`` from agent.py: the caller's principal, or ``None`` to
+    refuse (F12); ``None`` when agent.py defines none."""
+
+
 def load_agent(path: str | Path) -> Agent:
     """Assemble the agent in the app folder ``path``.
+
+    Raises:
+        ConfigurationError: naming the file that is wrong or missing.
+    """
+    return load_app(path).agent
+
+
+def load_app(path: str | Path) -> App:
+    """Assemble the app folder ``path``: its agent, and agent.py's ``authenticate``.
 
     Raises:
         ConfigurationError: naming the file that is wrong or missing.
@@ -123,7 +146,11 @@ def load_agent(path: str | Path) -> Agent:
         from .models.resolve import resolve_model  # an SDK loads only when a provider is named
 
         model = resolve_model(model)
-    return Agent(
+    authenticate = settings.get("authenticate")
+    if authenticate is not None and not callable(authenticate):
+        raise ConfigurationError(
+            f"{root / 'agent.py'}: authenticate must be a function of the request")
+    agent = Agent(
         name=settings.get("name") or root.name,
         instructions=base.read_text(),
         tools=tools,
@@ -131,6 +158,37 @@ def load_agent(path: str | Path) -> Agent:
         surfaces=surfaces,
         authorize_answer=settings.get("authorize_answer"),
     )
+    return App(agent, authenticate)
+
+
+def load_callable(spec: str) -> Callable[..., Any]:
+    """The function ``spec`` names: ``package.module:name`` (imported as Python imports it,
+    the working directory first) or ``path/to/file.py:name``.
+
+    Raises:
+        ConfigurationError: a malformed spec, a module that fails to import, a name it does
+            not define, or one that is not callable.
+    """
+    where, sep, name = spec.rpartition(":")
+    if not sep or not where or not name.isidentifier():
+        raise ConfigurationError(f"{spec!r}: expected MODULE:FUNCTION or FILE.py:FUNCTION")
+    if where.endswith(".py"):
+        path = Path(where)
+        if not path.is_file():
+            raise ConfigurationError(f"{spec!r}: {path} is not a file")
+        module = _import(path, f"durable_turns_callable_{abs(hash(path.resolve()))}")
+    else:
+        if "" not in sys.path:
+            sys.path.insert(0, "")  # as ``python -m`` and uvicorn do: the working directory
+        try:
+            module = importlib.import_module(where)
+        except Exception as e:
+            raise ConfigurationError(
+                f"{spec!r}: {where} failed to import: {type(e).__name__}: {e}") from e
+    found: Callable[..., Any] | None = getattr(module, name, None)
+    if not callable(found):
+        raise ConfigurationError(f"{spec!r}: {where} defines no function {name!r}")
+    return found
 
 
 def check_surfaces(agent: Agent, sources: Iterable[str]) -> list[str]:

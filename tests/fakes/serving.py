@@ -22,9 +22,15 @@ WAIT = 30.0
 
 
 @asynccontextmanager
-async def serving(app: Any) -> AsyncIterator[str]:
-    """Run ``app`` on ``127.0.0.1:<free port>``; yields its base URL (no trailing slash)."""
+async def serving(app: Any, *, sndbuf: int | None = None) -> AsyncIterator[str]:
+    """Run ``app`` on ``127.0.0.1:<free port>``; yields its base URL (no trailing slash).
+
+    ``sndbuf`` sets the send buffer of the connections it accepts, so that a client that
+    stops reading holds the server's writes up after a few KiB, not megabytes.
+    """
     sock = socket.socket()
+    if sndbuf is not None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sndbuf)  # accepted ones inherit
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     config = uvicorn.Config(app, log_level="warning", lifespan="off", timeout_graceful_shutdown=1)

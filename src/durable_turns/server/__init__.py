@@ -17,5 +17,6 @@ except ImportError as e:  # pragma: no cover - depends on the install
 
 from ._http import MAX_BODY, Authenticate, is_loopback
 from .app import PING, create_app
+from .fanout import MAX_BACKLOG
 
-__all__ = ["MAX_BODY", "PING", "Authenticate", "create_app", "is_loopback"]
+__all__ = ["MAX_BACKLOG", "MAX_BODY", "PING", "Authenticate", "create_app", "is_loopback"]

@@ -137,11 +137,16 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def is_durable(event: TurnEvent) -> bool:
+    """Whether ``event`` is stored (and has an SSE ``id``): not one of the live-only types
+    (text deltas, retry notices)."""
+    return event.type not in LIVE_TYPES
+
+
 def sse_fields(event: TurnEvent) -> dict[str, Any]:
     """An event's SSE fields: ``id`` (the durable seq; none for live-only events),
     ``event`` (its type), ``data`` (its JSON)."""
-    durable = event.type not in LIVE_TYPES
-    return {"id": str(event.seq) if durable else None, "event": event.type,
+    return {"id": str(event.seq) if is_durable(event) else None, "event": event.type,
             "data": json.dumps(event.to_dict(), default=str)}
 
 

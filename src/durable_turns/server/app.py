@@ -7,12 +7,11 @@ when the client that started it leaves.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterable, Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
-from sse_starlette import EventSourceResponse, ServerSentEvent
+from sse_starlette import EventSourceResponse
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -30,19 +29,18 @@ from ._http import (
     Authenticate,
     HttpError,
     error_response,
+    is_durable,
     is_loopback,
     principal_of,
     read_body,
-    sse_fields,
 )
 from .console import console_routes
+from .fanout import HEADERS, MAX_BACKLOG, FrameCache, Outbox, Pacer, Streams
 from .openapi import openapi
 from .timeline import last_activity
 
 PING = 15.0
 """Seconds between keep-alive comments on an idle event stream."""
-FRAME_CACHE = 1024
-"""How many recent events' SSE encodings the host keeps for its other subscribers."""
 
 
 class TurnBody(BaseModel):
@@ -87,7 +85,8 @@ BODIES: dict[str, type[BaseModel]] = {
 
 
 def create_app(runtime: Runtime, authenticate: Authenticate | None = None,
-               channels: Iterable[BaseRoute] = (), *, ping: float = PING) -> Starlette:
+               channels: Iterable[BaseRoute] = (), *, ping: float = PING,
+               max_backlog: int = MAX_BACKLOG) -> Starlette:
     """The HTTP/SSE host of ``runtime``'s agents (F12), as a Starlette (ASGI) app.
 
     Args:
@@ -99,17 +98,29 @@ def create_app(runtime: Runtime, authenticate: Authenticate | None = None,
             comes from the body, and requests that did not arrive on loopback are refused.
         channels: more routes to serve beside the API (a channel's webhooks).
         ping: seconds between keep-alive comments on an idle event stream.
+        max_backlog: bytes of events a ``GET …/events`` client may leave unread before it
+            is cut off (it reconnects with ``Last-Event-ID`` and loses nothing durable).
+
+    Returns:
+        The app. ``app.state.end_streams()`` ends every open ``GET …/events`` stream:
+        ``serve`` calls it on SIGTERM; under a server of your own, call it when shutting
+        down, or the server's graceful shutdown waits for those clients to leave.
     """
-    return _Host(runtime, authenticate, ping).app(list(channels))
+    return _Host(runtime, authenticate, ping, max_backlog).app(list(channels))
 
 
 class _Host:
     def __init__(self, runtime: Runtime, authenticate: Authenticate | None,
-                 ping: float) -> None:
+                 ping: float, max_backlog: int) -> None:
         self.rt = runtime
         self.authenticate = authenticate
         self.ping = ping
-        self.frames: OrderedDict[int, tuple[TurnEvent, dict[str, Any]]] = OrderedDict()
+        self.max_backlog = max_backlog
+        # Every subscriber of a session is handed the same event object: its frame is
+        # encoded once (bench/sse.py: encoding per subscriber was a fifth of the fan-out).
+        self.frames = FrameCache()
+        self.streams = Streams()
+        self.pacer = Pacer()
         self.mounted: dict[str, ChannelContext] = {
             name: mount_agent(agent, runtime) for name, agent in runtime.agents.items()}
 
@@ -129,8 +140,10 @@ class _Host:
             *console_routes(self.rt, self.guard, self.authenticate is None),
             *extra,
         ]
-        return Starlette(routes=routes, exception_handlers={
+        app = Starlette(routes=routes, exception_handlers={
             404: self.not_found, 405: self.not_allowed})
+        app.state.end_streams = self.streams.end_all
+        return app
 
     # -- plumbing --------------------------------------------------------------------------
 
@@ -181,27 +194,15 @@ class _Host:
 
     def sse(self, events: AsyncIterator[TurnEvent], close: Any = None,
             headers: dict[str, str] | None = None) -> EventSourceResponse:
-        async def frames() -> AsyncIterator[ServerSentEvent]:
+        async def frames() -> AsyncIterator[bytes]:
             try:
                 async for e in events:
-                    yield ServerSentEvent(**self.encoded(e))
+                    yield self.frames.frame(e)
             finally:
                 if close is not None:
                     close()
 
         return EventSourceResponse(frames(), ping=self.ping, headers=headers)
-
-    def encoded(self, event: TurnEvent) -> dict[str, Any]:
-        # Every subscriber of a session is handed the same event object: encode it once,
-        # not once per subscriber (bench/sse.py: JSON was a fifth of the fan-out's CPU).
-        found = self.frames.get(id(event))
-        if found is not None and found[0] is event:
-            return found[1]
-        fields = sse_fields(event)
-        self.frames[id(event)] = (event, fields)  # holding the event keeps its id unique
-        if len(self.frames) > FRAME_CACHE:
-            self.frames.popitem(last=False)
-        return fields
 
     # -- routes ----------------------------------------------------------------------------
 
@@ -324,16 +325,24 @@ class _Host:
         until = request.query_params.get("until")
         if until not in (None, "turn"):
             raise HttpError(400, "MalformedQuery", "until takes one value: turn")
+        if request.method == "HEAD":  # the headers only: a stream would never end
+            return Response(media_type="text/event-stream", headers=HEADERS)
         sub = self.rt.subscribe(s.key, after)
         await sub.ready()
+        # The fan-out path (fanout.py): the feed hands each event to this client's outbox
+        # as it is published; the response writes whatever has queued meanwhile at once.
+        outbox = Outbox(self.max_backlog, self.ping, self.pacer)
+        frame = self.frames.frame
 
-        async def stream() -> AsyncIterator[TurnEvent]:
-            async for e in sub:
-                yield e
-                if until == "turn" and e.ends_turn:
-                    return
+        def take(e: TurnEvent) -> None:
+            outbox.put(frame(e), urgent=is_durable(e))
+            if outbox.ended or (until == "turn" and e.ends_turn):
+                outbox.end()
+                sub.close()
 
-        return self.sse(stream(), sub.close)
+        sub.on_close(outbox.end)
+        sub.deliver_to(take)
+        return self.streams.response(outbox, sub.close)
 
 
 def _message(m: Any) -> dict[str, Any]:

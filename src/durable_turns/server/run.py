@@ -6,6 +6,7 @@ import asyncio
 import logging
 import signal
 from collections.abc import Callable
+from types import FrameType
 
 import uvicorn
 
@@ -18,6 +19,22 @@ log = logging.getLogger("durable_turns.server")
 
 GRACE = 10.0
 """Seconds a shutdown waits for open streams to close and running turns to end."""
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, ending the app's event streams as it starts to shut down (uvicorn
+    would otherwise wait for their clients to leave)."""
+
+    def __init__(self, config: uvicorn.Config, end_streams: Callable[[], None],
+                 loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(config)
+        self._end_streams = end_streams
+        self._loop = loop
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        # A signal handler: hand the ending to the loop rather than run it in between.
+        self._loop.call_soon_threadsafe(self._end_streams)
+        super().handle_exit(sig, frame)
 
 
 async def serve(runtime: Runtime, *, host: str = "127.0.0.1", port: int = 8000,
@@ -50,10 +67,11 @@ async def serve(runtime: Runtime, *, host: str = "127.0.0.1", port: int = 8000,
             recovered = await runtime.recover()
             if recovered:
                 log.warning("recovering %d session(s) with unfinished turns", len(recovered))
-            config = uvicorn.Config(create_app(runtime, authenticate), host=host, port=port,
+            app = create_app(runtime, authenticate)
+            config = uvicorn.Config(app, host=host, port=port,
                                     lifespan="off", timeout_graceful_shutdown=int(grace) or 1,
                                     log_level="info")
-            server = uvicorn.Server(config)
+            server = _Server(config, app.state.end_streams, asyncio.get_running_loop())
             task = asyncio.create_task(server.serve())
             while not server.started and not task.done():  # uvicorn has no event for it
                 await asyncio.sleep(0.01)
