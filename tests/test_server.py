@@ -394,6 +394,11 @@ async def test_bad_input_is_refused_with_json_errors(host: Host) -> None:
         ("POST", f"{b}/s1/turn", {"json": {"text": 5}}, 400),
         ("POST", f"{b}/s1/turn", {"json": {"text": "x", "surprise": 1}}, 400),
         ("POST", f"{b}/s1/turn", {"json": {"text": "other", "turn_id": "t1"}}, 409),
+        # a turn id goes back in the X-Turn-Id header: printable ASCII only
+        ("POST", f"{b}/s1/turn", {"json": {"text": "x", "turn_id": "\r"}}, 400),
+        ("POST", f"{b}/s1/turn", {"json": {"text": "x", "turn_id": "t 2"}}, 400),
+        ("POST", f"{b}/s1/turn", {"json": {"text": "x", "turn_id": "t\u20ac"}}, 400),
+        ("POST", f"{b}/s1/chat", {"json": {"text": "x", "turn_id": "t" * 201}}, 400),
         ("POST", f"{b}/s1/chat", {"content": b"x" * (MAX_BODY + 1)}, 413),
         ("POST", f"{b}/s1/resume", {"json": {"turn_id": "t1"}}, 400),
         ("POST", f"{b}/s1/resume", {"json": {"turn_id": "t1", "input_id": "a"}}, 409),

@@ -48,7 +48,9 @@ class TurnBody(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     text: str = Field(min_length=1)
-    turn_id: str | None = Field(default=None, min_length=1)
+    turn_id: str | None = Field(default=None, pattern=r"^[!-~]{1,200}$")
+    """A new turn's id travels back in the ``X-Turn-Id`` header: 1 to 200 printable ASCII
+    characters, no spaces (the server makes one when it is left out)."""
     replace: bool = False
     by: str | None = None
     """Development mode only: who speaks (with ``authenticate``, the principal's id)."""
