@@ -85,7 +85,7 @@ BODIES: dict[str, type[BaseModel]] = {
 
 
 def create_app(runtime: Runtime, authenticate: Authenticate | None = None,
-               channels: Iterable[BaseRoute] = (), *, ping: float = PING) -> Starlette:
+               channels: Iterable[BaseRoute | Any] = (), *, ping: float = PING) -> Starlette:
     """The HTTP/SSE host of ``runtime``'s agents (F12), as a Starlette (ASGI) app.
 
     Args:
@@ -95,10 +95,16 @@ def create_app(runtime: Runtime, authenticate: Authenticate | None = None,
             whose ``id`` (key or attribute) is the speaker and the resumer; ``None`` or an
             exception refuses (401). Without it the host is in development mode: ``by``
             comes from the body, and requests that did not arrive on loopback are refused.
-        channels: more routes to serve beside the API (a channel's webhooks).
+        channels: more routes to serve beside the API: routes, or channels with a
+            ``mount(runtime)`` that returns their routes (the Slack channel's webhooks). A
+            channel checks its own requests (Slack: signatures), not ``authenticate``.
         ping: seconds between keep-alive comments on an idle event stream.
     """
-    return _Host(runtime, authenticate, ping).app(list(channels))
+    routes: list[BaseRoute] = []
+    for ch in channels:
+        mount = getattr(ch, "mount", None)
+        routes.extend(mount(runtime) if callable(mount) else [ch])
+    return _Host(runtime, authenticate, ping).app(routes)
 
 
 class _Host:
