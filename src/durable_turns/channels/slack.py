@@ -61,6 +61,7 @@ from ..events import TurnEvent
 from ..inbound import InboundEvent
 from ..records import SessionKey, TurnRecord
 from ..runtime import Runtime
+from ..stores import Subscription
 from . import ChannelContext, mount_agent, recover_deliveries
 
 log = logging.getLogger("durable_turns.slack")
@@ -267,15 +268,24 @@ class SlackChannel:
             meta={"team": team, "channel": channel, "thread_ts": thread, "ts": ts,
                   "event_id": envelope.get("event_id")})
         turn_id = f"slack:{channel}:{ts}"
+        # Subscribed before the turn starts: its live text is not stored, so a reader that
+        # comes later misses it.
+        sub = ctx.runtime.subscribe(key)
         try:
+            await sub.ready()
             await ctx.session(session).start(text, turn_id=turn_id, event=inbound,
                                              replace=self.replace_in_flight)
         except SessionBusyError:
+            sub.close()
             self._spawn(self._busy_notice(channel, thread, user))
             return
         except TurnConflictError:
+            sub.close()
             return  # the same (channel, ts) stored with other text: one message, one turn
-        self.follow(key, turn_id)
+        except BaseException:
+            sub.close()
+            raise
+        self.follow(key, turn_id, sub)
 
     async def _busy_notice(self, channel: str, thread: str, user: str) -> None:
         await self.client.chat_postEphemeral(
@@ -306,12 +316,28 @@ class SlackChannel:
                                  prompt))
         return Response(status_code=200)
 
+    async def _resume(self, session: str, turn_id: str, input_id: str, answer: bool,
+                      clicker: str, hook: AsyncWebhookClient, prompt: str) -> None:
+        s = self.ctx.session(session)
+        sub = self.ctx.runtime.subscribe(s.key)
+        try:
+            await sub.ready()
+            await s.resume(turn_id, input_id, answer, by=clicker)
+        except BaseException:
+            sub.close()
+            raise
+        self.follow(s.key, turn_id, sub)
+        verdict = f"{'Approved' if answer else 'Denied'} by <@{clicker}>"
+        await hook.send(replace_original=True, text=f"{prompt}\n{verdict}", blocks=[
+            {"type": "section", "text": {"type": "mrkdwn", "text": prompt}},
+            {"type": "context", "elements": [{"type": "mrkdwn", "text": verdict}]},
+        ])
+
     async def _answer(self, session: str, turn_id: str, input_id: str, answer: bool,
                       clicker: str, response_url: str, prompt: str) -> None:
         hook = AsyncWebhookClient(response_url)
-        s = self.ctx.session(session)
         try:
-            await s.resume(turn_id, input_id, answer, by=clicker)
+            await self._resume(session, turn_id, input_id, answer, clicker, hook, prompt)
         except ResumeAuthorizationError:
             await hook.send(response_type="ephemeral", replace_original=False,
                             text="You can't answer this request; it is for someone else.")
@@ -319,23 +345,19 @@ class SlackChannel:
         except ResumeConflictError as e:
             await hook.send(response_type="ephemeral", replace_original=False,
                             text=f"This request can't take that answer any more: {e}")
-            return
-        verdict = f"{'Approved' if answer else 'Denied'} by <@{clicker}>"
-        await hook.send(replace_original=True, text=f"{prompt}\n{verdict}", blocks=[
-            {"type": "section", "text": {"type": "mrkdwn", "text": prompt}},
-            {"type": "context", "elements": [{"type": "mrkdwn", "text": verdict}]},
-        ])
-        self.follow(s.key, turn_id)
 
     # -- outbound: a turn's reply in its thread --------------------------------------------
 
-    def follow(self, key: SessionKey, turn_id: str) -> None:
+    def follow(self, key: SessionKey, turn_id: str, sub: Subscription | None = None) -> None:
         """Deliver the turn's reply (from where its stored state says) unless this process
-        is delivering it already."""
+        is delivering it already. ``sub``: a subscription to the session made before the
+        turn was started or resumed (so its live text is seen); closed here if not used."""
         task = self._tasks.get((key, turn_id))
         if task is not None and not task.done():
+            if sub is not None:
+                sub.close()
             return
-        task = asyncio.get_running_loop().create_task(self._follow(key, turn_id))
+        task = asyncio.get_running_loop().create_task(self._follow(key, turn_id, sub))
         self._tasks[(key, turn_id)] = task
         task.add_done_callback(lambda t: self._done(key, turn_id, t))
 
@@ -357,15 +379,24 @@ class SlackChannel:
         while self._tasks:
             await asyncio.gather(*list(self._tasks.values()), return_exceptions=True)
 
-    async def _follow(self, key: SessionKey, turn_id: str) -> None:
+    async def _follow(self, key: SessionKey, turn_id: str, sub: Subscription | None) -> None:
         rt = self.ctx.runtime
-        (rec,) = await rt.store.turns(key, turn_id=turn_id) or (None,)
-        if rec is None or _state(rec).get("done"):
+        try:
+            (rec,) = await rt.store.turns(key, turn_id=turn_id) or (None,)
+        except BaseException:
+            if sub is not None:
+                sub.close()
+            raise
+        if rec is None or _state(rec).get("done") or (
+                rec.request is not None and rec.request.id in (_state(rec).get("prompts") or {})
+                and (sub is None or rec.status == "suspended")):
+            # Delivered, or parked with its prompt posted (a click follows it again).
+            if sub is not None:
+                sub.close()
             return
-        if rec.request is not None and rec.request.id in (_state(rec).get("prompts") or {}):
-            return  # parked, its prompt posted: a click follows it again
         reply = _Reply(self, key, rec)
-        sub = rt.subscribe(key, reply.seq)
+        if sub is None:
+            sub = rt.subscribe(key, reply.seq)
         events = aiter(sub)
         waiting: asyncio.Future[TurnEvent] | None = None
         try:
