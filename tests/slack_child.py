@@ -22,12 +22,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import slack_app  # noqa: E402
-from durable_turns import Runtime, SqliteStore, Trigger, TurnEvent  # noqa: E402
-from durable_turns.channels import mount_agent, receive  # noqa: E402
-from durable_turns.channels.slack import slack_channel  # noqa: E402
-from durable_turns.server.run import serve  # noqa: E402
-from fakes.slack_api import SECRET, TOKEN  # noqa: E402
+import slack_app
+from durable_turns import Runtime, SqliteStore, Trigger, TurnEvent
+from durable_turns.channels import mount_agent, receive
+from durable_turns.channels.slack import slack_channel
+from durable_turns.server.run import serve
+from fakes.slack_api import SECRET, TOKEN
 
 
 class DiesBeforePosting:

@@ -20,7 +20,7 @@ import pytest
 from slack_sdk.errors import SlackApiError
 
 import slack_app
-from durable_turns import Runtime, SqliteStore, Trigger
+from durable_turns import Agent, Model, Runtime, SqliteStore, Trigger
 from durable_turns.channels import mount_agent, receive
 from durable_turns.channels.slack import SlackChannel, slack_channel
 from durable_turns.errors import ConfigurationError
@@ -71,11 +71,13 @@ class World:
 
 @asynccontextmanager
 async def world(tmp_path: Path, *, replace_in_flight: bool = False,
-                stream_idle: float = 20.0) -> AsyncIterator[World]:
+                stream_idle: float = 20.0, agent: Agent | None = None,
+                model: Model | None = None) -> AsyncIterator[World]:
     fake = SlackFake()
     async with serving(fake.app) as fake_url:
         fake.base = fake_url
-        runtime = Runtime([slack_app.build_agent()], SqliteStore(tmp_path / "s.db"))
+        runtime = Runtime([agent or slack_app.build_agent()], SqliteStore(tmp_path / "s.db"),
+                          model)
         slack = slack_channel(signing_secret=SECRET, bot_token=TOKEN,
                               base_url=f"{fake_url}/api/", replace_in_flight=replace_in_flight,
                               stream_idle=stream_idle)
@@ -120,7 +122,7 @@ async def test_forged_and_stale_signatures_are_refused_and_nothing_runs(tmp_path
 
 async def test_a_mention_streams_a_reply_with_a_tool_timeline(tmp_path: Path) -> None:
     async with world(tmp_path) as w:
-        envelope, r = await w.mention("status 42", ts="200.000001")
+        _envelope, r = await w.mention("status 42", ts="200.000001")
         assert r.status_code == 200 and r.content == b""
         (reply,) = await w.reply("200.000001")
         methods = [m for m, _ in w.fake.calls]
@@ -290,6 +292,19 @@ async def test_a_long_tool_stops_the_stream_and_the_reply_goes_on(tmp_path: Path
         msgs = await w.reply("900.000001", 2)
         assert msgs[1].tasks() == {"call-hold": "complete"}
         assert msgs[1].markdown == "You said: hold"
+
+
+async def test_an_expired_stream_is_finished_with_chat_update(tmp_path: Path) -> None:
+    async with world(tmp_path) as w:
+        await w.mention("hold", ts="950.000001")
+        await w.fake.wait(lambda: w.fake.called("chat.startStream"), "the stream")
+        assert w.fake.expire_streams() == 1  # Slack ended it while the tool ran
+        slack_app.held["hold"].set()
+        await w.fake.wait(lambda: w.fake.called("chat.update"), "the chat.update")
+        (reply,) = await w.reply("950.000001")
+        assert reply.edited and reply.text == "✓ hold\n\nYou said: hold"
+        assert "message_not_in_streaming_state" not in str(
+            [b for m, b in w.fake.calls if m == "chat.update"])
 
 
 async def test_receive_posts_a_proactive_turn(tmp_path: Path) -> None:

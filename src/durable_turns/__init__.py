@@ -22,6 +22,7 @@ from __future__ import annotations
 import typing
 
 from .agent import Agent, SurfacePolicy
+from .channels import mount_agent, receive
 from .errors import (
     FatalToolError,
     InvalidInputError,
@@ -92,6 +93,8 @@ __all__ = [
     "define_action",
     "grant_answer",
     "load_agent",
+    "mount_agent",
+    "receive",
     "scripted",
     "tool",
 ]

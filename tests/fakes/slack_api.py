@@ -93,6 +93,13 @@ class SlackFake:
         """Answer the next ``times`` calls of ``method`` with 429 and ``Retry-After``."""
         self.rate_limits.setdefault(method, []).extend([retry_after] * times)
 
+    def expire_streams(self) -> int:
+        """End every stream now, as Slack does when appends stop; returns how many."""
+        live = [m for m in self.messages.values() if m.streaming]
+        for m in live:
+            m.streaming = False
+        return len(live)
+
     def response_url(self, channel: str, ts: str) -> str:
         """A new ``response_url`` for the message ``(channel, ts)``."""
         hook = uuid.uuid4().hex
@@ -368,7 +375,7 @@ def block_actions(fake: SlackFake, prompt: Msg, *, user: str, approve: bool) -> 
                   if e["action_id"].endswith("approve" if approve else "deny"))
     url = fake.response_url(prompt.channel, prompt.ts)
     fake.hooks[url.rsplit("/", 1)[1]]["user"] = user
-    payload = {
+    payload: dict[str, Any] = {
         "type": "block_actions", "user": {"id": user, "username": user, "name": user,
                                           "team_id": TEAM},
         "api_app_id": "A0001", "token": "legacy",

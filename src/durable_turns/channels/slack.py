@@ -127,7 +127,7 @@ class SlackChannel:
         kw: dict[str, Any] = {} if clock is None else {"clock": clock}
         self.verifier = SignatureVerifier(signing_secret, **kw)
         self.client = AsyncWebClient(token=bot_token,
-                                     **({"base_url": base_url} if base_url else {}))
+                                     base_url=base_url or "https://slack.com/api/")
         self.client.retry_handlers.append(
             AsyncRateLimitErrorRetryHandler(max_retry_count=rate_limit_retries))
         self.agent = agent
@@ -595,19 +595,19 @@ class _Reply:
                     channel=self.channel, thread_ts=self.thread,
                     text=text, blocks=_text_blocks(text))
             return
+        ts = self.ts
         if self.live:
             try:
                 await self.client.chat_stopStream(
-                    channel=self.channel, ts=self.ts,
-                    **({"chunks": [{"type": "markdown_text", "text": f"\n\n{note}"}]}
-                       if note else {}))
+                    channel=self.channel, ts=ts,
+                    chunks=[{"type": "markdown_text", "text": f"\n\n{note}"}] if note else None)
                 self.ts = None
                 return
             except SlackApiError as err:
                 log.warning("slack: stopping stream %s failed (%s); finishing it with "
                             "chat.update", self.ts, err.response.get("error"))
-        text = _render(self.segment) + (f"\n\n{note}" if note else "")
-        await self.client.chat_update(channel=self.channel, ts=self.ts, text=text,
+        text = _render(self.segment) or "(no reply)"  # the end's note included
+        await self.client.chat_update(channel=self.channel, ts=ts, text=text,
                                       blocks=_text_blocks(text))
         self.ts = None
 
