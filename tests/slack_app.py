@@ -10,6 +10,7 @@ the same:
 - ``slow``: streams ``Part one. ``, then waits for the file ``GATE`` (if set) to exist,
   then streams ``Part two.`` (a reply cut by a crash mid-stream);
 - ``hold``: calls ``hold``, which waits for the test to open its gate;
+- ``wait``: says nothing until the file ``GATE`` (if set) exists, then ``Waited.``;
 - anything else: ``You said: <text>``.
 
 ``refund`` appends a line to ``EFFECTS`` (a file, if set) when it pays.
@@ -107,6 +108,14 @@ class Brain:
         if head == "hold" and n == 0:
             yield ToolCall("call-hold", "hold", {})
             yield Stop("tool_use")
+            return
+        if head == "wait":
+            gate = os.environ.get("GATE")
+            if gate:
+                while not Path(gate).exists():  # the child is SIGKILLed while it waits
+                    await asyncio.sleep(0.05)
+            yield TextDelta("Waited.")
+            yield Stop("end_turn")
             return
         if head == "slow":
             yield TextDelta("Part one. ")

@@ -20,7 +20,17 @@ import pytest
 from slack_sdk.errors import SlackApiError
 
 import slack_app
-from durable_turns import Agent, Model, Runtime, SqliteStore, Trigger
+from durable_turns import (
+    Agent,
+    Model,
+    ModelReply,
+    ModelRequest,
+    Runtime,
+    SqliteStore,
+    SurfacePolicy,
+    Trigger,
+    scripted,
+)
 from durable_turns.channels import mount_agent, receive
 from durable_turns.channels.slack import SlackChannel, slack_channel
 from durable_turns.errors import ConfigurationError
@@ -271,6 +281,23 @@ async def test_replace_never_supersedes_a_parked_approval(tmp_path: Path) -> Non
         await w.click(prompt, user="U1")
         msgs = await w.reply("710.000001", 3)
         assert msgs[2].markdown == "Refunded order 9."
+
+
+async def test_slack_turns_run_under_the_slack_policy(tmp_path: Path) -> None:
+    seen: list[tuple[list[str], str]] = []
+
+    def brain(request: ModelRequest) -> ModelReply:
+        seen.append((sorted(t.name for t in request.tools), request.system))
+        return ModelReply("ok")
+
+    agent = Agent("helper", "Help.", tools=[slack_app.refund, slack_app.lookup],
+                  surfaces={"slack": SurfacePolicy(mode="append", deny_tools=("refund",),
+                                                   instructions="Be brief in Slack.")})
+    async with world(tmp_path, agent=agent, model=scripted(brain)) as w:
+        await w.mention("hi", ts="750.000001")
+        await w.reply("750.000001")
+        assert seen == [(["lookup"], "Help.\n\nBe brief in Slack.")] or (
+            seen[0][0] == ["lookup"] and seen[0][1].endswith("Be brief in Slack."))
 
 
 async def test_rate_limited_calls_are_retried_after_retry_after(tmp_path: Path) -> None:

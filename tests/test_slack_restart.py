@@ -155,6 +155,26 @@ async def test_a_half_streamed_reply_is_finished_with_chat_update_after_a_restar
             await b.stop()
 
 
+async def test_a_crash_right_after_the_ack_still_answers(tmp_path: Path) -> None:
+    fake = SlackFake()
+    gate = tmp_path / "gate"
+    async with serving(fake.app) as fake_url:
+        fake.base = fake_url
+        async with child(tmp_path, fake_url, "a", GATE=str(gate)) as a:
+            envelope = event_callback(f"<@{BOT_USER}> wait", ts="300.000001")
+            assert (await _post(f"{a.url}/slack/events", envelope)).status_code == 200
+            await a.kill()  # acknowledged, nothing delivered yet
+        assert fake.calls == []
+        gate.write_text("open")
+        async with child(tmp_path, fake_url, "b", GATE=str(gate)) as b:
+            reply = await fake.wait(
+                lambda: next((m for m in fake.thread("C1", "300.000001")
+                              if not m.streaming), None), "the reply after the restart")
+            assert reply.markdown == "Waited."
+            assert len(fake.called("chat.startStream")) == 1
+            await b.stop()
+
+
 async def test_a_crash_between_the_turn_and_its_delivery_delivers_on_recovery(
         tmp_path: Path) -> None:
     fake = SlackFake()

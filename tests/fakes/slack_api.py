@@ -76,6 +76,8 @@ class SlackFake:
         self.stream_ttl = stream_ttl
         self.messages: dict[tuple[str, str], Msg] = {}
         self.calls: list[tuple[str, dict[str, Any]]] = []
+        self.call_times: list[float] = []
+        """``time.perf_counter()`` at each call's arrival, in the order of ``calls``."""
         self.hooks: dict[str, dict[str, Any]] = {}
         self.hook_posts: list[tuple[str, dict[str, Any]]] = []
         self.rate_limits: dict[str, list[int]] = {}
@@ -164,6 +166,7 @@ class SlackFake:
         auth = request.headers.get("authorization", "")
         token = auth.removeprefix("Bearer ") if auth.startswith("Bearer ") else body.get("token")
         self.calls.append((method, body))
+        self.call_times.append(time.perf_counter())
         try:
             limits = self.rate_limits.get(method)
             if limits:
