@@ -37,6 +37,9 @@ from typing import Any
 from urllib.parse import parse_qs
 
 try:
+    # slack_sdk's AsyncWebClient needs aiohttp, which slack_sdk does not declare: fail here,
+    # naming the extra, rather than at the first call to Slack.
+    import aiohttp  # noqa: F401
     from slack_sdk.errors import SlackApiError
     from slack_sdk.http_retry.builtin_async_handlers import AsyncRateLimitErrorRetryHandler
     from slack_sdk.signature import SignatureVerifier
