@@ -11,6 +11,8 @@ the same:
   then streams ``Part two.`` (a reply cut by a crash mid-stream);
 - ``hold``: calls ``hold``, which waits for the test to open its gate;
 - ``wait``: says nothing until the file ``GATE`` (if set) exists, then ``Waited.``;
+- ``digest``: calls ``approve_digest`` (parks for U1, named), then ``Digest sent.`` or
+  ``Digest held.``;
 - anything else: ``You said: <text>``.
 
 ``refund`` appends a line to ``EFFECTS`` (a file, if set) when it pays.
@@ -52,6 +54,14 @@ async def refund(order_id: str, ctx: ToolContext) -> dict[str, Any]:
                 f.write(json.dumps({"order": order_id, "key": ctx.idempotency_key,
                                     "pid": os.getpid()}) + "\n")
     return {"refunded": bool(ok)}
+
+
+@tool
+async def approve_digest(ctx: ToolContext) -> bool:
+    """Ask U1 whether the digest may go out."""
+    ok = await ctx.request_input("send", "Send today's digest?", schema={"type": "boolean"},
+                                 answerers={"user": "U1"})
+    return bool(ok)
 
 
 @tool
@@ -105,6 +115,14 @@ class Brain:
                 yield TextDelta(part)
             yield Stop("end_turn")
             return
+        if head == "digest" and n == 0:
+            yield ToolCall("call-digest", "approve_digest", {})
+            yield Stop("tool_use")
+            return
+        if head == "digest":
+            yield TextDelta("Digest sent." if request.messages[-1].result else "Digest held.")
+            yield Stop("end_turn")
+            return
         if head == "hold" and n == 0:
             yield ToolCall("call-hold", "hold", {})
             yield Stop("tool_use")
@@ -131,5 +149,5 @@ class Brain:
 
 
 def build_agent() -> Agent:
-    return Agent(name=AGENT, instructions="Help in Slack.", tools=[refund, lookup, crm, hold],
+    return Agent(name=AGENT, instructions="Help in Slack.", tools=[refund, lookup, crm, hold, approve_digest],
                  model=Brain())

@@ -354,6 +354,25 @@ async def test_receive_posts_a_proactive_turn(tmp_path: Path) -> None:
         assert again.text == result.text and len(w.fake.called("chat.postMessage")) == 1
 
 
+async def test_a_proactive_turn_that_asks_posts_buttons_and_delivers_after_the_click(
+        tmp_path: Path) -> None:
+    async with world(tmp_path) as w:
+        ctx = mount_agent(w.runtime.agents[slack_app.AGENT], w.runtime)
+        result = await receive(w.slack, ctx, seed="digest", target={"channel_id": "C9"},
+                               trigger=Trigger(by="cron:daily"), session="digest")
+        assert result.status == "suspended"
+        (post,) = w.fake.called("chat.postMessage")
+        prompt = w.fake.messages[("C9", next(m.ts for m in w.fake.messages.values()
+                                             if m.channel == "C9"))]
+        assert post["text"] == "Send today's digest?" and prompt.blocks[-1]["type"] == "actions"
+        await w.click(prompt, user="U2")  # not the named answerer
+        await w.fake.wait(lambda: w.fake.ephemerals("U2"), "the refusal")
+        await w.click(prompt, user="U1")
+        await w.fake.wait(lambda: len(w.fake.called("chat.postMessage")) == 2, "the outcome")
+        assert w.fake.called("chat.postMessage")[1]["text"] == "Digest sent."
+        assert "Approved by <@U1>" in prompt.text
+
+
 async def test_receive_raises_without_deliver_and_keeps_a_failed_delivery_owed(
         tmp_path: Path) -> None:
     async with world(tmp_path) as w:

@@ -64,8 +64,9 @@ from ..events import TurnEvent
 from ..inbound import InboundEvent
 from ..records import SessionKey, TurnRecord
 from ..runtime import Runtime
+from ..sessions import AgentSession
 from ..stores import Subscription
-from . import ChannelContext, mount_agent, recover_deliveries
+from . import ChannelContext, deliver_owed, mount_agent, recover_deliveries
 
 log = logging.getLogger("durable_turns.slack")
 
@@ -290,6 +291,10 @@ class SlackChannel:
             raise
         self.follow(key, turn_id, sub)
 
+    async def _deliver_rest(self, s: AgentSession, turn_id: str) -> None:
+        await s.result(turn_id)
+        await deliver_owed(self, s, turn_id)
+
     async def _busy_notice(self, channel: str, thread: str, user: str) -> None:
         await self.client.chat_postEphemeral(
             channel=channel, user=user, thread_ts=thread,
@@ -326,10 +331,16 @@ class SlackChannel:
         try:
             await sub.ready()
             await s.resume(turn_id, input_id, answer, by=clicker)
+            found = await self.ctx.runtime.store.turns(s.key, turn_id=turn_id)
         except BaseException:
             sub.close()
             raise
-        self.follow(s.key, turn_id, sub)
+        if found and "deliver" in _meta(found[0]):
+            # A receive() turn (F9): what follows the answer is delivered the same way.
+            sub.close()
+            self._spawn(self._deliver_rest(s, turn_id))
+        else:
+            self.follow(s.key, turn_id, sub)
         verdict = f"{'Approved' if answer else 'Denied'} by <@{clicker}>"
         await hook.send(replace_original=True, text=f"{prompt}\n{verdict}", blocks=[
             {"type": "section", "text": {"type": "mrkdwn", "text": prompt}},
