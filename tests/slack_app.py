@@ -149,5 +149,5 @@ class Brain:
 
 
 def build_agent() -> Agent:
-    return Agent(name=AGENT, instructions="Help in Slack.", tools=[refund, lookup, crm, hold, approve_digest],
-                 model=Brain())
+    return Agent(name=AGENT, instructions="Help in Slack.",
+                 tools=[refund, lookup, crm, hold, approve_digest], model=Brain())
