@@ -5,6 +5,9 @@ against the fake Web API."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 from durable_turns import ModelReply, ModelRequest, ToolCall, load_agent, scripted
@@ -44,3 +47,13 @@ async def test_the_example_agent_refunds_after_a_click(tmp_path: Path) -> None:
         await w.click(prompt, user="U1")
         msgs = await w.reply("10.000001", 3, "the reply")
         assert msgs[2].markdown.startswith("Done: {'refunded': True")
+
+
+def test_receive_without_a_bot_token_is_bad_input(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLACK_", "ANTHROPIC_"))}
+    cli = Path(sys.executable).parent / "durable-turns"
+    proc = subprocess.run([str(cli), "receive", str(APP), "--channel", "slack", "--target", "C1",
+                           "--seed", "hi", "--db", str(tmp_path / "x.db")],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "SLACK_BOT_TOKEN" in proc.stderr
+    assert not (tmp_path / "x.db").exists()  # nothing was started

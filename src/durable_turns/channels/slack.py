@@ -196,13 +196,12 @@ class SlackChannel:
         n += await recover_deliveries(self, ctx)
         return n
 
-    async def _recover_once(self) -> None:
+    def _recover_once(self) -> None:
+        # In the background: a request is acknowledged within Slack's 3 s however much a
+        # stopped process left undelivered (recover() failing is logged by _done).
         if not self._recovered:
             self._recovered = True
-            try:
-                await self.recover()
-            except Exception:
-                log.exception("slack: recovering undelivered replies failed")
+            self._spawn(self.recover())
 
     # -- inbound: the Events API -----------------------------------------------------------
 
@@ -232,7 +231,7 @@ class SlackChannel:
         kind = envelope.get("type")
         if kind == "url_verification":
             return JSONResponse({"challenge": envelope.get("challenge")})
-        await self._recover_once()
+        self._recover_once()
         if kind == "event_callback" and isinstance(envelope.get("event"), dict):
             try:
                 await self._on_event(envelope)
@@ -318,7 +317,7 @@ class SlackChannel:
             response_url = str(payload["response_url"])
         except (KeyError, IndexError, TypeError, ValueError, UnicodeDecodeError):
             return _refuse(400, "not a durable_turns button click")
-        await self._recover_once()
+        self._recover_once()
         prompt = _prompt_text(payload)
         self._spawn(self._answer(session, turn_id, input_id, answer, clicker, response_url,
                                  prompt))
