@@ -13,6 +13,8 @@ the same:
 - ``wait``: says nothing until the file ``GATE`` (if set) exists, then ``Waited.``;
 - ``digest``: calls ``approve_digest`` (parks for U1, named), then ``Digest sent.`` or
   ``Digest held.``;
+- ``flaky``: the first attempt streams ``Half an ans`` and fails (retryable); the retry
+  says ``Whole answer.``;
 - anything else: ``You said: <text>``.
 
 ``refund`` appends a line to ``EFFECTS`` (a file, if set) when it pays.
@@ -28,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from durable_turns import Agent, ModelRequest, Stop, TextDelta, ToolCall, ToolContext, tool
+from durable_turns.errors import ModelError
 from durable_turns.messages import Message
 from durable_turns.models import ModelEvent
 from durable_turns.models.scripted import calls_this_turn
@@ -35,6 +38,7 @@ from durable_turns.models.scripted import calls_this_turn
 AGENT = "helper"
 held: dict[str, asyncio.Event] = {}
 paid: list[str] = []
+attempts: list[str] = []
 
 
 def _opening(request: ModelRequest) -> Message:
@@ -127,6 +131,14 @@ class Brain:
             yield ToolCall("call-hold", "hold", {})
             yield Stop("tool_use")
             return
+        if head == "flaky":
+            attempts.append(opening.text)
+            if len(attempts) == 1:
+                yield TextDelta("Half an ans")
+                raise ModelError("connection reset", provider="brain", retryable=True)
+            yield TextDelta("Whole answer.")
+            yield Stop("end_turn")
+            return
         if head == "wait":
             gate = os.environ.get("GATE")
             if gate:
@@ -150,4 +162,5 @@ class Brain:
 
 def build_agent() -> Agent:
     return Agent(name=AGENT, instructions="Help in Slack.",
-                 tools=[refund, lookup, crm, hold, approve_digest], model=Brain())
+                 tools=[refund, lookup, crm, hold, approve_digest], model=Brain(),
+                 model_retry_delay=0.01)

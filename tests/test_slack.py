@@ -102,6 +102,7 @@ async def world(tmp_path: Path, *, replace_in_flight: bool = False,
 @pytest.fixture(autouse=True)
 def _fresh() -> None:
     slack_app.paid.clear()
+    slack_app.attempts.clear()
     slack_app.held.clear()
 
 
@@ -332,6 +333,15 @@ async def test_an_expired_stream_is_finished_with_chat_update(tmp_path: Path) ->
         assert reply.edited and reply.text == "✓ hold\n\nYou said: hold"
         assert "message_not_in_streaming_state" not in str(
             [b for m, b in w.fake.calls if m == "chat.update"])
+
+
+async def test_text_of_a_failed_model_attempt_is_replaced(tmp_path: Path) -> None:
+    async with world(tmp_path) as w:
+        await w.mention("flaky", ts="960.000001")
+        (reply,) = await w.reply("960.000001")
+        await w.fake.wait(lambda: reply.edited, "the rewrite")
+        assert reply.text == "Whole answer." and len(slack_app.attempts) == 2
+        assert reply.markdown == "Half an ans"  # what had streamed, rewritten by chat.update
 
 
 async def test_receive_posts_a_proactive_turn(tmp_path: Path) -> None:

@@ -515,6 +515,13 @@ class _Reply:
             self.seq = max(self.seq, e.seq)
             return False
         if e.type == "message.retry":
+            # The failed attempt's text is void and the next attempt streams from the start:
+            # what was appended cannot be taken back, so the message is rewritten at the end.
+            if self.streamed and self.ts is not None and self.live:
+                with contextlib.suppress(SlackApiError):
+                    await self.client.chat_stopStream(channel=self.channel, ts=self.ts)
+                self.live = False
+            self.streamed = ""
             return False
         if e.type not in _LIVE:
             self.segment.append(e)
