@@ -297,8 +297,9 @@ async def test_slack_turns_run_under_the_slack_policy(tmp_path: Path) -> None:
     async with world(tmp_path, agent=agent, model=scripted(brain)) as w:
         await w.mention("hi", ts="750.000001")
         await w.reply("750.000001")
-        assert seen == [(["lookup"], "Help.\n\nBe brief in Slack.")] or (
-            seen[0][0] == ["lookup"] and seen[0][1].endswith("Be brief in Slack."))
+        ((tools, system),) = seen
+        assert tools == ["lookup"]  # refund is denied to Slack turns
+        assert system.startswith("Help.") and system.endswith("Be brief in Slack.")
 
 
 async def test_rate_limited_calls_are_retried_after_retry_after(tmp_path: Path) -> None:
