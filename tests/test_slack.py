@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +35,7 @@ from durable_turns.channels import mount_agent, receive
 from durable_turns.channels.slack import SlackChannel, slack_channel
 from durable_turns.errors import ConfigurationError
 from durable_turns.server import create_app
+from durable_turns.stores import SessionStore
 from fakes.serving import serving
 from fakes.slack_api import (
     BOT_USER,
@@ -82,12 +83,13 @@ class World:
 @asynccontextmanager
 async def world(tmp_path: Path, *, replace_in_flight: bool = False,
                 stream_idle: float = 20.0, agent: Agent | None = None,
-                model: Model | None = None) -> AsyncIterator[World]:
+                model: Model | None = None,
+                store: SessionStore | None = None) -> AsyncIterator[World]:
     fake = SlackFake()
     async with serving(fake.app) as fake_url:
         fake.base = fake_url
-        runtime = Runtime([agent or slack_app.build_agent()], SqliteStore(tmp_path / "s.db"),
-                          model)
+        runtime = Runtime([agent or slack_app.build_agent()],
+                          store or SqliteStore(tmp_path / "s.db"), model)
         slack = slack_channel(signing_secret=SECRET, bot_token=TOKEN,
                               base_url=f"{fake_url}/api/", replace_in_flight=replace_in_flight,
                               stream_idle=stream_idle)
@@ -228,6 +230,21 @@ async def test_a_parked_refund_refuses_another_user_and_resumes_for_the_speaker(
         steps = await w.runtime.store.read_steps(s.key)
         answer = json.loads(steps["input:slack:C1:500.000001:approve"].data)
         assert answer == {"value": True, "by": "U1"} or answer.get("by") == "U1"
+
+
+async def test_a_thread_with_a_refund_on_every_store(
+        tmp_path: Path, store_factory: Callable[[], SessionStore]) -> None:
+    async with world(tmp_path, store=store_factory()) as w:
+        await w.mention("refund 11", ts="520.000001")
+        _stream, prompt = await w.reply("520.000001", 2, "the prompt")
+        await w.click(prompt, user="U1")
+        msgs = await w.reply("520.000001", 3, "the reply")
+        assert msgs[2].markdown == "Refunded order 11." and slack_app.paid == ["11"]
+        await asyncio.wait_for(w.slack.idle(), WAIT)
+        key = w.slack.ctx.session("slack:T0001:C1:520.000001").key
+        (t,) = await w.runtime.store.turns(key, turn_id="slack:C1:520.000001")
+        state = (t.data or {})["slack"]
+        assert state["done"] is True and state["prompts"]["approve"] == prompt.ts
 
 
 async def test_a_deny_resumes_with_false(tmp_path: Path) -> None:
