@@ -14,7 +14,8 @@ ts)``, so they are one turn. The turn is durable before the request is acknowled
 reply is delivered in the background.
 
 Outbound, each turn's reply streams into the thread (``chat.startStream`` /
-``appendStream`` / ``stopStream``, the tool timeline as ``task_update`` chunks). What was
+``appendStream`` / ``stopStream``, the tool timeline as ``task_update`` chunks; rendered by
+``slack_thread.ThreadReply``). What was
 delivered is stored on the turn's chain entry (``SessionStore.set_turn_data``, name
 ``"slack"``): the stream's message ts, the event seq delivered up to, the approval prompts
 posted. After a restart a half-streamed reply is finished with ``chat.update``, and a click
@@ -28,7 +29,6 @@ are deduplicated within the serving process.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import re
@@ -40,7 +40,6 @@ try:
     # slack_sdk's AsyncWebClient needs aiohttp, which slack_sdk does not declare: fail here,
     # naming the extra, rather than at the first call to Slack.
     import aiohttp  # noqa: F401
-    from slack_sdk.errors import SlackApiError
     from slack_sdk.http_retry.builtin_async_handlers import AsyncRateLimitErrorRetryHandler
     from slack_sdk.signature import SignatureVerifier
     from slack_sdk.web.async_client import AsyncWebClient
@@ -62,11 +61,23 @@ from ..errors import (
 )
 from ..events import TurnEvent
 from ..inbound import InboundEvent
-from ..records import SessionKey, TurnRecord
+from ..records import SessionKey
 from ..runtime import Runtime
 from ..sessions import AgentSession
 from ..stores import Subscription
 from . import ChannelContext, deliver_owed, mount_agent, recover_deliveries
+from .slack_thread import (
+    APPROVE,
+    DENY,
+    ENDS,
+    LIVE,
+    SUPERSEDED,
+    ThreadReply,
+    outcome,
+    prompt_blocks,
+    reply_state,
+    turn_meta,
+)
 
 log = logging.getLogger("durable_turns.slack")
 
@@ -75,18 +86,6 @@ MAX_BODY = 1 << 20
 STREAM_IDLE = 20.0
 """Seconds without anything to append after which a reply's stream is stopped (a long tool):
 Slack ends a stream whose appends stop, so the rest of the reply goes in a new one."""
-APPROVE = "durable_turns.approve"
-"""The ``action_id`` of a prompt's Approve button."""
-DENY = "durable_turns.deny"
-"""The ``action_id`` of a prompt's Deny button."""
-SUPERSEDED = "superseded by a newer message"
-"""How a reply superseded by a newer message in its thread ends."""
-STATE = "slack"
-"""The name the channel keeps its delivery state under, on a turn's chain entry."""
-_ENDS = frozenset({"turn.completed", "turn.failed", "turn.cancelled"})
-_LIVE = frozenset({"message.delta", "message.retry"})
-
-
 def slack_channel(*, signing_secret: str, bot_token: str, agent: str | None = None,
                   replace_in_flight: bool = False, base_url: str | None = None,
                   stream_idle: float = STREAM_IDLE, rate_limit_retries: int = 3,
@@ -190,7 +189,8 @@ class SlackChannel:
             if not key.session.startswith("slack:"):
                 continue
             for t in await store.turns(key):
-                if t.kind == "turn" and _meta(t).get("thread_ts") and not _state(t).get("done"):
+                if (t.kind == "turn" and turn_meta(t).get("thread_ts")
+                        and not reply_state(t).get("done")):
                     self.follow(key, t.turn_id)
                     n += 1
         n += await recover_deliveries(self, ctx)
@@ -334,7 +334,7 @@ class SlackChannel:
         except BaseException:
             sub.close()
             raise
-        if found and "deliver" in _meta(found[0]):
+        if found and "deliver" in turn_meta(found[0]):
             # A receive() turn (F9): what follows the answer is delivered the same way.
             sub.close()
             self._spawn(self._deliver_rest(s, turn_id))
@@ -400,14 +400,15 @@ class SlackChannel:
             if sub is not None:
                 sub.close()
             raise
-        if rec is None or _state(rec).get("done") or (
-                rec.request is not None and rec.request.id in (_state(rec).get("prompts") or {})
+        state = reply_state(rec) if rec is not None else {}
+        if rec is None or state.get("done") or (
+                rec.request is not None and rec.request.id in (state.get("prompts") or {})
                 and (sub is None or rec.status == "suspended")):
             # Delivered, or parked with its prompt posted (a click follows it again).
             if sub is not None:
                 sub.close()
             return
-        reply = _Reply(self, key, rec)
+        reply = ThreadReply(self.client, rt.store, key, rec)
         if sub is None:
             sub = rt.subscribe(key, reply.seq)
         events = aiter(sub)
@@ -423,7 +424,7 @@ class SlackChannel:
                     await reply.pause()
                 e = await waiting
                 waiting = None
-                if e.turn_id != turn_id or (e.type not in _LIVE and e.seq <= reply.seq):
+                if e.turn_id != turn_id or (e.type not in LIVE and e.seq <= reply.seq):
                     continue
                 if await reply.on(e):
                     return
@@ -451,15 +452,15 @@ class SlackChannel:
         thread = target.get("thread_ts")
         last: TurnEvent | None = None
         async for e in events:
-            if e.type in _ENDS or e.type == "input.requested":
+            if e.type in ENDS or e.type == "input.requested":
                 last = e
         if last is None:
             raise ValueError("the turn has not ended: nothing to deliver")
         if last.type == "input.requested":
             req = last.to_dict()["request"]
-            text, blocks = req["prompt"], _prompt_blocks(last.session, last.turn_id, req)
+            text, blocks = req["prompt"], prompt_blocks(last.session, last.turn_id, req)
         else:
-            text, blocks = _outcome(last), None
+            text, blocks = outcome(last), None
         kw: dict[str, Any] = {"channel": channel, "text": text}
         if thread:
             kw["thread_ts"] = thread
@@ -467,233 +468,6 @@ class SlackChannel:
             kw["blocks"] = blocks
         posted = await self.client.chat_postMessage(**kw)
         return {"channel": posted["channel"], "ts": posted["ts"]}
-
-
-class _Reply:
-    """One turn's reply in its thread: what is on Slack, and how to go on after a restart.
-
-    A *segment* runs from the turn's start (or from an answered park) to its end or its next
-    park; it is streamed into one message (or, after a pause for a long tool, more). The
-    stored state: ``seq`` (the last event delivered in full), ``stream`` (the open stream's
-    ``ts`` and the seq its content starts after), ``prompts`` (input id → ts), ``done``.
-    """
-
-    def __init__(self, channel: SlackChannel, key: SessionKey, rec: TurnRecord) -> None:
-        self.ch = channel
-        self.client = channel.client
-        self.key = key
-        self.turn_id = rec.turn_id
-        meta = _meta(rec)
-        self.channel = str(meta.get("channel"))
-        self.thread = str(meta.get("thread_ts"))
-        self.team = str(meta.get("team") or "")
-        user = (rec.event or {}).get("user") or {}
-        self.user = str(user.get("id") or "")
-        state = _state(rec)
-        self.seq = int(state.get("seq", 0))
-        self.prompts: dict[str, str] = dict(state.get("prompts") or {})
-        stream = state.get("stream")
-        # A stream this process did not open is past repair by appends (it may have
-        # expired): its message is rewritten whole with chat.update at the segment's end.
-        self.stale: dict[str, Any] | None = stream if stream else None
-        self.ts: str | None = None
-        self.live = False
-        self.segment: list[TurnEvent] = []
-        self.streamed = ""
-
-    async def _save(self, **changes: Any) -> None:
-        state = {"seq": self.seq, "prompts": self.prompts,
-                 "stream": ({"ts": self.ts, "after": self._after} if self.ts else self.stale),
-                 **changes}
-        await self.ch.ctx.runtime.store.set_turn_data(self.key, self.turn_id, STATE, state)
-
-    _after = 0
-
-    async def on(self, e: TurnEvent) -> bool:
-        """Render one event; True when this delivery is over (the turn ended or parked)."""
-        if e.type == "turn.started":
-            self.seq = max(self.seq, e.seq)
-            return False
-        if e.type == "message.retry":
-            # The failed attempt's text is void and the next attempt streams from the start:
-            # what was appended cannot be taken back, so the message is rewritten at the end.
-            if self.streamed and self.ts is not None and self.live:
-                with contextlib.suppress(SlackApiError):
-                    await self.client.chat_stopStream(channel=self.channel, ts=self.ts)
-                self.live = False
-            self.streamed = ""
-            return False
-        if e.type not in _LIVE:
-            self.segment.append(e)
-        if e.type == "message.delta":
-            text = str(e.to_dict()["text"])
-            self.streamed += text
-            await self._append([{"type": "markdown_text", "text": text}])
-        elif e.type == "message.completed":
-            text = str(e.to_dict()["text"])
-            rest = text[len(self.streamed):] if text.startswith(self.streamed) else text
-            self.streamed = ""
-            if rest:
-                await self._append([{"type": "markdown_text", "text": rest}])
-        elif e.type == "action.requested":
-            call = e.to_dict()["call"]
-            await self._append([_task(call, "in_progress")])
-        elif e.type == "action.completed":
-            d = e.to_dict()
-            await self._append([_task(d["call"], "error" if d.get("error") else "complete",
-                                      d.get("error"))])
-        elif e.type == "input.requested":
-            await self._finish(e)
-            req = e.to_dict()["request"]
-            if req["id"] not in self.prompts:
-                posted = await self.client.chat_postMessage(
-                    channel=self.channel, thread_ts=self.thread, text=req["prompt"],
-                    blocks=_prompt_blocks(self.key.session, self.turn_id, req))
-                self.prompts[req["id"]] = str(posted["ts"])
-            self.seq = e.seq
-            await self._save()
-            return True
-        elif e.type in _ENDS:
-            await self._finish(e)
-            self.seq = e.seq
-            await self._save(done=True)
-            return True
-        return False
-
-    async def _append(self, chunks: list[dict[str, Any]]) -> None:
-        if self.stale is not None:
-            return  # collected in self.segment; rewritten at the end
-        try:
-            if self.ts is None:
-                self._after = self.segment[0].seq - 1 if self.segment else self.seq
-                kw: dict[str, Any] = {}
-                if self.user:
-                    kw.update(recipient_user_id=self.user)
-                if self.team:
-                    kw.update(recipient_team_id=self.team)
-                started = await self.client.chat_startStream(
-                    channel=self.channel, thread_ts=self.thread, chunks=chunks,
-                    task_display_mode="timeline", **kw)
-                self.ts, self.live = str(started["ts"]), True
-                await self._save()
-            elif self.live:
-                await self.client.chat_appendStream(channel=self.channel, ts=self.ts,
-                                                    chunks=chunks)
-        except SlackApiError as err:
-            if self.ts is None:
-                raise
-            # The stream ended under us (it expired): the message is rewritten at the end.
-            log.warning("slack: stream %s ended (%s); finishing it with chat.update",
-                        self.ts, err.response.get("error"))
-            self.live = False
-
-    async def pause(self) -> None:
-        """Nothing to append for a while (a long tool): stop the stream before Slack
-        expires it; the segment goes on in a new message."""
-        if self.ts is not None and self.live:
-            with contextlib.suppress(SlackApiError):
-                await self.client.chat_stopStream(channel=self.channel, ts=self.ts)
-            self.seq = self.segment[-1].seq if self.segment else self.seq
-            self.ts, self.live, self.segment = None, False, []
-            await self._save()
-
-    async def _finish(self, end: TurnEvent) -> None:
-        note = _closing(end)
-        if self.stale is not None:
-            events = [e for e in await self.ch.ctx.runtime.store.read_events(
-                self.key, after_seq=int(self.stale.get("after", 0)), turn_id=self.turn_id)
-                if e.seq <= end.seq]
-            text = _render(events) or note or "(no reply)"
-            await self.client.chat_update(channel=self.channel, ts=str(self.stale["ts"]),
-                                          text=text, blocks=_text_blocks(text))
-            self.stale = None
-            return
-        if self.ts is None:
-            text = _render(self.segment)
-            if text:
-                await self.client.chat_postMessage(
-                    channel=self.channel, thread_ts=self.thread,
-                    text=text, blocks=_text_blocks(text))
-            return
-        ts = self.ts
-        if self.live:
-            try:
-                await self.client.chat_stopStream(
-                    channel=self.channel, ts=ts,
-                    chunks=[{"type": "markdown_text", "text": f"\n\n{note}"}] if note else None)
-                self.ts = None
-                return
-            except SlackApiError as err:
-                log.warning("slack: stopping stream %s failed (%s); finishing it with "
-                            "chat.update", self.ts, err.response.get("error"))
-        text = _render(self.segment) or "(no reply)"  # the end's note included
-        await self.client.chat_update(channel=self.channel, ts=ts, text=text,
-                                      blocks=_text_blocks(text))
-        self.ts = None
-
-
-# -- rendering -----------------------------------------------------------------------------
-
-def _task(call: Mapping[str, Any], status: str, error: str | None = None) -> dict[str, Any]:
-    chunk: dict[str, Any] = {"type": "task_update", "id": str(call["id"]),
-                             "title": str(call["name"]), "status": status}
-    if error:
-        chunk["output"] = error[:500]
-    return chunk
-
-
-def _render(events: list[TurnEvent]) -> str:
-    """A segment as one message's markdown: the tool timeline, then the text."""
-    lines: list[str] = []
-    texts: list[str] = []
-    for e in events:
-        d = e.to_dict()
-        if e.type == "action.completed":
-            mark = "✗" if d.get("error") else "✓"
-            lines.append(f"{mark} {d['call']['name']}" + (f": {d['error']}"
-                                                          if d.get("error") else ""))
-        elif e.type == "message.completed" and d["text"]:
-            texts.append(str(d["text"]))
-        elif e.type in _ENDS or e.type == "input.requested":
-            note = _closing(e)
-            if note:
-                texts.append(note)
-    return "\n".join([*lines, *([""] if lines and texts else []), *texts]).strip()
-
-
-def _closing(e: TurnEvent) -> str:
-    d = e.to_dict()
-    if e.type == "turn.failed":
-        return f"⚠️ Sorry, this failed: {d['error']}"
-    if e.type == "turn.cancelled":
-        reason = str(d["reason"])
-        return f"_{SUPERSEDED}_" if reason.startswith("superseded") else f"_cancelled: {reason}_"
-    return ""
-
-
-def _outcome(e: TurnEvent) -> str:
-    d = e.to_dict()
-    if e.type == "turn.completed":
-        return str(d["text"]) or "(no reply)"
-    return _closing(e)
-
-
-def _text_blocks(text: str) -> list[dict[str, Any]]:
-    return [{"type": "section", "text": {"type": "mrkdwn", "text": text[:3000]}}]
-
-
-def _prompt_blocks(session: str, turn_id: str, request: Mapping[str, Any]) -> list[dict[str, Any]]:
-    # Routing only: who answers is the signed payload's user, never anything in the value.
-    value = json.dumps({"s": session, "t": turn_id, "i": request["id"]}, separators=(",", ":"))
-    return [
-        {"type": "section", "text": {"type": "mrkdwn", "text": str(request["prompt"])}},
-        {"type": "actions", "block_id": "durable_turns.answer", "elements": [
-            {"type": "button", "action_id": APPROVE, "style": "primary", "value": value,
-             "text": {"type": "plain_text", "text": "Approve"}},
-            {"type": "button", "action_id": DENY, "style": "danger", "value": value,
-             "text": {"type": "plain_text", "text": "Deny"}},
-        ]},
-    ]
 
 
 def _prompt_text(payload: Mapping[str, Any]) -> str:
@@ -710,14 +484,6 @@ def _strip_mentions(text: str, bots: set[Any]) -> str:
     if not bots:
         text = re.sub(r"^\s*<@[A-Z0-9]+>", " ", text)
     return " ".join(text.split())
-
-
-def _meta(rec: TurnRecord) -> dict[str, Any]:
-    return dict((rec.event or {}).get("meta") or {})
-
-
-def _state(rec: TurnRecord) -> dict[str, Any]:
-    return dict((rec.data or {}).get(STATE) or {})
 
 
 def _refuse(status: int, message: str) -> Response:
