@@ -24,6 +24,7 @@ from __future__ import annotations
 import typing
 
 from .agent import Agent, SurfacePolicy
+from .channels import mount_agent, receive
 from .errors import (
     FatalToolError,
     InvalidInputError,
@@ -95,6 +96,8 @@ __all__ = [
     "define_action",
     "grant_answer",
     "load_agent",
+    "mount_agent",
+    "receive",
     "scripted",
     "subagent",
     "tool",

@@ -263,7 +263,39 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=8000, help="default %(default)s")
     serve.add_argument("--model", metavar="PROVIDER:NAME",
                        help="the model, when the app's agent.py names none")
+    serve.add_argument("--slack", action="store_true",
+                       help="also serve the Slack channel at /slack/events and /slack/actions "
+                            "(reads SLACK_SIGNING_SECRET and SLACK_BOT_TOKEN; extra 'slack')")
     serve.set_defaults(run=_serve)
+
+    receive = commands.add_parser(
+        "receive", help="run a turn nobody typed and deliver it to a channel (F9)",
+        description="Start a turn from a seed (a system cron, any scheduler), run it to its "
+                    "end, and deliver it through the channel; a delivery a crash left owed is "
+                    "made first. The Slack channel reads SLACK_BOT_TOKEN (and "
+                    "SLACK_SIGNING_SECRET, SLACK_API_URL if set). Prints the turn's result "
+                    "as JSON. Exit status: 0 delivered, 1 the turn or the delivery failed, "
+                    "2 bad input.")
+    receive.add_argument("app", type=Path, metavar="APP_DIR", help="the app folder")
+    receive.add_argument("--channel", choices=["slack"], required=True,
+                         help="where to deliver")
+    receive.add_argument("--target", required=True, metavar="CHANNEL_ID",
+                         help="the Slack channel id to post in (C…)")
+    receive.add_argument("--seed", required=True, help="the text that opens the turn")
+    receive.add_argument("--by", default="system",
+                         help="who starts it, e.g. cron:daily (default %(default)s)")
+    receive.add_argument("--kind", default="proactive", help="the trigger's kind")
+    receive.add_argument("--session", help="the session (default: KIND:BY)")
+    receive.add_argument("--turn-id", metavar="ID",
+                         help="the turn's id: the same id again is the same turn, delivered "
+                              "once (default: a new one)")
+    receive.add_argument("--db", type=Path, metavar="PATH", default=Path("durable_turns.db"),
+                         help="the SQLite file (default %(default)s)")
+    receive.add_argument("--store", metavar="DSN_OR_PATH",
+                         help="instead of --db: postgresql://… or a SQLite file")
+    receive.add_argument("--model", metavar="PROVIDER:NAME",
+                         help="the model, when the app's agent.py names none")
+    receive.set_defaults(run=_receive)
 
     chat = commands.add_parser(
         "chat", help="talk to an app folder's agent in the terminal",
@@ -525,11 +557,56 @@ def _serve(args: argparse.Namespace) -> int:
                   f"(store {where}{drives}); SIGTERM or Ctrl-C stops", flush=True)
             print(auth, flush=True)
 
+        channels = [_slack_from_env()] if args.slack else []
         asyncio.run(serve(runtime, host=args.host, port=args.port, on_ready=ready,
-                          authenticate=authenticate))
+                          authenticate=authenticate, channels=channels))
     except (StoreError, ConfigurationError) as e:
         return _fail("serve", str(e), 2)
     return 0
+
+
+def _slack_from_env(*, need_secret: bool = True) -> Any:
+    try:
+        from .channels.slack import slack_channel
+    except ImportError as e:
+        raise ConfigurationError(str(e)) from None
+    token = os.environ.get("SLACK_BOT_TOKEN")
+    secret = os.environ.get("SLACK_SIGNING_SECRET") or ("" if need_secret else "unused")
+    if not token or not secret:
+        raise ConfigurationError("the Slack channel needs SLACK_BOT_TOKEN and "
+                                 "SLACK_SIGNING_SECRET in the environment")
+    return slack_channel(signing_secret=secret, bot_token=token,
+                         base_url=os.environ.get("SLACK_API_URL") or None)
+
+
+def _receive(args: argparse.Namespace) -> int:
+    from .channels import mount_agent, receive, recover_deliveries
+    from .inbound import Trigger
+
+    try:
+        slack = _slack_from_env(need_secret=False)
+        agent, runtime = _app_runtime(args)
+
+        async def run() -> dict[str, Any]:
+            async with runtime:
+                await runtime.recover()
+                ctx = mount_agent(agent, runtime)
+                await recover_deliveries(slack, ctx)
+                result = await receive(
+                    slack, ctx, seed=args.seed, target={"channel_id": args.target},
+                    trigger=Trigger(kind=args.kind, by=args.by), session=args.session,
+                    turn_id=args.turn_id)
+                return {"turn_id": result.turn_id, "status": str(result.status),
+                        "text": result.text, "error": result.error}
+
+        out = asyncio.run(run())
+    except (StoreError, ConfigurationError, ValueError) as e:
+        return _fail("receive", str(e), 2)
+    except Exception as e:
+        return _fail("receive", f"the delivery failed ({type(e).__name__}: {e}); run the "
+                                "same command again (with --turn-id) to deliver it", 1)
+    print(json.dumps(out), flush=True)
+    return 0 if out["status"] in ("completed", "suspended") else 1
 
 
 def _app_runtime(args: argparse.Namespace,

@@ -179,6 +179,23 @@ async def check_cancel_requests_are_durable(store: SessionStore) -> None:
     assert await store.request_cancel(SessionKey("agent", "none"), None, "x") == []
 
 
+async def check_turn_data_is_set_without_a_lease(store: SessionStore) -> None:
+    await store.enqueue_turn(KEY, "t1", _opening("t1"))
+    lease = await store.claim(KEY)  # a driver holds the session: channel state needs no lease
+    assert await store.set_turn_data(KEY, "t1", "stream", {"ts": "1.1"}) == {"ts": "1.1"}
+    assert await store.set_turn_data(KEY, "t1", "stream", {"ts": "2.2"}, only_new=True) == {
+        "ts": "1.1"}
+    assert await store.set_turn_data(KEY, "t1", "prompt", "3.3", only_new=True) == "3.3"
+    async with lease.transaction() as tx:  # the engine's own write keeps the names
+        tx.set_turn(TurnResult("t1", TurnStatus.COMPLETED, text="done"))
+    await lease.release()
+    (t,) = await store.turns(KEY, turn_id="t1")
+    assert t.status == "completed" and t.text == "done"
+    assert t.data == {"stream": {"ts": "1.1"}, "prompt": "3.3"}
+    assert await store.set_turn_data(KEY, "nope", "x", 1) is None
+    assert await store.set_turn_data(SessionKey("agent", "none"), "t1", "x", 1) is None
+
+
 async def check_parked_session_refuses_other_turns(store: SessionStore) -> None:
     await store.enqueue_turn(KEY, "t1", _opening("t1"))
     lease = await store.claim(KEY)
@@ -467,6 +484,7 @@ CONFORMANCE: list[Check] = [
     check_failed_transaction_writes_nothing,
     check_local_writes_join_the_transaction,
     check_cancel_requests_are_durable,
+    check_turn_data_is_set_without_a_lease,
     check_parked_session_refuses_other_turns,
     check_sessions_are_found_by_turn_id,
     check_sessions_are_listed_newest_first,

@@ -87,7 +87,7 @@ BODIES: dict[str, type[BaseModel]] = {
 
 
 def create_app(runtime: Runtime, authenticate: Authenticate | None = None,
-               channels: Iterable[BaseRoute] = (), *, ping: float = PING,
+               channels: Iterable[BaseRoute | Any] = (), *, ping: float = PING,
                max_backlog: int = MAX_BACKLOG) -> Starlette:
     """The HTTP/SSE host of ``runtime``'s agents (F12), as a Starlette (ASGI) app.
 
@@ -98,7 +98,9 @@ def create_app(runtime: Runtime, authenticate: Authenticate | None = None,
             whose ``id`` (key or attribute) is the speaker and the resumer; ``None`` or an
             exception refuses (401). Without it the host is in development mode: ``by``
             comes from the body, and requests that did not arrive on loopback are refused.
-        channels: more routes to serve beside the API (a channel's webhooks).
+        channels: more routes to serve beside the API: routes, or channels with a
+            ``mount(runtime)`` that returns their routes (the Slack channel's webhooks). A
+            channel checks its own requests (Slack: signatures), not ``authenticate``.
         ping: seconds between keep-alive comments on an idle event stream.
         max_backlog: bytes of events a ``GET …/events`` client may leave unread before it
             is cut off (it reconnects with ``Last-Event-ID`` and loses nothing durable).
@@ -108,7 +110,11 @@ def create_app(runtime: Runtime, authenticate: Authenticate | None = None,
         ``serve`` calls it on SIGTERM; under a server of your own, call it when shutting
         down, or the server's graceful shutdown waits for those clients to leave.
     """
-    return _Host(runtime, authenticate, ping, max_backlog).app(list(channels))
+    routes: list[BaseRoute] = []
+    for ch in channels:
+        mount = getattr(ch, "mount", None)
+        routes.extend(mount(runtime) if callable(mount) else [ch])
+    return _Host(runtime, authenticate, ping, max_backlog).app(routes)
 
 
 class _Host:

@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import FrameType
+from typing import Any
 
 import uvicorn
 
@@ -39,7 +40,8 @@ class _Server(uvicorn.Server):
 
 async def serve(runtime: Runtime, *, host: str = "127.0.0.1", port: int = 8000,
                 authenticate: Authenticate | None = None, grace: float = GRACE,
-                on_ready: Callable[[str], None] | None = None) -> None:
+                on_ready: Callable[[str], None] | None = None,
+                channels: Sequence[Any] = ()) -> None:
     """Recover the store's unfinished turns, then serve until SIGTERM or SIGINT.
 
     On the signal the server stops accepting, closes its event streams, waits up to ``grace``
@@ -48,6 +50,9 @@ async def serve(runtime: Runtime, *, host: str = "127.0.0.1", port: int = 8000,
 
     Args:
         on_ready: called with the base URL once the server listens.
+        channels: channels to mount (``create_app(channels=…)``); each one's ``recover()``
+            runs after the runtime's, before the server listens (the Slack channel finishes
+            replies a stopped process left undelivered).
 
     Raises:
         ConfigurationError: no ``authenticate`` (development mode) and ``host`` is not
@@ -67,7 +72,10 @@ async def serve(runtime: Runtime, *, host: str = "127.0.0.1", port: int = 8000,
             recovered = await runtime.recover()
             if recovered:
                 log.warning("recovering %d session(s) with unfinished turns", len(recovered))
-            app = create_app(runtime, authenticate)
+            app = create_app(runtime, authenticate, channels)
+            for ch in channels:
+                if callable(getattr(ch, "recover", None)):
+                    await ch.recover()
             config = uvicorn.Config(app, host=host, port=port,
                                     lifespan="off", timeout_graceful_shutdown=int(grace) or 1,
                                     log_level="info")

@@ -193,6 +193,22 @@ class SessionStore(Protocol):
         """Durably ask unfinished turns (one, or all with ``None``) to cancel; returns their ids."""
         ...
 
+    async def set_turn_data(self, key: SessionKey, turn_id: str, name: str, value: Any, *,
+                            only_new: bool = False) -> Any:
+        """Set ``data[name] = value`` on a chain entry, durably, leaving its other names as
+        they are; with ``only_new``, only if ``name`` is not set yet (a compare-and-set).
+
+        Needs no lease (one atomic write, like :meth:`request_cancel`): a channel keeps its
+        delivery state with the turn this way (a stream's message ts, a posted prompt's ts)
+        while the turn runs. Never touches the entry's status or outcome, and the engine's
+        writes never drop a name set here.
+
+        Returns:
+            The value stored under ``name`` after the call (the earlier one when ``only_new``
+            found it set), or ``None`` when the session has no such entry.
+        """
+        ...
+
     async def turns(self, key: SessionKey, *, turn_id: str | None = None,
                     unfinished: bool = False) -> list[TurnRecord]:
         """The session's chain in order: every entry, only one (``turn_id``), or only the

@@ -123,6 +123,8 @@ class SqlRules:
             "UPDATE turns SET cancel = ? WHERE sid = ? AND status IN ('queued', 'running') "
             "AND cancel IS NULL AND (turn_id = ? OR CAST(? AS text) IS NULL) RETURNING turn_id")
         self._cancel_of = q("SELECT cancel FROM turns WHERE sid = ? AND turn_id = ?")
+        self._data_of = q("SELECT data FROM turns WHERE sid = ? AND turn_id = ?")
+        self._set_data = q("UPDATE turns SET data = ? WHERE sid = ? AND turn_id = ?")
         self._info = q("SELECT status, generation FROM sessions WHERE agent = ? AND session = ?")
 
     # -- sessions and leases ---------------------------------------------------------------
@@ -215,6 +217,21 @@ class SqlRules:
             return []
         rows = c.execute(self._cancel, (reason, sid, turn_id, turn_id)).fetchall()
         return [r[0] for r in rows]
+
+    def set_turn_data(self, c: Connection, key: SessionKey, turn_id: str, name: str,
+                      value: Any, only_new: bool) -> Any:
+        """``SessionStore.set_turn_data``: a read-modify-write of the entry's ``data``, under
+        the session row's lock (``lock_rows``) or the backend's serialising transaction."""
+        sid = self.sid(c, key, create=False)
+        row = None if sid is None else c.execute(self._data_of, (sid, turn_id)).fetchone()
+        if row is None:
+            return None
+        data = _load(row[0]) or {}
+        if only_new and name in data:
+            return data[name]
+        data[name] = value
+        c.execute(self._set_data, (_dump(data), sid, turn_id))
+        return value
 
     def cancel_of(self, c: Connection, sid: int, turn_id: str) -> str | None:
         row = c.execute(self._cancel_of, (sid, turn_id)).fetchone()

@@ -190,6 +190,19 @@ class MemoryStore(FeedStore):
             self._feed.changed(key)
         return ids
 
+    async def set_turn_data(self, key: SessionKey, turn_id: str, name: str, value: Any, *,
+                            only_new: bool = False) -> Any:
+        s = self._sessions.get(key)
+        t = None if s is None else s.turns.get(turn_id)
+        if s is None or t is None:
+            return None
+        data = dict(t.data or {})
+        if only_new and name in data:
+            return data[name]
+        data[name] = value
+        s.turns[turn_id] = replace(t, data=data)
+        return value
+
     @staticmethod
     def _cancel(s: _Session, turn_id: str | None, reason: str) -> list[str]:
         hit = [

@@ -732,6 +732,11 @@ class PostgresStore(SqlReads, FeedStore):
             self._feed.changed(key)
         return ids
 
+    async def set_turn_data(self, key: SessionKey, turn_id: str, name: str, value: Any, *,
+                            only_new: bool = False) -> Any:
+        return await self._write_tx(
+            lambda c: _RULES.set_turn_data(c, key, turn_id, name, value, only_new))
+
     # -- reads -----------------------------------------------------------------------------
 
     async def find_claimable(self, limit: int = 100) -> list[SessionKey]:
