@@ -416,3 +416,38 @@ async def test_receive_raises_without_deliver_and_keeps_a_failed_delivery_owed(
                           session="bad", turn_id="bad-1")
         (t,) = await w.runtime.store.turns(ctx.session("bad").key)
         assert t.status == "completed" and "delivered" not in (t.data or {})
+
+
+async def test_a_subagents_work_stays_out_of_the_thread_reply(tmp_path: Path) -> None:
+    """A tool that runs another agent (F13) forwards the child's events into the turn; the
+    reply shows the parent's text and ends on the parent's end, not the child's."""
+    from durable_turns import ToolCall, subagent
+    from durable_turns.models.scripted import calls_this_turn
+
+    def relay(request: ModelRequest) -> ModelReply:
+        if calls_this_turn(request) == 0:
+            return ModelReply("Asking the helper.",
+                              [ToolCall("c1", "helper", {"task": "six times seven?"})])
+        return ModelReply(f"The helper says {request.messages[-1].result['answer']}.")
+
+    lead = Agent("lead", "You delegate.", [subagent("helper", description="Does sums.")],
+                 model=scripted(relay))
+    helper = Agent("helper", "You do sums.", [], model=scripted([ModelReply("forty-two")]))
+    fake = SlackFake()
+    async with serving(fake.app) as fake_url:
+        fake.base = fake_url
+        runtime = Runtime([lead, helper], SqliteStore(tmp_path / "s.db"))
+        slack = slack_channel(signing_secret=SECRET, bot_token=TOKEN, agent="lead",
+                              base_url=f"{fake_url}/api/")
+        app = create_app(runtime, channels=[slack])
+        async with runtime, serving(app) as url, httpx.AsyncClient(timeout=WAIT) as http:
+            w = World(fake, runtime, slack, url, http)
+            try:
+                _envelope, r = await w.mention("ask the helper", ts="300.000001")
+                assert r.status_code == 200
+                (reply,) = await w.reply("300.000001")
+                assert reply.markdown == "Asking the helper.The helper says forty-two."
+                assert not any(c.get("text") == "forty-two" for c in reply.chunks)
+                assert reply.tasks() == {"c1": "complete"}
+            finally:
+                await asyncio.wait_for(slack.idle(), WAIT)

@@ -310,7 +310,7 @@ async def deliver_owed(channel: Deliverer, s: AgentSession, turn_id: str) -> boo
     rec = found[0]
     target = ((rec.event or {}).get("meta") or {}).get("deliver", {}).get("target")
     events = [e for e in await store.read_events(s.key, turn_id=turn_id)]
-    ends = [e for e in events if e.type in TERMINAL_TYPES]
+    ends = [e for e in events if e.ends_turn]
     if target is None or not ends:
         return False
     step = f"{turn_id}@{ends[-1].seq}"  # one delivery per end (a park, then the turn's end)

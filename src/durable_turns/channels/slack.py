@@ -69,7 +69,6 @@ from . import ChannelContext, deliver_owed, mount_agent, recover_deliveries
 from .slack_thread import (
     APPROVE,
     DENY,
-    ENDS,
     LIVE,
     SUPERSEDED,
     ThreadReply,
@@ -452,7 +451,7 @@ class SlackChannel:
         thread = target.get("thread_ts")
         last: TurnEvent | None = None
         async for e in events:
-            if e.type in ENDS or e.type == "input.requested":
+            if e.ends_turn:  # its own end or park, not a subagent's
                 last = e
         if last is None:
             raise ValueError("the turn has not ended: nothing to deliver")

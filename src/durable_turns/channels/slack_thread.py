@@ -82,6 +82,11 @@ class ThreadReply:
 
     async def on(self, e: TurnEvent) -> bool:
         """Render one event; True when this delivery is over (the turn ended or parked)."""
+        if e.child is not None:
+            # A subagent's work forwarded into this turn (F13): its text, ends and questions
+            # are not this reply's (a child that asks parks the parent, which asks itself).
+            self.seq = max(self.seq, e.seq)
+            return False
         if e.type == "turn.started":
             self.seq = max(self.seq, e.seq)
             return False
@@ -218,6 +223,8 @@ def render(events: list[TurnEvent]) -> str:
     lines: list[str] = []
     texts: list[str] = []
     for e in events:
+        if e.child is not None:  # a subagent's own work, not this reply's
+            continue
         d = e.to_dict()
         if e.type == "action.completed":
             mark = "✗" if d.get("error") else "✓"
