@@ -436,10 +436,21 @@ class TurnEngine:
             FatalToolError, ConfigurationError: the turn fails.
             ToolCrashedError: the tool raised KeyboardInterrupt or SystemExit.
         """
+        on_retry = self._on_tool_retry(tool, call, span)
+        limit = self.agent.max_result_bytes
+
+        async def run() -> Any:
+            return _encode_result(await tool.call(args, ctx, on_retry), limit)
+
+        return await self._outcome(run(), tool, call, turn_id)
+
+    async def _outcome(self, running: Awaitable[Any], tool: Tool, call: ToolCall,
+                       turn_id: str) -> Outcome:
+        """What a tool's run comes to: its result, or an error result for an exception it
+        raised; a crash (KeyboardInterrupt, SystemExit) abandons the step, a fatal error and
+        a park go on up."""
         try:
-            on_retry = self._on_tool_retry(tool, call, span)
-            return Outcome(_encode_result(await tool.call(args, ctx, on_retry),
-                                          self.agent.max_result_bytes))
+            return Outcome(await running)
         except (KeyboardInterrupt, SystemExit) as e:
             raise self._crashed(tool, call, turn_id, e) from e
         except (FatalToolError, ConfigurationError):
@@ -666,15 +677,8 @@ class TurnEngine:
         """Run a local tool inside ``tx`` (its writes roll back if it raises)."""
         ctx.store = tx
         limit = self.agent.max_result_bytes
-        try:
-            return Outcome(await tx.run_local(lambda _h: _run_local(tool, args, ctx, limit)))
-        except (KeyboardInterrupt, SystemExit) as e:
-            raise self._crashed(tool, call, turn_id, e) from e
-        except (FatalToolError, ConfigurationError):
-            raise
-        except Exception as e:
-            error = error_text(e)
-            return Outcome({"error": error}, error)
+        return await self._outcome(tx.run_local(lambda _h: _run_local(tool, args, ctx, limit)),
+                                   tool, call, turn_id)
 
     # -- subagents (F13) -------------------------------------------------------------------
 
