@@ -11,7 +11,8 @@ sequential tool calls), each with one turn accepted but not driven (``Runtime(dr
 what a worker finds after the process that accepted it died.
 
 Each measurement is a new Python process on a fresh copy of that database. After its imports
-it starts the clock, opens the store and a runtime, calls ``recover()`` and stops the clock
+(``opentelemetry.trace`` too, when installed: the engine imports it at its first turn) it
+starts the clock, opens the store and a runtime, calls ``recover()`` and stops the clock
 when the first step of the redelivered turn after its opening has committed (its
 ``message.completed`` event reaches an observer). So the figure covers opening the store,
 claiming the lease, reading and decoding the session's log, one model call of a
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import shutil
 import statistics
@@ -83,6 +85,9 @@ async def _setup(folder: Path, history: int) -> dict[str, int]:
 
 async def _measure(db: Path, session: str) -> dict[str, float]:
     from durable_turns import Runtime, SqliteStore
+
+    with contextlib.suppress(ImportError):  # the engine imports it at its first turn
+        import opentelemetry.trace  # noqa: F401
 
     agent, model = _agent_and_model()
     store = SqliteStore(db)

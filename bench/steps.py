@@ -60,6 +60,7 @@ import contextlib
 import itertools
 import json
 import os
+import re
 import resource
 import shutil
 import sqlite3
@@ -135,6 +136,21 @@ def tool_name(kind: str) -> str:
 
 def _dumps(v: Any) -> str:
     return json.dumps(v, separators=(",", ":"), ensure_ascii=False)
+
+
+def _event(payload: dict[str, Any]) -> str:
+    """An event's stored JSON as the engine writes it: its fields, then ``at`` (the time)."""
+    return _dumps({**payload, "at": time.time()})
+
+
+_AT = re.compile(r'"at":[-+.\deE]+')
+
+
+def _rows(c: sqlite3.Connection, table: str, key: str) -> list[Any]:
+    rows = c.execute(f"SELECT * FROM {table} ORDER BY {key}").fetchall()
+    if table == "events":  # the same rows but for the times they were written
+        rows = [(*r[:-1], _AT.sub('"at":0', r[-1])) for r in rows]
+    return rows
 
 
 # -- measurements -------------------------------------------------------------------------
@@ -331,7 +347,7 @@ class Floor:
         ex("BEGIN IMMEDIATE")
         fence()
         ex(MSG, (sid, 0, n, tid, opening))
-        ex(EVENT, (sid, seq + 1, tid, "turn.started", _dumps({"text": OPENING})))
+        ex(EVENT, (sid, seq + 1, tid, "turn.started", _event({"text": OPENING})))
         ex(self.TURN, ("running", None, None, None, None, sid, tid))
         ex(self.STATUS, ("running", sid))
         ex("COMMIT")
@@ -347,9 +363,9 @@ class Floor:
                      _dumps({"v": 1, "role": "assistant", "calls": [call], "turn": tid})))
             ex(STEP, (sid, 0, f"model:{n}", tid, _dumps({"m": n, "stop": "tool_use"})))
             ex(EVENT, (sid, seq + 1, tid, "message.completed",
-                       _dumps({"text": "", "tool_calls": [call], "stop_reason": "tool_use",
+                       _event({"text": "", "tool_calls": [call], "stop_reason": "tool_use",
                                "usage": {}})))
-            ex(EVENT, (sid, seq + 2, tid, "action.requested", _dumps({"call": call})))
+            ex(EVENT, (sid, seq + 2, tid, "action.requested", _event({"call": call})))
             ex("COMMIT")
             a, n, seq = n, n + 1, seq + 2
             if stamps is not None:
@@ -364,7 +380,7 @@ class Floor:
                                              "result": result, "turn": tid})))
             ex(STEP, (sid, 0, f"tool:{a}:{call['id']}", tid, f'{{"m":{n}}}'))
             ex(EVENT, (sid, seq + 1, tid, "action.completed",
-                       _dumps({"call": call, "result": result, "error": None})))
+                       _event({"call": call, "result": result, "error": None})))
             ex("COMMIT")
             n, seq = n + 1, seq + 1
             if stamps is not None:
@@ -376,9 +392,9 @@ class Floor:
                                          "turn": tid})))
         ex(STEP, (sid, 0, f"model:{n}", tid, _dumps({"m": n, "stop": "end_turn"})))
         ex(EVENT, (sid, seq + 1, tid, "message.completed",
-                   _dumps({"text": FINAL, "tool_calls": [], "stop_reason": "end_turn",
+                   _event({"text": FINAL, "tool_calls": [], "stop_reason": "end_turn",
                            "usage": {}})))
-        ex(EVENT, (sid, seq + 2, tid, "turn.completed", _dumps({"text": FINAL})))
+        ex(EVENT, (sid, seq + 2, tid, "turn.completed", _event({"text": FINAL})))
         ex(self.TURN, ("completed", FINAL, None, None, None, sid, tid))
         ex(self.STATUS, ("idle", sid))
         ex("COMMIT")
@@ -565,9 +581,7 @@ def same_rows(a: Path, b: Path) -> list[str]:
     ca, cb = sqlite3.connect(a), sqlite3.connect(b)
     try:
         return [
-            t for t, key in tables.items()
-            if ca.execute(f"SELECT * FROM {t} ORDER BY {key}").fetchall()
-            != cb.execute(f"SELECT * FROM {t} ORDER BY {key}").fetchall()
+            t for t, key in tables.items() if _rows(ca, t, key) != _rows(cb, t, key)
         ]
     finally:
         ca.close()
