@@ -147,6 +147,15 @@ class Console:
         ctx.on("request", asked)
         return ctx
 
+    async def asked(self, part: str, count: int) -> list[str]:
+        """The paths with ``part`` in them, once the pages asked for ``count`` of them (the
+        page renders what it read before its EventSource's request goes out)."""
+        async def enough() -> list[str]:
+            while len(found := [p for p in self.paths if part in p]) < count:
+                await asyncio.sleep(0.02)
+            return found
+        return await asyncio.wait_for(enough(), WAIT)
+
     async def page(self, ctx: BrowserContext, name: str, hash_: str = "#/") -> Page:
         page = await ctx.new_page()
 
@@ -365,7 +374,7 @@ async def test_a_reload_mid_turn_continues_without_a_duplicate_row() -> None:
 
         await page.reload()
         await expect(page.locator("[data-call=c1] .badge")).to_have_text("running")
-        follows = [p for p in c.paths if "/events?after=" in p]
+        follows = await c.asked("/events?after=", 2)
         assert len(follows) == 2 and follows[0].endswith("after=0")
         assert int(follows[1].rsplit("=", 1)[1]) >= 4  # started, reply, two calls requested
         gates.tool.set()
