@@ -599,3 +599,44 @@ async def test_a_dropped_connection_resumes_without_a_gap_or_a_duplicate() -> No
     # were refused while it was down: those are the only errors its log may show.
     gone = ("net::ERR_CONNECTION_REFUSED", "net::ERR_INCOMPLETE_CHUNKED_ENCODING")
     assert [e for e in c.errors if not e.endswith(gone)] == []
+
+
+def pair() -> Agent:
+    """Two calls of one reply run at once (F15) and both park for a person's answer."""
+
+    @tool
+    async def confirm(item: str, ctx: ToolContext) -> str:
+        """Ask a person to confirm ``item``."""
+        ok = await ctx.request_input(f"ok-{item}", f"Confirm {item}?",
+                                     schema={"type": "boolean"})
+        return f"{item}: {'yes' if ok else 'no'}"
+
+    def reply(request: ModelRequest) -> ModelReply:
+        if calls_this_turn(request) == 0:
+            return ModelReply("Asking for both.", [ToolCall("ca", "confirm", {"item": "a"}),
+                                                   ToolCall("cb", "confirm", {"item": "b"})])
+        return ModelReply("Both answered: " + ", ".join(
+            str(m.result) for m in request.messages if m.role == "tool") + ".")
+
+    return Agent("pair", "You confirm.", [confirm], model=scripted(reply), parallel_tools=True)
+
+
+async def test_two_calls_parked_at_once_are_two_cards_answered_one_by_one() -> None:
+    async with console([pair()]) as c:
+        page = await c.page(await c.context(), "alice", "#/s/pair/p1")
+        await name_me(page, "alice")
+        await ask(page, "Confirm a and b.")
+        await expect(page.locator("#session-status .badge")).to_have_text("suspended")
+        await page.click("#nav-inbox")
+        await expect(page.locator("#inbox-count")).to_have_text("2")
+        cards = page.locator(".card.request[data-session=p1]")
+        await expect(cards.locator(".prompt")).to_have_text(["Confirm a?", "Confirm b?"])
+        await shot(page, "13-inbox-two-parked")
+        await cards.nth(1).get_by_role("button", name="Deny").click()
+        await expect(cards.nth(1).locator(".notice.ok")).to_contain_text(
+            "Answered: the turn is waiting again (Confirm a?)")
+        await cards.nth(0).get_by_role("button", name="Approve").click()
+        await expect(cards.nth(0).locator(".notice.ok")).to_contain_text(
+            "the turn completed. Both answered: a: yes, b: no.")
+        await shot(page, "14-inbox-both-answered")
+    assert c.errors == []

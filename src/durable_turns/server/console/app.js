@@ -212,7 +212,9 @@
   async function inboxItems() {
     const lists = await Promise.all(app.agents.map(async (a) => {
       const got = await api(`/agents/${enc(a.agent)}/pending`);
-      return got.pending.map((p) => ({ agent: a.agent, ...p }));
+      // A parallel batch may park on several calls at once (F15): each is its own card.
+      return got.pending.flatMap((p) => [p.request, ...(p.request.more || [])]
+        .map((request) => ({ agent: a.agent, ...p, request })));
     }));
     return lists.flat();
   }
