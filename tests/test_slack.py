@@ -28,12 +28,17 @@ from durable_turns import (
     Runtime,
     SqliteStore,
     SurfacePolicy,
+    ToolCall,
+    ToolContext,
     Trigger,
     scripted,
+    subagent,
+    tool,
 )
 from durable_turns.channels import mount_agent, receive
 from durable_turns.channels.slack import SlackChannel, slack_channel
 from durable_turns.errors import ConfigurationError
+from durable_turns.models.scripted import calls_this_turn
 from durable_turns.server import create_app
 from durable_turns.stores import SessionStore
 from fakes.serving import serving
@@ -421,8 +426,6 @@ async def test_receive_raises_without_deliver_and_keeps_a_failed_delivery_owed(
 async def test_a_subagents_work_stays_out_of_the_thread_reply(tmp_path: Path) -> None:
     """A tool that runs another agent (F13) forwards the child's events into the turn; the
     reply shows the parent's text and ends on the parent's end, not the child's."""
-    from durable_turns import ToolCall, subagent
-    from durable_turns.models.scripted import calls_this_turn
 
     def relay(request: ModelRequest) -> ModelReply:
         if calls_this_turn(request) == 0:
@@ -451,3 +454,40 @@ async def test_a_subagents_work_stays_out_of_the_thread_reply(tmp_path: Path) ->
                 assert reply.tasks() == {"c1": "complete"}
             finally:
                 await asyncio.wait_for(slack.idle(), WAIT)
+
+
+async def test_two_calls_parked_at_once_get_a_prompt_each(tmp_path: Path) -> None:
+    """A parallel batch (F15) whose two calls both ask: two prompts, answered one by one."""
+
+    @tool
+    async def confirm(item: str, ctx: ToolContext) -> str:
+        """Ask a person to confirm ``item``."""
+        ok = await ctx.request_input(f"ok-{item}", f"Confirm {item}?",
+                                     schema={"type": "boolean"})
+        return f"{item}: {'yes' if ok else 'no'}"
+
+    def reply(request: ModelRequest) -> ModelReply:
+        if calls_this_turn(request) == 0:
+            return ModelReply("Asking for both.", [ToolCall("ca", "confirm", {"item": "a"}),
+                                                   ToolCall("cb", "confirm", {"item": "b"})])
+        return ModelReply("Both answered: " + ", ".join(
+            str(m.result) for m in request.messages if m.role == "tool") + ".")
+
+    agent = Agent(slack_app.AGENT, "You confirm.", [confirm], model=scripted(reply),
+                  parallel_tools=True)
+    async with world(tmp_path, agent=agent) as w:
+        await w.mention("confirm a and b", ts="900.000001", user="U1")
+        msgs = await w.reply("900.000001", 3, "the streamed text and two prompts")
+        prompts = {m.text: m for m in msgs[1:]}
+        assert set(prompts) == {"Confirm a?", "Confirm b?"}
+        await w.click(prompts["Confirm b?"], user="U1", approve=False)
+        await w.fake.wait(lambda: "Denied by <@U1>" in prompts["Confirm b?"].text, "b's verdict")
+        await w.click(prompts["Confirm a?"], user="U1")
+        await w.fake.wait(lambda: "Approved by <@U1>" in prompts["Confirm a?"].text,
+                          "a's verdict")
+        final = await w.fake.wait(
+            lambda: [m for m in w.fake.thread("C1", "900.000001")
+                     if not m.streaming and "Both answered" in m.markdown], "the reply")
+        assert final[0].markdown.endswith("Both answered: a: yes, b: no.")
+        s = w.slack.ctx.session("slack:T0001:C1:900.000001")
+        assert await s.pending() is None

@@ -366,12 +366,26 @@ class SlackChannel:
         turn was started or resumed (so its live text is seen); closed here if not used."""
         task = self._tasks.get((key, turn_id))
         if task is not None and not task.done():
-            if sub is not None:
-                sub.close()
-            return
-        task = asyncio.get_running_loop().create_task(self._follow(key, turn_id, sub))
+            if sub is None:
+                return
+            # A click while the reply to the click before is still being written (calls of
+            # a parallel batch that parked at once, F15): follow again once it ends, from
+            # this subscription (made before this answer was stored, so nothing is missed).
+            task = asyncio.get_running_loop().create_task(
+                self._follow_after(task, key, turn_id, sub))
+        else:
+            task = asyncio.get_running_loop().create_task(self._follow(key, turn_id, sub))
         self._tasks[(key, turn_id)] = task
         task.add_done_callback(lambda t: self._done(key, turn_id, t))
+
+    async def _follow_after(self, before: asyncio.Task[None], key: SessionKey, turn_id: str,
+                            sub: Subscription) -> None:
+        try:
+            await asyncio.wait({before})
+        except BaseException:
+            sub.close()
+            raise
+        await self._follow(key, turn_id, sub)
 
     def _done(self, key: SessionKey, turn_id: str, task: asyncio.Task[None]) -> None:
         if self._tasks.get((key, turn_id)) is task:

@@ -120,12 +120,14 @@ class ThreadReply:
                                       d.get("error"))])
         elif e.type == "input.requested":
             await self._finish(e)
-            req = e.to_dict()["request"]
-            if req["id"] not in self.prompts:
-                posted = await self.client.chat_postMessage(
-                    channel=self.channel, thread_ts=self.thread, text=req["prompt"],
-                    blocks=prompt_blocks(self.key.session, self.turn_id, req))
-                self.prompts[req["id"]] = str(posted["ts"])
+            first = e.to_dict()["request"]
+            # Calls of a parallel batch that park at once (F15): a prompt for each.
+            for req in [first, *first.get("more", ())]:
+                if req["id"] not in self.prompts:
+                    posted = await self.client.chat_postMessage(
+                        channel=self.channel, thread_ts=self.thread, text=req["prompt"],
+                        blocks=prompt_blocks(self.key.session, self.turn_id, req))
+                    self.prompts[req["id"]] = str(posted["ts"])
             self.seq = e.seq
             await self._save()
             return True
