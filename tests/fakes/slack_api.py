@@ -1,6 +1,6 @@
 """A local fake of Slack's Web API, and Slack's side of the inbound requests, for the tests.
 
-The fake answers like Slack (see ``/work/shared/notes/protocols.md`` §3): HTTP 200 with
+The fake answers like Slack (per the Slack section of the project's protocol notes): HTTP 200 with
 ``{"ok": false, "error": …}`` for logical errors; ``ts`` strings (``"%.6f"``, strictly
 increasing); messages stored with their ``thread_ts``; a streamed message is in streaming
 state from ``chat.startStream`` until ``chat.stopStream``, or until no append came for
