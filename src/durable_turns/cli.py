@@ -112,6 +112,19 @@ def _version() -> str:
         return "unknown"
 
 
+def _app_store_options(cmd: argparse.ArgumentParser, *, store: bool = True) -> None:
+    """``--db`` (and ``--store``) and ``--model``: where an app's sessions live, and the
+    model when its agent.py names none."""
+    cmd.add_argument("--db", type=Path, metavar="PATH", default=Path("durable_turns.db"),
+                     help="the SQLite file (created if missing; default %(default)s)")
+    if store:
+        cmd.add_argument("--store", metavar="DSN_OR_PATH",
+                         help="instead of --db: postgresql://… (PostgreSQL, extra "
+                              "'postgres') or a SQLite file")
+    cmd.add_argument("--model", metavar="PROVIDER:NAME",
+                     help="the model, when the app's agent.py names none")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``durable-turns`` argument parser."""
     parser = argparse.ArgumentParser(
@@ -247,11 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
         "serve", help="serve an app folder's agent over HTTP/SSE",
         description=SERVE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     serve.add_argument("app", type=Path, metavar="APP_DIR", help="the app folder")
-    serve.add_argument("--db", type=Path, metavar="PATH", default=Path("durable_turns.db"),
-                       help="the SQLite file (created if missing; default %(default)s)")
-    serve.add_argument("--store", metavar="DSN_OR_PATH",
-                       help="instead of --db: postgresql://… (PostgreSQL, extra 'postgres') "
-                            "or a SQLite file")
+    _app_store_options(serve)
     serve.add_argument("--no-drive", dest="drive", action="store_false",
                        help="accept turns and answer from the store, drive nothing: "
                             "'durable-turns worker' processes drive (the production shape)")
@@ -261,8 +270,6 @@ def build_parser() -> argparse.ArgumentParser:
                        help="authenticate(request) → the caller's principal (default: "
                             "agent.py's authenticate, if any)")
     serve.add_argument("--port", type=int, default=8000, help="default %(default)s")
-    serve.add_argument("--model", metavar="PROVIDER:NAME",
-                       help="the model, when the app's agent.py names none")
     serve.add_argument("--slack", action="store_true",
                        help="also serve the Slack channel at /slack/events and /slack/actions "
                             "(reads SLACK_SIGNING_SECRET and SLACK_BOT_TOKEN; extra 'slack')")
@@ -289,12 +296,7 @@ def build_parser() -> argparse.ArgumentParser:
     receive.add_argument("--turn-id", metavar="ID",
                          help="the turn's id: the same id again is the same turn, delivered "
                               "once (default: a new one)")
-    receive.add_argument("--db", type=Path, metavar="PATH", default=Path("durable_turns.db"),
-                         help="the SQLite file (default %(default)s)")
-    receive.add_argument("--store", metavar="DSN_OR_PATH",
-                         help="instead of --db: postgresql://… or a SQLite file")
-    receive.add_argument("--model", metavar="PROVIDER:NAME",
-                         help="the model, when the app's agent.py names none")
+    _app_store_options(receive)
     receive.set_defaults(run=_receive)
 
     chat = commands.add_parser(
@@ -304,13 +306,10 @@ def build_parser() -> argparse.ArgumentParser:
                     "cancels it; Ctrl-D (or Ctrl-C at the prompt) quits. The session lives "
                     "in the SQLite file, so a chat picks up where it left off.")
     chat.add_argument("app", type=Path, metavar="APP_DIR", help="the app folder")
-    chat.add_argument("--db", type=Path, metavar="PATH", default=Path("durable_turns.db"),
-                      help="the SQLite file (created if missing; default %(default)s)")
+    _app_store_options(chat, store=False)
     chat.add_argument("--session", default="chat", help="the session (default %(default)s)")
     chat.add_argument("--user", type=_name, metavar="USER",
                       help="who types (default: the operating-system user)")
-    chat.add_argument("--model", metavar="PROVIDER:NAME",
-                      help="the model, when the app's agent.py names none")
     chat.set_defaults(run=_chat)
 
     # Hidden: one delivery of the demo's turn, in the child process the demo starts.
