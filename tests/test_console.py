@@ -34,6 +34,7 @@ from playwright.async_api import (
     expect,
 )
 
+from confirm_pair import confirm_pair
 from durable_turns import (
     Agent,
     MemoryStore,
@@ -601,28 +602,8 @@ async def test_a_dropped_connection_resumes_without_a_gap_or_a_duplicate() -> No
     assert [e for e in c.errors if not e.endswith(gone)] == []
 
 
-def pair() -> Agent:
-    """Two calls of one reply run at once (F15) and both park for a person's answer."""
-
-    @tool
-    async def confirm(item: str, ctx: ToolContext) -> str:
-        """Ask a person to confirm ``item``."""
-        ok = await ctx.request_input(f"ok-{item}", f"Confirm {item}?",
-                                     schema={"type": "boolean"})
-        return f"{item}: {'yes' if ok else 'no'}"
-
-    def reply(request: ModelRequest) -> ModelReply:
-        if calls_this_turn(request) == 0:
-            return ModelReply("Asking for both.", [ToolCall("ca", "confirm", {"item": "a"}),
-                                                   ToolCall("cb", "confirm", {"item": "b"})])
-        return ModelReply("Both answered: " + ", ".join(
-            str(m.result) for m in request.messages if m.role == "tool") + ".")
-
-    return Agent("pair", "You confirm.", [confirm], model=scripted(reply), parallel_tools=True)
-
-
 async def test_two_calls_parked_at_once_are_two_cards_answered_one_by_one() -> None:
-    async with console([pair()]) as c:
+    async with console([confirm_pair("pair")]) as c:
         page = await c.page(await c.context(), "alice", "#/s/pair/p1")
         await name_me(page, "alice")
         await ask(page, "Confirm a and b.")

@@ -20,6 +20,7 @@ import pytest
 from slack_sdk.errors import SlackApiError
 
 import slack_app
+from confirm_pair import confirm_pair
 from durable_turns import (
     Agent,
     Model,
@@ -29,11 +30,9 @@ from durable_turns import (
     SqliteStore,
     SurfacePolicy,
     ToolCall,
-    ToolContext,
     Trigger,
     scripted,
     subagent,
-    tool,
 )
 from durable_turns.channels import mount_agent, receive
 from durable_turns.channels.slack import SlackChannel, slack_channel
@@ -458,23 +457,7 @@ async def test_a_subagents_work_stays_out_of_the_thread_reply(tmp_path: Path) ->
 
 async def test_two_calls_parked_at_once_get_a_prompt_each(tmp_path: Path) -> None:
     """A parallel batch (F15) whose two calls both ask: two prompts, answered one by one."""
-
-    @tool
-    async def confirm(item: str, ctx: ToolContext) -> str:
-        """Ask a person to confirm ``item``."""
-        ok = await ctx.request_input(f"ok-{item}", f"Confirm {item}?",
-                                     schema={"type": "boolean"})
-        return f"{item}: {'yes' if ok else 'no'}"
-
-    def reply(request: ModelRequest) -> ModelReply:
-        if calls_this_turn(request) == 0:
-            return ModelReply("Asking for both.", [ToolCall("ca", "confirm", {"item": "a"}),
-                                                   ToolCall("cb", "confirm", {"item": "b"})])
-        return ModelReply("Both answered: " + ", ".join(
-            str(m.result) for m in request.messages if m.role == "tool") + ".")
-
-    agent = Agent(slack_app.AGENT, "You confirm.", [confirm], model=scripted(reply),
-                  parallel_tools=True)
+    agent = confirm_pair(slack_app.AGENT)
     async with world(tmp_path, agent=agent) as w:
         await w.mention("confirm a and b", ts="900.000001", user="U1")
         msgs = await w.reply("900.000001", 3, "the streamed text and two prompts")
