@@ -238,12 +238,10 @@ def build_agent(kind: str, calls: int) -> tuple[Any, Any]:
     name = the_tool.name
 
     def reply(request: Any) -> Any:
-        k = 0  # model calls this turn so far: assistant messages since the opening
-        for m in reversed(request.messages):
-            if m.role in ("user", "trigger"):
-                break
-            if m.role == "assistant":
-                k += 1
+        # Zero latency, O(1): the next call's number follows from the last message (the
+        # opening, or the tool message of call k), never from a walk over the transcript.
+        last = request.messages[-1]
+        k = int(last.call_id.rsplit("-c", 1)[1]) + 1 if last.role == "tool" else 0
         if k < calls:
             tid = request.turn_id
             return ModelReply(tool_calls=[ToolCall(call_id(tid, k), name, {"n": k})])

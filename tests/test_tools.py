@@ -51,6 +51,33 @@ def test_validation_names_the_field() -> None:
         add.validate({"b": 1})
 
 
+def test_plain_inputs_validate_as_pydantic_does() -> None:
+    """Every input of a tool with plain fields comes out exactly as pydantic's own check gives
+    it, whether it takes the fast path (every field, exact types) or not."""
+    @tool
+    async def plain(n: int, name: str, ratio: float = 0.5, on: bool = False) -> None:
+        """A tool with plain fields."""
+
+    model = pydantic.create_model("plain_check", n=(int, ...), name=(str, ...),
+                                  ratio=(float, 0.5), on=(bool, False))
+    inputs: list[dict[str, Any]] = [
+        {"n": 1, "name": "a", "ratio": 2.5, "on": True},  # exact types: the fast path
+        {"n": 1, "name": "a"},  # defaults filled
+        {"n": 1, "name": "a", "ratio": 2, "on": False},  # an int for a float
+        {"n": "7", "name": "a", "ratio": 1.0, "on": True},  # coerced
+        {"n": 1, "name": "a", "ratio": 1.0, "on": True, "extra": 1},  # extra key dropped
+    ]
+    for data in inputs:
+        expected = model.model_validate(data).model_dump()
+        got = plain.validate(dict(data))
+        assert got == expected and [type(v) for v in got.values()] == \
+            [type(v) for v in expected.values()], data
+    for bad in ({"n": 1.5, "name": "a", "ratio": 1.0, "on": True},
+                {"n": 1, "name": 3, "ratio": 1.0, "on": True}, {"name": "a"}):
+        with pytest.raises(ValueError):
+            plain.validate(dict(bad))
+
+
 def test_raw_tool_validates_against_its_json_schema() -> None:
     t = Tool(ToolSpec("t", "d", {"type": "object", "properties": {"n": {"type": "integer"}},
                                   "required": ["n"]}), lambda i, c: i)

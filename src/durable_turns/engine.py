@@ -91,9 +91,10 @@ def error_text(e: BaseException) -> str:
     return text[:ERROR_LIMIT]
 
 
-def idempotency_key(lease: Lease, turn_id: str, step_id: str) -> str:
-    raw = f"{lease.key}#g{lease.generation}/{turn_id}/{step_id}"
-    return hashlib.sha256(raw.encode()).hexdigest()[:32]
+def _hashed(prefix: str, turn_id: str, step_id: str) -> str:
+    """``ctx.idempotency_key``: stable per (session, generation, turn, step); ``prefix`` is
+    ``<session key>#g<generation>/``."""
+    return hashlib.sha256(f"{prefix}{turn_id}/{step_id}".encode()).hexdigest()[:32]
 
 
 class ToolResultError(Exception):
@@ -153,6 +154,7 @@ class TurnEngine:
         self._asked_at = -1  # the index of the last reply this engine committed
         self._failing: str | None = None  # why a batch is stopping its calls, if it fails
         self._trace: TurnTrace | None = None
+        self._prefix: tuple[int, str] = (-1, "")
 
     def interrupt(self, turn_id: str) -> None:
         """Stop the model's stream if ``turn_id`` is streaming: a cancel was requested.
@@ -209,10 +211,10 @@ class TurnEngine:
         self.turn_id = turn.turn_id
         try:
             if not self._has_opening(turn.turn_id):
-                await self._check_cancel(turn.turn_id)
+                self._check_cancel(turn.turn_id)
                 await self._open(turn)
             while True:
-                await self._check_cancel(turn.turn_id)
+                self._check_cancel(turn.turn_id)
                 n, owed = owed_calls(self.transcript)
                 last = self.transcript[n] if n >= 0 else None
                 if owed:
@@ -254,7 +256,7 @@ class TurnEngine:
                 return True
         return False
 
-    async def _check_cancel(self, turn_id: str) -> None:
+    def _check_cancel(self, turn_id: str) -> None:
         reason = self._cancel_reason(turn_id)
         if reason is not None:
             raise Cancelled(reason)
@@ -285,6 +287,13 @@ class TurnEngine:
             return [tx.add_event(TurnStarted(**self._ids(turn.turn_id), text=opening.text))]
 
         await self._commit(fill)
+
+    def _key_prefix(self) -> str:
+        """What every idempotency key of the live generation starts with (built once)."""
+        gen = self.lease.generation
+        if self._prefix[0] != gen:
+            self._prefix = (gen, f"{self.lease.key}#g{gen}/")
+        return self._prefix[1]
 
     def _ids(self, turn_id: str) -> EventIds:
         return {"agent": self.lease.key.agent, "session": self.lease.key.session,
@@ -414,7 +423,7 @@ class TurnEngine:
         ctx = ToolContext(
             agent=self.lease.key.agent, session=self.lease.key.session, turn_id=turn_id,
             call_id=call.id, step_id=step_id,
-            idempotency_key=idempotency_key(self.lease, turn_id, step_id),
+            idempotency_key=_hashed(self._key_prefix(), turn_id, step_id),
             store=_NoHandle(), event=event, user=event.user if event else None,
         )
         if tool is not None and tool.remote:
@@ -659,7 +668,7 @@ class TurnEngine:
         finally:
             self._on_interrupt = None
             self._failing = None
-        await self._check_cancel(turn_id)
+        self._check_cancel(turn_id)
         if parked:
             requests = [parked[c.id] for c in owed if c.id in parked]
             out = TurnResult(turn_id, TurnStatus.SUSPENDED,

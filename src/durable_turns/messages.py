@@ -140,17 +140,22 @@ class MessageLog(list[Message]):
     def __getitem__(self, i: slice) -> list[Message]: ...
 
     def __getitem__(self, i: SupportsIndex | slice) -> Message | list[Message]:
+        if type(i) is int:  # the common case, read on every step: one check
+            item: object = list.__getitem__(self, i)
+            return item if type(item) is Message else self._decoded(i)
         if isinstance(i, slice):
             return [self._decoded(j) for j in range(*i.indices(len(self)))]
         return self._decoded(int(i))
 
     def __iter__(self) -> Iterator[Message]:
-        for i in range(len(self)):
-            yield self._decoded(i)
+        for i, item in enumerate(list.__iter__(self)):
+            yield item if type(item) is Message else self._decoded(i)
 
     def __reversed__(self) -> Iterator[Message]:
-        for i in range(len(self) - 1, -1, -1):
-            yield self._decoded(i)
+        i = len(self)
+        for item in list.__reversed__(self):
+            i -= 1
+            yield item if type(item) is Message else self._decoded(i)
 
     def __contains__(self, item: object) -> bool:
         return any(m == item for m in self)
@@ -183,8 +188,9 @@ def owed_calls(transcript: list[Message]) -> tuple[int, list[ToolCall]]:
     remaining calls only. Returns the assistant message's index and the owed calls.
     """
     answered: set[str] = set()
-    for i in range(len(transcript) - 1, -1, -1):
-        m = transcript[i]
+    i = len(transcript)
+    for m in reversed(transcript):
+        i -= 1
         if m.role == "tool":
             if m.call_id is not None:
                 answered.add(m.call_id)

@@ -18,7 +18,7 @@ import json
 import random
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Protocol, get_args, get_type_hints, overload
 
 import jsonschema
@@ -326,10 +326,37 @@ def _schema_validator(spec: ToolSpec) -> Callable[[dict[str, Any]], dict[str, An
     return check
 
 
+_PLAIN = (str, int, float, bool)
+
+
+def _plain_fields(model: type[pydantic.BaseModel]) -> tuple[tuple[str, type], ...] | None:
+    """``(name, type)`` of every field when each is a bare ``str``/``int``/``float``/``bool``
+    with no constraint and the model has no validator: input whose values already have exactly
+    these types is what pydantic would return unchanged."""
+    decorators = model.__pydantic_decorators__
+    if any(getattr(decorators, f.name) for f in fields(decorators)):
+        return None
+    plain: list[tuple[str, type]] = []
+    for name, info in model.model_fields.items():
+        kind = info.annotation
+        if not isinstance(kind, type) or kind not in _PLAIN or info.metadata \
+                or info.alias not in (None, name):
+            return None
+        plain.append((name, kind))
+    return tuple(plain)
+
+
 def _pydantic_validator(
     model: type[pydantic.BaseModel],
 ) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    plain = _plain_fields(model)
+    names = frozenset(name for name, _ in plain or ())
+
     def check(data: dict[str, Any]) -> dict[str, Any]:
+        # The fast path: every field given, with exactly its type, and nothing else.
+        if plain is not None and len(data) == len(plain) and data.keys() == names and all(
+                type(data[name]) is kind for name, kind in plain):
+            return {name: data[name] for name, _ in plain}
         try:
             obj = model.model_validate(data)
         except pydantic.ValidationError as e:
