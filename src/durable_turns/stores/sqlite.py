@@ -298,30 +298,24 @@ class SqliteStore(SqlReads, FeedStore):
     async def open(self) -> None:
         if self._writer is not None:
             return
-        try:
+        if not Path(f"{self.path}-lease").exists():
+            # Nothing is created beside a file that is not ours. (Once the lock file exists
+            # the file was ours, or is being made ours: the writer looks again under it.)
             self._check_foreign()
-        except StoreError:
-            # A store being created by another process can look half-made for a moment; its
-            # creator holds the lock file, under which the writer looks again.
-            if not Path(f"{self.path}-lease").exists():
-                raise
         write_pool = Worker("durable-turns-sqlite-write")
-        read_pool = Worker("durable-turns-sqlite-read")
         try:
             writer = await write_pool.run(self._connect_writer)
-            checkpointer = await write_pool.run(self._connect)
-            reader = await read_pool.run(self._connect)
-            slow_reader = await read_pool.run(self._connect)
+            reader = self._connect()  # connecting takes no lock: here, not on a thread
         except BaseException:
             write_pool.stop()
-            read_pool.stop()
             raise
-        # The loop's connections never wait: a busy call goes to a thread that may.
+        # The loop's connections never wait: a busy call goes to a thread that may. The
+        # threads' own connections (a reader that may wait, the checkpointer) and the reader
+        # thread are made when first needed, so opening costs one thread hop.
         writer.execute("PRAGMA busy_timeout = 0")
         reader.execute("PRAGMA busy_timeout = 0")
         self._writer, self._reader = writer, reader
-        self._slow_reader, self._checkpointer = slow_reader, checkpointer
-        self._write_pool, self._read_pool = write_pool, read_pool
+        self._write_pool = write_pool
 
     def _connect(self) -> sqlite3.Connection:
         try:
@@ -339,11 +333,16 @@ class SqliteStore(SqlReads, FeedStore):
             os.close(fd)
             raise
         try:
-            # Again, under the lock: another process may have been half-way through creating
-            # the file when this one looked first.
-            self._check_foreign()
             conn = self._connect()
         except BaseException:
+            os.close(fd)
+            raise
+        try:
+            # Again (or first), under the lock: another process may have been half-way
+            # through creating the file when this one looked.
+            self._refuse_foreign(conn)
+        except BaseException:
+            conn.close()
             os.close(fd)
             raise
         try:
@@ -359,6 +358,7 @@ class SqliteStore(SqlReads, FeedStore):
         return conn
 
     def _check_foreign(self) -> None:
+        """Refuse a file that is not a durable_turns store, looking at it read-only."""
         if not self.path.exists() or self.path.stat().st_size == 0:
             return
         try:
@@ -366,15 +366,19 @@ class SqliteStore(SqlReads, FeedStore):
         except sqlite3.Error as e:
             raise StoreError(f"cannot open {self.path}: {e}") from e
         try:
-            app_id = probe.execute("PRAGMA application_id").fetchone()[0]
-            tables = probe.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
-            version = probe.execute("PRAGMA user_version").fetchone()[0]
+            self._refuse_foreign(probe)
+        finally:
+            probe.close()
+
+    def _refuse_foreign(self, conn: sqlite3.Connection) -> None:
+        try:
+            app_id = conn.execute("PRAGMA application_id").fetchone()[0]
+            tables = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
         except sqlite3.DatabaseError as e:
             raise StoreError(
                 f"{self.path} is not a SQLite database or is corrupt ({e}); refusing to use it"
             ) from e
-        finally:
-            probe.close()
         if app_id != APPLICATION_ID and (app_id != 0 or tables):
             raise StoreError(
                 f"{self.path} is a SQLite database of another application "
@@ -411,22 +415,33 @@ class SqliteStore(SqlReads, FeedStore):
         if self._detector is not None:
             self._detector.cancel()
             self._detector = None
-        writer, checkpointer = self._writer, self._checkpointer
-        reader, slow_reader = self._reader, self._slow_reader
+        writer, reader = self._writer, self._reader
         write_pool, read_pool = self._write_pool, self._read_pool
-        self._writer = self._reader = self._slow_reader = self._checkpointer = None
+        self._writer = self._reader = None
         self._write_pool = self._read_pool = None
+        # Each thread closes its own connections after its queued jobs (a checkpoint, a
+        # waiting read) have run: jobs run in order.
         if write_pool is not None:
             async with self._write_lock:
-                for conn in (writer, checkpointer):
-                    if conn is not None:
-                        await write_pool.run(conn.close)
+                await write_pool.run(lambda: self._close_writer_thread(writer))
             write_pool.stop()
         if read_pool is not None:
-            for conn in (reader, slow_reader):
-                if conn is not None:
-                    await read_pool.run(conn.close)
+            await read_pool.run(self._close_reader_thread)
             read_pool.stop()
+        if reader is not None:
+            reader.close()
+
+    def _close_writer_thread(self, writer: sqlite3.Connection | None) -> None:
+        if writer is not None:
+            writer.close()
+        if self._checkpointer is not None:
+            self._checkpointer.close()
+            self._checkpointer = None
+
+    def _close_reader_thread(self) -> None:
+        if self._slow_reader is not None:
+            self._slow_reader.close()
+            self._slow_reader = None
 
     def _writer_conn(self) -> sqlite3.Connection:
         if self._writer is None:
@@ -485,15 +500,15 @@ class SqliteStore(SqlReads, FeedStore):
 
     def _committed(self) -> None:
         self._commits += 1
-        if self._commits % CHECKPOINT_EVERY == 0 and self._checkpointer is not None:
-            checkpointer, pool = self._checkpointer, self._write_pool
-            assert pool is not None
-            pool.submit(lambda: self._checkpoint(checkpointer))
+        if self._commits % CHECKPOINT_EVERY == 0 and self._write_pool is not None:
+            self._write_pool.submit(self._checkpoint)
 
-    @staticmethod
-    def _checkpoint(conn: sqlite3.Connection) -> None:
+    def _checkpoint(self) -> None:
+        """A passive WAL checkpoint, on the writer thread, by that thread's own connection."""
         with contextlib.suppress(sqlite3.Error):  # the next one catches up
-            conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+            if self._checkpointer is None:
+                self._checkpointer = self._connect()
+            self._checkpointer.execute("PRAGMA wal_checkpoint(PASSIVE)")
 
     _rules = _RULES
 
@@ -501,8 +516,8 @@ class SqliteStore(SqlReads, FeedStore):
         return await self._read(fn)
 
     async def _read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        reader, slow, pool = self._reader, self._slow_reader, self._read_pool
-        if reader is None or slow is None or pool is None:
+        reader = self._reader
+        if reader is None:
             raise StoreError(f"SqliteStore({str(self.path)!r}) is not open; await store.open()")
         try:
             try:
@@ -510,9 +525,17 @@ class SqliteStore(SqlReads, FeedStore):
             except sqlite3.OperationalError as e:
                 if not _busy(e):
                     raise
-            return await pool.run(lambda: fn(slow))
+            if self._read_pool is None:
+                self._read_pool = Worker("durable-turns-sqlite-read")
+            return await self._read_pool.run(lambda: fn(self._waiting_reader()))
         except sqlite3.Error as e:
             raise StoreError(f"read from {self.path} failed: {e}") from e
+
+    def _waiting_reader(self) -> sqlite3.Connection:
+        """The reader thread's connection, which may wait (made at its first use)."""
+        if self._slow_reader is None:
+            self._slow_reader = self._connect()
+        return self._slow_reader
 
     # -- leases and writes -----------------------------------------------------------------
 
