@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import sqlite3
+import threading
 from pathlib import Path
 
 import pytest
 
-from durable_turns import Agent, ModelReply, Runtime, SqliteStore, scripted
+from durable_turns import (
+    Agent,
+    ModelReply,
+    Runtime,
+    SqliteStore,
+    ToolCall,
+    ToolContext,
+    scripted,
+    tool,
+)
 from durable_turns.errors import StoreError
 
 
@@ -70,3 +81,34 @@ async def test_sessions_survive_a_reopen_in_wal_mode(tmp_path: Path) -> None:
     assert [m.text for m in await s.transcript()] == ["hello", "first", "again", "second"]
     assert [e.seq for e in await s.events()] == list(range(1, 7))
     await rt2.close()
+
+
+async def test_a_slow_local_tool_leaves_the_loop_running(tmp_path: Path) -> None:
+    """A local tool runs on the store's thread: one that outlasts the loop's short wait for it
+    ends only once the loop has run other work meanwhile, and its step commits as usual."""
+    loop_ran = threading.Event()
+
+    @tool
+    def slow(ctx: ToolContext) -> dict[str, bool]:
+        """Wait for the loop to run other work."""
+        ran = loop_ran.wait(timeout=30)
+        ctx.store.unwrap().execute("INSERT INTO effects VALUES (?)", (ctx.call_id,))
+        return {"loop_ran": ran}
+
+    model = scripted([ModelReply(tool_calls=[ToolCall("c1", "slow", {})]), ModelReply("done")])
+    store = SqliteStore(tmp_path / "db.sqlite")
+    async with Runtime([Agent("a", "", [slow])], store, model) as rt:
+        store.unwrap().execute("CREATE TABLE effects (call_id TEXT)")
+
+        async def other_work() -> None:
+            await asyncio.sleep(0.01)
+            loop_ran.set()
+
+        other = asyncio.create_task(other_work())
+        result = await rt.session("a", "s").turn("go", turn_id="t1")
+        await asyncio.wait_for(other, 30)
+        transcript = await rt.session("a", "s").transcript()
+        rows = store.unwrap().execute("SELECT call_id FROM effects").fetchall()
+    assert result.status == "completed"
+    assert [m.result for m in transcript if m.role == "tool"] == [{"loop_ran": True}]
+    assert rows == [("c1",)]

@@ -9,7 +9,9 @@
   CPU on a small machine, more than a whole step's commit.
 - Work of unknown length runs on the writer thread always: local tools (inside their step's
   transaction) and WAL checkpoints (``wal_autocheckpoint`` is off on our connection; the store
-  checkpoints every few hundred commits, off the loop).
+  checkpoints every few hundred commits, off the loop). For a local tool the loop waits,
+  blocked, up to ``LOCAL_LINGER`` (0.5 ms) before it goes back to its other work: a tool
+  that writes a few rows is done by then, and its step skips a wake-up of the loop.
 - The lease is an OS lock (Linux open-file-description lock) on one byte of ``<path>-lease``
   chosen by hashing the session key. The kernel drops it when the holder's process dies, so a
   SIGKILLed worker never blocks the replay. Each claim also raises the session's epoch, and
@@ -98,6 +100,10 @@ _SCHEMA_BYTE = 1 << 62  # outside the range session bytes hash to
 _RULES = SqlRules()
 CHECKPOINT_EVERY = 256
 """Commits between two WAL checkpoints (run on the writer thread)."""
+LOCAL_LINGER = 0.0005
+"""Seconds the loop waits, blocked, for a local tool on the writer thread before it waits on
+the loop: most local tools (a few row writes) end sooner, and the step then skips the loop's
+wake-up; a longer one delays other sessions by this much at most."""
 DETECTOR_LINGER = 2.0
 """Seconds the change detector keeps polling after the last subscriber or watcher left."""
 
@@ -199,7 +205,8 @@ class _SqliteTransaction(BufferedTransaction):
 
     async def run_local(self, fn: Callable[[Any], T]) -> T:
         await self._lock()
-        return await self._store._on_writer_thread(lambda: self._run_local(fn))
+        return await self._store._on_writer_thread(lambda: self._run_local(fn),
+                                                   linger=LOCAL_LINGER)
 
     def _run_local(self, fn: Callable[[Any], T]) -> T:
         c = self._conn
@@ -455,9 +462,9 @@ class SqliteStore(SqlReads, FeedStore):
 
     # -- the loop and the threads ----------------------------------------------------------
 
-    async def _on_writer_thread(self, fn: Callable[[], T]) -> T:
+    async def _on_writer_thread(self, fn: Callable[[], T], *, linger: float = 0.0) -> T:
         """Run ``fn`` on the writer thread, where the writer connection may wait for the lock
-        (the caller holds ``_write_lock``)."""
+        (the caller holds ``_write_lock``); ``linger``: see :meth:`Worker.run`."""
         pool, writer = self._write_pool, self._writer
         if pool is None or writer is None:
             raise StoreError(f"SqliteStore({str(self.path)!r}) is not open; await store.open()")
@@ -470,7 +477,7 @@ class SqliteStore(SqlReads, FeedStore):
             finally:
                 writer.execute("PRAGMA busy_timeout = 0")
 
-        return await pool.run(waiting)
+        return await pool.run(waiting, linger=linger)
 
     async def _write(self, fn: Callable[[], T], *, began: bool = False) -> T:
         """Run a write job (the caller holds ``_write_lock``): here if the database's write lock
