@@ -304,30 +304,41 @@ class Runtime:
         await self.open()
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
-        changed = asyncio.Event()
+        wake: asyncio.Future[None] = loop.create_future()
+
+        def rouse(_: object = None) -> None:
+            if not wake.done():
+                wake.set_result(None)
 
         def on_change(events: list[TurnEvent] | None) -> None:
-            if events is None or any(e.turn_id == turn_id and e.ends_turn for e in events):
-                changed.set()
+            if events is None:
+                rouse()
+                return
+            for e in events:
+                if e.turn_id == turn_id and e.ends_turn:
+                    rouse()
+                    return
 
         unwatch = self.store.watch(key, on_change)
         done: asyncio.Future[TurnResult | None] = loop.create_future()
+        done.add_done_callback(rouse)
         waiters = self._waiting.setdefault((key, turn_id), [])
         waiters.append(done)
         try:
             kicked = False
             while True:
-                changed.clear()
+                # A fresh wake-up before each look, so a change made while looking is kept.
+                wake = loop.create_future()
+                known = done.result() if done.done() else None
+                if known is not None:
+                    return known  # this runtime drove it: what it committed
                 found = await self.store.turns(key, turn_id=turn_id)
                 if not found:
                     raise UnknownTurnError(str(key), turn_id)
                 rec = found[0]
                 if rec.status.ended:
                     return rec.result
-                if done.done():
-                    known = done.result()
-                    if known is not None:
-                        return known
+                if done.done():  # this runtime's driver ended without ending the turn
                     failure = self._failed.get(key)
                     if failure is not None and key not in self._drivers:
                         raise DurableTurnsError(
@@ -337,20 +348,20 @@ class Runtime:
                         ) from failure
                     waiters.remove(done)
                     done = loop.create_future()
+                    done.add_done_callback(rouse)
                     waiters.append(done)
                 if self.drive and not kicked and key not in self._drivers:
                     kicked = True
                     self._drive(key)
                 remaining = None if deadline is None else deadline - loop.time()
-                if remaining is not None and remaining <= 0:
+                if remaining is None:
+                    await wake
+                    continue
+                if remaining <= 0:
                     raise TimeoutError(f"turn {turn_id!r} of {key} did not end in {timeout}s")
-                signal = loop.create_task(changed.wait())
-                either: list[asyncio.Future[Any]] = [signal, done]
-                try:
-                    await asyncio.wait(either, timeout=remaining,
-                                       return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    signal.cancel()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(remaining):
+                        await wake
         finally:
             unwatch()
             with contextlib.suppress(ValueError):
