@@ -157,9 +157,14 @@ async def _follow(ctx: ToolContext, key: SessionKey, turn_id: str,
                 forward_live(replace(e, child={**tag, "seq": e.seq}))
 
         live.deliver_to(on_live)
+    cancelled = ctx.cancel_check
     try:
         await live.ready()
         while True:
+            if cancelled is not None and cancelled() is not None:
+                # The parent's cancel is told to this task once (a task.cancel()); should
+                # that ever be lost, the flag it sets still stops the child at the next look.
+                raise asyncio.CancelledError
             changed.clear()
             (rec,) = await store.turns(key, turn_id=turn_id)
             # Read after the record: every event up to a end it shows is read too.
@@ -169,8 +174,12 @@ async def _follow(ctx: ToolContext, key: SessionKey, turn_id: str,
                 cursor = events[-1].seq
             if rec.status.ended:
                 return rec
+            # Not asyncio.wait_for: on Python 3.11 it swallows a cancel that comes as the
+            # wait ends (the change reported, or the poll's time up), and the parent's
+            # cancel would never reach the child, which then runs on.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(changed.wait(), POLL)
+                async with asyncio.timeout(POLL):
+                    await changed.wait()
     finally:
         unwatch()
         live.close()
