@@ -22,7 +22,7 @@ from durable_turns import (
     subagent,
     tool,
 )
-from durable_turns.errors import ResumeAuthorizationError
+from durable_turns.errors import ResumeAuthorizationError, ResumeConflictError
 from durable_turns.events import TurnEvent
 from durable_turns.models import ModelEvent, ModelRequest
 from durable_turns.models.scripted import calls_this_turn
@@ -327,6 +327,35 @@ def parallel_lead(store: SessionStore, helper_model: Any, *helper_tools: Any) ->
                  parallel_tools=True)
     helper = Agent("helper", "", list(helper_tools), model=helper_model)
     return Runtime([lead, helper], store)
+
+
+async def test_resetting_a_parent_parked_on_its_children_withdraws_their_requests(
+        store: SessionStore) -> None:
+    rt = parallel_lead(store, HelperModel(), approve)
+    s = rt.session("lead", "s1")
+    await s.start("pay both", turn_id="t1")
+    r = await s.result("t1", timeout=WAIT)
+    assert r.status == "suspended" and r.request is not None and len(r.request.all) == 2
+    children = [child_ids("lead", "s1", "t1", call) for call in ("a", "b")]
+    for session_id, _turn in children:
+        assert await rt.session("helper", session_id).pending() is not None
+    await asyncio.wait_for(s.reset(), WAIT)
+    assert await s.pending() is None
+    assert (await s.result("t1")).status == "cancelled"
+    (reset,) = [t.turn_id for t in await store.turns(s.key) if t.kind == "reset"]
+    for session_id, turn_id in children:
+        child = rt.session("helper", session_id)
+        # Reset by an entry with the parent's reset's id: a replay of it adds no second one.
+        assert [t.turn_id for t in await store.turns(child.key) if t.kind == "reset"] == [reset]
+        assert await child.pending() is None  # no stale approval left open
+        rec = await get_turn(store, child.key, turn_id)
+        assert rec is not None and rec.status == TurnStatus.CANCELLED and rec.request is None
+        with pytest.raises(ResumeConflictError):
+            await child.resume(turn_id, "approve", True)
+        # The child's history is archived, as a reset's is: still there to read.
+        assert [m.text for m in (await child.archive(0)).messages][:1] == [
+            "pay alice" if session_id.endswith(":a") else "pay bob"]
+    await rt.close()
 
 
 async def test_two_subagents_of_one_batch_park_and_are_answered_one_by_one(
