@@ -29,6 +29,7 @@ from .messages import Message, MessageLog
 from .models import Model
 from .records import SessionKey, TurnRecord, TurnResult, TurnStatus
 from .stores import Lease, SessionStore
+from .subagents import reset_children
 
 if TYPE_CHECKING:
     from .runtime import Runtime
@@ -227,6 +228,8 @@ class SessionDriver:
     async def _run_entry(self, engine: TurnEngine, lease: Lease, entry: TurnRecord,
                          parked: list[TurnRecord]) -> TurnResult:
         if entry.kind == "reset":
+            if self._runtime is not None:  # parked on subagents: their requests go too
+                await reset_children(self._runtime, entry.turn_id, parked)
             result = await engine.reset(entry, parked)
             self._transcripts.keep(self.key, lease.generation, engine.transcript)
             for t in parked:

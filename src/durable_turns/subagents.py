@@ -26,22 +26,30 @@ around an approval gate); the parent then goes on and re-attaches.
 
 Parent-close policy: **cancel**. Cancelling or resetting the parent while the child runs
 (or the parent failing mid-batch) cancels the child's turn (durably, so across workers
-too) and waits for it to stop. A runtime shutting down cancels nothing: both turns replay
-after a restart.
+too) and waits for it to stop. Resetting a parent parked on its children resets their
+sessions (:func:`reset_children`), so no stale request of theirs stays open. A runtime
+shutting down cancels nothing: both turns replay after a restart.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Iterable
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigurationError, Parked
 from .events import TurnEvent
+from .messages import Message
 from .records import InputRequest, SessionKey, TurnRecord, TurnStatus
 from .tools import Tool, ToolContext, ToolSpec
+
+if TYPE_CHECKING:
+    from .runtime import Runtime
+
+log = logging.getLogger("durable_turns")
 
 POLL = 1.0
 """Seconds between looks at the child when no change was reported (a lost notification)."""
@@ -157,9 +165,14 @@ async def _follow(ctx: ToolContext, key: SessionKey, turn_id: str,
                 forward_live(replace(e, child={**tag, "seq": e.seq}))
 
         live.deliver_to(on_live)
+    cancelled = ctx.cancel_check
     try:
         await live.ready()
         while True:
+            if cancelled is not None and cancelled() is not None:
+                # The parent's cancel is told to this task once (a task.cancel()); should
+                # that ever be lost, the flag it sets still stops the child at the next look.
+                raise asyncio.CancelledError
             changed.clear()
             (rec,) = await store.turns(key, turn_id=turn_id)
             # Read after the record: every event up to a end it shows is read too.
@@ -169,8 +182,49 @@ async def _follow(ctx: ToolContext, key: SessionKey, turn_id: str,
                 cursor = events[-1].seq
             if rec.status.ended:
                 return rec
+            # Not asyncio.wait_for: on Python 3.11 it swallows a cancel that comes as the
+            # wait ends (the change reported, or the poll's time up), and the parent's
+            # cancel would never reach the child, which then runs on.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(changed.wait(), POLL)
+                async with asyncio.timeout(POLL):
+                    await changed.wait()
     finally:
         unwatch()
         live.close()
+
+
+async def reset_children(rt: Runtime, entry_id: str, parked: Iterable[TurnRecord]) -> None:
+    """Reset the sessions of the children that parked turns wait on: the parent-close policy
+    for a reset of a parked parent (its driver calls this before the reset commits).
+
+    Each child's session gets a reset entry with the parent's reset entry id (so a replay of
+    the parent's reset after a crash accepts nothing twice); it cancels the child's parked
+    turn (reason ``reset``, its request withdrawn) and archives the child's history. Waits
+    for each child's reset to run (at most ``CANCEL_WAIT`` seconds).
+
+    Args:
+        rt: the runtime driving the parent.
+        entry_id: the parent's reset entry.
+        parked: the parent's parked turns the reset cancels.
+
+    Raises:
+        StoreError: a child's reset could not be made durable (the parent's reset is then
+            driven again).
+    """
+    keys: dict[SessionKey, None] = {}
+    for t in parked:
+        for r in t.request.all if t.request is not None else ():
+            if r.child is None:
+                continue
+            agent, session = str(r.child.get("agent")), str(r.child.get("session"))
+            if agent not in rt.agents:
+                log.warning("reset of a parent parked on a child of agent %r, which this "
+                            "runtime does not have: session %s stays parked", agent, session)
+                continue
+            keys[SessionKey(agent, session)] = None
+    for key in keys:
+        opening = Message("trigger", "reset", turn_id=entry_id, by="reset")
+        await rt.accept(key, entry_id, opening, kind="reset")
+    for key in keys:
+        with contextlib.suppress(Exception):
+            await rt.wait(key, entry_id, timeout=CANCEL_WAIT)
