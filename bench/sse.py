@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import os
 import socket
@@ -82,7 +83,9 @@ def serve(port: int, db: Path, times: Path, calls: int, pace: float, http: str, 
 
     class Stamp:
         def emit(self, event: TurnEvent) -> None:
-            if event.type not in ("message.delta", "message.retry"):
+            if event.type == "message.delta":
+                out.write(f"d {time.time()}\n")
+            elif event.type != "message.retry":
                 out.write(f"{event.seq} {time.time()}\n")
 
     rt = Runtime([Agent(AGENT, "", [tick])], SqliteStore(db, synchronous="OFF"),
@@ -123,6 +126,7 @@ class Watcher(asyncio.Protocol):
         self.connected = connected
         self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.got: list[tuple[int, float]] = []
+        self.deltas: list[float] = []
         self.head = b""
         self.rest = b""
 
@@ -145,6 +149,8 @@ class Watcher(asyncio.Protocol):
         for line in lines:
             if line.startswith(b"id:"):
                 self.got.append((int(line[3:]), now))
+            elif line.startswith(b"event: message.delta"):
+                self.deltas.append(now)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if not self.done.done():
@@ -166,7 +172,7 @@ async def watchers(port: int, after: int, n: int) -> None:
     async with asyncio.timeout(WAIT):
         for w in made:
             await w.done
-    print(json.dumps([w.got for w in made]), flush=True)
+    print(json.dumps([[w.got, w.deltas] for w in made]), flush=True)
 
 
 def run_watchers(port: int, after: int, n: int) -> None:
@@ -208,13 +214,21 @@ async def run_one(base: str, port: int, pid: int, times: Path, n: int,
                                  json={"text": "count"})
         assert done.json()["status"] == "completed", done.text
         seen: list[list[tuple[int, float]]] = []
+        deltas_seen: list[list[float]] = []
         for p in procs:
             out, _ = await asyncio.wait_for(p.communicate(), WAIT)
             assert p.returncode == 0
-            seen += json.loads(out)
+            for got, deltas in json.loads(out):
+                seen.append(got)
+                deltas_seen.append(deltas)
         cpu = cpu_seconds(pid) - cpu0
-    stamps = {int(s): float(t) for s, t in
-              (line.split() for line in times.read_text().splitlines())}
+    marks = [line.split() for line in times.read_text().splitlines()]
+    stamps = {int(s): float(t) for s, t in marks if s != "d"}
+    # Live text has no id: the k-th delta a subscriber reads is the k-th one published
+    # (one session, in order; a subscriber that was cut off would read fewer).
+    published = [float(t) for s, t in marks if s == "d"]
+    text = sorted((t - published[k]) * 1000 for got in deltas_seen
+                  for k, t in enumerate(got[:len(published)]))
     expected = sorted(s for s in stamps if s > after)
     lat = []
     assert len(seen) == n
@@ -227,12 +241,24 @@ async def run_one(base: str, port: int, pid: int, times: Path, n: int,
         for s, t in got:
             by_seq.setdefault(s, []).append((t - stamps[s]) * 1000)
     worst = sorted(((max(v), s) for s, v in by_seq.items()), reverse=True)[:3]
+    # Per event: when its first subscriber had it (the wait before the fan-out pass) and how
+    # long the pass took to reach the last one (the cost of writing to every socket).
+    first = [min(v) for v in by_seq.values()]
+    spread = [max(v) - min(v) for v in by_seq.values()]
     delivered = len(expected) * n
     return {"subscribers": n, "events": len(expected), "delivered": delivered,
             "latency_ms_p50": round(statistics.median(lat), 2),
             "latency_ms_p99": round(lat[min(len(lat) - 1, int(len(lat) * 0.99))], 2),
             "latency_ms_max": round(lat[-1], 2),
             "slowest_events": [f"seq {s}: {m:.0f} ms" for m, s in worst],
+            "first_subscriber_ms_p50": round(statistics.median(first), 2),
+            "first_subscriber_ms_max": round(max(first), 2),
+            "first_to_last_ms_p50": round(statistics.median(spread), 2),
+            "first_to_last_ms_max": round(max(spread), 2),
+            "text_deltas": len(published),
+            "text_latency_ms_p50": round(statistics.median(text), 2) if text else None,
+            "text_latency_ms_p99": (round(text[min(len(text) - 1, int(len(text) * 0.99))], 2)
+                                    if text else None),
             "server_cpu_s": round(cpu, 3),
             "server_cpu_us_per_delivered_event": round(cpu / delivered * 1e6, 1),
             "server_cpu_ms_per_turn_event": round(cpu / len(expected) * 1e3, 2)}
@@ -262,7 +288,10 @@ async def bench_one(n: int, a: argparse.Namespace) -> dict[str, Any]:
                     assert time.monotonic() < deadline and child.poll() is None
                     await asyncio.sleep(0.05)
             clients = a.clients or max(1, -(-n // PER_CLIENT))
-            return await run_one(base, port, child.pid, times, n, clients)
+            load = os.getloadavg()[0]
+            row = await run_one(base, port, child.pid, times, n, clients)
+            return {**row, "http": a.http, "loop": a.loop, "watcher_processes": clients,
+                    "load_1min": [round(load, 2), round(os.getloadavg()[0], 2)]}
         finally:
             child.terminate()
             child.wait(WAIT)
@@ -279,6 +308,7 @@ def main() -> None:
     p.add_argument("--http", default="auto", choices=["auto", "h11", "httptools"])
     p.add_argument("--loop", default="auto", choices=["auto", "asyncio", "uvloop"])
     p.add_argument("--profile", metavar="PATH", help="write the server's cProfile stats here")
+    p.add_argument("--repeat", type=int, default=1, help="runs of each count")
     p.add_argument("--json", action="store_true")
     p.add_argument("--serve", nargs=3, metavar=("PORT", "DB", "TIMES"), help=argparse.SUPPRESS)
     p.add_argument("--watch", nargs=3, type=int, metavar=("PORT", "AFTER", "N"),
@@ -291,17 +321,28 @@ def main() -> None:
     if a.watch:
         run_watchers(*a.watch)
         return
-    rows = [asyncio.run(bench_one(n, a)) for n in a.counts or [1, 100, 1000]]
+    # What uvicorn's "auto" would take, named, so that the figures say what they measured.
+    if a.http == "auto":
+        a.http = "httptools" if importlib.util.find_spec("httptools") else "h11"
+    if a.loop == "auto":
+        a.loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
+    rows = [asyncio.run(bench_one(n, a)) for n in a.counts or [1, 100, 1000]
+            for _ in range(a.repeat)]
     if a.json:
         print(json.dumps(rows, indent=2))
         return
-    print(f"{'subscribers':>11} {'events':>6} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} "
-          f"{'CPU µs/delivered':>16} {'CPU ms/turn event':>17}")
+    print(f"server: uvicorn --http {a.http} --loop {a.loop}; watchers in their own processes")
+    print(f"{'subscribers':>11} {'events':>6} {'p50 ms':>7} {'p99 ms':>7} {'max ms':>7} "
+          f"{'1st ms':>6} {'pass ms':>7} {'text p50':>8} {'text p99':>8} "
+          f"{'CPU µs/delivered':>16} {'load':>10}")
     for r in rows:
-        print(f"{r['subscribers']:>11} {r['events']:>6} {r['latency_ms_p50']:>8} "
-              f"{r['latency_ms_p99']:>8} {r['latency_ms_max']:>8} "
+        load = "{:.1f}→{:.1f}".format(*r["load_1min"])
+        print(f"{r['subscribers']:>11} {r['events']:>6} {r['latency_ms_p50']:>7} "
+              f"{r['latency_ms_p99']:>7} {r['latency_ms_max']:>7} "
+              f"{r['first_subscriber_ms_p50']:>6} {r['first_to_last_ms_p50']:>7} "
+              f"{r['text_latency_ms_p50']!s:>8} {r['text_latency_ms_p99']!s:>8} "
               f"{r['server_cpu_us_per_delivered_event']:>16} "
-              f"{r['server_cpu_ms_per_turn_event']:>17}")
+              f"{load:>10}")
 
 
 if __name__ == "__main__":
