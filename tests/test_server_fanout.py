@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 import httpx
 import pytest
 from starlette.applications import Starlette
-from starlette.types import Message
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from durable_turns import Agent, MemoryStore, ModelReply, Runtime, scripted
 from durable_turns.models import ModelRequest
@@ -139,6 +139,37 @@ async def test_end_streams_ends_open_event_streams() -> None:
                 app.state.end_streams()
                 rest = [line async for line in lines]  # the stream ends
         assert all(not line.startswith("id:") for line in rest)
+
+
+async def test_middleware_added_to_the_app_sees_every_write_of_an_event_stream() -> None:
+    # Without middleware the stream writes to the server's own send; with some, every
+    # write goes through it (here: one that counts the body bytes it passes on).
+    passed: list[int] = []
+
+    class Count:
+        def __init__(self, app: ASGIApp) -> None:
+            self.app = app
+
+        async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+            async def counted(message: Message) -> None:
+                if message["type"] == "http.response.body":
+                    passed.append(len(message.get("body", b"")))
+                await send(message)
+
+            await self.app(scope, receive, counted)
+
+    rt = Runtime([Agent("desk", "You help.")], MemoryStore(), scripted(reply, chunks=3))
+    async with rt:
+        app = create_app(rt)
+        app.add_middleware(Count)
+        async with serving(app) as url, httpx.AsyncClient(base_url=url, timeout=WAIT) as client:
+            r = await client.post("/agents/desk/sessions/s1/chat", json={"text": "hi"})
+            assert r.json()["status"] == "completed"
+            passed.clear()
+            async with client.stream("GET", "/agents/desk/sessions/s1/events",
+                                     params={"after": "0", "until": "turn"}) as events:
+                body = b"".join([chunk async for chunk in events.aiter_raw()])
+        assert b"event: turn.completed" in body and sum(passed) == len(body)
 
 
 class Client:

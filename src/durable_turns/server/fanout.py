@@ -46,6 +46,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sse_starlette import ServerSentEvent
+from starlette.applications import Starlette
 from starlette.responses import Response
 from starlette.types import Receive, Scope
 from starlette.types import Send as ASGISend
@@ -329,6 +330,26 @@ class _Rest:
                 return
 
 
+SERVER_SEND = "durable_turns.server_send"
+"""The scope key under which :class:`EventStreamApp` leaves the server's own ``send``."""
+
+
+class EventStreamApp(Starlette):
+    """Starlette, but an :class:`EventStream` writes its body to the server's ``send``.
+
+    Starlette's own layers (its error and exception middleware, the route's wrapper) each
+    wrap ``send`` to note whether the response started, which the stream's headers (sent
+    through them) tell them; for the body they only pass each write on, and the three of
+    them cost a quarter of a write (``bench/sse.py``). Middleware added to the app
+    (``add_middleware``) sees every write: with any, the body goes through them all.
+    """
+
+    async def __call__(self, scope: Scope, receive: Receive, send: ASGISend) -> None:
+        if scope["type"] == "http" and not self.user_middleware:
+            scope[SERVER_SEND] = send
+        await super().__call__(scope, receive, send)
+
+
 class EventStream(Response):
     """A ``text/event-stream`` response that an :class:`Outbox` writes.
 
@@ -352,7 +373,7 @@ class EventStream(Response):
         await send({"type": "http.response.start", "status": self.status_code,
                     "headers": self.raw_headers})
 
-        written = self.outbox.start(send)
+        written = self.outbox.start(scope.get(SERVER_SEND, send))
         gone = asyncio.ensure_future(_disconnect(receive))
         try:
             await asyncio.wait((written, gone), return_when=asyncio.FIRST_COMPLETED)
@@ -394,5 +415,16 @@ class Streams:
             outbox.end()
 
 
-__all__ = ["FRAME_CACHE", "HEADERS", "MAX_BACKLOG", "EventStream", "FrameCache", "Outbox", "Pacer",
-           "Streams", "start_eagerly"]
+__all__ = [
+    "FRAME_CACHE",
+    "HEADERS",
+    "MAX_BACKLOG",
+    "SERVER_SEND",
+    "EventStream",
+    "EventStreamApp",
+    "FrameCache",
+    "Outbox",
+    "Pacer",
+    "Streams",
+    "start_eagerly",
+]
