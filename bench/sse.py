@@ -4,18 +4,21 @@ Usage (from the repository root, with the ``server`` extra installed)::
 
     python bench/sse.py                      # 1, 100 and 1000 subscribers
     python bench/sse.py -n 1 -n 10           # any counts
+    python bench/sse.py -n 1000 --repeat 5   # five runs (a fresh server each)
     python bench/sse.py --http h11 --loop asyncio   # uvicorn without httptools/uvloop
     python bench/sse.py -n 1000 --profile /tmp/sse.prof   # cProfile of the server
+    python bench/sse.py --floor -n 1000      # the cost of bare socket writes, for scale
     python bench/sse.py --json               # the same figures, machine-readable
 
 Three kinds of process, so that each one's CPU is its own:
 
 - **the server**: ``durable_turns.server`` under uvicorn (``--http``/``--loop``: ``auto``
-  takes httptools and uvloop when installed) on a fresh ``SqliteStore``, with a scripted
+  takes httptools and uvloop when installed, and the output names what ran) on a fresh
+  ``SqliteStore``, with a scripted
   model whose turn makes ``--calls`` (20) sequential tool calls, each reply paced by
   ``--pace`` (20 ms) and streamed as 3 text deltas, so the turn lasts long enough to be
-  watched live. Its event sink writes the wall-clock time at which each durable event was
-  published (right after its commit).
+  watched live. Its event sink writes the wall-clock time at which each event was
+  published (a durable one right after its commit).
 - **the watchers**: ``--clients`` processes (default: one per 500 subscribers) that open
   the N ``GET …/events?until=turn`` streams over raw sockets (no HTTP library: they read
   bytes and note when each ``id:`` line arrives), so the client's own parsing does not
@@ -25,12 +28,22 @@ Three kinds of process, so that each one's CPU is its own:
 
 - **commit → client latency**: for every durable event and every subscriber, receipt time
   minus publish time (same machine, same clock). On a 2-core machine the watchers still
-  share the CPU with the server; their share is small but not zero.
+  share the CPU with the server; their share is small but not zero. Per event, the wait
+  until its first subscriber had it (``1st ms``, median) and from the first to the last
+  (``pass ms``, median: the server's pass over every client's socket) say where it goes.
+- **live text latency** (``text``): the k-th ``message.delta`` a subscriber reads against
+  the k-th one published (they carry no id; the stream is in order).
 - **server CPU per event**: the server's user + system CPU (``/proc/PID/stat``) from the
   moment the turn starts until the last subscriber has its end, divided by the events
   delivered (durable events times subscribers), and by the turn's durable events.
 
-Every subscriber is checked to receive exactly the turn's durable events, in order.
+Every subscriber is checked to receive exactly the turn's durable events, in order. The
+load average before and after each run is printed: the machine's other work moves these
+figures more than anything else.
+
+``--floor`` measures no HTTP at all: one process writes one SSE-sized frame to each of N
+connected sockets with uvloop's ``transport.write`` (the call uvicorn makes), the readers in
+two other processes, so that a pass's time can be set against the bare writes it is made of.
 """
 
 from __future__ import annotations
@@ -176,12 +189,79 @@ async def watchers(port: int, after: int, n: int) -> None:
 
 
 def run_watchers(port: int, after: int, n: int) -> None:
+    run_async(watchers(port, after, n))
+
+
+# -- the floor: bare socket writes ----------------------------------------------------------
+
+
+async def readers(port: int, n: int) -> None:
+    """``n`` connections that read whatever comes until the other end closes."""
+    loop = asyncio.get_running_loop()
+    ends: list[asyncio.Future[None]] = []
+
+    class Reader(asyncio.Protocol):
+        def __init__(self) -> None:
+            self.end = loop.create_future()
+            ends.append(self.end)
+
+        def data_received(self, data: bytes) -> None:
+            pass
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self.end.set_result(None)
+
+    for _ in range(n):
+        await loop.create_connection(Reader, "127.0.0.1", port)
+    await asyncio.wait_for(asyncio.gather(*ends), WAIT)
+
+
+async def floor(n: int, rounds: int = 20) -> dict[str, Any]:
+    """One frame written to each of ``n`` sockets with ``transport.write``, ``rounds`` times."""
+    loop = asyncio.get_running_loop()
+    transports: list[Any] = []  # uvloop's transports are not asyncio.Transport subclasses
+    all_in = loop.create_future()
+
+    class Peer(asyncio.Protocol):
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            transports.append(transport)
+            if len(transports) == n and not all_in.done():
+                all_in.set_result(None)
+
+    server = await loop.create_server(Peer, "127.0.0.1", 0, backlog=4096)
+    port = server.sockets[0].getsockname()[1]
+    procs = [await asyncio.create_subprocess_exec(
+        sys.executable, __file__, "--read", str(port), str(k))
+        for k in (n // 2, n - n // 2) if k]
+    await asyncio.wait_for(all_in, WAIT)
+    frame = b"id: 12\r\nevent: tool.completed\r\ndata: " + b"x" * 150 + b"\r\n\r\n"
+    cpu, wall = [], []
+    for _ in range(rounds):
+        c0, t0 = time.thread_time(), time.perf_counter()
+        for t in transports:
+            t.write(frame)
+        cpu.append((time.thread_time() - c0) / n * 1e6)
+        wall.append((time.perf_counter() - t0) * 1e3)
+        drained = loop.create_future()  # let the readers take it before the next round
+        loop.call_later(0.05, drained.set_result, None)
+        await drained
+    for t in transports:
+        t.close()
+    for p in procs:
+        await asyncio.wait_for(p.wait(), WAIT)
+    server.close()
+    return {"sockets": n, "cpu_us_per_write_p50": round(statistics.median(cpu), 1),
+            "cpu_us_per_write_min": round(min(cpu), 1),
+            "pass_ms_p50": round(statistics.median(wall), 1), "pass_ms_max": round(max(wall), 1),
+            "load_1min": round(os.getloadavg()[0], 2)}
+
+
+def run_async(main: Any) -> Any:
     try:
         import uvloop
     except ImportError:
-        asyncio.run(watchers(port, after, n))
-    else:
-        uvloop.run(watchers(port, after, n))
+        return asyncio.run(main)
+    return uvloop.run(main)
 
 
 # -- the bench --------------------------------------------------------------------------------
@@ -313,6 +393,9 @@ def main() -> None:
     p.add_argument("--serve", nargs=3, metavar=("PORT", "DB", "TIMES"), help=argparse.SUPPRESS)
     p.add_argument("--watch", nargs=3, type=int, metavar=("PORT", "AFTER", "N"),
                    help=argparse.SUPPRESS)
+    p.add_argument("--floor", action="store_true",
+                   help="time bare socket writes to N sockets instead (no HTTP, for scale)")
+    p.add_argument("--read", nargs=2, type=int, metavar=("PORT", "N"), help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.serve:
         serve(int(a.serve[0]), Path(a.serve[1]), Path(a.serve[2]), a.calls, a.pace, a.http,
@@ -320,6 +403,22 @@ def main() -> None:
         return
     if a.watch:
         run_watchers(*a.watch)
+        return
+    if a.read:
+        run_async(readers(*a.read))
+        return
+    if a.floor:
+        floors = [run_async(floor(n)) for n in a.counts or [1000] for _ in range(a.repeat)]
+        if a.json:
+            print(json.dumps(floors, indent=2))
+            return
+        print("bare transport.write of one frame to each socket (uvloop; readers in 2 processes)")
+        print(f"{'sockets':>8} {'CPU µs/write p50':>16} {'min':>6} {'pass ms p50':>11} "
+              f"{'max':>6} {'load':>5}")
+        for f in floors:
+            print(f"{f['sockets']:>8} {f['cpu_us_per_write_p50']:>16} "
+                  f"{f['cpu_us_per_write_min']:>6} {f['pass_ms_p50']:>11} {f['pass_ms_max']:>6} "
+                  f"{f['load_1min']:>5}")
         return
     # What uvicorn's "auto" would take, named, so that the figures say what they measured.
     if a.http == "auto":
