@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -324,3 +325,30 @@ async def test_cancelling_the_rest_of_an_eager_start_cancels_the_awaitable() -> 
     with pytest.raises(asyncio.CancelledError):
         await asyncio.wait_for(rest, WAIT)
     assert seen == ["ended"]
+
+
+async def test_live_text_ticks_are_spaced_so_that_text_takes_at_most_its_share() -> None:
+    # Writes that take 20 ms (a slow pass, as to a thousand clients): with a quarter of the
+    # loop for text, the next tick comes at least three passes' time after one ends.
+    spans: list[tuple[float, float]] = []
+    written = asyncio.Queue[None]()
+
+    async def slow(message: Message) -> None:
+        start = time.monotonic()
+        time.sleep(0.02)  # the write's cost, on the loop, as a socket write's is
+        spans.append((start, time.monotonic()))
+        written.put_nowait(None)
+
+    pacer = Pacer(linger=0.001, share=0.25)
+    box = Outbox(pacer=pacer)
+    done = box.start(slow)
+    box.put(b"d1", urgent=False)
+    await asyncio.wait_for(written.get(), WAIT)
+    box.put(b"d2", urgent=False)
+    await asyncio.wait_for(written.get(), WAIT)
+    (_, first_end), (second_start, _) = spans
+    assert second_start - first_end >= 3 * 0.02 - 0.001  # (timers may fire a hair early)
+    box.put(b"E")  # urgent: at the loop's next turn, whatever the text's rest
+    await asyncio.wait_for(written.get(), WAIT)
+    box.end()
+    await asyncio.wait_for(done, WAIT)
