@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import importlib.util
 import json
 import os
@@ -185,10 +186,20 @@ async def watchers(port: int, after: int, n: int) -> None:
     async with asyncio.timeout(WAIT):
         for w in made:
             await w.done
+    # Encoding the receipts takes a watcher's CPU for a while: not before every watcher has
+    # read the last event (the bench says when), or a watcher that is done first would
+    # slow the reads of the others, and the turn's last events would look late.
+    print("done", flush=True)
+    sys.stdin.readline()
     print(json.dumps([[w.got, w.deltas] for w in made]), flush=True)
 
 
 def run_watchers(port: int, after: int, n: int) -> None:
+    # A watcher keeps every receipt (hundreds of thousands of objects by the turn's end):
+    # the cyclic collector's full passes over them stalled its reads for 100 ms and more,
+    # always near the end, and made the turn's last events look late. A watcher makes no
+    # cycles to collect.
+    gc.disable()
     run_async(watchers(port, after, n))
 
 
@@ -284,7 +295,8 @@ async def run_one(base: str, port: int, pid: int, times: Path, n: int,
         shares = [n // clients + (1 if i < n % clients else 0) for i in range(clients)]
         procs = [await asyncio.create_subprocess_exec(
             sys.executable, __file__, "--watch", str(port), str(after), str(k),
-            stdout=asyncio.subprocess.PIPE) for k in shares if k]
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+            for k in shares if k]
         for p in procs:
             assert p.stdout is not None
             line = await asyncio.wait_for(p.stdout.readline(), WAIT)
@@ -293,15 +305,19 @@ async def run_one(base: str, port: int, pid: int, times: Path, n: int,
         done = await client.post(f"/agents/{AGENT}/sessions/{SESSION}/chat",
                                  json={"text": "count"})
         assert done.json()["status"] == "completed", done.text
+        for p in procs:  # every subscriber has its end
+            assert p.stdout is not None
+            line = await asyncio.wait_for(p.stdout.readline(), WAIT)
+            assert line == b"done\n", line
+        cpu = cpu_seconds(pid) - cpu0
         seen: list[list[tuple[int, float]]] = []
         deltas_seen: list[list[float]] = []
         for p in procs:
-            out, _ = await asyncio.wait_for(p.communicate(), WAIT)
+            out, _ = await asyncio.wait_for(p.communicate(b"go\n"), WAIT)
             assert p.returncode == 0
             for got, deltas in json.loads(out):
                 seen.append(got)
                 deltas_seen.append(deltas)
-        cpu = cpu_seconds(pid) - cpu0
     marks = [line.split() for line in times.read_text().splitlines()]
     stamps = {int(s): float(t) for s, t in marks if s != "d"}
     # Live text has no id: the k-th delta a subscriber reads is the k-th one published
