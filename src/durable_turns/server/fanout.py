@@ -340,7 +340,7 @@ class EventStreamApp(Starlette):
     Starlette's own layers (its error and exception middleware, the route's wrapper) each
     wrap ``send`` to note whether the response started, which the stream's headers (sent
     through them) tell them; for the body they only pass each write on, and the three of
-    them cost a quarter of a write (``bench/sse.py``). Middleware added to the app
+    them cost about a fifth of a write (``bench/sse.py``). Middleware added to the app
     (``add_middleware``) sees every write: with any, the body goes through them all.
     """
 
