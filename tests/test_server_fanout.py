@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import httpx
+import pytest
 from starlette.applications import Starlette
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from durable_turns import Agent, MemoryStore, ModelReply, Runtime, scripted
 from durable_turns.models import ModelRequest
 from durable_turns.server import create_app
-from durable_turns.server.fanout import Outbox, Pacer
+from durable_turns.server.fanout import Outbox, Pacer, start_eagerly
 from fakes.serving import serving
 
 WAIT = 60.0
@@ -139,41 +142,213 @@ async def test_end_streams_ends_open_event_streams() -> None:
         assert all(not line.startswith("id:") for line in rest)
 
 
+async def test_middleware_added_to_the_app_sees_every_write_of_an_event_stream() -> None:
+    # Without middleware the stream writes to the server's own send; with some, every
+    # write goes through it (here: one that counts the body bytes it passes on).
+    passed: list[int] = []
+
+    class Count:
+        def __init__(self, app: ASGIApp) -> None:
+            self.app = app
+
+        async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+            async def counted(message: Message) -> None:
+                if message["type"] == "http.response.body":
+                    passed.append(len(message.get("body", b"")))
+                await send(message)
+
+            await self.app(scope, receive, counted)
+
+    rt = Runtime([Agent("desk", "You help.")], MemoryStore(), scripted(reply, chunks=3))
+    async with rt:
+        app = create_app(rt)
+        app.add_middleware(Count)
+        async with serving(app) as url, httpx.AsyncClient(base_url=url, timeout=WAIT) as client:
+            r = await client.post("/agents/desk/sessions/s1/chat", json={"text": "hi"})
+            assert r.json()["status"] == "completed"
+            passed.clear()
+            async with client.stream("GET", "/agents/desk/sessions/s1/events",
+                                     params={"after": "0", "until": "turn"}) as events:
+                body = b"".join([chunk async for chunk in events.aiter_raw()])
+        assert b"event: turn.completed" in body and sum(passed) == len(body)
+
+
+class Client:
+    """The ASGI ``send`` of an SSE client, for an outbox: it takes body chunks; while
+    ``reading`` is clear, a write is held up (as uvicorn's is when the socket is full)."""
+
+    def __init__(self) -> None:
+        self.chunks: asyncio.Queue[bytes] = asyncio.Queue()
+        self.reading = asyncio.Event()
+        self.reading.set()
+
+    async def send(self, message: Message) -> None:
+        assert message["type"] == "http.response.body" and message["more_body"]
+        self.chunks.put_nowait(message["body"])
+        await self.reading.wait()
+
+    def taken(self) -> list[bytes]:
+        out = []
+        while not self.chunks.empty():
+            out.append(self.chunks.get_nowait())
+        return out
+
+
 async def test_an_outbox_cuts_off_a_client_over_its_limit_and_keeps_one_big_frame() -> None:
-    big = Outbox(limit=10)
+    big, client = Outbox(limit=10), Client()
     big.put(b"y" * 100)  # one frame over the limit still goes out to a client that reads
     big.end()
-    assert [c async for c in big] == [b"y" * 100] and not big.overflowed
-    slow = Outbox(limit=10)
-    chunks = aiter(slow)
+    await asyncio.wait_for(big.start(client.send), WAIT)
+    assert client.taken() == [b"y" * 100] and not big.overflowed
+    slow, client = Outbox(limit=10), Client()
+    client.reading.clear()
     slow.put(b"first")
-    assert await anext(chunks) == b"first"  # and its write is held up: the client stalls
+    written = slow.start(client.send)  # its write is held up: the client stalls
     for _ in range(3):
         slow.put(b"z" * 6)  # the third comes while 12 bytes wait behind it: cut off
     assert slow.overflowed and slow.ended
-    assert [c async for c in chunks] == []
     slow.put(b"more")
-    replay = Outbox(limit=10)
+    client.reading.set()
+    await asyncio.wait_for(written, WAIT)  # ends once the held-up write is done
+    assert client.taken() == [b"first"]
+    replay, client = Outbox(limit=10), Client()
+    client.reading.clear()
     for _ in range(5):
         replay.put(b"r" * 6)  # queued before the first write (a catch-up): never cut off
     replay.end()
-    assert [c async for c in replay] == [b"r" * 30] and not replay.overflowed
-    burst = Outbox(limit=100)
+    written = replay.start(client.send)
+    client.reading.set()
+    await asyncio.wait_for(written, WAIT)
+    assert client.taken() == [b"r" * 30] and not replay.overflowed
+    burst, client = Outbox(limit=100), Client()
+    written = burst.start(client.send)
     for part in (b"a", b"b", b"c"):
         burst.put(part)
     burst.end()
-    assert [c async for c in burst] == [b"abc"]  # what queued meanwhile goes as one write
+    await asyncio.wait_for(written, WAIT)
+    assert client.taken() == [b"abc"]  # what queued meanwhile goes as one write
+
+
+async def test_frames_queued_behind_a_held_up_write_follow_it_as_one_write() -> None:
+    box, client = Outbox(limit=100), Client()
+    client.reading.clear()
+    written = box.start(client.send)
+    box.put(b"1")
+    assert await asyncio.wait_for(client.chunks.get(), WAIT) == b"1"  # and held up
+    box.put(b"2")
+    box.put(b"3")
+    box.end()
+    client.reading.set()
+    await asyncio.wait_for(written, WAIT)
+    assert client.taken() == [b"23"]
 
 
 async def test_live_text_waits_for_the_next_durable_event_or_the_pacer() -> None:
     pacer = Pacer(linger=0.01)
-    box = Outbox(pacer=pacer)
-    chunks = aiter(box)
+    box, client = Outbox(pacer=pacer), Client()
+    written = box.start(client.send)
     box.put(b"d1", urgent=False)
     box.put(b"d2", urgent=False)
     box.put(b"E", urgent=True)  # a durable event takes the live text with it, in order
-    assert await asyncio.wait_for(anext(chunks), WAIT) == b"d1d2E"
+    assert await asyncio.wait_for(client.chunks.get(), WAIT) == b"d1d2E"
     box.put(b"d3", urgent=False)  # alone: written at the pacer's tick
-    assert await asyncio.wait_for(anext(chunks), WAIT) == b"d3"
+    assert await asyncio.wait_for(client.chunks.get(), WAIT) == b"d3"
     box.end()
-    assert [c async for c in chunks] == []
+    await asyncio.wait_for(written, WAIT)
+    assert client.taken() == []
+
+
+async def test_a_failed_write_ends_the_outbox() -> None:
+    async def gone(message: Message) -> None:
+        raise OSError("the client left")
+
+    box = Outbox()
+    box.put(b"lost")
+    await asyncio.wait_for(box.start(gone), WAIT)
+    assert box.ended
+    box.put(b"more")  # taken and dropped
+
+
+async def test_start_eagerly_runs_at_once_and_hands_a_suspension_to_a_task() -> None:
+    steps: list[str] = []
+
+    async def quick() -> None:
+        steps.append("quick")
+
+    assert start_eagerly(quick()) is None and steps == ["quick"]  # ran in this call
+
+    gate: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+
+    async def waits() -> None:
+        steps.append("before")
+        steps.append(await gate)
+
+    rest = start_eagerly(waits())
+    assert rest is not None and steps[-1] == "before" and not rest.done()
+    gate.set_result("after")
+    await asyncio.wait_for(rest, WAIT)
+    assert steps[-1] == "after"
+
+    async def fails() -> None:
+        raise ValueError("at once")
+
+    with pytest.raises(ValueError, match="at once"):
+        start_eagerly(fails())
+
+
+async def test_cancelling_the_rest_of_an_eager_start_cancels_the_awaitable() -> None:
+    loop = asyncio.get_running_loop()
+    seen: list[str] = []
+
+    async def waits() -> None:
+        try:
+            await loop.create_future()
+        except asyncio.CancelledError:
+            seen.append("cancelled")
+            raise
+        finally:
+            seen.append("ended")
+
+    rest = start_eagerly(waits())
+    assert rest is not None
+    stepped = loop.create_future()  # set after the task's first step (the loop is FIFO)
+    loop.call_soon(stepped.set_result, None)
+    await asyncio.wait_for(stepped, WAIT)
+    rest.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(rest, WAIT)
+    assert seen == ["cancelled", "ended"]
+    seen.clear()
+    rest = start_eagerly(waits())  # cancelled before its task ever ran: closed
+    assert rest is not None
+    rest.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(rest, WAIT)
+    assert seen == ["ended"]
+
+
+async def test_live_text_ticks_are_spaced_so_that_text_takes_at_most_its_share() -> None:
+    # Writes that take 20 ms (a slow pass, as to a thousand clients): with a quarter of the
+    # loop for text, the next tick comes at least three passes' time after one ends.
+    spans: list[tuple[float, float]] = []
+    written = asyncio.Queue[None]()
+
+    async def slow(message: Message) -> None:
+        start = time.monotonic()
+        time.sleep(0.02)  # the write's cost, on the loop, as a socket write's is
+        spans.append((start, time.monotonic()))
+        written.put_nowait(None)
+
+    pacer = Pacer(linger=0.001, share=0.25)
+    box = Outbox(pacer=pacer)
+    done = box.start(slow)
+    box.put(b"d1", urgent=False)
+    await asyncio.wait_for(written.get(), WAIT)
+    box.put(b"d2", urgent=False)
+    await asyncio.wait_for(written.get(), WAIT)
+    (_, first_end), (second_start, _) = spans
+    assert second_start - first_end >= 3 * 0.02 - 0.001  # (timers may fire a hair early)
+    box.put(b"E")  # urgent: at the loop's next turn, whatever the text's rest
+    await asyncio.wait_for(written.get(), WAIT)
+    box.end()
+    await asyncio.wait_for(done, WAIT)

@@ -532,7 +532,7 @@ def _session_key(text: str) -> tuple[str, str]:
 
 def _serve(args: argparse.Namespace) -> int:
     from .server import is_loopback
-    from .server.run import serve  # uvicorn and Starlette load only for this command
+    from .server.run import loop_factory, serve  # uvicorn and Starlette: this command only
 
     try:
         app = load_app(args.app)
@@ -557,8 +557,9 @@ def _serve(args: argparse.Namespace) -> int:
             print(auth, flush=True)
 
         channels = [_slack_from_env()] if args.slack else []
-        asyncio.run(serve(runtime, host=args.host, port=args.port, on_ready=ready,
-                          authenticate=authenticate, channels=channels))
+        with asyncio.Runner(loop_factory=loop_factory()) as runner:  # uvloop, as uvicorn
+            runner.run(serve(runtime, host=args.host, port=args.port, on_ready=ready,
+                             authenticate=authenticate, channels=channels))
     except (StoreError, ConfigurationError) as e:
         return _fail("serve", str(e), 2)
     return 0

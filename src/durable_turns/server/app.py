@@ -35,7 +35,7 @@ from ._http import (
     read_body,
 )
 from .console import console_routes
-from .fanout import HEADERS, MAX_BACKLOG, FrameCache, Outbox, Pacer, Streams
+from .fanout import HEADERS, MAX_BACKLOG, EventStreamApp, FrameCache, Outbox, Pacer, Streams
 from .openapi import openapi
 from .timeline import last_activity
 
@@ -148,7 +148,7 @@ class _Host:
             *console_routes(self.rt, self.guard, self.authenticate is None),
             *extra,
         ]
-        app = Starlette(routes=routes, exception_handlers={
+        app = EventStreamApp(routes=routes, exception_handlers={
             404: self.not_found, 405: self.not_allowed})
         app.state.end_streams = self.streams.end_all
         return app

@@ -1,43 +1,55 @@
-"""The way from a session's events to many SSE clients: encode once, queue, write in bursts.
+"""The way from a session's events to many SSE clients: encode once, queue, write in passes.
 
 A session watched by a thousand clients hands every event to a thousand subscriptions of
 the store's feed (one store read serves them all). What each client then costs is the
-server's part of the fan-out, so it is kept small:
+server's part of the fan-out, so it is kept small (``bench/sse.py`` measures it):
 
 - :class:`FrameCache` encodes an event into its SSE frame (sse-starlette's
   ``ServerSentEvent``) once, for every client that gets the same event object;
 - an :class:`Outbox` per client takes frames synchronously, as the feed delivers them (no
-  task switch per event), and its stream yields everything queued as one chunk: a client
-  that fell behind a burst (a commit's events, a model's text deltas) costs one write, not
-  one per event. The socket write is what dominates (``bench/sse.py --profile``).
-- live text (``message.delta``) is not urgent: a :class:`Pacer` writes it out at most
-  ``linger`` seconds later (20 ms), or with the next durable event, whichever is first; a
-  model's deltas then cost one write per client per tick instead of one each, and durable
-  events are written at once.
-- the response is Starlette's ``StreamingResponse`` (sse-starlette frames every event, and
-  the keep-alive comments): sse-starlette's own response opens an anyio cancel scope around
-  every write, which doubled the cost of a write (``bench/sse.py``); the keep-alive is a
-  timer per client instead of a task, and the streams end when the server shuts down
-  (:meth:`Streams.end_all`, called by ``serve``).
+  task switch per event), and a :class:`Pacer` writes every outbox that has something
+  urgent in one pass at the loop's next turn: a commit's events (several) are one write
+  per client. Each write is the response's ASGI ``send``, run at once (:func:`start_eagerly`):
+  to a client that reads, it completes without suspending, so a pass costs no task
+  switch per client; what remains per client is uvicorn's write to its socket, and that
+  system call is most of a pass (``bench/sse.py --profile``).
+- live text (``message.delta``) is not urgent: it is written at the pacer's next tick
+  (every ``linger`` = 20 ms) or with the next durable event, whichever is first; a model's
+  deltas then cost one write per client per tick instead of one each. Ticks are spaced so
+  that live text takes at most a quarter of the loop (:data:`TEXT_SHARE`): with a thousand
+  clients a tick's pass takes tens of milliseconds, and text then comes in steps of about
+  four passes, leaving the CPU to the durable events.
+- the response is an :class:`EventStream`: a Starlette ``Response`` that sends its headers,
+  hands the client's ``send`` to the outbox and waits for the end or the client leaving
+  (sse-starlette frames every event and the keep-alive comments; its own response runs a
+  task per client and an anyio cancel scope around every write, which doubled a write's
+  cost). The keep-alive is a timer per client, and the streams end when the server shuts
+  down (:meth:`Streams.end_all`, called by ``serve``).
 - **Slow clients.** While a write to a client is held up (its socket and uvicorn's buffer
-  are full), its outbox takes at most ``limit`` more bytes. A client that does not read that
-  much is cut off: its stream ends, nothing more is queued for it, and the other clients
-  never wait for it. (A replay is queued before the first write, so a long catch-up is not
-  cut off; it goes out as one write.) Nothing durable is lost:
-  the client reconnects with ``Last-Event-ID`` (EventSource does it by itself) and the
-  store replays what it missed; only live text deltas of that gap are gone, and the
-  ``message.completed`` that follows carries the whole text.
+  are full; that write alone becomes a task, and no other client waits for it), its outbox
+  takes at most ``limit`` more bytes. A client that does not read that much is cut off:
+  its stream ends, nothing more is queued for it, and the other clients never wait for it.
+  (A replay is queued before the first write, so a long catch-up is not cut off; it goes
+  out as one write.) Nothing durable is lost: the client reconnects with ``Last-Event-ID``
+  (EventSource does it by itself) and the store replays what it missed; only live text
+  deltas of that gap are gone, and the ``message.completed`` that follows carries the whole
+  text.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Awaitable, Callable, Generator
 from datetime import UTC, datetime
+from typing import Any
 
 from sse_starlette import ServerSentEvent
-from starlette.responses import StreamingResponse
+from starlette.applications import Starlette
+from starlette.responses import Response
+from starlette.types import Receive, Scope
+from starlette.types import Send as ASGISend
 
 from ..events import TurnEvent
 from ._http import sse_fields
@@ -46,6 +58,8 @@ MAX_BACKLOG = 1 << 20
 """Bytes of frames an SSE client may have waiting before it is cut off (1 MiB)."""
 LINGER = 0.02
 """Seconds live text may wait for company before it is written."""
+TEXT_SHARE = 0.25
+"""The most of the event loop's time that writing live text out may take."""
 FRAME_CACHE = 1024
 """How many recent events' SSE frames are kept for the other subscribers."""
 HEADERS = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
@@ -73,52 +87,84 @@ class FrameCache:
 
 
 class Pacer:
-    """Writes out the outboxes that hold only non-urgent frames, every ``linger`` seconds:
-    one timer for all of a host's clients."""
+    """Writes out a host's outboxes: those with urgent frames at the loop's next turn, those
+    with live text only at its ticks.
 
-    def __init__(self, linger: float = LINGER) -> None:
+    One callback a turn (and one timer) serves every client of the host, so a commit's
+    events, queued for a thousand clients one by one, go out in one pass: one write per
+    client. Ticks come every ``linger`` seconds, and further apart when a tick's writes
+    take long: live text takes at most ``share`` of the loop's time (a tick's writes to a
+    thousand clients take tens of milliseconds; at 20 ms a tick they would take all of it,
+    and the durable events' writes would wait for the CPU).
+    """
+
+    def __init__(self, linger: float = LINGER, share: float = TEXT_SHARE) -> None:
         self.linger = linger
+        self.share = share
+        self._soon: list[Outbox] = []
         self._due: list[Outbox] = []
         self._timer: asyncio.TimerHandle | None = None
+        self._rest_until = 0.0  # time.monotonic() before which no tick starts
+
+    def soon(self, outbox: Outbox) -> None:
+        """Write ``outbox`` out at the loop's next turn."""
+        if not self._soon:
+            asyncio.get_running_loop().call_soon(self._write_soon)
+        self._soon.append(outbox)
 
     def later(self, outbox: Outbox) -> None:
         """Write ``outbox`` out at the next tick."""
         self._due.append(outbox)
         if self._timer is None:
-            self._timer = asyncio.get_running_loop().call_later(self.linger, self._tick)
+            delay = max(self.linger, self._rest_until - time.monotonic())
+            self._timer = asyncio.get_running_loop().call_later(delay, self._tick)
+
+    def _write_soon(self) -> None:
+        due, self._soon = self._soon, []
+        for outbox in due:
+            outbox.flush()
 
     def _tick(self) -> None:
         self._timer = None
         due, self._due = self._due, []
+        start = time.monotonic()
         for outbox in due:
             outbox.flush()
+        end = time.monotonic()
+        self._rest_until = end + (end - start) * (1 / self.share - 1)
 
 
 class Outbox:
-    """The frames waiting for one SSE client, bounded; iterate it for the response body.
+    """The frames waiting for one SSE client, bounded, and their writes to it.
+
+    Frames queue from :meth:`put` until :meth:`start` is given the client's ``send``; then
+    whatever is queued goes out as one write per turn of the loop (see :class:`Pacer`), and
+    only one write is in progress at a time.
 
     Args:
         limit: the most bytes that may wait behind a write in progress; a frame that comes
             while more than that waits cuts the client off (:attr:`overflowed`): its
             stream ends.
-        ping: seconds between keep-alive comments while the stream is read (0: none).
-        pacer: writes out non-urgent frames (``put(…, urgent=False)``) later; without one,
-            every frame is urgent.
+        ping: seconds between keep-alive comments once started (0: none).
+        pacer: the host's :class:`Pacer` (one of its own when left out). Non-urgent frames
+            (``put(…, urgent=False)``) wait for its tick or for the next urgent frame.
     """
 
     def __init__(self, limit: int = MAX_BACKLOG, ping: float = 0,
                  pacer: Pacer | None = None) -> None:
         self.limit = limit
         self.ping = ping
-        self._pacer = pacer
-        self._paced = False
+        self._pacer = pacer if pacer is not None else Pacer()
         self.overflowed = False
         """Whether the client was cut off for not reading."""
         self._frames: list[bytes] = []
         self._size = 0
+        self._soon = False
+        self._paced = False
         self._ended = False
         self._writing = False
-        self._wake = asyncio.Event()
+        self._send: ASGISend | None = None
+        self._written: asyncio.Future[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
 
     @property
@@ -127,8 +173,9 @@ class Outbox:
         return self._ended
 
     def put(self, frame: bytes, urgent: bool = True) -> None:
-        """Queue ``frame`` (written at once if ``urgent``, else at the pacer's next tick or
-        with the next urgent frame); cut the client off if it is over its limit."""
+        """Queue ``frame`` (written at the loop's next turn if ``urgent``, else at the
+        pacer's next tick or with the next urgent frame); cut the client off if it is over
+        its limit."""
         if self._ended:
             return
         if self._writing and self._size > self.limit:
@@ -141,53 +188,207 @@ class Outbox:
             return
         self._size += len(frame)
         self._frames.append(frame)
-        if urgent or self._pacer is None:
-            self._wake.set()
+        if urgent:
+            self._due_soon()
         elif not self._paced:
             self._paced = True
             self._pacer.later(self)
 
-    def flush(self) -> None:
-        """Write out what is queued now."""
-        self._paced = False
-        if self._frames:
-            self._wake.set()
-
     def end(self) -> None:
         """Queue nothing more: the stream ends after what is queued."""
+        if self._ended:
+            return
         self._ended = True
-        self._wake.set()
         if self._timer is not None:
             self._timer.cancel()
+        if self._send is not None:
+            self._due_soon()
+
+    def start(self, send: ASGISend) -> asyncio.Future[None]:
+        """Write to ``send`` (the response's ASGI ``send``, its headers sent) from now on,
+        starting with what is queued (a replay).
+
+        Returns:
+            A future done once the outbox has ended and all it queued was written (or a
+            write failed: the client is gone).
+        """
+        loop = asyncio.get_running_loop()
+        self._send = send
+        self._written = loop.create_future()
+        if self.ping > 0 and not self._ended:
+            self._timer = loop.call_later(self.ping, self._keepalive)
+        self.flush()
+        return self._written
+
+    def flush(self) -> None:
+        """Write out what is queued now, unless a write is in progress (what is queued then
+        follows it as soon as it is done)."""
+        self._soon = self._paced = False
+        send = self._send
+        if send is None or self._writing:
+            return
+        if not self._frames:
+            if self._ended:
+                self._finish()
+            return
+        chunk = b"".join(self._frames)
+        self._frames.clear()
+        self._size = 0
+        self._writing = True
+        try:
+            rest = start_eagerly(send({"type": "http.response.body", "body": chunk,
+                                       "more_body": True}))
+        except Exception:
+            self._fail()
+            return
+        if rest is None:
+            self._writing = False
+            if self._ended and not self._frames:
+                self._finish()
+        else:
+            rest.add_done_callback(self._held_up_write_done)
+
+    def _due_soon(self) -> None:
+        if not self._soon:
+            self._soon = True
+            self._pacer.soon(self)
+
+    def _held_up_write_done(self, rest: asyncio.Future[None]) -> None:
+        self._writing = False
+        if rest.cancelled() or rest.exception() is not None:
+            self._fail()
+        else:
+            self.flush()
+
+    def _fail(self) -> None:
+        # A write that raised: the client is gone; what is queued goes nowhere.
+        self._frames.clear()
+        self._size = 0
+        self.end()
+        self._finish()
+
+    def _finish(self) -> None:
+        if self._written is not None and not self._written.done():
+            self._written.set_result(None)
 
     def _keepalive(self) -> None:
         self.put(ServerSentEvent(comment=f"ping - {datetime.now(UTC)}").encode())
         if not self._ended:
             self._timer = asyncio.get_running_loop().call_later(self.ping, self._keepalive)
 
-    def __aiter__(self) -> AsyncIterator[bytes]:
-        return self._chunks()
 
-    async def _chunks(self) -> AsyncIterator[bytes]:
-        if self.ping > 0 and not self._ended:
-            self._timer = asyncio.get_running_loop().call_later(self.ping, self._keepalive)
-        try:
-            while True:
-                if self._frames:
-                    chunk = b"".join(self._frames)
-                    self._frames.clear()
-                    self._size = 0
-                    self._writing = True  # until the response asks for the next chunk
-                    yield chunk
-                    self._writing = False
-                    continue
-                if self._ended:
+def start_eagerly(awaitable: Awaitable[None]) -> asyncio.Future[None] | None:
+    """Run ``awaitable`` now, up to its first suspension: ``None`` if it finished, else a
+    task that runs the rest (what Python 3.12's ``eager_start`` tasks do, on 3.11 too).
+
+    A write to a client that reads completes without suspending (uvicorn suspends only
+    while the client's socket and buffer are full), so a fan-out costs no task switch per
+    client and event; a held-up write becomes a task of its own, and no other client
+    waits for it.
+
+    Raises:
+        What ``awaitable`` raises before its first suspension.
+    """
+    steps = awaitable.__await__()
+    try:
+        first = steps.send(None)
+    except StopIteration:
+        return None
+    rest = asyncio.ensure_future(_Rest(steps, first))
+    # A task cancelled before its first step never enters _Rest: close the awaitable then
+    # (its ``finally`` blocks run); on a finished one, close() does nothing.
+    rest.add_done_callback(lambda _rest: steps.close())
+    return rest
+
+
+class _Rest:
+    """The rest of an awaitable started by :func:`start_eagerly`, for a task to await: hands
+    the task what the awaitable yields (the futures it waits on) and the awaitable what the
+    task sends or throws, as ``await`` itself would."""
+
+    def __init__(self, steps: Generator[Any, Any, None], first: Any) -> None:
+        self._steps = steps
+        self._first = first
+
+    def __await__(self) -> Generator[Any, None, None]:
+        steps, out = self._steps, self._first
+        while True:
+            try:
+                yield out
+            except GeneratorExit:
+                steps.close()
+                raise
+            except BaseException as e:  # a cancellation, thrown into the task
+                try:
+                    out = steps.throw(e)
+                except StopIteration:
                     return
-                self._wake.clear()
-                await self._wake.wait()
+                continue
+            try:
+                out = steps.send(None)
+            except StopIteration:
+                return
+
+
+SERVER_SEND = "durable_turns.server_send"
+"""The scope key under which :class:`EventStreamApp` leaves the server's own ``send``."""
+
+
+class EventStreamApp(Starlette):
+    """Starlette, but an :class:`EventStream` writes its body to the server's ``send``.
+
+    Starlette's own layers (its error and exception middleware, the route's wrapper) each
+    wrap ``send`` to note whether the response started, which the stream's headers (sent
+    through them) tell them; for the body they only pass each write on, and the three of
+    them cost about a fifth of a write (``bench/sse.py``). Middleware added to the app
+    (``add_middleware``) sees every write: with any, the body goes through them all.
+    """
+
+    async def __call__(self, scope: Scope, receive: Receive, send: ASGISend) -> None:
+        if scope["type"] == "http" and not self.user_middleware:
+            scope[SERVER_SEND] = send
+        await super().__call__(scope, receive, send)
+
+
+class EventStream(Response):
+    """A ``text/event-stream`` response that an :class:`Outbox` writes.
+
+    Its ASGI call sends the headers, hands the outbox the client's ``send`` and waits until
+    the outbox has ended and is written out, or the client has gone; then it calls
+    ``close``. No task runs per client while the stream is open, only the writes.
+    """
+
+    media_type = "text/event-stream"
+
+    def __init__(self, outbox: Outbox, close: Callable[[], None],
+                 headers: dict[str, str] | None = None) -> None:
+        # Not Response.__init__: a stream has no body to measure (no Content-Length).
+        self.status_code = 200
+        self.background = None
+        self.outbox = outbox
+        self.close = close
+        self.init_headers({**HEADERS, **(headers or {})})
+
+    async def __call__(self, scope: Scope, receive: Receive, send: ASGISend) -> None:
+        await send({"type": "http.response.start", "status": self.status_code,
+                    "headers": self.raw_headers})
+
+        written = self.outbox.start(scope.get(SERVER_SEND, send))
+        gone = asyncio.ensure_future(_disconnect(receive))
+        try:
+            await asyncio.wait((written, gone), return_when=asyncio.FIRST_COMPLETED)
+            left = gone.done()
         finally:
-            if self._timer is not None:
-                self._timer.cancel()
+            gone.cancel()
+            self.outbox.end()
+            self.close()
+        if not left:
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def _disconnect(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 class Streams:
@@ -196,21 +397,16 @@ class Streams:
     def __init__(self) -> None:
         self._open: set[Outbox] = set()
 
-    def response(self, outbox: Outbox, close: Callable[[], None]) -> StreamingResponse:
+    def response(self, outbox: Outbox, close: Callable[[], None]) -> EventStream:
         """The ``text/event-stream`` response that writes ``outbox``; ``close`` is called
         when it ends (written out, cut off, the client gone or the server shutting down)."""
         self._open.add(outbox)
 
-        async def body() -> AsyncIterator[bytes]:
-            try:
-                async for chunk in outbox:
-                    yield chunk
-            finally:
-                self._open.discard(outbox)
-                outbox.end()
-                close()
+        def closed() -> None:
+            self._open.discard(outbox)
+            close()
 
-        return StreamingResponse(body(), media_type="text/event-stream", headers=HEADERS)
+        return EventStream(outbox, closed)
 
     def end_all(self) -> None:
         """End every open stream (after what is queued); a client reconnects with its
@@ -219,4 +415,16 @@ class Streams:
             outbox.end()
 
 
-__all__ = ["FRAME_CACHE", "HEADERS", "MAX_BACKLOG", "FrameCache", "Outbox", "Streams"]
+__all__ = [
+    "FRAME_CACHE",
+    "HEADERS",
+    "MAX_BACKLOG",
+    "SERVER_SEND",
+    "EventStream",
+    "EventStreamApp",
+    "FrameCache",
+    "Outbox",
+    "Pacer",
+    "Streams",
+    "start_eagerly",
+]

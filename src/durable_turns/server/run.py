@@ -22,6 +22,20 @@ GRACE = 10.0
 """Seconds a shutdown waits for open streams to close and running turns to end."""
 
 
+def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """The event loop uvicorn would pick to serve: uvloop's when it is installed (the
+    ``server`` extra brings it, with httptools, through ``uvicorn[standard]``), else
+    ``None`` (asyncio's own). ``serve`` runs in a loop its caller made, so the caller picks:
+    ``asyncio.Runner(loop_factory=loop_factory())``. ``bench/sse.py`` measures both.
+    """
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    new_event_loop: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+    return new_event_loop
+
+
 class _Server(uvicorn.Server):
     """uvicorn's server, ending the app's event streams as it starts to shut down (uvicorn
     would otherwise wait for their clients to leave)."""
