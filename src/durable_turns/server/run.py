@@ -101,7 +101,10 @@ async def serve(runtime: Runtime, *, host: str = "127.0.0.1", port: int = 8000,
                 on_ready(f"http://{host}:{port}")
             await task
             try:
-                await asyncio.wait_for(runtime.idle(), grace)
+                # Not asyncio.wait_for: on Python 3.11 it can swallow a cancellation that
+                # comes as the wait ends.
+                async with asyncio.timeout(grace):
+                    await runtime.idle()
             except TimeoutError:
                 log.warning("turns still running after %ss; they replay on the next start",
                             grace)
