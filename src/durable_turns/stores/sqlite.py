@@ -40,6 +40,7 @@ from ..messages import Message
 from ..records import EntryKind, SessionKey, TurnRecord
 from ._base import BufferedTransaction, LeaseBase, claim_found, poll_until
 from ._feed import Feed, FeedStore
+from ._log import LEGACY_TO_LOG
 from ._sql import SqlReads, SqlRules
 from ._thread import Worker
 
@@ -90,6 +91,16 @@ MIGRATIONS: list[str] = [
     ALTER TABLE sessions ADD COLUMN epoch INTEGER NOT NULL DEFAULT 0;
     ALTER TABLE turns ADD COLUMN data TEXT;
     """,
+    # 3: one append-only row per step (stores/_log.py); the rows of the three tables before
+    # it are moved into it.
+    """
+    CREATE TABLE log (
+        sid INTEGER NOT NULL, seq INTEGER NOT NULL, sub INTEGER NOT NULL,
+        gen INTEGER NOT NULL, n INTEGER NOT NULL, turn_id TEXT,
+        body TEXT, step TEXT, memo TEXT, events TEXT,
+        PRIMARY KEY (sid, seq, sub)
+    ) WITHOUT ROWID;
+    """ + ";".join(LEGACY_TO_LOG),
 ]
 
 _F_OFD_SETLK = getattr(fcntl, "F_OFD_SETLK", 37)
@@ -185,7 +196,8 @@ class _SqliteTransaction(BufferedTransaction):
                 self._begun = True
             if not _RULES.holds(c, lease.sid, lease.epoch):
                 raise LeaseLostError(str(lease.key), lease.epoch)
-            _RULES.flush(c, lease.sid, lease.generation, self.first_index(), self.writes)
+            _RULES.flush(c, lease.sid, lease.generation, self.first_index(), self.writes,
+                         seq=lease.last_seq)
             c.execute("COMMIT")
         except BaseException:
             self._rollback()
