@@ -18,10 +18,10 @@ A step's commit appends one row to ``log``, keyed ``(sid, seq, sub)``::
              ``seq`` being implied (they are consecutive and end at the row's ``seq``)
 
 An event never repeats what the row's messages hold: ``"@": k`` names the row's k-th message,
-and the fields it gives are left out (``turn.started``: ``text``; ``message.completed``:
-``text``, ``tool_calls``, ``usage``; ``action.requested``: ``call``, the message's call
-``"c"``; ``action.completed``: ``result``). The event read back is equal to the one
-written: a field is left out only when the message holds an equal value.
+and the fields it gives are left out (``turn.started``, ``turn.completed``: ``text``;
+``message.completed``: ``text``, ``tool_calls``, ``usage``; ``action.requested``: ``call``,
+the message's call ``"c"``; ``action.completed``: ``result``). The event read back is equal
+to the one written: a field is left out only when the message holds an equal value.
 
 Why one row: a commit then dirties one B-tree page per session instead of one per table
 (messages, steps, events), and every read of the seam stays one range of the primary key:
@@ -37,6 +37,7 @@ from ..events import (
     ActionCompleted,
     ActionRequested,
     MessageCompleted,
+    TurnCompleted,
     TurnEvent,
     TurnStarted,
     event_from_fields,
@@ -137,6 +138,10 @@ def _derived(e: TurnEvent, messages: list[Message]) -> dict[str, Any] | None:
         for k, m in enumerate(messages):
             if m.is_opening and m.text == e.text:
                 return {"@": k}
+    elif isinstance(e, TurnCompleted):
+        for k, m in enumerate(messages):
+            if m.role == "assistant" and m.text == e.text:
+                return {"@": k}
     return None
 
 
@@ -174,7 +179,7 @@ def events_of(agent: str, session: str, seq: int, turn_id: str | None, body: str
                 data.update(text=m.text, tool_calls=m.tool_calls, usage=m.usage)
             elif etype == "action.requested":
                 data["call"] = m.tool_calls[data.pop("c")]
-            elif etype == "turn.started":
+            elif etype in ("turn.started", "turn.completed"):
                 data["text"] = m.text
         out.append(event_from_fields(agent, session, first + i, tid, etype, data))
     return out
