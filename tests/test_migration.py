@@ -1,5 +1,5 @@
 """A store of schema version 2 (three tables: messages, steps, events), written by the engine
-of that time (``fixtures/make_v2_store.py``), opens with today's code: every old row reads
+of that time (``v2_store.py``), opens with today's code: every old row reads
 back as it did then (archived generation included) and new steps append after them, on
 SQLite and PostgreSQL (whose old tables are filled with the same rows)."""
 
@@ -18,7 +18,7 @@ from durable_turns.agent import Agent
 from durable_turns.records import SessionKey
 from durable_turns.stores import SessionStore
 from durable_turns.stores.sqlite import MIGRATIONS
-from fixtures.make_v2_store import dump, look, refund, reply
+from v2_store import dump, look, refund, reply
 
 FIXTURES = Path(__file__).parent / "fixtures"
 EXPECTED: dict[str, Any] = json.loads((FIXTURES / "v2_store.json").read_text())
@@ -63,7 +63,8 @@ async def _goes_on(store: SessionStore, reopen: SessionStore) -> None:
     assert new["generations"]["0"] == old["generations"]["0"]  # the archive, untouched
     live_old, live_new = old["generations"]["1"], new["generations"]["1"]
     assert live_new["messages"][:len(live_old["messages"])] == live_old["messages"]
-    assert len(live_new["messages"]) == len(live_old["messages"]) + 5  # t4: opening, reply, 2 results, answer
+    # t4: its opening, the reply with two calls, their results, the answer
+    assert len(live_new["messages"]) == len(live_old["messages"]) + 5
     assert set(live_old["steps"]) < set(live_new["steps"])
     assert new["events"][:len(old["events"])] == old["events"]
     seqs = [e["seq"] for e in new["events"]]

@@ -296,8 +296,8 @@ class SqlRules:
                     turn_id: str | None) -> list[TurnEvent]:
         rows = c.execute(self.q(
             f"SELECT seq, turn_id, body, events FROM log WHERE sid = ({self._sid}) AND seq > ? "
-            "AND events IS NOT NULL AND (turn_id = ? OR turn_id IS NULL OR CAST(? AS text) IS NULL) "
-            "ORDER BY seq"
+            "AND events IS NOT NULL "
+            "AND (turn_id = ? OR turn_id IS NULL OR CAST(? AS text) IS NULL) ORDER BY seq"
         ), (key.agent, key.session, after_seq, turn_id, turn_id)).fetchall()
         out: list[TurnEvent] = []
         for seq, row_turn, body, events in rows:
