@@ -255,14 +255,10 @@ class SqlRules:
 
     def read_messages(self, c: Connection, key: SessionKey, after: int,
                       generation: int | None) -> list[Message]:
-        gen = "(SELECT generation FROM sessions WHERE sid = m.sid)" if generation is None else "?"
-        params: tuple[Any, ...] = (key.agent, key.session, after)
-        if generation is not None:
-            params = (*params, generation)
         rows = c.execute(self.q(
-            f"SELECT n, body FROM log m WHERE sid = ({self._sid}) AND n > ? AND gen = {gen} "
-            "AND body IS NOT NULL ORDER BY seq, sub"
-        ), params).fetchall()
+            f"SELECT l.n, l.body FROM {self._of_generation(generation)} "
+            "AND l.n > ? AND l.body IS NOT NULL ORDER BY l.seq, l.sub"
+        ), (*self._generation_params(key, generation), after)).fetchall()
         stored: list[str] = []
         for n, body in rows:
             if "\n" in body:
@@ -271,20 +267,32 @@ class SqlRules:
                 stored.append(body)
         return MessageLog.stored(stored)  # decoded when read
 
+    def _of_generation(self, generation: int | None) -> str:
+        """``FROM`` and ``WHERE`` of the log rows ``l`` of one generation of a session (the
+        live one: ``None``), for :meth:`_generation_params`. The live generation is joined
+        from the session row, read once (a correlated subquery would be read per row)."""
+        if generation is None:
+            return ("sessions s JOIN log l ON l.sid = s.sid AND l.gen = s.generation "
+                    "WHERE s.agent = ? AND s.session = ?")
+        return f"log l WHERE l.sid = ({self._sid}) AND l.gen = ?"
+
+    @staticmethod
+    def _generation_params(key: SessionKey, generation: int | None) -> tuple[Any, ...]:
+        if generation is None:
+            return key.agent, key.session
+        return key.agent, key.session, generation
+
     def read_steps(self, c: Connection, key: SessionKey, generation: int | None,
                    step_id: str | None) -> dict[str, StepRecord]:
-        gen = "(SELECT generation FROM sessions WHERE sid = s.sid)" if generation is None else "?"
-        params: list[Any] = [key.agent, key.session]
-        if generation is not None:
-            params.append(generation)
+        params = self._generation_params(key, generation)
         where = ""
         if step_id is not None:
-            where = " AND (step = ? OR step IS NULL)"
-            params.append(step_id)
+            where = " AND (l.step = ? OR l.step IS NULL)"
+            params = (*params, step_id)
         rows = c.execute(self.q(
-            f"SELECT turn_id, step, memo FROM log s WHERE sid = ({self._sid}) "
-            f"AND gen = {gen} AND memo IS NOT NULL{where}"
-        ), tuple(params)).fetchall()
+            f"SELECT l.turn_id, l.step, l.memo FROM {self._of_generation(generation)} "
+            f"AND l.memo IS NOT NULL{where}"
+        ), params).fetchall()
         out: dict[str, StepRecord] = {}
         for turn_id, step, memo in rows:
             for s in steps_of(turn_id, step, memo):

@@ -320,10 +320,11 @@ class SqliteStore(SqlReads, FeedStore):
         write_pool = Worker("durable-turns-sqlite-write")
         read_pool = Worker("durable-turns-sqlite-read")
         try:
-            writer = await write_pool.run(self._connect_writer)
-            checkpointer = await write_pool.run(self._connect)
-            reader = await read_pool.run(self._connect)
-            slow_reader = await read_pool.run(self._connect)
+            # One trip to each thread (a trip costs more than a connection): opening the
+            # store is on the path of every resume after a crash.
+            writer, checkpointer = await write_pool.run(
+                lambda: (self._connect_writer(), self._connect()))
+            reader, slow_reader = await read_pool.run(lambda: (self._connect(), self._connect()))
         except BaseException:
             write_pool.stop()
             read_pool.stop()
