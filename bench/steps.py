@@ -17,10 +17,10 @@ The floor is a raw ``sqlite3`` loop over the same schema with the same PRAGMAs (
 ``synchronous=NORMAL``) that writes exactly the rows the engine writes, in the same
 transactions — the turn row; the lease claim (``UPDATE sessions SET epoch = epoch + 1``, one
 transaction per turn, as the engine claims the session's lease for each turn it drives); the
-opening transaction (opening message, ``turn.started``, turn and session status); then per
-step one transaction with one message row, one step row and the step's event rows (and the
-tool's row), the last step also ending the turn — with the same JSON bodies, built with
-``json.dumps`` per step. Every transaction that writes a step (the opening's too) also runs
+opening transaction (one ``log`` row: the opening message and ``turn.started``; turn and
+session status); then per step one transaction with one ``log`` row holding the step's
+message, checkpoint and events (and the tool's row), the last step also ending the turn —
+with the same JSON, built with ``json.dumps`` per step. Every transaction that writes a step (the opening's too) also runs
 the fencing check ``SELECT epoch FROM sessions WHERE sid = ?`` and refuses to commit when
 the epoch moved: it is part of what makes a step's write correct when a lease can be lost
 (a writer without it could commit after another process took the session over), so an
@@ -31,6 +31,10 @@ reads, nor the chain — and keeps no state but four counters per session. After
 repetition the two databases are compared row by row, so the floor provably does the same
 writes.
 
+Beside it runs issue 15's *minimal floor* (:class:`MinimalFloor`): raw ``sqlite3``, WAL,
+``synchronous=NORMAL``, one transaction and two rows (a message and an event) per step, no
+lease, chain or fencing; the engine's ratio to it is reported in CPU and wall time.
+
 ``--sessions 100 --turns 2`` drives more sessions than the runtime's transcript cache holds
 (64): each turn then starts on a session whose log was evicted, and reads it from the store
 (the floor never reads it).
@@ -40,7 +44,7 @@ Every measured run happens in its own child process (clean ``ru_maxrss`` and
 ``--repeat`` runs. µs/step is wall time over the whole workload divided by its steps, so it
 includes each turn's start and end (the floor's too); CPU µs/step is the same with
 ``time.process_time()`` (less sensitive to other load on the machine, blind to I/O waits).
-Bytes per step: the JSON bodies stored in messages/steps/events (and with their key columns),
+Bytes per step: the JSON stored in the log's rows (and with their key columns),
 the bytes SQLite handed to ``write()`` (``wchar``: WAL frames and checkpoints) and the bytes
 the kernel accounted to storage (``write_bytes``).
 
