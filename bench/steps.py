@@ -20,16 +20,16 @@ transaction per turn, as the engine claims the session's lease for each turn it 
 opening transaction (one ``log`` row: the opening message and ``turn.started``; turn and
 session status); then per step one transaction with one ``log`` row holding the step's
 message, checkpoint and events (and the tool's row), the last step also ending the turn —
-with the same JSON, built with ``json.dumps`` per step. Every transaction that writes a step (the opening's too) also runs
-the fencing check ``SELECT epoch FROM sessions WHERE sid = ?`` and refuses to commit when
-the epoch moved: it is part of what makes a step's write correct when a lease can be lost
-(a writer without it could commit after another process took the session over), so an
-honest floor for "the same writes with the same guarantees" pays it too; ``--no-fence``
-drops it from the floor, to see what it costs (the rows stay identical). Apart from the
-epoch the floor reads nothing — not the newest seq or the message count the engine's claim
-reads, nor the chain — and keeps no state but four counters per session. After the first
-repetition the two databases are compared row by row, so the floor provably does the same
-writes.
+with the same JSON, built with ``json.dumps`` per step. Every transaction that writes a step
+(the opening's too) also runs the fencing check ``SELECT epoch FROM sessions WHERE sid = ?``
+and refuses to commit when the epoch moved: it is part of what makes a step's write correct
+when a lease can be lost (a writer without it could commit after another process took the
+session over), so an honest floor for "the same writes with the same guarantees" pays it
+too; ``--no-fence`` drops it from the floor, to see what it costs (the rows stay identical).
+Apart from the epoch the floor reads nothing — not the newest seq or the message count the
+engine's claim reads, nor the chain — and keeps no state but four counters per session.
+After the first repetition the two databases are compared row by row, so the floor provably
+does the same writes.
 
 Beside it runs issue 15's *minimal floor* (:class:`MinimalFloor`): raw ``sqlite3``, WAL,
 ``synchronous=NORMAL``, one transaction and two rows (a message and an event) per step, no

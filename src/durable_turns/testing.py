@@ -182,6 +182,9 @@ async def check_every_write_reads_back_as_written(store: SessionStore) -> None:
     assert (steps["child:t2:1"].turn_id, steps["child:t2:1"].data) == ("t2", '{"seq":7}')
     assert await step_data(store, KEY, "tool:1:c2") == '{"m":3}'
     assert await step_data(store, KEY, "input:t2:ok") == '{"value":false}'
+    assert await step_data(store, KEY, "input:t1:ok") == '{"value":true}'
+    assert await step_data(store, KEY, "child:t2:1") == '{"seq":7}'
+    assert await step_data(store, KEY, "child:t2:2") is None
     again = await store.claim(KEY)  # the counters survive the lease
     assert (again.last_seq, again.message_count) == (10, 5)
     await again.release()

@@ -48,6 +48,17 @@ from ..records import StepRecord
 Row = tuple[int, str | None, str | None, str | None, str | None, str | None]
 """``(n, turn_id, body, step, memo, events)`` of a new row (the key and ``gen`` aside)."""
 
+LOOKED_UP = ("memo IS NOT NULL AND (step IS NULL "
+             "OR (substr(step, 1, 6) <> 'model:' AND substr(step, 1, 5) <> 'tool:'))")
+"""The rows whose checkpoints are looked up by id on the hot path (a person's answer, a
+subagent's record) and rows of several checkpoints: the partial index ``log_lookup`` holds
+only them, so a model or tool step (the common row) writes no index entry. A query names
+this condition word for word so the database may use the index (no ``%`` in it: psycopg
+would read it as a placeholder)."""
+
+LOOKUP_INDEX = f"CREATE INDEX log_lookup ON log (sid, gen, step) WHERE {LOOKED_UP}"
+"""The partial index over :data:`LOOKED_UP` rows (part of the schema of both SQL stores)."""
+
 LEGACY_TO_LOG: list[str] = [
     # Rows of schema version 2 (one table each for messages, steps and events) become log
     # rows: messages then checkpoints at seq 0 in their order, each event at its own seq

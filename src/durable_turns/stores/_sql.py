@@ -38,7 +38,7 @@ from ..records import (
     TurnStatus,
 )
 from ._base import Writes, check_enqueue, supersede_reason, updated_request
-from ._log import bodies, events_of, row_of, steps_of
+from ._log import LOOKED_UP, bodies, events_of, row_of, steps_of
 
 
 class Cursor(Protocol):
@@ -86,12 +86,15 @@ class SqlRules:
     end one themselves.
     """
 
-    def __init__(self, placeholder: str = "?", *, lock_rows: bool = False) -> None:
+    def __init__(self, placeholder: str = "?", *, lock_rows: bool = False,
+                 lookup_hint: str = "") -> None:
         def q(sql: str) -> str:
             return sql if placeholder == "?" else sql.replace("?", placeholder)
 
         lock = " FOR UPDATE" if lock_rows else ""
         self.q = q
+        # How a backend that plans without statistics (SQLite) is told to use log_lookup.
+        self._lookup_hint = lookup_hint
         self._sid = q("SELECT sid FROM sessions WHERE agent = ? AND session = ?")
         self._sid_for_write = self._sid + lock
         self._insert_session = q("INSERT INTO sessions (agent, session) VALUES (?, ?) "
@@ -267,14 +270,14 @@ class SqlRules:
                 stored.append(body)
         return MessageLog.stored(stored)  # decoded when read
 
-    def _of_generation(self, generation: int | None) -> str:
+    def _of_generation(self, generation: int | None, hint: str = "") -> str:
         """``FROM`` and ``WHERE`` of the log rows ``l`` of one generation of a session (the
         live one: ``None``), for :meth:`_generation_params`. The live generation is joined
         from the session row, read once (a correlated subquery would be read per row)."""
         if generation is None:
-            return ("sessions s JOIN log l ON l.sid = s.sid AND l.gen = s.generation "
+            return (f"sessions s JOIN log l{hint} ON l.sid = s.sid AND l.gen = s.generation "
                     "WHERE s.agent = ? AND s.session = ?")
-        return f"log l WHERE l.sid = ({self._sid}) AND l.gen = ?"
+        return f"log l{hint} WHERE l.sid = ({self._sid}) AND l.gen = ?"
 
     @staticmethod
     def _generation_params(key: SessionKey, generation: int | None) -> tuple[Any, ...]:
@@ -285,12 +288,15 @@ class SqlRules:
     def read_steps(self, c: Connection, key: SessionKey, generation: int | None,
                    step_id: str | None) -> dict[str, StepRecord]:
         params = self._generation_params(key, generation)
-        where = ""
+        where = hint = ""
         if step_id is not None:
             where = " AND (l.step = ? OR l.step IS NULL)"
             params = (*params, step_id)
+            if not step_id.startswith(("model:", "tool:")):
+                where += f" AND {LOOKED_UP}"  # through the partial index log_lookup
+                hint = self._lookup_hint
         rows = c.execute(self.q(
-            f"SELECT l.turn_id, l.step, l.memo FROM {self._of_generation(generation)} "
+            f"SELECT l.turn_id, l.step, l.memo FROM {self._of_generation(generation, hint)} "
             f"AND l.memo IS NOT NULL{where}"
         ), params).fetchall()
         out: dict[str, StepRecord] = {}

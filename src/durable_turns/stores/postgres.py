@@ -65,7 +65,7 @@ from ..messages import Message
 from ..records import EntryKind, SessionKey, TurnRecord
 from ._base import BufferedTransaction, LeaseBase
 from ._feed import Feed, FeedStore
-from ._log import LEGACY_TO_LOG
+from ._log import LEGACY_TO_LOG, LOOKUP_INDEX
 from ._sql import LAST_ROW, SqlReads, SqlRules, counters
 from ._thread import Worker
 
@@ -139,7 +139,7 @@ MIGRATIONS: list[str] = [
         body TEXT, step TEXT, memo TEXT, events TEXT,
         PRIMARY KEY (sid, seq, sub)
     );
-    """ + ";".join(LEGACY_TO_LOG),
+    """ + LOOKUP_INDEX + ";" + ";".join(LEGACY_TO_LOG),
 ]
 
 CHANNEL = "durable_turns"

@@ -40,7 +40,7 @@ from ..messages import Message
 from ..records import EntryKind, SessionKey, TurnRecord
 from ._base import BufferedTransaction, LeaseBase, claim_found, poll_until
 from ._feed import Feed, FeedStore
-from ._log import LEGACY_TO_LOG
+from ._log import LEGACY_TO_LOG, LOOKUP_INDEX
 from ._sql import SqlReads, SqlRules
 from ._thread import Worker
 
@@ -100,13 +100,13 @@ MIGRATIONS: list[str] = [
         body TEXT, step TEXT, memo TEXT, events TEXT,
         PRIMARY KEY (sid, seq, sub)
     ) WITHOUT ROWID;
-    """ + ";".join(LEGACY_TO_LOG),
+    """ + LOOKUP_INDEX + ";" + ";".join(LEGACY_TO_LOG),
 ]
 
 _F_OFD_SETLK = getattr(fcntl, "F_OFD_SETLK", 37)
 _F_OFD_SETLKW = getattr(fcntl, "F_OFD_SETLKW", 38)
 _SCHEMA_BYTE = 1 << 62  # outside the range session bytes hash to
-_RULES = SqlRules()
+_RULES = SqlRules(lookup_hint=" INDEXED BY log_lookup")
 CHECKPOINT_EVERY = 256
 """Commits between two WAL checkpoints (run on the writer thread)."""
 DETECTOR_LINGER = 2.0
