@@ -127,7 +127,7 @@ async def check_every_write_reads_back_as_written(store: SessionStore) -> None:
     lease = await store.claim(KEY)
     calls = (ToolCall("c1", "look", {"q": "x", "n": [1, 2.5]}), ToolCall("c2", "pay", {}))
     reply = Message("assistant", "let me look", calls, turn_id="t1", usage={"in": 3, "out": 4})
-    result = {"found": ["a", "b"], "ok": True, "none": None}
+    result = {"found": ["a", "b\nc"], "ok": True, "none": None}  # a newline: kept as it is
     written: list[TurnEvent] = []
     async with lease.transaction() as tx:  # an opening and its turn.started
         tx.add_message(_opening("t1", "hi there"))
