@@ -320,12 +320,10 @@ class SqliteStore(SqlReads, FeedStore):
         write_pool = Worker("durable-turns-sqlite-write")
         read_pool = Worker("durable-turns-sqlite-read")
         try:
-            # One trip to the writer thread, which may wait for the schema lock; the readers'
-            # connections are opened here, which never waits and costs less than a trip
-            # (opening the store is on the path of every resume after a crash).
-            writer, checkpointer = await write_pool.run(
-                lambda: (self._connect_writer(), self._connect()))
-            reader, slow_reader = self._connect(), self._connect()
+            writer = await write_pool.run(self._connect_writer)
+            checkpointer = await write_pool.run(self._connect)
+            reader = await read_pool.run(self._connect)
+            slow_reader = await read_pool.run(self._connect)
         except BaseException:
             write_pool.stop()
             read_pool.stop()
