@@ -15,9 +15,9 @@ time, with a *local* tool (a plain ``def`` writing one row through ``ctx.store.u
 µs/step is wall time over the whole workload divided by its steps (turn start and end
 included). The floor is a raw psycopg loop on one connection that, per step, runs one
 transaction doing what a step commit must: lock the session row and check the epoch
-(``SELECT epoch … FOR UPDATE``), insert a message, a step and an event row (and the tool's
-row), and ``pg_notify``. It reads nothing else and keeps no state, so it is a lower bound,
-not the same work.
+(``SELECT epoch … FOR UPDATE``), insert one log row holding the step's message, checkpoint
+and event, as the store does (and the tool's row), and ``pg_notify``. It reads nothing else
+and keeps no state, so it is a lower bound, not the same work.
 
 Throughput: ``--sessions`` (100) sessions with one such turn each are queued, then 1, 2 and 4
 worker processes (``Runtime.work(max_sessions=…)``, ``--max-sessions`` (25) each, so the
@@ -119,12 +119,8 @@ def _floor(dsn: str, turns: int, calls: int) -> float:
     """µs per step of the raw psycopg floor (see the module docstring)."""
     with psycopg.connect(dsn, autocommit=True) as c:
         c.execute("CREATE TABLE sessions (sid BIGINT PRIMARY KEY, epoch BIGINT NOT NULL)")
-        c.execute("CREATE TABLE messages (sid BIGINT, idx INT, body TEXT, "
-                  "PRIMARY KEY (sid, idx))")
-        c.execute("CREATE TABLE steps (sid BIGINT, step_id TEXT, data TEXT, "
-                  "PRIMARY KEY (sid, step_id))")
-        c.execute("CREATE TABLE events (sid BIGINT, seq BIGINT, data TEXT, "
-                  "PRIMARY KEY (sid, seq))")
+        c.execute("CREATE TABLE log (sid BIGINT, seq BIGINT, step TEXT, memo TEXT, body TEXT, "
+                  "events TEXT, PRIMARY KEY (sid, seq))")
         c.execute(ROWS_DDL)
         steps = turns * (2 * calls + 1)
         t0 = time.perf_counter()
@@ -138,9 +134,8 @@ def _floor(dsn: str, turns: int, calls: int) -> float:
                     assert epoch is not None and epoch[0] == 1
                     if n % 2 == 1:
                         c.execute("INSERT INTO bench_rows VALUES (%s, %s)", (f"c{n}", "v"))
-                    c.execute("INSERT INTO messages VALUES (%s, %s, %s)", (sid, n, body))
-                    c.execute("INSERT INTO steps VALUES (%s, %s, %s)", (sid, f"s{n}", "{}"))
-                    c.execute("INSERT INTO events VALUES (%s, %s, %s)", (sid, n + 1, body))
+                    c.execute("INSERT INTO log VALUES (%s, %s, %s, %s, %s, %s)",
+                              (sid, n + 1, f"s{n}", "{}", body, '[["e",{"@":0}]]'))
                     c.execute("SELECT pg_notify('bench', %s)", (f'["bench", "s{sid}", {n}]',))
         return (time.perf_counter() - t0) / steps * 1e6
 

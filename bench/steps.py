@@ -17,19 +17,23 @@ The floor is a raw ``sqlite3`` loop over the same schema with the same PRAGMAs (
 ``synchronous=NORMAL``) that writes exactly the rows the engine writes, in the same
 transactions — the turn row; the lease claim (``UPDATE sessions SET epoch = epoch + 1``, one
 transaction per turn, as the engine claims the session's lease for each turn it drives); the
-opening transaction (opening message, ``turn.started``, turn and session status); then per
-step one transaction with one message row, one step row and the step's event rows (and the
-tool's row), the last step also ending the turn — with the same JSON bodies, built with
-``json.dumps`` per step. Every transaction that writes a step (the opening's too) also runs
-the fencing check ``SELECT epoch FROM sessions WHERE sid = ?`` and refuses to commit when
-the epoch moved: it is part of what makes a step's write correct when a lease can be lost
-(a writer without it could commit after another process took the session over), so an
-honest floor for "the same writes with the same guarantees" pays it too; ``--no-fence``
-drops it from the floor, to see what it costs (the rows stay identical). Apart from the
-epoch the floor reads nothing — not the newest seq or the message count the engine's claim
-reads, nor the chain — and keeps no state but four counters per session. After the first
-repetition the two databases are compared row by row, so the floor provably does the same
-writes.
+opening transaction (one ``log`` row: the opening message and ``turn.started``; turn and
+session status); then per step one transaction with one ``log`` row holding the step's
+message, checkpoint and events (and the tool's row), the last step also ending the turn —
+with the same JSON, built with ``json.dumps`` per step. Every transaction that writes a step
+(the opening's too) also runs the fencing check ``SELECT epoch FROM sessions WHERE sid = ?``
+and refuses to commit when the epoch moved: it is part of what makes a step's write correct
+when a lease can be lost (a writer without it could commit after another process took the
+session over), so an honest floor for "the same writes with the same guarantees" pays it
+too; ``--no-fence`` drops it from the floor, to see what it costs (the rows stay identical).
+Apart from the epoch the floor reads nothing — not the newest seq or the message count the
+engine's claim reads, nor the chain — and keeps no state but four counters per session.
+After the first repetition the two databases are compared row by row, so the floor provably
+does the same writes.
+
+Beside it runs issue 15's *minimal floor* (:class:`MinimalFloor`): raw ``sqlite3``, WAL,
+``synchronous=NORMAL``, one transaction and two rows (a message and an event) per step, no
+lease, chain or fencing; the engine's ratio to it is reported in CPU and wall time.
 
 ``--sessions 100 --turns 2`` drives more sessions than the runtime's transcript cache holds
 (64): each turn then starts on a session whose log was evicted, and reads it from the store
@@ -40,7 +44,7 @@ Every measured run happens in its own child process (clean ``ru_maxrss`` and
 ``--repeat`` runs. µs/step is wall time over the whole workload divided by its steps, so it
 includes each turn's start and end (the floor's too); CPU µs/step is the same with
 ``time.process_time()`` (less sensitive to other load on the machine, blind to I/O waits).
-Bytes per step: the JSON bodies stored in messages/steps/events (and with their key columns),
+Bytes per step: the JSON stored in the log's rows (and with their key columns),
 the bytes SQLite handed to ``write()`` (``wchar``: WAL frames and checkpoints) and the bytes
 the kernel accounted to storage (``write_bytes``).
 
@@ -96,6 +100,8 @@ EFFECTS_DDL = (
 )
 EFFECT_INSERT = "INSERT INTO bench_effects (turn_id, call_id, n) VALUES (?, ?, ?)"
 TARGET_RATIO = 2.0
+TARGET_MINIMAL = 1.5
+"""Issue 15's target: CPU per step within 1.5x the minimal floor (:class:`MinimalFloor`)."""
 TARGET_HISTORY = 1.3
 
 
@@ -138,9 +144,10 @@ def _dumps(v: Any) -> str:
     return json.dumps(v, separators=(",", ":"), ensure_ascii=False)
 
 
-def _event(payload: dict[str, Any]) -> str:
-    """An event's stored JSON as the engine writes it: its fields, then ``at`` (the time)."""
-    return _dumps({**payload, "at": time.time()})
+def _events(*events: tuple[str, dict[str, Any]]) -> str:
+    """A log row's events as the engine writes them: ``[[type, fields], …]``, each with what
+    the row's message does not hold (``"@": 0`` names it), then ``at`` (the time)."""
+    return _dumps([[t, {**fields, "at": time.time()}] for t, fields in events])
 
 
 _AT = re.compile(r'"at":[-+.\deE]+')
@@ -148,8 +155,8 @@ _AT = re.compile(r'"at":[-+.\deE]+')
 
 def _rows(c: sqlite3.Connection, table: str, key: str) -> list[Any]:
     rows = c.execute(f"SELECT * FROM {table} ORDER BY {key}").fetchall()
-    if table == "events":  # the same rows but for the times they were written
-        rows = [(*r[:-1], _AT.sub('"at":0', r[-1])) for r in rows]
+    if table == "log":  # the same rows but for the times their events were written
+        rows = [(*r[:-1], r[-1] and _AT.sub('"at":0', r[-1])) for r in rows]
     return rows
 
 
@@ -187,31 +194,30 @@ def measured(trace_memory: bool) -> Iterator[dict[str, Any]]:
 
 
 def payload_bytes(db: Path) -> dict[str, int]:
-    """Bytes of the stored values in the messages, steps and events tables."""
+    """Bytes of the stored values of the log (the floors': of their tables)."""
     c = sqlite3.connect(db)
     try:
-        m = c.execute(
-            "SELECT count(*), coalesce(sum(length(CAST(body AS BLOB))), 0), "
-            "coalesce(sum(length(CAST(turn_id AS BLOB))), 0) FROM messages"
-        ).fetchone()
-        s = c.execute(
-            "SELECT count(*), coalesce(sum(length(CAST(data AS BLOB))), 0), "
-            "coalesce(sum(length(CAST(step_id AS BLOB)) + length(CAST(turn_id AS BLOB))), 0) "
-            "FROM steps"
-        ).fetchone()
-        e = c.execute(
-            "SELECT count(*), coalesce(sum(length(CAST(data AS BLOB))), 0), "
-            "coalesce(sum(length(CAST(turn_id AS BLOB)) + length(CAST(type AS BLOB))), 0) "
-            "FROM events"
+        tables = {r[0] for r in c.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        if "log" not in tables:  # the minimal floor
+            m = c.execute("SELECT count(*), coalesce(sum(length(CAST(body AS BLOB))), 0) "
+                          "FROM floor_messages").fetchone()
+            e = c.execute("SELECT count(*), coalesce(sum(length(CAST(data AS BLOB))), 0) "
+                          "FROM floor_events").fetchone()
+            return {"rows": m[0] + e[0], "json_bytes": m[1] + e[1],
+                    "row_bytes": m[1] + e[1] + 16 * (m[0] + e[0])}
+        r = c.execute(
+            "SELECT count(*), coalesce(sum(coalesce(length(CAST(body AS BLOB)), 0) "
+            "+ coalesce(length(CAST(memo AS BLOB)), 0) "
+            "+ coalesce(length(CAST(events AS BLOB)), 0)), 0), "
+            "coalesce(sum(coalesce(length(CAST(turn_id AS BLOB)), 0) "
+            "+ coalesce(length(CAST(step AS BLOB)), 0)), 0) FROM log"
         ).fetchone()
     finally:
         c.close()
-    json_bytes = m[1] + s[1] + e[1]
     return {
-        "messages": m[0], "steps": s[0], "events": e[0],
-        "json_bytes": json_bytes,
-        # text keys plus the integer key columns (sid, gen, idx / sid, gen / sid, seq)
-        "row_bytes": json_bytes + m[2] + s[2] + e[2] + 8 * (3 * m[0] + 2 * s[0] + 2 * e[0]),
+        "rows": r[0], "json_bytes": r[1],
+        # text keys plus the integer columns (sid, seq, sub, gen, n)
+        "row_bytes": r[1] + r[2] + 8 * 5 * r[0],
     }
 
 
@@ -281,16 +287,15 @@ class Floor:
     but the fencing check (``fence=False`` drops it).
 
     Each call of :meth:`turn` writes one turn: the turn row, the lease claim (a new epoch),
-    the opening transaction, then one transaction per step (with the same JSON bodies, built
-    per step with ``json.dumps``), each checking the epoch before it commits.
+    the opening transaction, then one transaction per step (one ``log`` row with the same
+    JSON, built per step with ``json.dumps``), each checking the epoch before it commits.
     """
 
-    MSG = "INSERT INTO messages (sid, gen, idx, turn_id, body) VALUES (?, ?, ?, ?, ?)"
-    STEP = "INSERT INTO steps (sid, gen, step_id, turn_id, data) VALUES (?, ?, ?, ?, ?)"
-    EVENT = "INSERT INTO events (sid, seq, turn_id, type, data) VALUES (?, ?, ?, ?, ?)"
+    LOG = ("INSERT INTO log (sid, seq, sub, gen, n, turn_id, body, step, memo, events) "
+           "VALUES (?, ?, 0, 0, ?, ?, ?, ?, ?, ?)")
     TURN = (
-        "UPDATE turns SET status = ?, text = coalesce(?, text), error = coalesce(?, error), "
-        "reason = coalesce(?, reason), request = ? WHERE sid = ? AND turn_id = ?"
+        "UPDATE turns SET status = ?, text = ?, error = ?, reason = ?, request = ?, "
+        "data = coalesce(?, data) WHERE sid = ? AND turn_id = ?"
     )
     STATUS = "UPDATE sessions SET status = ? WHERE sid = ?"
     CLAIM = "UPDATE sessions SET epoch = epoch + 1 WHERE sid = ? RETURNING epoch"
@@ -316,7 +321,7 @@ class Floor:
     def turn(self, session: str, tid: str, stamps: list[float] | None = None) -> None:
         ex = self.conn.execute
         name, local = self.name, self.local
-        MSG, STEP, EVENT, FENCE = self.MSG, self.STEP, self.EVENT, self.FENCE
+        LOG, FENCE = self.LOG, self.FENCE
         opening = _dumps({"v": 1, "role": "user", "text": OPENING, "turn": tid})
         # accept the turn (creating the session on its first)
         ex("BEGIN IMMEDIATE")
@@ -325,8 +330,8 @@ class Floor:
             cur = ex("INSERT INTO sessions (agent, session) VALUES (?, ?)", (AGENT, session))
             state = self.sessions[session] = [cur.lastrowid or 0, 0, 0, 0]
         sid, n, seq, _ = state
-        ex("INSERT INTO turns (sid, turn_id, status, opening, event, policy) "
-           "VALUES (?, ?, 'queued', ?, ?, ?)", (sid, tid, opening, None, None))
+        ex("INSERT INTO turns (sid, turn_id, kind, status, opening, event, policy, data) "
+           "VALUES (?, ?, 'turn', 'queued', ?, ?, ?, ?)", (sid, tid, opening, None, None, None))
         ex("COMMIT")
         # claim the session's lease: a new epoch
         ex("BEGIN IMMEDIATE")
@@ -344,26 +349,24 @@ class Floor:
         # the opening
         ex("BEGIN IMMEDIATE")
         fence()
-        ex(MSG, (sid, 0, n, tid, opening))
-        ex(EVENT, (sid, seq + 1, tid, "turn.started", _event({"text": OPENING})))
-        ex(self.TURN, ("running", None, None, None, None, sid, tid))
+        ex(LOG, (sid, seq + 1, n + 1, tid, opening, None, None,
+                 _events(("turn.started", {"@": 0}))))
+        ex(self.TURN, ("running", None, None, None, None, None, sid, tid))
         ex(self.STATUS, ("running", sid))
         ex("COMMIT")
         n, seq = n + 1, seq + 1
         if stamps is not None:
             stamps.append(time.perf_counter())
         for k in range(self.calls):
-            # model step: reply + assistant message + its events
+            # model step: the assistant message, its checkpoint and its events in one row
             call = {"id": call_id(tid, k), "name": name, "input": {"n": k}}
             ex("BEGIN IMMEDIATE")
             fence()
-            ex(MSG, (sid, 0, n, tid,
-                     _dumps({"v": 1, "role": "assistant", "calls": [call], "turn": tid})))
-            ex(STEP, (sid, 0, f"model:{n}", tid, _dumps({"m": n, "stop": "tool_use"})))
-            ex(EVENT, (sid, seq + 1, tid, "message.completed",
-                       _event({"text": "", "tool_calls": [call], "stop_reason": "tool_use",
-                               "usage": {}})))
-            ex(EVENT, (sid, seq + 2, tid, "action.requested", _event({"call": call})))
+            ex(LOG, (sid, seq + 2, n + 1, tid,
+                     _dumps({"v": 1, "role": "assistant", "calls": [call], "turn": tid}),
+                     f"model:{n}", _dumps({"m": n, "stop": "tool_use"}),
+                     _events(("message.completed", {"@": 0, "stop_reason": "tool_use"}),
+                             ("action.requested", {"@": 0, "c": 0}))))
             ex("COMMIT")
             a, n, seq = n, n + 1, seq + 2
             if stamps is not None:
@@ -374,11 +377,11 @@ class Floor:
                 ex(EFFECT_INSERT, (tid, call["id"], k))
             fence()
             result = {"n": k, "ok": True}
-            ex(MSG, (sid, 0, n, tid, _dumps({"v": 1, "role": "tool", "call_id": call["id"],
-                                             "result": result, "turn": tid})))
-            ex(STEP, (sid, 0, f"tool:{a}:{call['id']}", tid, f'{{"m":{n}}}'))
-            ex(EVENT, (sid, seq + 1, tid, "action.completed",
-                       _event({"call": call, "result": result, "error": None})))
+            ex(LOG, (sid, seq + 1, n + 1, tid,
+                     _dumps({"v": 1, "role": "tool", "call_id": call["id"], "result": result,
+                             "turn": tid}),
+                     f"tool:{a}:{call['id']}", f'{{"m":{n}}}',
+                     _events(("action.completed", {"@": 0, "call": call}))))
             ex("COMMIT")
             n, seq = n + 1, seq + 1
             if stamps is not None:
@@ -386,19 +389,63 @@ class Floor:
         # the final model step ends the turn
         ex("BEGIN IMMEDIATE")
         fence()
-        ex(MSG, (sid, 0, n, tid, _dumps({"v": 1, "role": "assistant", "text": FINAL,
-                                         "turn": tid})))
-        ex(STEP, (sid, 0, f"model:{n}", tid, _dumps({"m": n, "stop": "end_turn"})))
-        ex(EVENT, (sid, seq + 1, tid, "message.completed",
-                   _event({"text": FINAL, "tool_calls": [], "stop_reason": "end_turn",
-                           "usage": {}})))
-        ex(EVENT, (sid, seq + 2, tid, "turn.completed", _event({"text": FINAL})))
-        ex(self.TURN, ("completed", FINAL, None, None, None, sid, tid))
+        ex(LOG, (sid, seq + 2, n + 1, tid,
+                 _dumps({"v": 1, "role": "assistant", "text": FINAL, "turn": tid}),
+                 f"model:{n}", _dumps({"m": n, "stop": "end_turn"}),
+                 _events(("message.completed", {"@": 0, "stop_reason": "end_turn"}),
+                         ("turn.completed", {"@": 0}))))
+        ex(self.TURN, ("completed", FINAL, None, None, None, None, sid, tid))
         ex(self.STATUS, ("idle", sid))
         ex("COMMIT")
         if stamps is not None:
             stamps.append(time.perf_counter())
         state[1], state[2] = n + 1, seq + 2
+
+
+class MinimalFloor:
+    """The issue's minimal floor: raw sqlite3 (WAL, ``synchronous=NORMAL``), one transaction
+    and two rows per step (the step's message and one event, each ``json.dumps``-ed), no
+    lease, no chain, no fencing: what any durable agent loop on SQLite must at least pay."""
+
+    def __init__(self, db: Path, calls: int) -> None:
+        self.conn = c = sqlite3.connect(db, isolation_level=None)
+        c.execute("PRAGMA journal_mode = WAL")
+        c.execute("PRAGMA synchronous = NORMAL")
+        c.execute("CREATE TABLE floor_messages (sid INTEGER NOT NULL, idx INTEGER NOT NULL, "
+                  "body TEXT NOT NULL, PRIMARY KEY (sid, idx))")
+        c.execute("CREATE TABLE floor_events (sid INTEGER NOT NULL, seq INTEGER NOT NULL, "
+                  "data TEXT NOT NULL, PRIMARY KEY (sid, seq))")
+        self.steps = 2 * calls + 1
+        self.counts: dict[str, list[int]] = {}
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def turn(self, session: str, tid: str) -> None:
+        ex = self.conn.execute
+        state = self.counts.setdefault(session, [len(self.counts) + 1, 0])
+        sid, n = state
+        for k in range(self.steps):
+            ex("BEGIN IMMEDIATE")
+            ex("INSERT INTO floor_messages VALUES (?, ?, ?)",
+               (sid, n, _dumps({"role": "assistant", "turn": tid, "step": k})))
+            ex("INSERT INTO floor_events VALUES (?, ?, ?)",
+               (sid, n + 1, _dumps({"type": "step", "turn": tid, "step": k,
+                                    "at": time.time()})))
+            ex("COMMIT")
+            n += 1
+        state[1] = n
+
+
+def run_minimal(db: Path, w: Workload, trace_memory: bool = False) -> dict[str, Any]:
+    """The minimal floor over the whole workload's steps, in the engine's order."""
+    floor = MinimalFloor(db, w.calls)
+    with measured(trace_memory) as out:
+        for t in range(w.turns):
+            for i in range(w.sessions):
+                floor.turn(session_id(i), turn_id(i, t))
+    floor.close()
+    return out
 
 
 def run_floor(db: Path, w: Workload, trace_memory: bool = False,
@@ -527,9 +574,11 @@ def child(args: argparse.Namespace) -> None:
     elif args.phase == "history-floor":
         out = floor_history(db, args.calls, args.history, args.probes, not args.no_fence)
     else:
-        kind, tool_kind = args.phase.split("-")
-        w = Workload(args.sessions, args.turns, args.calls, tool_kind)
-        if kind == "engine":
+        kind, _, tool_kind = args.phase.partition("-")
+        w = Workload(args.sessions, args.turns, args.calls, tool_kind or "remote")
+        if kind == "minimal":
+            out = run_minimal(db, w, args.trace_memory)
+        elif kind == "engine":
             out = run_engine(db, w, args.trace_memory)
         else:
             out = run_floor(db, w, args.trace_memory, not args.no_fence)
@@ -573,8 +622,7 @@ def engine_version() -> str:
 def same_rows(a: Path, b: Path) -> list[str]:
     """Tables whose rows differ between two databases (empty: the writes are identical)."""
     tables = {
-        "sessions": "sid", "turns": "ordinal", "messages": "sid, gen, idx",
-        "steps": "sid, gen, step_id", "events": "sid, seq", "bench_effects": "id",
+        "sessions": "sid", "turns": "ordinal", "log": "sid, seq, sub", "bench_effects": "id",
     }
     ca, cb = sqlite3.connect(a), sqlite3.connect(b)
     try:
@@ -600,7 +648,7 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "write_syscall_bytes_per_step": statistics.median(r["wchar"] for r in runs) / steps,
         "storage_write_bytes_per_step": statistics.median(r["write_bytes"] for r in runs) / steps,
         "peak_rss_mb": max(r["maxrss"] for r in runs) / 2**20,
-        "rows": {k: runs[0][k] for k in ("messages", "steps", "events")},
+        "rows": runs[0]["rows"],
         "steps": steps,
     }
 
@@ -614,6 +662,7 @@ def parent(args: argparse.Namespace) -> dict[str, Any]:
     identical: dict[str, list[str]] = {}
     t0 = time.perf_counter()
     for rep in range(args.repeat):
+        raw.setdefault("minimal", []).append(spawn("minimal", tmp, args))
         for kind in kinds:
             for phase in (f"floor-{kind}", f"engine-{kind}"):
                 raw.setdefault(phase, []).append(spawn(phase, tmp, args))
@@ -642,8 +691,11 @@ def parent(args: argparse.Namespace) -> dict[str, Any]:
         },
         "tools": {},
         "history": {**history, "target": TARGET_HISTORY, "floor": floor_hist},
+        "minimal_floor": summarise(raw["minimal"]),
         "wall_seconds": wall,
+        "loadavg": os.getloadavg(),
     }
+    minimal = result["minimal_floor"]
     for kind in kinds:
         floor = summarise(raw[f"floor-{kind}"])
         engine = summarise(raw[f"engine-{kind}"])
@@ -653,6 +705,8 @@ def parent(args: argparse.Namespace) -> dict[str, Any]:
             "floor": floor, "engine": engine,
             "ratio": engine["us_per_step"] / floor["us_per_step"], "target": TARGET_RATIO,
             "cpu_ratio": engine["cpu_us_per_step"] / floor["cpu_us_per_step"],
+            "minimal_ratio": engine["us_per_step"] / minimal["us_per_step"],
+            "minimal_cpu_ratio": engine["cpu_us_per_step"] / minimal["cpu_us_per_step"],
             "floor_writes_identical": not identical[kind],
             "tables_differing": identical[kind],
         }
@@ -693,6 +747,12 @@ def render(result: dict[str, Any]) -> None:
     row("peak RSS (MB)", lambda c: mb(c["peak_rss_mb"]))
     row("tracemalloc peak (MB)", lambda c: mb(c["tracemalloc_peak_mb"]))
     con.print(table)
+    m = result["minimal_floor"]
+    con.print(f"minimal floor (raw sqlite3, 1 transaction and 2 rows per step): "
+              f"{m['us_per_step']:.0f} µs / step wall, {m['cpu_us_per_step']:.0f} CPU µs / step")
+    for kind, r in result["tools"].items():
+        con.print(f"{kind} tool: engine / minimal floor = [bold]{r['minimal_cpu_ratio']:.2f}x[/] "
+                  f"CPU (target ≤ {TARGET_MINIMAL}x), {r['minimal_ratio']:.2f}x wall")
     for kind, r in result["tools"].items():
         ok = "ok" if r["ratio"] <= r["target"] else "MISSED"
         same = "identical rows" if r["floor_writes_identical"] else (
@@ -724,8 +784,10 @@ def render(result: dict[str, Any]) -> None:
         f"{h['target']}x: {ok}); the first turn on the long session after a restart "
         f"(transcript read once) took {h['cold_long_turn_ms']:.1f} ms"
     )
+    load = ", ".join(f"{x:.1f}" for x in result["loadavg"])
     con.print(f"[dim]durable_turns from {w['engine']}; sqlite {w['sqlite']}, python "
-              f"{w['python']}; wall time {result['wall_seconds']:.1f} s[/]")
+              f"{w['python']}; wall time {result['wall_seconds']:.1f} s; load average "
+              f"{load}[/]")
 
 
 def profile(args: argparse.Namespace) -> None:

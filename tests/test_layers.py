@@ -12,7 +12,8 @@ import durable_turns
 PKG = Path(durable_turns.__file__).parent
 CORE = ["errors", "messages", "records", "events", "inbound", "tools", "agent", "hitl",
         "engine", "driver", "runtime", "sessions", "batch", "subagents", "tracing",
-        "models/__init__", "stores/__init__", "stores/_base", "stores/_feed", "stores/_sql"]
+        "models/__init__", "stores/__init__", "stores/_base", "stores/_feed", "stores/_sql",
+        "stores/_log"]
 ADAPTERS = ("stores.memory", "stores.sqlite", "stores.postgres", "models.scripted",
             "models.anthropic_messages", "models.openai_compat", "models.resolve", "server",
             "channels", "loader", "cli", "demo", "mcp")

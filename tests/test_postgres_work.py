@@ -170,9 +170,9 @@ async def test_a_listener_whose_backend_is_killed_reconnects_and_reads_what_it_m
             # sent while the listener was down.
             sid = admin.execute("SELECT sid FROM sessions WHERE session = 's1'").fetchone()
             assert sid is not None
-            admin.execute("INSERT INTO events (sid, seq, turn_id, type, data) "
-                          "VALUES (%s, 2, 't1', 'turn.started', %s)",
-                          (sid[0], encode_event(_started(KEY))))
+            stored = json.dumps([["turn.started", json.loads(encode_event(_started(KEY)))]])
+            admin.execute("INSERT INTO log (sid, seq, sub, gen, n, turn_id, events) "
+                          "VALUES (%s, 2, 0, 0, 0, 't1', %s)", (sid[0], stored))
             await lease.release()
             old = _listener_pid(admin)
             admin.execute("SELECT pg_terminate_backend(%s)", (old,))

@@ -239,16 +239,26 @@ def encode_event(event: TurnEvent) -> str:
 
 def decode_event(agent: str, session: str, record: EventRecord) -> TurnEvent:
     """Rebuild a typed event from its stored record."""
-    cls = _BY_TYPE[record.type]
-    data = json.loads(record.data)
+    return event_from_fields(agent, session, record.seq, record.turn_id, record.type,
+                             json.loads(record.data))
+
+
+def event_from_fields(agent: str, session: str, seq: int, turn_id: str, type: str,
+                      data: dict[str, Any]) -> TurnEvent:
+    """Rebuild a typed event of ``type`` from its own fields and ``at`` (what
+    :func:`encode_event` stores, decoded; ``data`` is consumed). Fields already typed (a
+    :class:`ToolCall`, a tuple of them) are taken as they are."""
+    cls = _BY_TYPE[type]
     data.setdefault("at", None)  # stored before events carried their time
-    if "call" in data:
-        data["call"] = ToolCall.from_dict(data["call"])
-    if record.type == "input.requested":
+    call = data.get("call")
+    if isinstance(call, dict):
+        data["call"] = ToolCall.from_dict(call)
+    if type == "input.requested" and isinstance(data.get("request"), dict):
         data["request"] = InputRequest.from_dict(data["request"])
-    if "tool_calls" in data:
-        data["tool_calls"] = tuple(ToolCall.from_dict(c) for c in data["tool_calls"])
-    return cls(agent=agent, session=session, turn_id=record.turn_id, seq=record.seq, **data)
+    calls = data.get("tool_calls")
+    if calls is not None and not isinstance(calls, tuple):
+        data["tool_calls"] = tuple(ToolCall.from_dict(c) for c in calls)
+    return cls(agent=agent, session=session, turn_id=turn_id, seq=seq, **data)
 
 
 class EventSink(Protocol):

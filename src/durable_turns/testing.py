@@ -19,7 +19,16 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from .errors import LeaseLostError, LeaseTimeoutError, SessionBusyError
-from .events import ActionCompleted, TurnCompleted, TurnEvent, TurnStarted
+from .events import (
+    ActionCompleted,
+    ActionRequested,
+    InputRequested,
+    MessageCompleted,
+    TurnCancelled,
+    TurnCompleted,
+    TurnEvent,
+    TurnStarted,
+)
 from .messages import Message, ToolCall
 from .records import InputRequest, SessionKey, TurnRecord, TurnResult, TurnStatus
 from .stores import SessionStore
@@ -107,6 +116,78 @@ async def check_transaction_commits_everything(store: SessionStore) -> None:
     turn = await get_turn(store, KEY, "t1")
     assert turn is not None and (turn.status, turn.text) == ("completed", "bye")
     assert await store.find_sessions("unfinished") == []
+
+
+async def check_every_write_reads_back_as_written(store: SessionStore) -> None:
+    """Whatever shape a step's writes take, each message, step and event reads back equal
+    (``at`` included): a store may keep a payload once and rebuild the rest (SQL stores
+    derive an event's fields from the step's message), never change it."""
+    await store.enqueue_turn(KEY, "t1", _opening("t1", "hi there"))
+    await store.enqueue_turn(KEY, "t2", _opening("t2"))
+    lease = await store.claim(KEY)
+    calls = (ToolCall("c1", "look", {"q": "x", "n": [1, 2.5]}), ToolCall("c2", "pay", {}))
+    reply = Message("assistant", "let me look", calls, turn_id="t1", usage={"in": 3, "out": 4})
+    result = {"found": ["a", "b\nc"], "ok": True, "none": None}  # a newline: kept as it is
+    written: list[TurnEvent] = []
+    async with lease.transaction() as tx:  # an opening and its turn.started
+        tx.add_message(_opening("t1", "hi there"))
+        written.append(tx.add_event(TurnStarted(**_ids("t1"), text="hi there")))
+    async with lease.transaction() as tx:  # a model step asking for two calls
+        tx.add_message(reply)
+        tx.add_step("model:1", "t1", '{"m":1,"stop":"tool_use"}')
+        written.append(tx.add_event(MessageCompleted(
+            **_ids("t1"), text=reply.text, tool_calls=calls, stop_reason="tool_use",
+            usage=reply.usage)))
+        written += [tx.add_event(ActionRequested(**_ids("t1"), call=c)) for c in calls]
+    async with lease.transaction() as tx:  # two tool messages and steps in one commit
+        tx.add_message(Message("tool", call_id="c1", result=result, turn_id="t1"))
+        tx.add_message(Message("tool", call_id="c2", result={"error": "no"}, is_error=True,
+                               turn_id="t1"))
+        tx.add_step("tool:1:c1", "t1", '{"m":2}')
+        tx.add_step("tool:1:c2", "t1", '{"m":3}')
+        written.append(tx.add_event(ActionCompleted(**_ids("t1"), call=calls[0],
+                                                    result=result)))
+        written.append(tx.add_event(ActionCompleted(**_ids("t1"), call=calls[1],
+                                                    result={"error": "no"}, error="no")))
+    async with lease.transaction() as tx:  # an event that differs from its message
+        tx.add_message(Message("assistant", "done", turn_id="t1"))
+        tx.add_step("model:4", "t1", '{"m":4}')
+        written.append(tx.add_event(MessageCompleted(**_ids("t1"), text="other text")))
+        written.append(tx.add_event(TurnCompleted(**_ids("t1"), text="done")))
+    async with lease.transaction() as tx:  # a step with neither message nor event
+        tx.add_step("input:t1:ok", "t1", '{"value":true}')
+    async with lease.transaction() as tx:  # events of two turns, one forwarded from a child
+        written.append(tx.add_event(TurnCancelled(**_ids("t1"), reason="reset")))
+        written.append(tx.add_event(InputRequested(
+            **_ids("t2"), child={"agent": "sub", "session": "c", "turn_id": "x", "seq": 7},
+            request=InputRequest("ok", "ok?", turn_id="x"))))
+        tx.add_step("child:t2:1", "t2", '{"seq":7}')
+    async with lease.transaction() as tx:  # a second step with neither, at the same seq
+        tx.add_step("input:t2:ok", "t2", '{"value":false}')
+    await lease.release()
+    assert [e.seq for e in written] == list(range(1, 11))
+    events = await store.read_events(KEY)
+    assert events == written
+    assert [e.at for e in events] == [e.at for e in written]
+    assert await store.read_events(KEY, after_seq=3) == written[3:]
+    assert await store.read_events(KEY, turn_id="t2") == [written[-1]]
+    assert await store.read_events(KEY, after_seq=8, turn_id="t1") == [written[8]]
+    assert await store.read_messages(KEY, after=3) == [
+        Message("tool", call_id="c2", result={"error": "no"}, is_error=True, turn_id="t1"),
+        Message("assistant", "done", turn_id="t1")]
+    assert len(await store.read_messages(KEY)) == 5
+    steps = await store.read_steps(KEY)
+    assert sorted(steps) == ["child:t2:1", "input:t1:ok", "input:t2:ok", "model:1", "model:4",
+                             "tool:1:c1", "tool:1:c2"]
+    assert (steps["child:t2:1"].turn_id, steps["child:t2:1"].data) == ("t2", '{"seq":7}')
+    assert await step_data(store, KEY, "tool:1:c2") == '{"m":3}'
+    assert await step_data(store, KEY, "input:t2:ok") == '{"value":false}'
+    assert await step_data(store, KEY, "input:t1:ok") == '{"value":true}'
+    assert await step_data(store, KEY, "child:t2:1") == '{"seq":7}'
+    assert await step_data(store, KEY, "child:t2:2") is None
+    again = await store.claim(KEY)  # the counters survive the lease
+    assert (again.last_seq, again.message_count) == (10, 5)
+    await again.release()
 
 
 async def check_failed_transaction_writes_nothing(store: SessionStore) -> None:
@@ -481,6 +562,7 @@ CONFORMANCE: list[Check] = [
     check_enqueue_is_durable_and_idempotent,
     check_lease_is_exclusive,
     check_transaction_commits_everything,
+    check_every_write_reads_back_as_written,
     check_failed_transaction_writes_nothing,
     check_local_writes_join_the_transaction,
     check_cancel_requests_are_durable,

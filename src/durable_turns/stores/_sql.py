@@ -12,9 +12,12 @@ no concurrent writer of the session. The tables::
     sessions (sid, agent, session, status, generation, epoch)
     turns    (ordinal, sid, turn_id, kind, status, opening, event, policy, request,
               text, error, reason, cancel, data)              -- the chain
-    messages (sid, gen, idx, turn_id, body)                   -- the message log
-    steps    (sid, gen, step_id, turn_id, data)               -- checkpoints
-    events   (sid, seq, turn_id, type, data)                  -- the event log
+    log      (sid, seq, sub, gen, n, turn_id, body, step, memo, events)
+                                  -- one append-only row per step (see ``_log``)
+
+A step's commit is the fencing check (a read of the session row), one ``log`` row, and an
+``UPDATE turns`` only in the steps that move the chain (a turn's start, end or park): the
+session row is written when its status changes, not per step.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import json
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from ..events import EventRecord, TurnEvent, decode_event, encode_event
+from ..events import TurnEvent
 from ..messages import Message, MessageLog, decode_message, encode_json, encode_message
 from ..records import (
     EntryKind,
@@ -35,6 +38,7 @@ from ..records import (
     TurnStatus,
 )
 from ._base import Writes, check_enqueue, supersede_reason, updated_request
+from ._log import LOOKED_UP, bodies, events_of, row_of, steps_of
 
 
 class Cursor(Protocol):
@@ -51,6 +55,9 @@ _TURN_COLS = (
     "kind, data"
 )
 _OPEN = "('queued', 'running', 'suspended')"
+LAST_ROW = "SELECT seq, gen, n FROM log WHERE sid = {} ORDER BY seq DESC, sub DESC LIMIT 1"
+"""The session's last log row (``{}``: the session id): its ``seq`` is the newest event seq,
+its ``n`` the message count of generation ``gen``."""
 
 
 def _load(v: str | None) -> Any:
@@ -79,12 +86,15 @@ class SqlRules:
     end one themselves.
     """
 
-    def __init__(self, placeholder: str = "?", *, lock_rows: bool = False) -> None:
+    def __init__(self, placeholder: str = "?", *, lock_rows: bool = False,
+                 lookup_hint: str = "") -> None:
         def q(sql: str) -> str:
             return sql if placeholder == "?" else sql.replace("?", placeholder)
 
         lock = " FOR UPDATE" if lock_rows else ""
         self.q = q
+        # How a backend that plans without statistics (SQLite) is told to use log_lookup.
+        self._lookup_hint = lookup_hint
         self._sid = q("SELECT sid FROM sessions WHERE agent = ? AND session = ?")
         self._sid_for_write = self._sid + lock
         self._insert_session = q("INSERT INTO sessions (agent, session) VALUES (?, ?) "
@@ -92,14 +102,14 @@ class SqlRules:
         self._claim = q("UPDATE sessions SET epoch = epoch + 1 WHERE sid = ? "
                         "RETURNING epoch, generation")
         self._epoch = q("SELECT epoch FROM sessions WHERE sid = ?" + lock)
-        self._newest = q("SELECT coalesce(max(seq), 0) FROM events WHERE sid = ?")
-        self._count = q("SELECT coalesce(max(idx) + 1, 0) FROM messages WHERE sid = ? AND gen = ?")
-        self.insert_message = q(
-            "INSERT INTO messages (sid, gen, idx, turn_id, body) VALUES (?, ?, ?, ?, ?)")
-        self.insert_step = q(
-            "INSERT INTO steps (sid, gen, step_id, turn_id, data) VALUES (?, ?, ?, ?, ?)")
-        self.insert_event = q(
-            "INSERT INTO events (sid, seq, turn_id, type, data) VALUES (?, ?, ?, ?, ?)")
+        self._last_row = q(LAST_ROW.format("?"))
+        cols = "INSERT INTO log (sid, seq, sub, gen, n, turn_id, body, step, memo, events) "
+        self.insert_row = q(cols + "VALUES (?, ?, 0, ?, ?, ?, ?, ?, ?, ?)")
+        """A row with events: ``sub`` 0 (its ``seq`` is new)."""
+        self.insert_quiet_row = q(
+            cols + "VALUES (?, ?, (SELECT coalesce(max(sub), 0) + 1 FROM log "
+            "WHERE sid = ? AND seq = ?), ?, ?, ?, ?, ?, ?, NULL)")
+        """A row without events: after the rows already at its ``seq``."""
         self._update_turn = q(
             "UPDATE turns SET status = ?, text = ?, error = ?, reason = ?, request = ?, "
             "data = coalesce(?, data) WHERE sid = ? AND turn_id = ?")
@@ -151,26 +161,26 @@ class SqlRules:
         sid = self.sid(c, key, create=True)
         assert sid is not None
         epoch, gen = c.execute(self._claim, (sid,)).fetchone()
-        seq = c.execute(self._newest, (sid,)).fetchone()[0]
-        count = c.execute(self._count, (sid, gen)).fetchone()[0]
-        return sid, int(epoch), int(gen), int(seq), int(count)
+        seq, count = counters(c.execute(self._last_row, (sid,)).fetchone(), gen)
+        return sid, int(epoch), int(gen), seq, count
 
     def holds(self, c: Connection, sid: int, epoch: int) -> bool:
         """Whether ``epoch`` is still the session's: the fencing check of every commit."""
         row = c.execute(self._epoch, (sid,)).fetchone()
         return row is not None and row[0] == epoch
 
-    def flush(self, c: Connection, sid: int, gen: int, first: int, w: Writes) -> None:
-        """Write a transaction's buffered writes (messages numbered from ``first``)."""
-        if w.messages:
-            rows = [(sid, gen, first + i, m.turn_id, encode_message(m))
-                    for i, m in enumerate(w.messages)]
-            self._insert(c, self.insert_message, rows)
-        if w.steps:
-            self._insert(c, self.insert_step, [(sid, gen, s, t, d) for s, t, d in w.steps])
-        if w.events:
-            self._insert(c, self.insert_event, [(sid, e.seq, e.turn_id, e.type, encode_event(e))
-                                                for e in w.events])
+    def flush(self, c: Connection, sid: int, gen: int, first: int, w: Writes, *,
+              seq: int) -> None:
+        """Write a transaction's buffered writes (messages numbered from ``first``; ``seq``:
+        the session's newest event seq before them): one log row, the chain's updates."""
+        if w.messages or w.steps or w.events:
+            n, turn_id, body, step, memo, events = row_of(w.messages, w.steps, w.events, first)
+            if w.events:
+                c.execute(self.insert_row, (sid, w.events[-1].seq, gen, n, turn_id, body, step,
+                                            memo, events))
+            else:
+                c.execute(self.insert_quiet_row, (sid, seq, sid, seq, gen, n, turn_id, body,
+                                                  step, memo))
         for turn_id, (r, data) in w.turns.items():
             c.execute(self._update_turn, (r.status.value, r.text, r.error, r.reason,
                                           _dump(updated_request(r)), _dump(data), sid, turn_id))
@@ -179,16 +189,6 @@ class SqlRules:
         if w.new_generation:
             c.execute(self._new_generation, (sid,))
             c.execute(self._cancel_park, (sid,))
-
-    @staticmethod
-    def _insert(c: Connection, sql: str, rows: list[tuple[Any, ...]]) -> None:
-        # Most steps write one row per table: execute() costs less than executemany() then.
-        if len(rows) == 1:
-            c.execute(sql, rows[0])
-        elif hasattr(c, "executemany"):  # sqlite3
-            c.executemany(sql, rows)
-        else:  # DB-API: on a cursor (psycopg)
-            c.cursor().executemany(sql, rows)  # type: ignore[attr-defined]
 
     # -- the chain -------------------------------------------------------------------------
 
@@ -258,43 +258,71 @@ class SqlRules:
 
     def read_messages(self, c: Connection, key: SessionKey, after: int,
                       generation: int | None) -> list[Message]:
-        gen = "(SELECT generation FROM sessions WHERE sid = m.sid)" if generation is None else "?"
-        params: tuple[Any, ...] = (key.agent, key.session, after)
-        if generation is not None:
-            params = (*params, generation)
         rows = c.execute(self.q(
-            f"SELECT body FROM messages m WHERE sid = ({self._sid}) AND idx >= ? AND gen = {gen} "
-            "ORDER BY idx"
-        ), params).fetchall()
-        return MessageLog.stored(r[0] for r in rows)  # decoded when read
+            f"SELECT l.n, l.body FROM {self._of_generation(generation)} "
+            "AND l.n > ? AND l.body IS NOT NULL ORDER BY l.seq, l.sub"
+        ), (*self._generation_params(key, generation), after)).fetchall()
+        stored: list[str] = []
+        for n, body in rows:
+            if "\n" in body:
+                stored += bodies(n, body, after)
+            else:
+                stored.append(body)
+        return MessageLog.stored(stored)  # decoded when read
+
+    def _of_generation(self, generation: int | None, hint: str = "") -> str:
+        """``FROM`` and ``WHERE`` of the log rows ``l`` of one generation of a session (the
+        live one: ``None``), for :meth:`_generation_params`. The live generation is joined
+        from the session row, read once (a correlated subquery would be read per row)."""
+        if generation is None:
+            return (f"sessions s JOIN log l{hint} ON l.sid = s.sid AND l.gen = s.generation "
+                    "WHERE s.agent = ? AND s.session = ?")
+        return f"log l{hint} WHERE l.sid = ({self._sid}) AND l.gen = ?"
+
+    @staticmethod
+    def _generation_params(key: SessionKey, generation: int | None) -> tuple[Any, ...]:
+        if generation is None:
+            return key.agent, key.session
+        return key.agent, key.session, generation
 
     def read_steps(self, c: Connection, key: SessionKey, generation: int | None,
                    step_id: str | None) -> dict[str, StepRecord]:
-        gen = "(SELECT generation FROM sessions WHERE sid = s.sid)" if generation is None else "?"
-        params: list[Any] = [key.agent, key.session]
-        if generation is not None:
-            params.append(generation)
-        where = ""
+        params = self._generation_params(key, generation)
+        where = hint = ""
         if step_id is not None:
-            where = " AND step_id = ?"
-            params.append(step_id)
+            where = " AND (l.step = ? OR l.step IS NULL)"
+            params = (*params, step_id)
+            if not step_id.startswith(("model:", "tool:")):
+                where += f" AND {LOOKED_UP}"  # through the partial index log_lookup
+                hint = self._lookup_hint
         rows = c.execute(self.q(
-            f"SELECT step_id, turn_id, data FROM steps s WHERE sid = ({self._sid}) "
-            f"AND gen = {gen}{where}"
-        ), tuple(params)).fetchall()
-        return {r[0]: StepRecord(r[0], r[1], r[2]) for r in rows}
+            f"SELECT l.turn_id, l.step, l.memo FROM {self._of_generation(generation, hint)} "
+            f"AND l.memo IS NOT NULL{where}"
+        ), params).fetchall()
+        out: dict[str, StepRecord] = {}
+        for turn_id, step, memo in rows:
+            for s in steps_of(turn_id, step, memo):
+                if step_id is None or s.id == step_id:
+                    out[s.id] = s
+        return out
 
     def read_events(self, c: Connection, key: SessionKey, after_seq: int,
                     turn_id: str | None) -> list[TurnEvent]:
         rows = c.execute(self.q(
-            f"SELECT seq, turn_id, type, data FROM events WHERE sid = ({self._sid}) AND seq > ? "
-            "AND (turn_id = ? OR CAST(? AS text) IS NULL) ORDER BY seq"
+            f"SELECT seq, turn_id, body, events FROM log WHERE sid = ({self._sid}) AND seq > ? "
+            "AND events IS NOT NULL "
+            "AND (turn_id = ? OR turn_id IS NULL OR CAST(? AS text) IS NULL) ORDER BY seq"
         ), (key.agent, key.session, after_seq, turn_id, turn_id)).fetchall()
-        return [decode_event(key.agent, key.session, EventRecord(*r)) for r in rows]
+        out: list[TurnEvent] = []
+        for seq, row_turn, body, events in rows:
+            for e in events_of(key.agent, key.session, seq, row_turn, body, events):
+                if e.seq > after_seq and (turn_id is None or e.turn_id == turn_id):
+                    out.append(e)
+        return out
 
     def newest_seq(self, c: Connection, key: SessionKey) -> int:
         row = c.execute(self.q(
-            f"SELECT coalesce(max(seq), 0) FROM events WHERE sid = ({self._sid})"
+            f"SELECT coalesce(max(seq), 0) FROM log WHERE sid = ({self._sid})"
         ), (key.agent, key.session)).fetchone()
         return int(row[0])
 
@@ -327,6 +355,15 @@ class SqlRules:
             "SELECT session FROM sessions WHERE agent = ? ORDER BY sid DESC"
         ), (agent,)).fetchall()
         return [SessionKey(agent, r[0]) for r in rows]
+
+
+def counters(last_row: Any, generation: int) -> tuple[int, int]:
+    """A lease's ``(newest seq, message count)`` from the session's :data:`LAST_ROW` (None when
+    it has no row): a last row of an older generation means the live one has no message."""
+    if last_row is None:
+        return 0, 0
+    seq, gen, n = last_row
+    return int(seq), int(n) if gen == generation else 0
 
 
 class SqlReads:

@@ -36,7 +36,8 @@
   it also re-reads every ``poll_interval`` seconds and after a reconnect, so a lost
   notification is only a delay. Workers wake only on chain changes.
 - The schema is migrated by the store, under an advisory lock, so many processes may open a
-  new database at once. ``MIGRATIONS`` is append-only (never destructive); the table
+  new database at once. ``MIGRATIONS`` is append-only (a migration that changes a table's
+  shape moves its rows in the same transaction, as version 3 does); the table
   ``durable_turns_schema`` holds the version. Tables live in the connection's ``search_path``
   schema (put ``options=-csearch_path=myschema`` in the DSN to use another one).
 """
@@ -64,7 +65,8 @@ from ..messages import Message
 from ..records import EntryKind, SessionKey, TurnRecord
 from ._base import BufferedTransaction, LeaseBase
 from ._feed import Feed, FeedStore
-from ._sql import SqlReads, SqlRules
+from ._log import LEGACY_TO_LOG, LOOKUP_INDEX
+from ._sql import LAST_ROW, SqlReads, SqlRules, counters
 from ._thread import Worker
 
 T = TypeVar("T")
@@ -77,7 +79,7 @@ class _Default:
 
 _DEFAULT = _Default()
 
-# Append-only, never destructive: index + 1 = schema version (the row of
+# Append-only, rows moved never lost: index + 1 = schema version (the row of
 # durable_turns_schema). A database made by an older durable_turns is brought up to date
 # by running the ones it lacks, in one transaction.
 MIGRATIONS: list[str] = [
@@ -128,6 +130,16 @@ MIGRATIONS: list[str] = [
     ALTER TABLE sessions ADD COLUMN lease_owner TEXT;
     CREATE INDEX turns_runnable ON turns (sid) WHERE status IN ('queued', 'running');
     """,
+    # 3: one append-only row per step (stores/_log.py); the rows of the three tables before
+    # it are moved into it, in the migration's transaction.
+    """
+    CREATE TABLE log (
+        sid BIGINT NOT NULL, seq BIGINT NOT NULL, sub INTEGER NOT NULL,
+        gen INTEGER NOT NULL, n INTEGER NOT NULL, turn_id TEXT,
+        body TEXT, step TEXT, memo TEXT, events TEXT,
+        PRIMARY KEY (sid, seq, sub)
+    );
+    """ + LOOKUP_INDEX + ";" + ";".join(LEGACY_TO_LOG),
 ]
 
 CHANNEL = "durable_turns"
@@ -150,7 +162,7 @@ _RELEASE = ("UPDATE sessions SET lease_until = NULL, lease_owner = NULL "
 # in one statement. SKIP LOCKED: a row another worker is claiming (or a step is committing)
 # is passed over, never waited for; READ COMMITTED re-checks the lease condition on the row
 # it locks, so two workers never both get a session.
-_CLAIM_READY = """
+_CLAIM_READY = f"""
 WITH ready AS (
     SELECT s.sid FROM sessions s
     WHERE s.agent = ANY(%(agents)s)
@@ -167,11 +179,8 @@ WITH ready AS (
     FROM ready WHERE s.sid = ready.sid
     RETURNING s.sid, s.agent, s.session, s.epoch, s.generation
 )
-SELECT c.sid, c.agent, c.session, c.epoch, c.generation,
-       (SELECT coalesce(max(e.seq), 0) FROM events e WHERE e.sid = c.sid),
-       (SELECT coalesce(max(m.idx) + 1, 0) FROM messages m
-        WHERE m.sid = c.sid AND m.gen = c.generation)
-FROM claimed c ORDER BY c.sid
+SELECT c.sid, c.agent, c.session, c.epoch, c.generation, l.seq, l.gen, l.n
+FROM claimed c LEFT JOIN LATERAL ({LAST_ROW.format("c.sid")}) l ON true ORDER BY c.sid
 """
 _LEASE_FREE = "(s.lease_until IS NULL OR s.lease_until < clock_timestamp())"
 _NOTIFY = "SELECT pg_notify(%s, %s)"
@@ -336,7 +345,8 @@ class _PgTransaction(BufferedTransaction):
             self._begin(c)
             if not _RULES.holds(c, lease.sid, lease.epoch):
                 raise LeaseLostError(str(lease.key), lease.epoch)
-            _RULES.flush(c, lease.sid, lease.generation, self.first_index(), self.writes)
+            _RULES.flush(c, lease.sid, lease.generation, self.first_index(), self.writes,
+                         seq=lease.last_seq)
             if self.writes.events:
                 _notify(c, self._store.origin, lease.key, self.writes.events[-1].seq)
             c.execute("COMMIT")
@@ -695,8 +705,9 @@ class PostgresStore(SqlReads, FeedStore):
         leases = self._leases
         rows = await self._guard(leases.worker.run(lambda: leases.once(
             lambda c: c.execute(_CLAIM_READY, params).fetchall())))
-        return [_PgLease(self, SessionKey(agent, session), sid, epoch, gen, seq, count)
-                for sid, agent, session, epoch, gen, seq, count in rows]
+        return [_PgLease(self, SessionKey(agent, session), sid, epoch, gen,
+                         *counters(None if seq is None else (seq, last_gen, n), gen))
+                for sid, agent, session, epoch, gen, seq, last_gen, n in rows]
 
     async def enqueue_turn(
         self,

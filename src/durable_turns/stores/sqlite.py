@@ -42,6 +42,7 @@ from ..messages import Message
 from ..records import EntryKind, SessionKey, TurnRecord
 from ._base import BufferedTransaction, LeaseBase, claim_found, poll_until
 from ._feed import Feed, FeedStore
+from ._log import LEGACY_TO_LOG, LOOKUP_INDEX
 from ._sql import SqlReads, SqlRules
 from ._thread import Worker
 
@@ -92,12 +93,22 @@ MIGRATIONS: list[str] = [
     ALTER TABLE sessions ADD COLUMN epoch INTEGER NOT NULL DEFAULT 0;
     ALTER TABLE turns ADD COLUMN data TEXT;
     """,
+    # 3: one append-only row per step (stores/_log.py); the rows of the three tables before
+    # it are moved into it.
+    """
+    CREATE TABLE log (
+        sid INTEGER NOT NULL, seq INTEGER NOT NULL, sub INTEGER NOT NULL,
+        gen INTEGER NOT NULL, n INTEGER NOT NULL, turn_id TEXT,
+        body TEXT, step TEXT, memo TEXT, events TEXT,
+        PRIMARY KEY (sid, seq, sub)
+    ) WITHOUT ROWID;
+    """ + LOOKUP_INDEX + ";" + ";".join(LEGACY_TO_LOG),
 ]
 
 _F_OFD_SETLK = getattr(fcntl, "F_OFD_SETLK", 37)
 _F_OFD_SETLKW = getattr(fcntl, "F_OFD_SETLKW", 38)
 _SCHEMA_BYTE = 1 << 62  # outside the range session bytes hash to
-_RULES = SqlRules()
+_RULES = SqlRules(lookup_hint=" INDEXED BY log_lookup")
 CHECKPOINT_EVERY = 256
 """Commits between two WAL checkpoints (run on the writer thread)."""
 LOCAL_LINGER = 0.0005
@@ -191,7 +202,8 @@ class _SqliteTransaction(BufferedTransaction):
                 self._begun = True
             if not _RULES.holds(c, lease.sid, lease.epoch):
                 raise LeaseLostError(str(lease.key), lease.epoch)
-            _RULES.flush(c, lease.sid, lease.generation, self.first_index(), self.writes)
+            _RULES.flush(c, lease.sid, lease.generation, self.first_index(), self.writes,
+                         seq=lease.last_seq)
             c.execute("COMMIT")
         except BaseException:
             self._rollback()

@@ -1,0 +1,159 @@
+"""A store of schema version 2 (three tables: messages, steps, events), written by the engine
+of that time (``v2_store.py``), opens with today's code: every old row reads
+back as it did then (archived generation included) and new steps append after them, on
+SQLite and PostgreSQL (whose old tables are filled with the same rows)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from durable_turns import Runtime, SqliteStore, scripted
+from durable_turns.agent import Agent
+from durable_turns.records import SessionKey
+from durable_turns.stores import SessionStore
+from durable_turns.stores.sqlite import MIGRATIONS
+from v2_store import dump, look, refund, reply
+
+FIXTURES = Path(__file__).parent / "fixtures"
+EXPECTED: dict[str, Any] = json.loads((FIXTURES / "v2_store.json").read_text())
+S1, S3 = SessionKey("ops", "s1"), SessionKey("ops", "s3")
+
+
+def _copy(tmp_path: Path) -> Path:
+    db = tmp_path / "v2.sqlite"
+    shutil.copy(FIXTURES / "v2_store.sqlite", db)
+    return db
+
+
+def test_the_fixture_is_a_version_2_store() -> None:
+    c = sqlite3.connect(f"file:{FIXTURES / 'v2_store.sqlite'}?mode=ro", uri=True)
+    try:
+        assert c.execute("PRAGMA user_version").fetchone()[0] == 2
+        tables = {r[0] for r in c.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        assert {"messages", "steps", "events"} <= tables and "log" not in tables
+    finally:
+        c.close()
+
+
+async def _goes_on(store: SessionStore, reopen: SessionStore) -> None:
+    """Every old read as recorded; then new steps after the old ones, readable as well."""
+    agent = Agent("ops", "You run ops.", [look, refund])
+    async with Runtime([agent], store, scripted(reply)) as rt:
+        assert await dump(store) == EXPECTED
+        s1 = rt.session("ops", "s1")
+        r = await s1.turn("look again", turn_id="t4")
+        assert r.status == "completed"
+        s3 = rt.session("ops", "s3")
+        parked = await s3.pending()
+        assert parked is not None
+        await s3.resume("p1", parked.id, True)
+        assert (await s3.result("p1")).status == "completed"
+    await reopen.open()
+    try:
+        after = await dump(reopen)
+    finally:
+        await reopen.close()
+    old, new = EXPECTED[str(S1)], after[str(S1)]
+    assert new["generations"]["0"] == old["generations"]["0"]  # the archive, untouched
+    live_old, live_new = old["generations"]["1"], new["generations"]["1"]
+    assert live_new["messages"][:len(live_old["messages"])] == live_old["messages"]
+    # t4: its opening, the reply with two calls, their results, the answer
+    assert len(live_new["messages"]) == len(live_old["messages"]) + 5
+    assert set(live_old["steps"]) < set(live_new["steps"])
+    assert new["events"][:len(old["events"])] == old["events"]
+    seqs = [e["seq"] for e in new["events"]]
+    assert seqs == list(range(1, len(seqs) + 1))
+    assert [e["type"] for e in new["events"][len(old["events"]):]][-1] == "turn.completed"
+    p1 = after[str(S3)]
+    assert p1["status"] == "idle" and p1["events"][-1]["type"] == "turn.completed"
+    assert p1["events"][:len(EXPECTED[str(S3)]["events"])] == EXPECTED[str(S3)]["events"]
+    assert "input:p1:approve" in p1["generations"]["0"]["steps"]
+
+
+async def test_sqlite_version_2_opens_reads_and_goes_on(tmp_path: Path) -> None:
+    db = _copy(tmp_path)
+    await _goes_on(SqliteStore(db), SqliteStore(db))
+    c = sqlite3.connect(db)
+    try:
+        assert c.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS) == 3
+        tables = {r[0] for r in c.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        assert "log" in tables and not tables & {"messages", "steps", "events"}
+    finally:
+        c.close()
+
+
+async def test_sqlite_migration_is_one_transaction(tmp_path: Path) -> None:
+    """A migration that fails leaves the version-2 file as it was."""
+    db = _copy(tmp_path)
+    c = sqlite3.connect(db)
+    c.execute("CREATE TABLE log (x)")  # in the way of the migration's CREATE TABLE
+    c.commit()
+    c.close()
+    store = SqliteStore(db)
+    with pytest.raises(Exception, match="log"):
+        await store.open()
+    c = sqlite3.connect(db)
+    try:
+        assert c.execute("PRAGMA user_version").fetchone()[0] == 2
+        assert c.execute("SELECT count(*) FROM events").fetchone()[0] == sum(
+            len(s["events"]) for s in EXPECTED.values())
+    finally:
+        c.close()
+
+
+def _v2_postgres(dsn: str, source: Path) -> None:
+    """A PostgreSQL schema at version 2 holding the SQLite fixture's rows."""
+    import psycopg
+
+    from durable_turns.stores.postgres import MIGRATIONS as PG_MIGRATIONS
+
+    src = sqlite3.connect(f"file:{source}?mode=ro", uri=True)
+    try:
+        with psycopg.connect(dsn, autocommit=False) as c:
+            for sql in PG_MIGRATIONS[:2]:
+                c.execute(sql.encode())
+            c.execute("CREATE TABLE durable_turns_schema (version INTEGER NOT NULL)")
+            c.execute("INSERT INTO durable_turns_schema VALUES (2)")
+            c.execute("ALTER TABLE sessions ALTER COLUMN sid SET GENERATED BY DEFAULT")
+            c.execute("ALTER TABLE turns ALTER COLUMN ordinal SET GENERATED BY DEFAULT")
+            tables = {
+                "sessions": "sid, agent, session, status, generation, epoch",
+                "turns": "ordinal, sid, turn_id, kind, status, opening, event, policy, "
+                         "request, text, error, reason, cancel, data",
+                "messages": "sid, gen, idx, turn_id, body",
+                "steps": "sid, gen, step_id, turn_id, data",
+                "events": "sid, seq, turn_id, type, data",
+            }
+            for table, cols in tables.items():
+                rows = src.execute(f"SELECT {cols} FROM {table}").fetchall()
+                marks = ", ".join(["%s"] * len(cols.split(",")))
+                with c.cursor() as cur:
+                    cur.executemany(f"INSERT INTO {table} ({cols}) VALUES ({marks})", rows)
+            c.execute("SELECT setval(pg_get_serial_sequence('sessions', 'sid'), "
+                      "(SELECT max(sid) FROM sessions))")
+            c.execute("SELECT setval(pg_get_serial_sequence('turns', 'ordinal'), "
+                      "(SELECT max(ordinal) FROM turns))")
+            c.execute("ALTER TABLE sessions ALTER COLUMN sid SET GENERATED ALWAYS")
+            c.execute("ALTER TABLE turns ALTER COLUMN ordinal SET GENERATED ALWAYS")
+            c.commit()
+    finally:
+        src.close()
+
+
+async def test_postgres_version_2_opens_reads_and_goes_on(pg_dsn: str) -> None:
+    from durable_turns import PostgresStore
+
+    _v2_postgres(pg_dsn, FIXTURES / "v2_store.sqlite")
+    await _goes_on(PostgresStore(pg_dsn, lease_ttl=5.0), PostgresStore(pg_dsn, lease_ttl=5.0))
+    import psycopg
+
+    with psycopg.connect(pg_dsn) as c:
+        row = c.execute("SELECT version FROM durable_turns_schema").fetchone()
+        assert row is not None and row[0] == 3
+        assert c.execute("SELECT to_regclass('events')").fetchone() == (None,)
