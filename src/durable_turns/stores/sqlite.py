@@ -115,6 +115,8 @@ LOCAL_LINGER = 0.0005
 """Seconds the loop waits, blocked, for a local tool on the writer thread before it waits on
 the loop: most local tools (a few row writes) end sooner, and the step then skips the loop's
 wake-up; a longer one delays other sessions by this much at most."""
+SPARE_LOCK_FILES = 64
+"""Open descriptions of the lock file a store keeps for its next claims."""
 DETECTOR_LINGER = 2.0
 """Seconds the change detector keeps polling after the last subscriber or watcher left."""
 
@@ -256,12 +258,13 @@ class _SqliteTransaction(BufferedTransaction):
 
 
 class _SqliteLease(LeaseBase):
-    def __init__(self, store: SqliteStore, key: SessionKey, fd: int, sid: int, epoch: int,
-                 generation: int, last_seq: int, count: int) -> None:
+    def __init__(self, store: SqliteStore, key: SessionKey, fd: int, offset: int, sid: int,
+                 epoch: int, generation: int, last_seq: int, count: int) -> None:
         super().__init__(key, epoch, generation, last_seq, count)
         self.store = store
         self.sid = sid
         self._fd: int | None = fd
+        self._offset = offset
 
     def transaction(self) -> _SqliteTransaction:
         return _SqliteTransaction(self)
@@ -272,7 +275,7 @@ class _SqliteLease(LeaseBase):
 
     async def release(self) -> None:
         if self._fd is not None:
-            os.close(self._fd)  # closing the descriptor drops the OS lock
+            self.store._give_back(self._fd, self._offset)
             self._fd = None
 
 
@@ -309,6 +312,7 @@ class SqliteStore(SqlReads, FeedStore):
         self._write_pool: Worker | None = None
         self._read_pool: Worker | None = None
         self._write_lock = asyncio.Lock()
+        self._spare_fds: list[int] = []
         self._feed = Feed(self.events_after, self.newest_seq, on_active=self._start_detector)
         self._detector: asyncio.Task[None] | None = None
 
@@ -437,6 +441,8 @@ class SqliteStore(SqlReads, FeedStore):
         writer, reader = self._writer, self._reader
         write_pool, read_pool = self._write_pool, self._read_pool
         self._writer = self._reader = None
+        while self._spare_fds:
+            os.close(self._spare_fds.pop())
         self._write_pool = self._read_pool = None
         # Each thread closes its own connections after its queued jobs (a checkpoint, a
         # waiting read) have run: jobs run in order.
@@ -560,15 +566,31 @@ class SqliteStore(SqlReads, FeedStore):
 
     async def claim(self, key: SessionKey, *, timeout: float | None = None) -> _SqliteLease:
         self._writer_conn()
-        fd = os.open(f"{self.path}-lease", os.O_RDWR | os.O_CREAT, 0o644)
+        fd = self._lock_file()
         offset = _session_byte(key)
         try:
             await poll_until(lambda: _flock(fd, offset, wait=False), key, timeout)
             sid, epoch, gen, seq, count = await self._write_tx(lambda c: _RULES.claim(c, key))
         except BaseException:
-            os.close(fd)
+            self._give_back(fd, offset)
             raise
-        return _SqliteLease(self, key, fd, sid, epoch, gen, seq, count)
+        return _SqliteLease(self, key, fd, offset, sid, epoch, gen, seq, count)
+
+    def _lock_file(self) -> int:
+        """An open file description of the lock file that holds no lock: a spare one (opening
+        the file costs more than a step's commit on a small machine) or a new one."""
+        if self._spare_fds:
+            return self._spare_fds.pop()
+        return os.open(f"{self.path}-lease", os.O_RDWR | os.O_CREAT, 0o644)
+
+    def _give_back(self, fd: int, offset: int) -> None:
+        """Drop the lock on ``offset`` and keep the description for the next claim (each
+        lease has a description of its own: an OFD lock belongs to its description)."""
+        if self._writer is None or len(self._spare_fds) >= SPARE_LOCK_FILES or \
+                not _flock(fd, offset, wait=False, unlock=True):
+            os.close(fd)  # closing the description drops its locks
+            return
+        self._spare_fds.append(fd)
 
     async def enqueue_turn(
         self,
