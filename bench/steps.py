@@ -437,27 +437,26 @@ class MinimalFloor:
         state[1] = n
 
 
-def run_minimal(db: Path, w: Workload, trace_memory: bool = False) -> dict[str, Any]:
-    """The minimal floor over the whole workload's steps, in the engine's order."""
-    floor = MinimalFloor(db, w.calls)
+def _drive_floor(floor: Floor | MinimalFloor, w: Workload,
+                 trace_memory: bool) -> dict[str, Any]:
+    """A floor over the whole workload, in the engine's order."""
     with measured(trace_memory) as out:
         for t in range(w.turns):
             for i in range(w.sessions):
                 floor.turn(session_id(i), turn_id(i, t))
     floor.close()
     return out
+
+
+def run_minimal(db: Path, w: Workload, trace_memory: bool = False) -> dict[str, Any]:
+    """The minimal floor over the whole workload's steps."""
+    return _drive_floor(MinimalFloor(db, w.calls), w, trace_memory)
 
 
 def run_floor(db: Path, w: Workload, trace_memory: bool = False,
               fence: bool = True) -> dict[str, Any]:
-    """The floor over the whole workload, in the engine's order."""
-    floor = Floor(db, w.calls, w.tool, fence)
-    with measured(trace_memory) as out:
-        for t in range(w.turns):
-            for i in range(w.sessions):
-                floor.turn(session_id(i), turn_id(i, t))
-    floor.close()
-    return out
+    """The floor writing the engine's rows over the whole workload."""
+    return _drive_floor(Floor(db, w.calls, w.tool, fence), w, trace_memory)
 
 
 # -- history ------------------------------------------------------------------------------
