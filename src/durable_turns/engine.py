@@ -526,15 +526,10 @@ class TurnEngine:
                 tool, args, ctx = local
                 ctx.store = tx
                 limit = self.agent.max_result_bytes
-                try:
-                    result = await tx.run_local(lambda _h: _run_local(tool, args, ctx, limit))
-                except (KeyboardInterrupt, SystemExit) as e:
-                    raise self._crashed(tool, call, turn_id, e) from e
-                except (FatalToolError, ConfigurationError):
-                    raise
-                except Exception as e:
-                    error = error_text(e)
-                    result = {"error": error}
+                outcome = await self._outcome(
+                    tx.run_local(lambda _h: _run_local(tool, args, ctx, limit)), tool, call,
+                    turn_id)
+                result, error = outcome.result, outcome.error
             msg = Message("tool", call_id=call.id, result=result, is_error=error is not None,
                           turn_id=turn_id)
             idx = self._add(tx, msg)
