@@ -57,3 +57,31 @@ def test_a_corrupt_record_fails_when_read() -> None:
     assert log[0] == MESSAGES[0]
     with pytest.raises(ValueError, match="unsupported message record version"):
         log[1]
+
+
+@pytest.mark.parametrize("value", [
+    {"text": "é ☃ \u2028 \x00 \"q\" \\ \n", "n": -3, "f": 0.1 + 0.2, "ok": True, "none": None},
+    [1, [2.5, {"k": []}], "", 10**18],
+    {"big": 10**30},  # beyond 64 bits: orjson refuses, the standard library writes it
+    {1: "a"},  # a non-string key: the standard library's "1"
+    ("a", 1),
+])
+def test_encode_json_writes_what_the_standard_library_reads_back(value: object) -> None:
+    from durable_turns.messages import encode_json
+    text = encode_json(value)
+    assert json.loads(text) == json.loads(json.dumps(value))
+
+
+def test_encode_json_refuses_what_the_standard_library_refuses() -> None:
+    import dataclasses
+    import datetime
+
+    from durable_turns.messages import encode_json
+
+    @dataclasses.dataclass
+    class Point:
+        x: int
+
+    for value in (Point(1), datetime.date(2026, 1, 1), object(), {"s": {1, 2}}):
+        with pytest.raises(TypeError, match="not JSON serializable"):
+            encode_json(value)

@@ -13,12 +13,29 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal, SupportsIndex, overload
 
+import orjson
+
 Role = Literal["user", "trigger", "assistant", "tool"]
 
 MESSAGE_VERSION = 1
 
-encode_json = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
-"""The one compact JSON encoding of every stored record (one encoder, built once)."""
+_std_encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+_PLAIN_ONLY = orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_DATETIME
+
+
+def encode_json(value: Any) -> str:
+    """The one compact JSON encoding of every stored record.
+
+    orjson writes it (ten times faster than the standard library, and it is on every step);
+    what orjson refuses (an integer beyond 64 bits, a non-string key, an object it does not
+    know) goes to the standard library's encoder, which then writes it the standard way or
+    raises its usual ``TypeError``/``ValueError``. One difference remains: a NaN or infinite
+    float is written ``null`` (the standard library writes ``NaN``, which is not JSON).
+    """
+    try:
+        return orjson.dumps(value, option=_PLAIN_ONLY).decode()
+    except TypeError:
+        return _std_encode(value)
 
 
 @dataclass(frozen=True, slots=True)
