@@ -20,12 +20,16 @@ transaction per turn, as the engine claims the session's lease for each turn it 
 opening transaction (one ``log`` row: the opening message and ``turn.started``; turn and
 session status); then per step one transaction with one ``log`` row holding the step's
 message, checkpoint and events (and the tool's row), the last step also ending the turn —
-with the same JSON, built with ``json.dumps`` per step. Every transaction that writes a step
-(the opening's too) also runs the fencing check ``SELECT epoch FROM sessions WHERE sid = ?``
-and refuses to commit when the epoch moved: it is part of what makes a step's write correct
-when a lease can be lost (a writer without it could commit after another process took the
-session over), so an honest floor for "the same writes with the same guarantees" pays it
-too; ``--no-fence`` drops it from the floor, to see what it costs (the rows stay identical).
+with the same JSON, built per step with the engine's encoder (orjson). Every transaction
+that writes a step (the opening's too) is fenced: it writes only while the session's epoch is
+the one its claim got, which is part of what makes a step's write correct when a lease can
+be lost (a writer without it could commit after another process took the session over), so
+an honest floor for "the same writes with the same guarantees" pays it too. As in the
+engine, a step that writes only its row does it in one statement, its own transaction
+(``INSERT INTO log … SELECT … FROM sessions WHERE sid = ? AND epoch = ?``, then the row
+count checked); the opening and the last step, which also update the turn and the session,
+run ``SELECT epoch FROM sessions WHERE sid = ?`` in their transaction. ``--no-fence`` drops
+the check from the floor, to see what it costs (the rows stay identical).
 Apart from the epoch the floor reads nothing — not the newest seq or the message count the
 engine's claim reads, nor the chain — and keeps no state but four counters per session.
 After the first repetition the two databases are compared row by row, so the floor provably
@@ -78,6 +82,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import orjson
 
 from durable_turns import (
     Agent,
@@ -141,7 +147,9 @@ def tool_name(kind: str) -> str:
 
 
 def _dumps(v: Any) -> str:
-    return json.dumps(v, separators=(",", ":"), ensure_ascii=False)
+    # The encoder the engine writes its records with (orjson, compact): the floors pay
+    # for their JSON what the engine pays.
+    return orjson.dumps(v).decode()
 
 
 def _events(*events: tuple[str, dict[str, Any]]) -> str:
@@ -288,11 +296,16 @@ class Floor:
 
     Each call of :meth:`turn` writes one turn: the turn row, the lease claim (a new epoch),
     the opening transaction, then one transaction per step (one ``log`` row with the same
-    JSON, built per step with ``json.dumps``), each checking the epoch before it commits.
+    JSON, built per step with the engine's encoder), each checking the epoch before it
+    commits. As in the engine, a step that writes its row and nothing else is one statement
+    (``INSERT … SELECT … WHERE epoch = ?``); the opening and the end also update the turn and
+    the session in their transaction.
     """
 
     LOG = ("INSERT INTO log (sid, seq, sub, gen, n, turn_id, body, step, memo, events) "
            "VALUES (?, ?, 0, 0, ?, ?, ?, ?, ?, ?)")
+    FENCED_LOG = ("INSERT INTO log (sid, seq, sub, gen, n, turn_id, body, step, memo, events) "
+                  "SELECT ?, ?, 0, 0, ?, ?, ?, ?, ?, ? FROM sessions WHERE sid = ? AND epoch = ?")
     TURN = (
         "UPDATE turns SET status = ?, text = ?, error = ?, reason = ?, request = ?, "
         "data = coalesce(?, data) WHERE sid = ? AND turn_id = ?"
@@ -346,6 +359,14 @@ class Floor:
 
         fence = check if self.fence else _nothing
 
+        def append(row: tuple[Any, ...]) -> None:
+            # A step that writes its row and nothing else: the fencing check and the write
+            # in one statement, its own transaction (as the engine writes it).
+            if not self.fence:
+                ex(LOG, row)
+            elif ex(self.FENCED_LOG, (*row, sid, epoch)).rowcount != 1:
+                raise RuntimeError(f"floor: lost the lease of {session}")
+
         # the opening
         ex("BEGIN IMMEDIATE")
         fence()
@@ -360,29 +381,26 @@ class Floor:
         for k in range(self.calls):
             # model step: the assistant message, its checkpoint and its events in one row
             call = {"id": call_id(tid, k), "name": name, "input": {"n": k}}
-            ex("BEGIN IMMEDIATE")
-            fence()
-            ex(LOG, (sid, seq + 2, n + 1, tid,
-                     _dumps({"v": 1, "role": "assistant", "calls": [call], "turn": tid}),
-                     f"model:{n}", _dumps({"m": n, "stop": "tool_use"}),
-                     _events(("message.completed", {"@": 0, "stop_reason": "tool_use"}),
-                             ("action.requested", {"@": 0, "c": 0}))))
-            ex("COMMIT")
+            append((sid, seq + 2, n + 1, tid,
+                    _dumps({"v": 1, "role": "assistant", "calls": [call], "turn": tid}),
+                    f"model:{n}", _dumps({"m": n, "stop": "tool_use"}),
+                    _events(("message.completed", {"@": 0, "stop_reason": "tool_use"}),
+                            ("action.requested", {"@": 0, "c": 0}))))
             a, n, seq = n, n + 1, seq + 2
             if stamps is not None:
                 stamps.append(time.perf_counter())
             # tool step: (the tool's row) + result + tool message + its event
-            ex("BEGIN IMMEDIATE")
             if local:
+                ex("BEGIN IMMEDIATE")
                 ex(EFFECT_INSERT, (tid, call["id"], k))
-            fence()
             result = {"n": k, "ok": True}
-            ex(LOG, (sid, seq + 1, n + 1, tid,
-                     _dumps({"v": 1, "role": "tool", "call_id": call["id"], "result": result,
-                             "turn": tid}),
-                     f"tool:{a}:{call['id']}", f'{{"m":{n}}}',
-                     _events(("action.completed", {"@": 0, "call": call}))))
-            ex("COMMIT")
+            append((sid, seq + 1, n + 1, tid,
+                    _dumps({"v": 1, "role": "tool", "call_id": call["id"], "result": result,
+                            "turn": tid}),
+                    f"tool:{a}:{call['id']}", f'{{"m":{n}}}',
+                    _events(("action.completed", {"@": 0, "call": call}))))
+            if local:
+                ex("COMMIT")
             n, seq = n + 1, seq + 1
             if stamps is not None:
                 stamps.append(time.perf_counter())
@@ -404,7 +422,7 @@ class Floor:
 
 class MinimalFloor:
     """The issue's minimal floor: raw sqlite3 (WAL, ``synchronous=NORMAL``), one transaction
-    and two rows per step (the step's message and one event, each ``json.dumps``-ed), no
+    and two rows per step (the step's message and one event, each JSON-encoded), no
     lease, no chain, no fencing: what any durable agent loop on SQLite must at least pay."""
 
     def __init__(self, db: Path, calls: int) -> None:

@@ -496,6 +496,16 @@ async def check_a_stale_epoch_is_refused(store: SessionStore) -> None:
         assert e.epoch == stale.epoch and e.session == str(KEY)
     else:
         raise AssertionError("a commit under a stale epoch was accepted")
+    # The common step (a message and its events, nothing else), which a store may write in
+    # a shorter way, is fenced just the same.
+    try:
+        async with stale.transaction() as tx:
+            tx.add_message(_opening("t1"))
+            tx.add_event(TurnStarted(**_ids("t1")))
+    except LeaseLostError as e:
+        assert e.epoch == stale.epoch
+    else:
+        raise AssertionError("a step under a stale epoch was accepted")
     assert await store.read_messages(KEY) == []
     assert await store.read_events(KEY) == []
     t1 = await get_turn(store, KEY, "t1")

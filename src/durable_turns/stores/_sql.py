@@ -110,6 +110,10 @@ class SqlRules:
             cols + "VALUES (?, ?, (SELECT coalesce(max(sub), 0) + 1 FROM log "
             "WHERE sid = ? AND seq = ?), ?, ?, ?, ?, ?, ?, NULL)")
         """A row without events: after the rows already at its ``seq``."""
+        self._append_fenced = q(cols + "SELECT ?, ?, 0, ?, ?, ?, ?, ?, ?, ? FROM sessions "
+                                "WHERE sid = ? AND epoch = ?")
+        """The common step in one statement: its row, written only while the epoch is the
+        lease's (the fencing check and the write in one, atomic without a transaction)."""
         self._update_turn = q(
             "UPDATE turns SET status = ?, text = ?, error = ?, reason = ?, request = ?, "
             "data = coalesce(?, data) WHERE sid = ? AND turn_id = ?")
@@ -168,6 +172,22 @@ class SqlRules:
         """Whether ``epoch`` is still the session's: the fencing check of every commit."""
         row = c.execute(self._epoch, (sid,)).fetchone()
         return row is not None and row[0] == epoch
+
+    @staticmethod
+    def one_row(w: Writes) -> bool:
+        """Whether a transaction writes one log row with events and nothing else (the common
+        step: a model reply, a tool result), which :meth:`append` writes in one statement."""
+        return bool(w.events) and not w.turns and w.status is None and not w.new_generation
+
+    def append(self, c: Connection, sid: int, epoch: int, gen: int, first: int,
+               w: Writes) -> bool:
+        """Write a :meth:`one_row` transaction's row if ``epoch`` is still the session's: the
+        fencing check and the write as one statement. False: the lease was lost (nothing
+        written)."""
+        n, turn_id, body, step, memo, events = row_of(w.messages, w.steps, w.events, first)
+        cur = c.execute(self._append_fenced, (sid, w.events[-1].seq, gen, n, turn_id, body,
+                                              step, memo, events, sid, epoch))
+        return cur.rowcount == 1
 
     def flush(self, c: Connection, sid: int, gen: int, first: int, w: Writes, *,
               seq: int) -> None:

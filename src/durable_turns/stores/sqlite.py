@@ -185,7 +185,12 @@ class _SqliteTransaction(BufferedTransaction):
         try:
             if exc_type is None:
                 await self._lock()
-                await store._write(self._commit, began=self._begun)
+                if not self._begun and _RULES.one_row(self.writes):
+                    # One fenced statement, its own transaction; where it must wait for the
+                    # lock, the writer thread runs the whole transaction instead.
+                    await store._write(self._commit_one, waiting=self._commit)
+                else:
+                    await store._write(self._commit, began=self._begun)
                 self.committed()
                 store._committed()
                 store._feed.published(self.lease.key, self.writes.events)
@@ -202,15 +207,29 @@ class _SqliteTransaction(BufferedTransaction):
             if not self._begun:
                 c.execute("BEGIN IMMEDIATE")
                 self._begun = True
-            if not _RULES.holds(c, lease.sid, lease.epoch):
+            if not self._write_fenced(c):
                 raise LeaseLostError(str(lease.key), lease.epoch)
-            _RULES.flush(c, lease.sid, lease.generation, self.first_index(), self.writes,
-                         seq=lease.last_seq)
             c.execute("COMMIT")
         except BaseException:
             self._rollback()
             raise
         self._begun = False
+
+    def _commit_one(self) -> None:
+        """A :meth:`SqlRules.one_row` step outside any transaction: one statement."""
+        if not self._write_fenced(self._conn):
+            raise LeaseLostError(str(self.lease.key), self.lease.epoch)
+
+    def _write_fenced(self, c: sqlite3.Connection) -> bool:
+        """The buffered writes if the lease's epoch is still the session's (else False)."""
+        lease, w = self.lease, self.writes
+        if _RULES.one_row(w):
+            return _RULES.append(c, lease.sid, lease.epoch, lease.generation,
+                                 self.first_index(), w)
+        if not _RULES.holds(c, lease.sid, lease.epoch):
+            return False
+        _RULES.flush(c, lease.sid, lease.generation, self.first_index(), w, seq=lease.last_seq)
+        return True
 
     def _rollback(self) -> None:
         if self._conn.in_transaction:
@@ -497,10 +516,12 @@ class SqliteStore(SqlReads, FeedStore):
 
         return await pool.run(waiting, linger=linger)
 
-    async def _write(self, fn: Callable[[], T], *, began: bool = False) -> T:
+    async def _write(self, fn: Callable[[], T], *, began: bool = False,
+                     waiting: Callable[[], T] | None = None) -> T:
         """Run a write job (the caller holds ``_write_lock``): here if the database's write lock
-        is free, else on the writer thread, which waits for it. A job that ``began`` on the
-        thread already holds the lock and cannot be refused.
+        is free, else on the writer thread, which waits for it (running ``waiting`` instead
+        of ``fn`` when given). A job that ``began`` on the thread already holds the lock and
+        cannot be refused.
 
         Raises:
             StoreError: SQLite failed (what the job raises of its own propagates as it is).
@@ -511,7 +532,7 @@ class SqliteStore(SqlReads, FeedStore):
             except sqlite3.OperationalError as e:
                 if began or not _busy(e):
                     raise
-            return await self._on_writer_thread(fn)
+            return await self._on_writer_thread(waiting or fn)
         except sqlite3.Error as e:
             raise StoreError(f"write to {self.path} failed: {e}") from e
 
