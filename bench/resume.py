@@ -5,10 +5,11 @@ Usage (from the repository root, with the package installed)::
     python bench/resume.py              # 0 and 2,200 messages, 7 fresh processes each
     python bench/resume.py --json
 
-Set-up (once, in a child process): two SqliteStore databases, one with a session ``short``
+Set-up (once, in child processes): two SqliteStore databases, one with a session ``short``
 (no history), one with a session ``long`` (grown to ``--history`` messages by turns of
-sequential tool calls), each with one turn accepted but not driven (``Runtime(drive=False)``):
-what a worker finds after the process that accepted it died.
+sequential tool calls); then, for each, a process accepts one turn without driving it
+(``Runtime(drive=False)``) and dies by SIGKILL: what a worker finds after a crash — the
+database, its WAL, its shared-memory index and its lease file as the dead process left them.
 
 Each measurement is a new Python process on a fresh copy of that database. After its imports
 (``opentelemetry.trace`` too, when installed: the engine imports it at its first turn) it
@@ -26,7 +27,9 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -62,9 +65,8 @@ def _agent_and_model() -> tuple[Any, Any]:
 
 
 async def _setup(folder: Path, history: int) -> dict[str, int]:
-    """``short.db`` and ``long.db``, each with one redelivered turn on its session."""
+    """``short.db`` and ``long.db``, their sessions grown (the turn is accepted later)."""
     from durable_turns import Runtime, SqliteStore
-    from durable_turns.messages import Message
 
     agent, model = _agent_and_model()
     sizes = {}
@@ -77,10 +79,20 @@ async def _setup(folder: Path, history: int) -> dict[str, int]:
                 await s.turn("count to ten", turn_id=f"grow-{t}")
                 t += 1
             sizes[session] = len(await s.transcript())
-        async with Runtime([agent], SqliteStore(db), model, drive=False) as rt:
-            await rt.accept(rt.key(AGENT, session), "redelivered",
-                            Message("user", "count again"))
     return sizes
+
+
+async def _crash(db: Path, session: str) -> None:
+    """Accept the turn to redeliver, then die by SIGKILL: the database, its WAL, its shared
+    memory index and its lease file are left as a crashed process leaves them."""
+    from durable_turns import Runtime, SqliteStore
+    from durable_turns.messages import Message
+
+    agent, model = _agent_and_model()
+    rt = Runtime([agent], SqliteStore(db), model, drive=False)
+    await rt.open()
+    await rt.accept(rt.key(AGENT, session), "redelivered", Message("user", "count again"))
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 async def _measure(db: Path, session: str) -> dict[str, float]:
@@ -124,6 +136,9 @@ async def _measure(db: Path, session: str) -> dict[str, float]:
 def _child(args: argparse.Namespace) -> None:
     if args.child == "setup":
         print(json.dumps(asyncio.run(_setup(Path(args.db), args.history))))
+    elif args.child.startswith("crash-"):
+        session = args.child.removeprefix("crash-")
+        asyncio.run(_crash(Path(args.db) / f"{session}.db", session))
     else:
         print(json.dumps(asyncio.run(_measure(Path(args.db), args.child))))
 
@@ -144,12 +159,18 @@ def main() -> None:
         sizes = json.loads(subprocess.run(
             [*me, "--child", "setup", "--db", tmp, "--history", str(args.history)],
             check=True, capture_output=True, text=True).stdout)
+        for session in ("short", "long"):
+            crashed = subprocess.run([*me, "--child", f"crash-{session}", "--db", tmp],
+                                     capture_output=True, text=True)
+            if crashed.returncode != -signal.SIGKILL:
+                raise SystemExit(f"the set-up that accepts the turn did not die by SIGKILL "
+                                 f"({crashed.returncode}): {crashed.stderr}")
         out: dict[str, Any] = {}
         for session in ("short", "long"):
             runs = []
             for i in range(args.repeat):
                 db = Path(tmp) / f"{session}-{i}.db"
-                for suffix in ("", "-wal", "-shm"):
+                for suffix in ("", "-wal", "-shm", "-lease"):
                     src = Path(tmp) / f"{session}.db{suffix}"
                     if src.exists():
                         shutil.copy(src, str(db) + suffix)

@@ -15,8 +15,9 @@ transaction) and with a *remote* tool (an ``async def`` writing nothing).
 
 The floor is a raw ``sqlite3`` loop over the same schema with the same PRAGMAs (WAL,
 ``synchronous=NORMAL``) that writes exactly the rows the engine writes, in the same
-transactions — the turn row; the lease claim (``UPDATE sessions SET epoch = epoch + 1``, one
-transaction per turn, as the engine claims the session's lease for each turn it drives); the
+transactions — the turn row (one statement); the lease claim (``UPDATE sessions SET epoch =
+epoch + 1``, one statement per turn, as the engine claims the session's lease for each turn it
+drives); the
 opening transaction (one ``log`` row: the opening message and ``turn.started``; turn and
 session status); then per step one transaction with one ``log`` row holding the step's
 message, checkpoint and events (and the tool's row), the last step also ending the turn —
@@ -336,8 +337,7 @@ class Floor:
         name, local = self.name, self.local
         LOG, FENCE = self.LOG, self.FENCE
         opening = _dumps({"v": 1, "role": "user", "text": OPENING, "turn": tid})
-        # accept the turn (creating the session on its first)
-        ex("BEGIN IMMEDIATE")
+        # accept the turn (creating the session on its first): one statement, as the engine
         state = self.sessions.get(session)
         if state is None:
             cur = ex("INSERT INTO sessions (agent, session) VALUES (?, ?)", (AGENT, session))
@@ -345,11 +345,8 @@ class Floor:
         sid, n, seq, _ = state
         ex("INSERT INTO turns (sid, turn_id, kind, status, opening, event, policy, data) "
            "VALUES (?, ?, 'turn', 'queued', ?, ?, ?, ?)", (sid, tid, opening, None, None, None))
-        ex("COMMIT")
-        # claim the session's lease: a new epoch
-        ex("BEGIN IMMEDIATE")
-        epoch = state[3] = ex(self.CLAIM, (sid,)).fetchone()[0]
-        ex("COMMIT")
+        # claim the session's lease: a new epoch (one statement)
+        epoch = state[3] = ex(self.CLAIM, (sid,)).fetchall()[0][0]
 
         def check() -> None:
             # the fencing check of every step's commit (one primary-key read)

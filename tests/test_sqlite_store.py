@@ -112,3 +112,31 @@ async def test_a_slow_local_tool_leaves_the_loop_running(tmp_path: Path) -> None
     assert result.status == "completed"
     assert [m.result for m in transcript if m.role == "tool"] == [{"loop_ran": True}]
     assert rows == [("c1",)]
+
+
+async def test_a_claim_after_another_store_wrote_counts_from_its_rows(tmp_path: Path) -> None:
+    # A store keeps the counters of the leases it released, and trusts them only when its
+    # next claim's epoch follows directly; here another store (another process, as far as
+    # the file knows) held the session in between and wrote two steps.
+    from durable_turns.events import TurnStarted
+    from durable_turns.messages import Message
+    from durable_turns.records import SessionKey
+
+    key = SessionKey("ops", "s1")
+    ids = {"agent": "ops", "session": "s1", "turn_id": "t1"}
+    a, b = SqliteStore(tmp_path / "db.sqlite"), SqliteStore(tmp_path / "db.sqlite")
+    await a.open()
+    await b.open()
+    try:
+        for store, text in ((a, "one"), (b, "two"), (b, "three"), (a, "four"), (a, "five")):
+            lease = await store.claim(key, timeout=10)
+            async with lease.transaction() as tx:
+                tx.add_message(Message("user", text, turn_id="t1"))
+                tx.add_event(TurnStarted(**ids, text=text))
+            await lease.release()
+        assert [m.text for m in await a.read_messages(key)] == ["one", "two", "three", "four",
+                                                                 "five"]
+        assert [e.seq for e in await b.read_events(key)] == [1, 2, 3, 4, 5]
+    finally:
+        await a.close()
+        await b.close()

@@ -133,6 +133,12 @@ class SqlRules:
         self._insert_turn = q(
             "INSERT INTO turns (sid, turn_id, kind, status, opening, event, policy, data) "
             "VALUES (?, ?, ?, 'queued', ?, ?, ?, ?) RETURNING ordinal")
+        self._enqueue_plain = q(
+            "INSERT INTO turns (sid, turn_id, kind, status, opening, event, policy, data) "
+            "SELECT s.sid, ?, 'turn', 'queued', ?, ?, ?, ? FROM sessions s "
+            "WHERE s.agent = ? AND s.session = ? AND NOT EXISTS (SELECT 1 FROM turns t "
+            "WHERE t.sid = s.sid AND t.status = 'suspended') "
+            "ON CONFLICT (sid, turn_id) DO NOTHING RETURNING ordinal")
         self._cancel = q(
             "UPDATE turns SET cancel = ? WHERE sid = ? AND status IN ('queued', 'running') "
             "AND cancel IS NULL AND (turn_id = ? OR CAST(? AS text) IS NULL) RETURNING turn_id")
@@ -229,6 +235,32 @@ class SqlRules:
         )).fetchone()[0]
         return TurnRecord(turn_id, int(ordinal), TurnStatus.QUEUED, opening, event, policy,
                           kind=kind, data=data), True
+
+    def enqueue_plain(self, c: Connection, key: SessionKey, turn_id: str, opening: Message,
+                      event: dict[str, Any] | None, policy: dict[str, Any] | None,
+                      data: dict[str, Any] | None) -> TurnRecord | None:
+        """The common accept in one statement: a new ``turn`` (no supersede) of a session
+        that exists and has no parked turn. None: not that case (a new session, a turn id
+        already taken, a park, for which :func:`check_enqueue` decides); nothing was written,
+        and :meth:`enqueue` takes it in a transaction. For a backend whose statements are
+        serialised (SQLite): the park check and the insert must see the same state."""
+        rows = c.execute(self._enqueue_plain, (
+            turn_id, encode_message(opening), _dump(event), _dump(policy), _dump(data),
+            key.agent, key.session,
+        )).fetchall()
+        if not rows:
+            return None
+        return TurnRecord(turn_id, int(rows[0][0]), TurnStatus.QUEUED, opening, event, policy,
+                          kind="turn", data=data)
+
+    def bump(self, c: Connection, sid: int) -> tuple[int, int]:
+        """A new epoch for a session whose id is known: ``(epoch, generation)``."""
+        epoch, gen = c.execute(self._claim, (sid,)).fetchall()[0]
+        return int(epoch), int(gen)
+
+    def last_row(self, c: Connection, sid: int, generation: int) -> tuple[int, int]:
+        """A lease's ``(newest seq, message count)`` read from the session's last row."""
+        return counters(c.execute(self._last_row, (sid,)).fetchone(), generation)
 
     def request_cancel(self, c: Connection, key: SessionKey, turn_id: str | None,
                        reason: str) -> list[str]:

@@ -116,6 +116,8 @@ LOCAL_LINGER = 0.0005
 the loop: most local tools (a few row writes) end sooner, and the step then skips the loop's
 wake-up; a longer one delays other sessions by this much at most."""
 SPARE_LOCK_FILES = 64
+RELEASED_KEPT = 4096
+"""Sessions whose counters a store keeps after its lease ends, for its next claim of them."""
 """Open descriptions of the lock file a store keeps for its next claims."""
 DETECTOR_LINGER = 2.0
 """Seconds the change detector keeps polling after the last subscriber or watcher left."""
@@ -294,6 +296,7 @@ class _SqliteLease(LeaseBase):
 
     async def release(self) -> None:
         if self._fd is not None:
+            self.store._release(self)
             self.store._give_back(self._fd, self._offset)
             self._fd = None
 
@@ -332,6 +335,9 @@ class SqliteStore(SqlReads, FeedStore):
         self._read_pool: Worker | None = None
         self._write_lock = asyncio.Lock()
         self._spare_fds: list[int] = []
+        self._released: dict[SessionKey, tuple[int, int, int, int, int]] = {}
+        """Counters of the leases this store released last: ``(sid, epoch, generation, newest
+        seq, message count)``."""
         self._feed = Feed(self.events_after, self.newest_seq, on_active=self._start_detector)
         self._detector: asyncio.Task[None] | None = None
 
@@ -591,11 +597,36 @@ class SqliteStore(SqlReads, FeedStore):
         offset = _session_byte(key)
         try:
             await poll_until(lambda: _flock(fd, offset, wait=False), key, timeout)
-            sid, epoch, gen, seq, count = await self._write_tx(lambda c: _RULES.claim(c, key))
+            sid, epoch, gen, seq, count = await self._new_epoch(key)
         except BaseException:
             self._give_back(fd, offset)
             raise
         return _SqliteLease(self, key, fd, offset, sid, epoch, gen, seq, count)
+
+    async def _new_epoch(self, key: SessionKey) -> tuple[int, int, int, int, int]:
+        """Raise the session's epoch (the OS lock is held): ``(sid, epoch, generation, newest
+        seq, message count)``. A session this process released last is one statement: when
+        the new epoch follows the one it released, nobody wrote in between, so the counters
+        it kept are the session's."""
+        known = self._released.pop(key, None)
+        if known is None:
+            return await self._write_tx(lambda c: _RULES.claim(c, key))
+        sid, released, generation, seq, count = known
+        c = self._writer_conn()
+        async with self._write_lock:
+            epoch, gen = await self._write(lambda: _RULES.bump(c, sid), waiting=lambda: (
+                _in_transaction(c, lambda c: _RULES.bump(c, sid))))
+        self._committed()
+        if epoch != released + 1 or gen != generation:
+            seq, count = await self._read(lambda c: _RULES.last_row(c, sid, gen))
+        return sid, epoch, gen, seq, count
+
+    def _release(self, lease: _SqliteLease) -> None:
+        """A lease ends: keep its counters for this process's next claim of the session."""
+        if len(self._released) >= RELEASED_KEPT:
+            self._released.pop(next(iter(self._released)))
+        self._released[lease.key] = (lease.sid, lease.epoch, lease.generation, lease.last_seq,
+                                     lease.message_count)
 
     def _lock_file(self) -> int:
         """An open file description of the lock file that holds no lock: a spare one (opening
@@ -625,6 +656,16 @@ class SqliteStore(SqlReads, FeedStore):
         supersede: str | None = None,
         data: dict[str, Any] | None = None,
     ) -> tuple[TurnRecord, bool]:
+        if kind == "turn" and supersede is None:  # the common accept: one statement
+            c = self._writer_conn()
+            async with self._write_lock:
+                record = await self._write(lambda: _RULES.enqueue_plain(
+                    c, key, turn_id, opening, event, policy, data), waiting=lambda: (
+                    _in_transaction(c, lambda c: _RULES.enqueue_plain(
+                        c, key, turn_id, opening, event, policy, data))))
+            if record is not None:
+                self._committed()
+                return record, True
         return await self._write_tx(lambda c: _RULES.enqueue(
             c, key, turn_id, opening, event, policy, kind, supersede, data))
 
