@@ -123,7 +123,6 @@ async def test_a_claim_after_another_store_wrote_counts_from_its_rows(tmp_path: 
     from durable_turns.records import SessionKey
 
     key = SessionKey("ops", "s1")
-    ids = {"agent": "ops", "session": "s1", "turn_id": "t1"}
     a, b = SqliteStore(tmp_path / "db.sqlite"), SqliteStore(tmp_path / "db.sqlite")
     await a.open()
     await b.open()
@@ -132,7 +131,7 @@ async def test_a_claim_after_another_store_wrote_counts_from_its_rows(tmp_path: 
             lease = await store.claim(key, timeout=10)
             async with lease.transaction() as tx:
                 tx.add_message(Message("user", text, turn_id="t1"))
-                tx.add_event(TurnStarted(**ids, text=text))
+                tx.add_event(TurnStarted(agent="ops", session="s1", turn_id="t1", text=text))
             await lease.release()
         assert [m.text for m in await a.read_messages(key)] == ["one", "two", "three", "four",
                                                                  "five"]

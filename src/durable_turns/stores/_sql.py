@@ -193,7 +193,7 @@ class SqlRules:
         n, turn_id, body, step, memo, events = row_of(w.messages, w.steps, w.events, first)
         cur = c.execute(self._append_fenced, (sid, w.events[-1].seq, gen, n, turn_id, body,
                                               step, memo, events, sid, epoch))
-        return cur.rowcount == 1
+        return bool(cur.rowcount == 1)
 
     def flush(self, c: Connection, sid: int, gen: int, first: int, w: Writes, *,
               seq: int) -> None:
