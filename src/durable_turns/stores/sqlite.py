@@ -5,8 +5,12 @@
   microseconds) or fails with "busy"; a busy call is then run again on the store's own thread
   (writer or reader), which waits there for up to ``busy_timeout``. A write lock held by another
   process therefore stalls only the writes that need it, never the loop, the other sessions'
-  reads or their subscribers. Why not every call on a thread: a thread hop costs 60 to 120 µs of
+  reads or their subscribers. Why not every call on a thread: a thread hop costs 70 to 150 µs of
   CPU on a small machine, more than a whole step's commit.
+- The common step (a model reply, a tool result: one log row, nothing else) is one statement,
+  its own transaction, fenced in its ``WHERE`` (``SqlRules.append``); so is the common accept,
+  and a claim of a session this store released last (its counters are kept, and trusted when
+  the new epoch directly follows the released one).
 - Work of unknown length runs on the writer thread always: local tools (inside their step's
   transaction) and WAL checkpoints (``wal_autocheckpoint`` is off on our connection; the store
   checkpoints every few hundred commits, off the loop). For a local tool the loop waits,
