@@ -554,6 +554,14 @@ class SqliteStore(SqlReads, FeedStore):
         self._committed()
         return out
 
+    async def _write_statement(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``fn``, one writing statement, as its own transaction; where it must wait for
+        the lock, the writer thread runs it inside ``BEGIN IMMEDIATE`` (a lone statement
+        that read before it wrote could be refused there without waiting)."""
+        c = self._writer_conn()
+        async with self._write_lock:
+            return await self._write(lambda: fn(c), waiting=lambda: _in_transaction(c, fn))
+
     def _committed(self) -> None:
         self._commits += 1
         if self._commits % CHECKPOINT_EVERY == 0 and self._write_pool is not None:
@@ -616,10 +624,7 @@ class SqliteStore(SqlReads, FeedStore):
         if known is None:
             return await self._write_tx(lambda c: _RULES.claim(c, key))
         sid, released, generation, seq, count = known
-        c = self._writer_conn()
-        async with self._write_lock:
-            epoch, gen = await self._write(lambda: _RULES.bump(c, sid), waiting=lambda: (
-                _in_transaction(c, lambda c: _RULES.bump(c, sid))))
+        epoch, gen = await self._write_statement(lambda c: _RULES.bump(c, sid))
         self._committed()
         if epoch != released + 1 or gen != generation:
             seq, count = await self._read(lambda c: _RULES.last_row(c, sid, gen))
@@ -661,12 +666,8 @@ class SqliteStore(SqlReads, FeedStore):
         data: dict[str, Any] | None = None,
     ) -> tuple[TurnRecord, bool]:
         if kind == "turn" and supersede is None:  # the common accept: one statement
-            c = self._writer_conn()
-            async with self._write_lock:
-                record = await self._write(lambda: _RULES.enqueue_plain(
-                    c, key, turn_id, opening, event, policy, data), waiting=lambda: (
-                    _in_transaction(c, lambda c: _RULES.enqueue_plain(
-                        c, key, turn_id, opening, event, policy, data))))
+            record = await self._write_statement(lambda c: _RULES.enqueue_plain(
+                c, key, turn_id, opening, event, policy, data))
             if record is not None:
                 self._committed()
                 return record, True
