@@ -78,11 +78,13 @@ async def test_the_loop_keeps_ticking_while_another_process_holds_the_write_lock
     tmp_path: Path,
 ) -> None:
     db = tmp_path / "store.sqlite"
-    model = scripted([ModelReply("done")])
+    model = scripted([ModelReply("done")] * 4)
     async with Runtime([Agent("ops")], SqliteStore(db), model) as rt:
         history = rt.session("ops", "history")
         await history.turn("earlier", turn_id="h1")
         stored = await history.events()
+        known = rt.session("ops", "known")  # its next accept and claim are one statement each
+        await known.turn("earlier", turn_id="k1")
         flag = tmp_path / "locked"
         holder = subprocess.Popen([sys.executable, "-c", HOLD_THE_LOCK, str(db), str(flag)],
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -99,6 +101,7 @@ async def test_the_loop_keeps_ticking_while_another_process_holds_the_write_lock
             ticking = asyncio.create_task(heartbeat())
             # A write waits for the lock on the store's writer thread...
             started = asyncio.create_task(rt.session("ops", "new").turn("hello"))
+            again = asyncio.create_task(known.turn("again", turn_id="k2"))
             # ...while reads and subscribers of other sessions go on.
             got: list[TurnEvent] = []
             async with asyncio.timeout(30), rt.subscribe(history.key, after_seq=0) as sub:
@@ -110,6 +113,7 @@ async def test_the_loop_keeps_ticking_while_another_process_holds_the_write_lock
             assert await history.status() == "idle"
             async with asyncio.timeout(60):
                 result = await started
+                result_again = await again
             stop.set()
             await ticking
             _, err = holder.communicate(timeout=30)
@@ -119,6 +123,7 @@ async def test_the_loop_keeps_ticking_while_another_process_holds_the_write_lock
                 holder.kill()
                 holder.communicate()
     assert result.status == "completed" and result.text == "done"
+    assert result_again.status == "completed"
     assert [e.to_dict() for e in got] == [e.to_dict() for e in stored]
     assert replayed_while_locked
     gaps = [b - a for a, b in itertools.pairwise(beats)]
