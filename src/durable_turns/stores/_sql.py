@@ -170,9 +170,9 @@ class SqlRules:
         """
         sid = self.sid(c, key, create=True)
         assert sid is not None
-        epoch, gen = c.execute(self._claim, (sid,)).fetchone()
-        seq, count = counters(c.execute(self._last_row, (sid,)).fetchone(), gen)
-        return sid, int(epoch), int(gen), seq, count
+        epoch, gen = self.bump(c, sid)
+        seq, count = self.last_row(c, sid, gen)
+        return sid, epoch, gen, seq, count
 
     def holds(self, c: Connection, sid: int, epoch: int) -> bool:
         """Whether ``epoch`` is still the session's: the fencing check of every commit."""

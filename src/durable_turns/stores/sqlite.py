@@ -120,9 +120,9 @@ LOCAL_LINGER = 0.0005
 the loop: most local tools (a few row writes) end sooner, and the step then skips the loop's
 wake-up; a longer one delays other sessions by this much at most."""
 SPARE_LOCK_FILES = 64
+"""Open descriptions of the lock file a store keeps for its next claims."""
 RELEASED_KEPT = 4096
 """Sessions whose counters a store keeps after its lease ends, for its next claim of them."""
-"""Open descriptions of the lock file a store keeps for its next claims."""
 DETECTOR_LINGER = 2.0
 """Seconds the change detector keeps polling after the last subscriber or watcher left."""
 
