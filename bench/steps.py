@@ -96,7 +96,7 @@ from durable_turns import (
     scripted,
     tool,
 )
-from durable_turns.stores.sqlite import MIGRATIONS
+from durable_turns.stores.sqlite import MIGRATIONS, TRANSCRIPT_CHUNK
 
 AGENT = "bench"
 OPENING = "run the counter tool ten times, one call after the other"
@@ -312,6 +312,7 @@ class Floor:
         "data = coalesce(?, data) WHERE sid = ? AND turn_id = ?"
     )
     STATUS = "UPDATE sessions SET status = ? WHERE sid = ?"
+    TRANSCRIPT = "INSERT INTO transcript (sid, gen, n, seq, body) VALUES (?, ?, ?, ?, ?)"
     CLAIM = "UPDATE sessions SET epoch = epoch + 1 WHERE sid = ? RETURNING epoch"
     FENCE = "SELECT epoch FROM sessions WHERE sid = ?"
 
@@ -328,6 +329,19 @@ class Floor:
         self.fence = fence
         self.sessions: dict[str, list[int]] = {}
         """session id → [sid, message count, last event seq, epoch]"""
+        self.uncopied: dict[str, list[tuple[int, int, str]]] = {}
+        """session id → ``(n, seq, body)`` of its log rows not in ``transcript`` yet"""
+
+    def copy_transcript(self, session: str, sid: int, rows: list[tuple[int, int, str]]) -> None:
+        """The engine's ``transcript`` row, in a commit that moves the chain: the messages
+        not copied yet, once there are ``TRANSCRIPT_CHUNK`` of them (kept here, not read)."""
+        pending = self.uncopied.setdefault(session, [])
+        pending += rows
+        copied = pending[0][0] - 1
+        if pending[-1][0] - copied >= TRANSCRIPT_CHUNK:
+            self.conn.execute(self.TRANSCRIPT, (sid, 0, pending[-1][0], pending[-1][1],
+                                                "\n".join([r[2] for r in pending])))
+            pending.clear()
 
     def close(self) -> None:
         self.conn.close()
@@ -370,16 +384,19 @@ class Floor:
         ex(LOG, (sid, seq + 1, n + 1, tid, opening, None, None,
                  _events(("turn.started", {"@": 0}))))
         ex(self.TURN, ("running", None, None, None, None, None, sid, tid))
+        self.copy_transcript(session, sid, [(n + 1, seq + 1, opening)])
         ex(self.STATUS, ("running", sid))
         ex("COMMIT")
         n, seq = n + 1, seq + 1
         if stamps is not None:
             stamps.append(time.perf_counter())
+        written: list[tuple[int, int, str]] = []  # (n, seq, body) for the transcript
         for k in range(self.calls):
             # model step: the assistant message, its checkpoint and its events in one row
             call = {"id": call_id(tid, k), "name": name, "input": {"n": k}}
-            append((sid, seq + 2, n + 1, tid,
-                    _dumps({"v": 1, "role": "assistant", "calls": [call], "turn": tid}),
+            body = _dumps({"v": 1, "role": "assistant", "calls": [call], "turn": tid})
+            written.append((n + 1, seq + 2, body))
+            append((sid, seq + 2, n + 1, tid, body,
                     f"model:{n}", _dumps({"m": n, "stop": "tool_use"}),
                     _events(("message.completed", {"@": 0, "stop_reason": "tool_use"}),
                             ("action.requested", {"@": 0, "c": 0}))))
@@ -391,9 +408,10 @@ class Floor:
                 ex("BEGIN IMMEDIATE")
                 ex(EFFECT_INSERT, (tid, call["id"], k))
             result = {"n": k, "ok": True}
-            append((sid, seq + 1, n + 1, tid,
-                    _dumps({"v": 1, "role": "tool", "call_id": call["id"], "result": result,
-                            "turn": tid}),
+            body = _dumps({"v": 1, "role": "tool", "call_id": call["id"], "result": result,
+                           "turn": tid})
+            written.append((n + 1, seq + 1, body))
+            append((sid, seq + 1, n + 1, tid, body,
                     f"tool:{a}:{call['id']}", f'{{"m":{n}}}',
                     _events(("action.completed", {"@": 0, "call": call}))))
             if local:
@@ -404,12 +422,14 @@ class Floor:
         # the final model step ends the turn
         ex("BEGIN IMMEDIATE")
         fence()
-        ex(LOG, (sid, seq + 2, n + 1, tid,
-                 _dumps({"v": 1, "role": "assistant", "text": FINAL, "turn": tid}),
+        body = _dumps({"v": 1, "role": "assistant", "text": FINAL, "turn": tid})
+        written.append((n + 1, seq + 2, body))
+        ex(LOG, (sid, seq + 2, n + 1, tid, body,
                  f"model:{n}", _dumps({"m": n, "stop": "end_turn"}),
                  _events(("message.completed", {"@": 0, "stop_reason": "end_turn"}),
                          ("turn.completed", {"@": 0}))))
         ex(self.TURN, ("completed", FINAL, None, None, None, None, sid, tid))
+        self.copy_transcript(session, sid, written)
         ex(self.STATUS, ("idle", sid))
         ex("COMMIT")
         if stamps is not None:
@@ -636,7 +656,8 @@ def engine_version() -> str:
 def same_rows(a: Path, b: Path) -> list[str]:
     """Tables whose rows differ between two databases (empty: the writes are identical)."""
     tables = {
-        "sessions": "sid", "turns": "ordinal", "log": "sid, seq, sub", "bench_effects": "id",
+        "sessions": "sid", "turns": "ordinal", "log": "sid, seq, sub",
+        "transcript": "sid, gen, n", "bench_effects": "id",
     }
     ca, cb = sqlite3.connect(a), sqlite3.connect(b)
     try:

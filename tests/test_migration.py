@@ -81,7 +81,7 @@ async def test_sqlite_version_2_opens_reads_and_goes_on(tmp_path: Path) -> None:
     await _goes_on(SqliteStore(db), SqliteStore(db))
     c = sqlite3.connect(db)
     try:
-        assert c.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS) == 3
+        assert c.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS) == 4
         tables = {r[0] for r in c.execute("SELECT name FROM sqlite_master WHERE type='table'")}
         assert "log" in tables and not tables & {"messages", "steps", "events"}
     finally:
@@ -148,6 +148,7 @@ def _v2_postgres(dsn: str, source: Path) -> None:
 
 async def test_postgres_version_2_opens_reads_and_goes_on(pg_dsn: str) -> None:
     from durable_turns import PostgresStore
+    from durable_turns.stores.postgres import MIGRATIONS as PG_MIGRATIONS
 
     _v2_postgres(pg_dsn, FIXTURES / "v2_store.sqlite")
     await _goes_on(PostgresStore(pg_dsn, lease_ttl=5.0), PostgresStore(pg_dsn, lease_ttl=5.0))
@@ -155,5 +156,5 @@ async def test_postgres_version_2_opens_reads_and_goes_on(pg_dsn: str) -> None:
 
     with psycopg.connect(pg_dsn) as c:
         row = c.execute("SELECT version FROM durable_turns_schema").fetchone()
-        assert row is not None and row[0] == 3
+        assert row is not None and row[0] == len(PG_MIGRATIONS) == 4
         assert c.execute("SELECT to_regclass('events')").fetchone() == (None,)

@@ -139,3 +139,45 @@ async def test_a_claim_after_another_store_wrote_counts_from_its_rows(tmp_path: 
     finally:
         await a.close()
         await b.close()
+
+
+async def test_a_long_session_keeps_its_messages_in_transcript_rows(tmp_path: Path) -> None:
+    # The commits that start and end turns copy the messages into few ``transcript`` rows
+    # once TRANSCRIPT_CHUNK of them are not copied yet; a runtime that starts afresh reads
+    # the transcript from them (and the log rows after them), the same messages.
+    from durable_turns.stores.sqlite import TRANSCRIPT_CHUNK
+
+    @tool
+    def step(k: int) -> dict[str, int]:
+        """One step."""
+        return {"k": k}
+
+    def reply(request: object) -> ModelReply:
+        msgs = request.messages  # type: ignore[attr-defined]
+        k = sum(1 for m in msgs if m.role == "tool" and m.turn_id == msgs[-1].turn_id)
+        if k < 4:
+            return ModelReply(f"step {k}", [ToolCall(f"{msgs[-1].turn_id}-{k}", "step",
+                                                     {"k": k})])
+        return ModelReply("done")
+
+    db = tmp_path / "db.sqlite"
+    agent = Agent("ops", "", [step])
+    async with Runtime([agent], SqliteStore(db), scripted(reply)) as rt:
+        s = rt.session("ops", "s1")
+        for t in range(12):  # 10 messages a turn
+            await s.turn(f"turn {t}", turn_id=f"t{t}")
+        before = await s.transcript()
+    assert len(before) == 120
+    c = sqlite3.connect(db)
+    try:
+        rows = c.execute("SELECT n, body FROM transcript ORDER BY n").fetchall()
+    finally:
+        c.close()
+    assert len(rows) >= 2 and rows[-1][0] > 120 - TRANSCRIPT_CHUNK
+    assert sum(len(body.split("\n")) for _, body in rows) == rows[-1][0]
+    async with Runtime([agent], SqliteStore(db), scripted(reply)) as rt:
+        s = rt.session("ops", "s1")
+        assert await s.transcript() == before
+        assert [m.text for m in (await s.transcript())[-3:]] == ["step 3", "", "done"]
+        r = await s.turn("one more", turn_id="t12")
+        assert r.text == "done" and len(await s.transcript()) == 130

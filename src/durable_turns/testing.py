@@ -375,6 +375,63 @@ async def check_reset_starts_a_new_generation(store: SessionStore) -> None:
     assert await store.read_messages(KEY, generation=0) == [_opening("t1")]
 
 
+async def _grow(store: SessionStore, turns: range, per_turn: int) -> list[Message]:
+    """Turns of ``per_turn`` messages each (an opening, replies, a two-message commit, a
+    commit without events), every turn started and ended: what a long session is made of."""
+    written: list[Message] = []
+    for t in turns:
+        tid = f"g{t}"
+        await store.enqueue_turn(KEY, tid, _opening(tid))
+        lease = await store.claim(KEY)
+        async with lease.transaction() as tx:
+            tx.add_message(_opening(tid))
+            tx.add_event(TurnStarted(**_ids(tid), text="hello"))
+            tx.set_turn(TurnResult(tid, TurnStatus.RUNNING))
+        step = [_opening(tid)]
+        for k in range(1, per_turn - 1):
+            reply = Message("assistant", f"{tid} reply {k}", turn_id=tid)
+            pair = [Message("tool", call_id=f"{tid}-{k}", result={"k": k}, turn_id=tid),
+                    Message("assistant", f"{tid} after {k}", turn_id=tid)]
+            batch = pair if k % 5 == 0 else [reply]
+            async with lease.transaction() as tx:
+                for m in batch:
+                    tx.add_message(m)
+                if k % 7:  # and every seventh commit has no event
+                    tx.add_event(MessageCompleted(**_ids(tid), text=batch[-1].text))
+            step += batch
+        last = Message("assistant", f"{tid} done", turn_id=tid)
+        async with lease.transaction() as tx:
+            tx.add_message(last)
+            tx.add_event(TurnCompleted(**_ids(tid), text=last.text))
+            tx.set_turn(TurnResult(tid, TurnStatus.COMPLETED, text=last.text))
+        await lease.release()
+        written += [*step, last]
+    return written
+
+
+async def check_a_long_transcript_reads_back_whole(store: SessionStore) -> None:
+    """A session of many turns and messages (past any size a store may keep its messages
+    in groups of, SQL stores' ``transcript``) reads back whole, from any message on, in
+    each generation, and its leases count every message."""
+    written = await _grow(store, range(9), 14)
+    assert len(written) > 120
+    assert await store.read_messages(KEY) == written
+    for after in range(len(written) + 2):
+        assert await store.read_messages(KEY, after=after) == written[after:], after
+    lease = await store.claim(KEY)
+    assert lease.message_count == len(written)
+    async with lease.transaction() as tx:  # a reset: the generation is archived whole
+        tx.new_generation()
+    await lease.release()
+    assert await store.read_messages(KEY) == []
+    again = await _grow(store, range(9, 14), 17)
+    assert await store.read_messages(KEY) == again
+    assert await store.read_messages(KEY, after=40) == again[40:]
+    assert await store.read_messages(KEY, generation=0) == written
+    assert await store.read_messages(KEY, generation=0, after=100) == written[100:]
+    assert await store.read_messages(KEY, generation=1) == again
+
+
 async def check_supersede_cancels_unfinished_turns_but_not_a_park(store: SessionStore) -> None:
     await store.enqueue_turn(KEY, "t1", _opening("t1"))
     await store.enqueue_turn(KEY, "t2", _opening("t2"))
@@ -581,6 +638,7 @@ CONFORMANCE: list[Check] = [
     check_sessions_are_found_by_turn_id,
     check_sessions_are_listed_newest_first,
     check_reset_starts_a_new_generation,
+    check_a_long_transcript_reads_back_whole,
     check_supersede_cancels_unfinished_turns_but_not_a_park,
     check_events_are_read_by_turn,
     check_subscribe_replays_then_goes_live,

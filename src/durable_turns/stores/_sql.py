@@ -14,10 +14,21 @@ no concurrent writer of the session. The tables::
               text, error, reason, cancel, data)              -- the chain
     log      (sid, seq, sub, gen, n, turn_id, body, step, memo, events)
                                   -- one append-only row per step (see ``_log``)
+    transcript (sid, gen, n, seq, body)
+                                  -- the log's messages again, many per row (see below)
 
 A step's commit is the fencing check (a read of the session row), one ``log`` row, and an
 ``UPDATE turns`` only in the steps that move the chain (a turn's start, end or park): the
 session row is written when its status changes, not per step.
+
+The transcript: reading a long session's messages from ``log`` means stepping over one wide
+row per step (its events and checkpoints too). So a commit that moves the chain, once at
+least :data:`TRANSCRIPT_CHUNK` messages of the generation are not in ``transcript`` yet,
+copies their bodies into one ``transcript`` row (``n``: the generation's message count after
+them; ``seq``: the key of the last ``log`` row they came from), in the same transaction. A
+read of the messages takes the ``transcript`` rows, then the ``log`` rows after the last of
+them: the same messages, from a few narrow rows. A database without ``transcript`` rows (one
+migrated, a short session) reads them all from ``log``, as before.
 """
 
 from __future__ import annotations
@@ -58,6 +69,12 @@ _OPEN = "('queued', 'running', 'suspended')"
 LAST_ROW = "SELECT seq, gen, n FROM log WHERE sid = {} ORDER BY seq DESC, sub DESC LIMIT 1"
 """The session's last log row (``{}``: the session id): its ``seq`` is the newest event seq,
 its ``n`` the message count of generation ``gen``."""
+
+
+TRANSCRIPT_CHUNK = 32
+"""The fewest messages a ``transcript`` row holds: the copy is made when a commit that moves
+the chain finds this many not yet copied (so a turn end costs one indexed read, and every
+few turns a read of the turn's rows and one insert)."""
 
 
 def _load(v: str | None) -> Any:
@@ -146,6 +163,18 @@ class SqlRules:
         self._data_of = q("SELECT data FROM turns WHERE sid = ? AND turn_id = ?")
         self._set_data = q("UPDATE turns SET data = ? WHERE sid = ? AND turn_id = ?")
         self._info = q("SELECT status, generation FROM sessions WHERE agent = ? AND session = ?")
+        self._sid_gen = q("SELECT sid, generation FROM sessions WHERE agent = ? AND session = ?")
+        self._transcript_end = q("SELECT n, seq FROM transcript WHERE sid = ? AND gen = ? "
+                                 "AND n <= ? ORDER BY n DESC LIMIT 1")
+        """The last ``transcript`` row of a generation up to message ``n``."""
+        self._transcript = q("SELECT n, body, seq FROM transcript WHERE sid = ? AND gen = ? "
+                             "AND n > ? ORDER BY n")
+        self._bodies_after = q("SELECT n, body, seq FROM log WHERE sid = ? AND gen = ? "
+                               "AND seq >= ? AND n > ? AND body IS NOT NULL ORDER BY seq, sub")
+        """The messages of the ``log`` rows of a generation after message ``n`` (its rows
+        from ``seq`` on: a row's ``n`` only grows with its key within a generation)."""
+        self._insert_transcript = q("INSERT INTO transcript (sid, gen, n, seq, body) "
+                                    "VALUES (?, ?, ?, ?, ?)")
 
     # -- sessions and leases ---------------------------------------------------------------
 
@@ -210,11 +239,25 @@ class SqlRules:
         for turn_id, (r, data) in w.turns.items():
             c.execute(self._update_turn, (r.status.value, r.text, r.error, r.reason,
                                           _dump(updated_request(r)), _dump(data), sid, turn_id))
+        if w.turns and not w.new_generation:
+            self.copy_transcript(c, sid, gen, first + len(w.messages))
         if w.status is not None:
             c.execute(self._set_status, (w.status, sid))
         if w.new_generation:
             c.execute(self._new_generation, (sid,))
             c.execute(self._cancel_park, (sid,))
+
+    def copy_transcript(self, c: Connection, sid: int, gen: int, count: int) -> None:
+        """Copy the generation's messages not yet in ``transcript`` into one row, once there
+        are :data:`TRANSCRIPT_CHUNK` of them (``count``: the generation's message count)."""
+        end = c.execute(self._transcript_end, (sid, gen, count)).fetchone()
+        n, seq = (0, 0) if end is None else end
+        if count - n < TRANSCRIPT_CHUNK:
+            return
+        rows = c.execute(self._bodies_after, (sid, gen, seq, n)).fetchall()
+        if rows:
+            c.execute(self._insert_transcript, (sid, gen, rows[-1][0], rows[-1][2],
+                                                "\n".join([r[1] for r in rows])))
 
     # -- the chain -------------------------------------------------------------------------
 
@@ -310,12 +353,25 @@ class SqlRules:
 
     def read_messages(self, c: Connection, key: SessionKey, after: int,
                       generation: int | None) -> list[Message]:
-        rows = c.execute(self.q(
-            f"SELECT l.n, l.body FROM {self._of_generation(generation)} "
-            "AND l.n > ? AND l.body IS NOT NULL ORDER BY l.seq, l.sub"
-        ), (*self._generation_params(key, generation), after)).fetchall()
+        """The generation's messages after number ``after``: its ``transcript`` rows, then
+        its ``log`` rows after the last of them (see the module's docstring)."""
+        if generation is None:
+            row = c.execute(self._sid_gen, (key.agent, key.session)).fetchone()
+        else:
+            row = c.execute(self._sid, (key.agent, key.session)).fetchone()
+            row = None if row is None else (row[0], generation)
+        if row is None:
+            return MessageLog()
+        sid, gen = row
+        rows = c.execute(self._transcript, (sid, gen, after)).fetchall()
+        if rows:
+            n, seq = rows[-1][0], rows[-1][2]
+        else:  # the log rows from the last transcript row at or before ``after``
+            end = c.execute(self._transcript_end, (sid, gen, after)).fetchone()
+            n, seq = after, (0 if end is None else end[1])
+        rows += c.execute(self._bodies_after, (sid, gen, seq, n)).fetchall()
         stored: list[str] = []
-        for n, body in rows:
+        for n, body, _ in rows:
             if "\n" in body:
                 stored += bodies(n, body, after)
             else:

@@ -140,6 +140,15 @@ MIGRATIONS: list[str] = [
         PRIMARY KEY (sid, seq, sub)
     );
     """ + LOOKUP_INDEX + ";" + ";".join(LEGACY_TO_LOG),
+    # 4: the log's messages again, many per row, read instead of the log's rows they copy
+    # (stores/_sql.py); filled from the next commit that moves a session's chain.
+    """
+    CREATE TABLE transcript (
+        sid BIGINT NOT NULL, gen INTEGER NOT NULL, n INTEGER NOT NULL, seq BIGINT NOT NULL,
+        body TEXT NOT NULL,
+        PRIMARY KEY (sid, gen, n)
+    );
+    """,
 ]
 
 CHANNEL = "durable_turns"

@@ -47,6 +47,9 @@ from ..records import EntryKind, SessionKey, TurnRecord
 from ._base import BufferedTransaction, LeaseBase, claim_found, poll_until
 from ._feed import Feed, FeedStore
 from ._log import LEGACY_TO_LOG, LOOKUP_INDEX
+
+# TRANSCRIPT_CHUNK is re-exported: the fewest messages a ``transcript`` row holds.
+from ._sql import TRANSCRIPT_CHUNK as TRANSCRIPT_CHUNK
 from ._sql import SqlReads, SqlRules
 from ._thread import Worker
 
@@ -107,6 +110,15 @@ MIGRATIONS: list[str] = [
         PRIMARY KEY (sid, seq, sub)
     ) WITHOUT ROWID;
     """ + LOOKUP_INDEX + ";" + ";".join(LEGACY_TO_LOG),
+    # 4: the log's messages again, many per row, read instead of the log's rows they copy
+    # (stores/_sql.py); filled from the next commit that moves a session's chain.
+    """
+    CREATE TABLE transcript (
+        sid INTEGER NOT NULL, gen INTEGER NOT NULL, n INTEGER NOT NULL, seq INTEGER NOT NULL,
+        body TEXT NOT NULL,
+        PRIMARY KEY (sid, gen, n)
+    ) WITHOUT ROWID;
+    """,
 ]
 
 _F_OFD_SETLK = getattr(fcntl, "F_OFD_SETLK", 37)
