@@ -107,6 +107,54 @@ async def test_sqlite_migration_is_one_transaction(tmp_path: Path) -> None:
         c.close()
 
 
+OPEN_AND_DUMP = """
+import asyncio, json, sys, time
+from pathlib import Path
+from durable_turns import SqliteStore
+from v2_store import dump
+
+async def main(db: str, go: Path) -> None:
+    deadline = time.monotonic() + 60
+    while not go.exists():  # all children open at once
+        if time.monotonic() > deadline:
+            sys.exit("no go file")
+        await asyncio.sleep(0.001)
+    store = SqliteStore(db)
+    await store.open()
+    try:
+        print(json.dumps(await dump(store)))
+    finally:
+        await store.close()
+
+asyncio.run(main(sys.argv[1], Path(sys.argv[2])))
+"""
+
+
+def test_sqlite_processes_opening_an_old_file_at_once_migrate_it_once(tmp_path: Path) -> None:
+    """The processes meet on the schema lock: one migrates, the others wait for it (on
+    their store's thread) and find the file current; each reads every old row."""
+    import os
+    import subprocess
+    import sys
+
+    db, go = _copy(tmp_path), tmp_path / "go"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+    children = [subprocess.Popen([sys.executable, "-c", OPEN_AND_DUMP, str(db), str(go)],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                 env=env) for _ in range(4)]
+    go.touch()
+    for child in children:
+        out, err = child.communicate(timeout=120)
+        assert child.returncode == 0, err
+        assert json.loads(out) == EXPECTED
+    c = sqlite3.connect(db)
+    try:
+        assert c.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS)
+    finally:
+        c.close()
+
+
 def _v2_postgres(dsn: str, source: Path) -> None:
     """A PostgreSQL schema at version 2 holding the SQLite fixture's rows."""
     import psycopg

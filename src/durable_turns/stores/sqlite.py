@@ -366,38 +366,47 @@ class SqliteStore(SqlReads, FeedStore):
             # Nothing is created beside a file that is not ours. (Once the lock file exists
             # the file was ours, or is being made ours: the writer looks again under it.)
             self._check_foreign()
-        write_pool = Worker("durable-turns-sqlite-write")
+        # Here, when nothing makes it wait (the schema lock free, the database not busy, no
+        # migration to run); else on the writer thread, which may wait and migrate.
+        writer = self._connect_writer(wait=False)
+        if writer is None:
+            writer = await self._writer_thread().run(self._connect_writer_waiting)
         try:
-            writer = await write_pool.run(self._connect_writer)
-            reader = self._connect()  # connecting takes no lock: here, not on a thread
+            reader = self._connect()  # connecting takes no lock
         except BaseException:
-            write_pool.stop()
+            writer.close()
             raise
         # The loop's connections never wait: a busy call goes to a thread that may. The
-        # threads' own connections (a reader that may wait, the checkpointer) and the reader
-        # thread are made when first needed, so opening costs one thread hop.
+        # threads (a writer that may wait, a reader that may) and their own connections (a
+        # waiting reader, the checkpointer) are made when first needed.
         writer.execute("PRAGMA busy_timeout = 0")
         reader.execute("PRAGMA busy_timeout = 0")
         self._writer, self._reader = writer, reader
-        self._write_pool = write_pool
 
-    def _connect(self) -> sqlite3.Connection:
+    def _writer_thread(self) -> Worker:
+        """The writer thread (started at its first job)."""
+        if self._write_pool is None:
+            self._write_pool = Worker("durable-turns-sqlite-write")
+        return self._write_pool
+
+    def _connect(self, *, busy_timeout: float | None = None) -> sqlite3.Connection:
+        timeout = self._busy_timeout if busy_timeout is None else busy_timeout
         try:
             conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-            conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout * 1000)}")
+            conn.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
         except sqlite3.Error as e:
             raise StoreError(f"cannot open {self.path}: {e}") from e
         return conn
 
-    def _connect_writer(self) -> sqlite3.Connection:
+    def _connect_writer(self, *, wait: bool) -> sqlite3.Connection | None:
+        """The writer connection, the database in WAL mode and migrated, under the schema lock.
+        Without ``wait``: None where it would wait for a lock or migrate."""
         fd = os.open(f"{self.path}-lease", os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            _flock(fd, _SCHEMA_BYTE, wait=True)
-        except BaseException:
-            os.close(fd)
-            raise
-        try:
-            conn = self._connect()
+            if not _flock(fd, _SCHEMA_BYTE, wait=wait) and not wait:
+                os.close(fd)
+                return None
+            conn = self._connect(busy_timeout=None if wait else 0)
         except BaseException:
             os.close(fd)
             raise
@@ -405,20 +414,29 @@ class SqliteStore(SqlReads, FeedStore):
             # Again (or first), under the lock: another process may have been half-way
             # through creating the file when this one looked.
             self._refuse_foreign(conn)
-        except BaseException:
-            conn.close()
-            os.close(fd)
-            raise
-        try:
             conn.execute("PRAGMA journal_mode = WAL")
             conn.execute(f"PRAGMA synchronous = {self._synchronous}")
             conn.execute("PRAGMA wal_autocheckpoint = 0")  # checkpoints run off the loop
+            if not wait and not self._current(conn):
+                conn.close()
+                return None
             self._migrate(conn)
         except sqlite3.Error as e:
             conn.close()
+            if not wait and _busy(e):
+                return None
             raise StoreError(f"cannot use {self.path} as a durable_turns store: {e}") from e
+        except BaseException:
+            conn.close()
+            raise
         finally:
             os.close(fd)  # drops the schema lock
+        return conn
+
+    def _connect_writer_waiting(self) -> sqlite3.Connection:
+        conn = self._connect_writer(wait=True)
+        if conn is None:  # waiting, it does not give up
+            raise StoreError(f"cannot open {self.path}")
         return conn
 
     def _check_foreign(self) -> None:
@@ -440,6 +458,8 @@ class SqliteStore(SqlReads, FeedStore):
             tables = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
             version = conn.execute("PRAGMA user_version").fetchone()[0]
         except sqlite3.DatabaseError as e:
+            if _busy(e):
+                raise  # busy, not foreign: the caller waits or goes to a thread that may
             raise StoreError(
                 f"{self.path} is not a SQLite database or is corrupt ({e}); refusing to use it"
             ) from e
@@ -454,11 +474,16 @@ class SqliteStore(SqlReads, FeedStore):
                 f"knows ({len(MIGRATIONS)}); upgrade durable_turns"
             )
 
+    @staticmethod
+    def _current(conn: sqlite3.Connection) -> bool:
+        """Whether the database needs no migration."""
+        return bool(conn.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS) and
+                    conn.execute("PRAGMA application_id").fetchone()[0] == APPLICATION_ID)
+
     def _migrate(self, conn: sqlite3.Connection) -> None:
         # A current store needs no write: opening it commits nothing (the schema lock is held,
         # so nobody migrates it meanwhile).
-        if conn.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS) and \
-                conn.execute("PRAGMA application_id").fetchone()[0] == APPLICATION_ID:
+        if self._current(conn):
             return
         conn.execute("BEGIN IMMEDIATE")
         try:
@@ -491,6 +516,8 @@ class SqliteStore(SqlReads, FeedStore):
             async with self._write_lock:
                 await write_pool.run(lambda: self._close_writer_thread(writer))
             write_pool.stop()
+        elif writer is not None:
+            writer.close()
         if read_pool is not None:
             await read_pool.run(self._close_reader_thread)
             read_pool.stop()
@@ -524,9 +551,10 @@ class SqliteStore(SqlReads, FeedStore):
     async def _on_writer_thread(self, fn: Callable[[], T], *, linger: float = 0.0) -> T:
         """Run ``fn`` on the writer thread, where the writer connection may wait for the lock
         (the caller holds ``_write_lock``); ``linger``: see :meth:`Worker.run`."""
-        pool, writer = self._write_pool, self._writer
-        if pool is None or writer is None:
+        writer = self._writer
+        if writer is None:
             raise StoreError(f"SqliteStore({str(self.path)!r}) is not open; await store.open()")
+        pool = self._writer_thread()
         timeout = int(self._busy_timeout * 1000)
 
         def waiting() -> T:
@@ -576,8 +604,8 @@ class SqliteStore(SqlReads, FeedStore):
 
     def _committed(self) -> None:
         self._commits += 1
-        if self._commits % CHECKPOINT_EVERY == 0 and self._write_pool is not None:
-            self._write_pool.submit(self._checkpoint)
+        if self._commits % CHECKPOINT_EVERY == 0 and self._writer is not None:
+            self._writer_thread().submit(self._checkpoint)
 
     def _checkpoint(self) -> None:
         """A passive WAL checkpoint, on the writer thread, by that thread's own connection."""
