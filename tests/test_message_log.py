@@ -59,6 +59,46 @@ def test_a_corrupt_record_fails_when_read() -> None:
         log[1]
 
 
+def joined(after: int = 0) -> MessageLog:
+    """The four messages as a store may keep them: the first three in one string (of which
+    the last ``3 - after`` count), then the fourth alone."""
+    rows = "\n".join(encode_message(m) for m in MESSAGES[:3])
+    return MessageLog.joined([(rows, 3 - after), (encode_message(MESSAGES[3]), 1)])
+
+
+@pytest.mark.parametrize("first_read", [0, 1, 2, 3, -1])
+def test_messages_joined_in_one_string_read_as_the_list(first_read: int) -> None:
+    log = joined()
+    assert len(log) == 4
+    assert log[first_read] == MESSAGES[first_read]  # splits the string, whichever is read
+    assert log == MESSAGES and list(reversed(log)) == MESSAGES[::-1]
+    assert log[1] is log[1]
+
+
+@pytest.mark.parametrize("after", [1, 2])
+def test_the_last_messages_of_a_joined_string(after: int) -> None:
+    log = joined(after)
+    assert log == MESSAGES[after:]
+    assert list(reversed(joined(after))) == MESSAGES[after:][::-1]
+
+
+def test_joined_messages_move_to_another_log_unread() -> None:
+    log = MessageLog.stored([encode_message(Message("user", "before"))])
+    log.extend(joined(1))  # the references move over; the string is split in ``log``
+    log.append(Message("user", "after"))
+    assert log[2] == MESSAGES[2]
+    assert log == [Message("user", "before"), *MESSAGES[1:], Message("user", "after")]
+    log.clear()
+    assert log == []
+
+
+def test_a_joined_string_with_fewer_messages_than_its_places_fails_when_read() -> None:
+    log = MessageLog.joined([(encode_message(MESSAGES[0]) + "\n" + encode_message(
+        MESSAGES[1]), 3)])
+    with pytest.raises(ValueError, match="holds 2 messages, not the 3"):
+        log[0]
+
+
 @pytest.mark.parametrize("value", [
     {"text": "é ☃ \u2028 \x00 \"q\" \\ \n", "n": -3, "f": 0.1 + 0.2, "ok": True, "none": None},
     [1, [2.5, {"k": []}], "", 10**18],

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any, Literal, SupportsIndex, overload
 
 import orjson
@@ -124,6 +125,16 @@ def decode_message(raw: str | bytes) -> Message:
     )
 
 
+class _Joined:
+    """Stored messages joined by newlines (which their JSON never holds raw), referenced
+    by each of their places in a :class:`MessageLog` until one of them is read."""
+
+    __slots__ = ("body",)
+
+    def __init__(self, body: str) -> None:
+        self.body = body
+
+
 class MessageLog(list[Message]):
     """A session's log as stored: a ``list`` of messages whose items are decoded from their
     stored JSON when first read, so a turn redelivered on a long history does not decode
@@ -143,13 +154,46 @@ class MessageLog(list[Message]):
         list.extend(log, bodies)  # type: ignore[misc]  # decoded when read
         return log
 
+    @classmethod
+    def joined(cls, rows: Iterable[tuple[str, int]]) -> MessageLog:
+        """A log of messages stored many to a string: ``(bodies joined by newlines, k)``
+        stands for the last ``k`` of them. A string is split when one of its messages is
+        first read (a long history costs one reference per message until then)."""
+        items: list[Any] = []
+        for body, count in rows:
+            if count == 1 and "\n" not in body:
+                items.append(body)
+            else:
+                items.extend(repeat(_Joined(body), count))
+        log = cls()
+        list.extend(log, items)  # decoded when read
+        return log
+
     def _decoded(self, i: int) -> Message:
         item: object = list.__getitem__(self, i)
         if isinstance(item, Message):
             return item
+        if type(item) is _Joined:
+            self._split(i, item)
+            item = list.__getitem__(self, i)
         message = decode_message(item)  # type: ignore[arg-type]  # a stored body
         list.__setitem__(self, i, message)
         return message
+
+    def _split(self, i: int, joined: _Joined) -> None:
+        """Replace the run of references to ``joined`` around ``i`` (its last messages: a
+        run is only ever made, moved and cleared whole) by their stored bodies."""
+        raw: list[Any] = self  # read and written past the decoding methods
+        start, end, size = i, i + 1, len(self)
+        while start > 0 and list.__getitem__(raw, start - 1) is joined:
+            start -= 1
+        while end < size and list.__getitem__(raw, end) is joined:
+            end += 1
+        parts = joined.body.split("\n")
+        if end - start > len(parts):
+            raise ValueError(f"a stored row holds {len(parts)} messages, not the "
+                             f"{end - start} the log has a place for")
+        list.__setitem__(raw, slice(start, end), parts[len(parts) - (end - start):])
 
     @overload
     def __getitem__(self, i: SupportsIndex) -> Message: ...

@@ -156,13 +156,6 @@ def _derived(e: TurnEvent, messages: list[Message]) -> dict[str, Any] | None:
     return None
 
 
-def bodies(n: int, body: str, after: int) -> list[str]:
-    """The stored messages of a row whose last message is number ``n - 1``, from ``after``."""
-    parts = body.split("\n")
-    skip = after - (n - len(parts))
-    return parts[skip:] if skip > 0 else parts
-
-
 def steps_of(turn_id: str | None, step: str | None, memo: str) -> list[StepRecord]:
     """A row's checkpoints."""
     if step is not None:

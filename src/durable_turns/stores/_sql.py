@@ -49,7 +49,7 @@ from ..records import (
     TurnStatus,
 )
 from ._base import Writes, check_enqueue, supersede_reason, updated_request
-from ._log import LOOKED_UP, bodies, events_of, row_of, steps_of
+from ._log import LOOKED_UP, events_of, row_of, steps_of
 
 
 class Cursor(Protocol):
@@ -370,13 +370,12 @@ class SqlRules:
             end = c.execute(self._transcript_end, (sid, gen, after)).fetchone()
             n, seq = after, (0 if end is None else end[1])
         rows += c.execute(self._bodies_after, (sid, gen, seq, n)).fetchall()
-        stored: list[str] = []
+        # A row holds the messages after the one before it (numbered on, with no gap).
+        counts: list[tuple[str, int]] = []
         for n, body, _ in rows:
-            if "\n" in body:
-                stored += bodies(n, body, after)
-            else:
-                stored.append(body)
-        return MessageLog.stored(stored)  # decoded when read
+            counts.append((body, n - after))
+            after = n
+        return MessageLog.joined(counts)  # split and decoded when read
 
     def _of_generation(self, generation: int | None, hint: str = "") -> str:
         """``FROM`` and ``WHERE`` of the log rows ``l`` of one generation of a session (the
