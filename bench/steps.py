@@ -30,9 +30,11 @@ engine, a step that writes only its row does it in one statement, its own transa
 (``INSERT INTO log … SELECT … FROM sessions WHERE sid = ? AND epoch = ?``, then the row
 count checked); the opening and the last step, which also update the turn and the session,
 run ``SELECT epoch FROM sessions WHERE sid = ?`` in their transaction. ``--no-fence`` drops
-the check from the floor, to see what it costs (the rows stay identical).
+the check from the floor, to see what it costs (the rows stay identical). Those two also
+write the ``transcript`` row the engine writes there once 32 messages are not copied yet.
 Apart from the epoch the floor reads nothing — not the newest seq or the message count the
-engine's claim reads, nor the chain — and keeps no state but four counters per session.
+engine's claim reads, nor the chain, nor the messages the engine reads back to copy them —
+and keeps no state but four counters per session and the messages not copied yet.
 After the first repetition the two databases are compared row by row, so the floor provably
 does the same writes.
 
@@ -49,7 +51,8 @@ Every measured run happens in its own child process (clean ``ru_maxrss`` and
 ``--repeat`` runs. µs/step is wall time over the whole workload divided by its steps, so it
 includes each turn's start and end (the floor's too); CPU µs/step is the same with
 ``time.process_time()`` (less sensitive to other load on the machine, blind to I/O waits).
-Bytes per step: the JSON stored in the log's rows (and with their key columns),
+Bytes per step: the JSON stored in the log's rows and the transcript's copies of the
+messages (and with their key columns),
 the bytes SQLite handed to ``write()`` (``wchar``: WAL frames and checkpoints) and the bytes
 the kernel accounted to storage (``write_bytes``).
 
@@ -221,12 +224,15 @@ def payload_bytes(db: Path) -> dict[str, int]:
             "coalesce(sum(coalesce(length(CAST(turn_id AS BLOB)), 0) "
             "+ coalesce(length(CAST(step AS BLOB)), 0)), 0) FROM log"
         ).fetchone()
+        # the messages copied again, many to a row (the engine's schema version 4 on)
+        t = c.execute("SELECT count(*), coalesce(sum(length(CAST(body AS BLOB))), 0) "
+                      "FROM transcript").fetchone() if "transcript" in tables else (0, 0)
     finally:
         c.close()
     return {
-        "rows": r[0], "json_bytes": r[1],
-        # text keys plus the integer columns (sid, seq, sub, gen, n)
-        "row_bytes": r[1] + r[2] + 8 * 5 * r[0],
+        "rows": r[0] + t[0], "json_bytes": r[1] + t[1],
+        # text keys plus the integer columns (sid, seq, sub, gen, n; the transcript's 4)
+        "row_bytes": r[1] + r[2] + 8 * 5 * r[0] + t[1] + 8 * 4 * t[0],
     }
 
 
