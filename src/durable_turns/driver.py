@@ -87,6 +87,7 @@ class SessionDriver:
         transcripts: the runtime's cache of live logs.
         publish: receives each committed step's events.
         publish_live: receives live events (text as it streams, model retries).
+        wants_live: whether anyone takes the session's live text now (None: always).
         finished: told each chain entry's end (or park).
         lease_timeout: how long to wait for another holder of the session's lease.
         try_once: claim the lease without waiting; a session another holder has is left to
@@ -100,7 +101,8 @@ class SessionDriver:
                  transcripts: TranscriptCache, publish: Callable[[list[TurnEvent]], None],
                  publish_live: Callable[[TurnEvent], None], finished: Finished,
                  lease_timeout: float | None, try_once: bool = False,
-                 runtime: Runtime | None = None, lease: Lease | None = None) -> None:
+                 runtime: Runtime | None = None, lease: Lease | None = None,
+                 wants_live: Callable[[SessionKey], bool] | None = None) -> None:
         self.key = key
         self.failure: BaseException | None = None
         """Why driving stopped, when it stopped on an error (the turns stay in the store)."""
@@ -110,6 +112,7 @@ class SessionDriver:
         self._transcripts = transcripts
         self._publish = publish
         self._publish_live = publish_live
+        self._wants_live = wants_live
         self._finished = finished
         self._try_once = try_once or lease is not None
         self._lease_timeout = 0 if self._try_once else lease_timeout
@@ -145,6 +148,10 @@ class SessionDriver:
         engine = self._engine
         if engine is not None and engine.turn_id is not None:
             self.interrupt([engine.turn_id], reason)
+
+    def _live_wanted(self) -> Callable[[], bool] | None:
+        wants, key = self._wants_live, self.key
+        return None if wants is None else lambda: wants(key)
 
     async def _run(self) -> None:
         failures = 0
@@ -206,7 +213,7 @@ class SessionDriver:
         engine = TurnEngine(self._agent, self._model, lease,
                             await self._transcripts.load(store, lease), self._publish,
                             self._publish_live, read_answer, self._cancels.get,
-                            runtime=self._runtime)
+                            runtime=self._runtime, wants_live=self._live_wanted())
         self._engine = engine
         while True:
             pending = await store.turns(key, unfinished=True)

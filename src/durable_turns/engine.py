@@ -97,6 +97,10 @@ def _hashed(prefix: str, turn_id: str, step_id: str) -> str:
     return hashlib.sha256(f"{prefix}{turn_id}/{step_id}".encode()).hexdigest()[:32]
 
 
+def _always() -> bool:
+    return True
+
+
 class ToolResultError(Exception):
     pass
 
@@ -132,6 +136,7 @@ class TurnEngine:
         read_answer: ReadAnswer,
         cancel_reason: CancelReason,
         runtime: Runtime | None = None,
+        wants_live: Callable[[], bool] | None = None,
     ) -> None:
         self.agent = agent
         self.runtime = runtime
@@ -140,6 +145,8 @@ class TurnEngine:
         self.transcript = transcript
         self._publish = publish
         self._publish_live = publish_live
+        self._wants_live = wants_live or _always
+        """Whether anyone takes live text now (else a reply's deltas are not even built)."""
         self._retry = RetryPolicy(agent.model_retries, agent.model_retry_delay)
         self._read_answer = read_answer
         self._cancel_reason = cancel_reason
@@ -329,7 +336,8 @@ class TurnEngine:
         span = self._trace.model_step(f"model:{n}") if self._trace is not None else None
 
         def on_text(text: str) -> None:
-            self._publish_live(MessageDelta(**ids, seq=self.lease.last_seq, text=text))
+            if self._wants_live():
+                self._publish_live(MessageDelta(**ids, seq=self.lease.last_seq, text=text))
 
         def on_retry(attempt: int, delay: float, error: ModelError) -> None:
             if span is not None:

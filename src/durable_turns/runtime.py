@@ -424,6 +424,7 @@ class Runtime:
             key, agent, self.model_for(agent), self.store, transcripts=self._transcripts,
             publish=self._publish, publish_live=self._publish_live, finished=self._finished,
             lease_timeout=self.lease_timeout, try_once=try_once, runtime=self, lease=lease,
+            wants_live=self._wants_live,
         )
         self._drivers[key] = driver
         driver.task.add_done_callback(lambda _t: self._driver_done(driver))
@@ -454,6 +455,9 @@ class Runtime:
                 self.sink.emit(e)
             except Exception:
                 log.exception("event sink failed on %s", e.type)
+
+    def _wants_live(self, key: SessionKey) -> bool:
+        return self.sink is not None or key in self._live
 
     def _publish_live(self, event: TurnEvent) -> None:
         for sub in self._live.get(SessionKey(event.agent, event.session), ()):
