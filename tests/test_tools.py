@@ -127,3 +127,53 @@ def test_define_action_gets_only_the_user() -> None:
 
     schema = {"type": "object", "properties": {}}
     assert define_action("notify", "Notify.", schema, remote_run).remote
+
+
+async def test_a_context_is_built_only_for_tools_that_read_it() -> None:
+    # A call's ToolContext (its idempotency key, its hooks) costs time on every tool step:
+    # the engine builds one only for a tool whose run reads it.
+    from durable_turns import Agent, MemoryStore, ModelReply, Runtime, ToolCall, scripted
+
+    @tool
+    async def plain(n: int) -> int:
+        """No context."""
+        return n
+
+    @tool(retries=1, retry_delay=0.0)
+    async def flaky(n: int) -> int:
+        """No context, retried once."""
+        flaky_calls.append(n)
+        if len(flaky_calls) == 1:
+            raise ConnectionError("once")
+        return n
+
+    seen: list[object] = []
+
+    @tool
+    def keyed(n: int, ctx: ToolContext) -> str:
+        """Reads its context."""
+        seen.append(ctx)
+        return ctx.idempotency_key
+
+    def custom_run(args: dict[str, Any], ctx: ToolContext) -> int:
+        seen.append(ctx)
+        return 1
+
+    flaky_calls: list[int] = []
+    bare = Tool(ToolSpec("bare", "Takes none.", {"type": "object"}), custom_run,
+                uses_context=False)
+    assert not plain.uses_context and not flaky.uses_context and not bare.uses_context
+    assert keyed.uses_context and Tool(bare.spec, custom_run).uses_context
+    assert define_action("act", "Act.", {"type": "object"}, lambda i, a: 1).uses_context
+
+    calls = [ToolCall("c1", "plain", {"n": 1}), ToolCall("c2", "flaky", {"n": 2}),
+             ToolCall("c3", "keyed", {"n": 3}), ToolCall("c4", "bare", {})]
+    agent = Agent("ops", "", [plain, flaky, keyed, bare])
+    model = scripted([ModelReply("", calls), ModelReply("ok")])
+    async with Runtime([agent], MemoryStore(), model) as rt:
+        s = rt.session("ops", "s1")
+        assert (await s.turn("go")).text == "ok"
+        results = {m.call_id: m.result for m in await s.transcript() if m.role == "tool"}
+    assert results["c1"] == 1 and results["c2"] == 2 and flaky_calls == [2, 2]
+    assert isinstance(seen[0], ToolContext) and results["c3"] == seen[0].idempotency_key
+    assert len(results["c3"]) == 32 and seen[1] is None

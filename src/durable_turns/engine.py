@@ -415,8 +415,9 @@ class TurnEngine:
 
     def _prepare(self, turn_id: str, n: int, call: ToolCall, policy: SurfacePolicy | None,
                  event: InboundEvent | None
-                 ) -> tuple[Tool | None, dict[str, Any], str | None, ToolContext]:
-        """The call's tool, its checked input (or the problem with it) and its context."""
+                 ) -> tuple[Tool | None, dict[str, Any], str | None, ToolContext | None]:
+        """The call's tool, its checked input (or the problem with it) and its context (None
+        when nothing will read one: no tool runs, or it takes none)."""
         step_id = f"tool:{n}:{call.id}"
         tool = self._tools(policy).get(call.name)
         args: dict[str, Any] = {}
@@ -428,13 +429,15 @@ class TurnEngine:
                 args = tool.validate(dict(call.input))
             except ValueError as e:
                 problem = f"invalid input for {call.name}: {e}"[:ERROR_LIMIT]
+        if tool is None or problem is not None or not tool.uses_context:
+            return tool, args, problem, None
         ctx = ToolContext(
             agent=self.lease.key.agent, session=self.lease.key.session, turn_id=turn_id,
             call_id=call.id, step_id=step_id,
             idempotency_key=_hashed(self._key_prefix(), turn_id, step_id),
             store=_NoHandle(), event=event, user=event.user if event else None,
         )
-        if tool is not None and tool.remote:
+        if tool.remote:
             ctx.park = self._parker(turn_id, call.id, event)
             ctx.runtime = self.runtime
             ctx.record_child = self._child_recorder(turn_id, call.id)
@@ -443,7 +446,7 @@ class TurnEngine:
             ctx.cancel_check = lambda: self._cancel_reason(turn_id) or self._failing
         return tool, args, problem, ctx
 
-    async def _call_remote(self, tool: Tool, args: dict[str, Any], ctx: ToolContext,
+    async def _call_remote(self, tool: Tool, args: dict[str, Any], ctx: ToolContext | None,
                            call: ToolCall, turn_id: str, span: StepSpan | None = None
                            ) -> Outcome:
         """Run a remote tool: its result, or an error result for an exception it raised.
@@ -524,15 +527,17 @@ class TurnEngine:
         return park
 
     async def _record(self, turn_id: str, n: int, call: ToolCall, step_id: str, result: Any,
-                      error: str | None, local: tuple[Tool, dict[str, Any], ToolContext] | None
-                      = None, span: StepSpan | None = None) -> None:
+                      error: str | None,
+                      local: tuple[Tool, dict[str, Any], ToolContext | None] | None = None,
+                      span: StepSpan | None = None) -> None:
         ids = self._ids(turn_id)
 
         async def fill(tx: Transaction) -> list[TurnEvent]:
             nonlocal result, error
             if local is not None:
                 tool, args, ctx = local
-                ctx.store = tx
+                if ctx is not None:
+                    ctx.store = tx
                 limit = self.agent.max_result_bytes
                 outcome = await self._outcome(
                     tx.run_local(lambda _h: _run_local(tool, args, ctx, limit)), tool, call,
@@ -582,7 +587,7 @@ class TurnEngine:
         interruptible: set[asyncio.Task[None]] = set()
 
         async def commit(call: ToolCall, outcome: Outcome | None,
-                         local: tuple[Tool, dict[str, Any], ToolContext] | None = None,
+                         local: tuple[Tool, dict[str, Any], ToolContext | None] | None = None,
                          shielded: bool = False, span: StepSpan | None = None) -> None:
             async def fill(tx: Transaction) -> list[TurnEvent]:
                 nonlocal outcome
@@ -606,7 +611,7 @@ class TurnEngine:
                 span.done(outcome.error)
 
         async def remote(call: ToolCall, tool: Tool, args: dict[str, Any],
-                         ctx: ToolContext, span: StepSpan | None) -> None:
+                         ctx: ToolContext | None, span: StepSpan | None) -> None:
             try:
                 outcome = await self._call_remote(tool, args, ctx, call, turn_id, span)
             except Parked as p:
@@ -623,7 +628,7 @@ class TurnEngine:
 
         tasks: list[asyncio.Task[None]] = []
         one_by_one: list[tuple[ToolCall, Tool | None, dict[str, Any], str | None,
-                               ToolContext, StepSpan | None]] = []
+                               ToolContext | None, StepSpan | None]] = []
         for c in owed:
             if c.id in state.done:
                 continue
@@ -685,9 +690,10 @@ class TurnEngine:
         return None
 
     async def _run_local_in(self, tx: Transaction, call: ToolCall, turn_id: str, tool: Tool,
-                            args: dict[str, Any], ctx: ToolContext) -> Outcome:
+                            args: dict[str, Any], ctx: ToolContext | None) -> Outcome:
         """Run a local tool inside ``tx`` (its writes roll back if it raises)."""
-        ctx.store = tx
+        if ctx is not None:
+            ctx.store = tx
         limit = self.agent.max_result_bytes
         return await self._outcome(tx.run_local(lambda _h: _run_local(tool, args, ctx, limit)),
                                    tool, call, turn_id)
@@ -911,7 +917,7 @@ class _NoHandle:
         )
 
 
-def _run_local(tool: Tool, args: dict[str, Any], ctx: ToolContext, limit: int) -> Any:
+def _run_local(tool: Tool, args: dict[str, Any], ctx: ToolContext | None, limit: int) -> Any:
     out = tool.call_local(args, ctx)
     if inspect.isawaitable(out):
         close = getattr(out, "close", None)

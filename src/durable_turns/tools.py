@@ -154,6 +154,9 @@ class Tool:
             :class:`~durable_turns.errors.FatalToolError`; a timeout is a ``TimeoutError``).
         retry_delay: the first backoff in seconds; it doubles per attempt, with jitter, up
             to 30 s.
+        uses_context: whether ``run`` reads its ``ctx``. When it does not, the engine builds
+            no context for a call and passes ``None`` (``@tool`` sets this for a function
+            without a :class:`ToolContext` parameter).
 
     Raises:
         ConfigurationError: ``run`` is not callable, a limit is negative, or ``retries`` is
@@ -161,7 +164,7 @@ class Tool:
     """
 
     __slots__ = ("_check", "interruptible", "remote", "retries", "retry_delay", "retry_on",
-                 "run", "spec", "timeout")
+                 "run", "spec", "timeout", "uses_context")
 
     def __init__(
         self,
@@ -174,6 +177,7 @@ class Tool:
         retries: int = 0,
         retry_on: tuple[type[BaseException], ...] = (Exception,),
         retry_delay: float = 0.5,
+        uses_context: bool = True,
     ) -> None:
         if not callable(run):
             raise ConfigurationError(f"tool {spec.name!r}: run must be callable")
@@ -204,9 +208,10 @@ class Tool:
         self.retries = retries
         self.retry_on = retry_on
         self.retry_delay = retry_delay
+        self.uses_context = uses_context
         self._check = validate or _schema_validator(spec)
 
-    async def call(self, args: dict[str, Any], ctx: ToolContext,
+    async def call(self, args: dict[str, Any], ctx: ToolContext | None,
                    on_retry: OnRetry | None = None) -> Any:
         """Run a remote tool's attempts: each within ``timeout``, up to ``1 + retries``.
 
@@ -216,10 +221,11 @@ class Tool:
         own signals (``BaseException``) are raised at once.
         """
         if self.timeout is None and not self.retries:
-            return await self.run(args, ctx)
+            return await self.run(args, ctx)  # type: ignore[arg-type]  # None: unused
         attempt = 1
         while True:
-            ctx.attempt = attempt
+            if ctx is not None:
+                ctx.attempt = attempt
             try:
                 return await self._attempt(args, ctx)
             except Exception as e:
@@ -233,19 +239,19 @@ class Tool:
                 await asyncio.sleep(delay)
                 attempt += 1
 
-    async def _attempt(self, args: dict[str, Any], ctx: ToolContext) -> Any:
+    async def _attempt(self, args: dict[str, Any], ctx: ToolContext | None) -> Any:
         if self.timeout is None:
-            return await self.run(args, ctx)
+            return await self.run(args, ctx)  # type: ignore[arg-type]  # None: unused
         try:
             async with asyncio.timeout(self.timeout) as limit:
-                return await self.run(args, ctx)
+                return await self.run(args, ctx)  # type: ignore[arg-type]
         except TimeoutError:
             if not limit.expired():
                 raise  # the tool's own TimeoutError, not our limit
             raise TimeoutError(f"tool {self.name!r} took longer than {self.timeout:g}s and "
                                "was cancelled") from None
 
-    def call_local(self, args: dict[str, Any], ctx: ToolContext) -> Any:
+    def call_local(self, args: dict[str, Any], ctx: ToolContext | None) -> Any:
         """Run a local tool once; past ``timeout`` it raises ``TimeoutError`` when it returns.
 
         A local tool cannot be interrupted: it runs on the store's thread, inside the step's
@@ -253,9 +259,9 @@ class Tool:
         late result never commits.
         """
         if self.timeout is None:
-            return self.run(args, ctx)
+            return self.run(args, ctx)  # type: ignore[arg-type]  # None: unused
         start = time.monotonic()
-        out = self.run(args, ctx)
+        out = self.run(args, ctx)  # type: ignore[arg-type]
         took = time.monotonic() - start
         if took > self.timeout and not inspect.isawaitable(out):
             raise TimeoutError(f"tool {self.name!r} took {took:.3g}s, longer than its "
@@ -432,7 +438,8 @@ def tool(
 
             run = run_sync
         return Tool(spec, run, validate=_pydantic_validator(model), timeout=timeout,
-                    retries=retries, retry_on=retry_on, retry_delay=retry_delay)
+                    retries=retries, retry_on=retry_on, retry_delay=retry_delay,
+                    uses_context=ctx_param is not None)
 
     return build(fn) if fn is not None else build
 
