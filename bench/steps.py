@@ -31,7 +31,7 @@ engine, a step that writes only its row does it in one statement, its own transa
 count checked); the opening and the last step, which also update the turn and the session,
 run ``SELECT epoch FROM sessions WHERE sid = ?`` in their transaction. ``--no-fence`` drops
 the check from the floor, to see what it costs (the rows stay identical). Those two also
-write the ``transcript`` row the engine writes there once 32 messages are not copied yet.
+write the ``log_transcript`` row the engine writes there once 32 messages are not copied yet.
 Apart from the epoch the floor reads nothing — not the newest seq or the message count the
 engine's claim reads, nor the chain, nor the messages the engine reads back to copy them —
 and keeps no state but four counters per session and the messages not copied yet.
@@ -226,7 +226,7 @@ def payload_bytes(db: Path) -> dict[str, int]:
         ).fetchone()
         # the messages copied again, many to a row (the engine's schema version 4 on)
         t = c.execute("SELECT count(*), coalesce(sum(length(CAST(body AS BLOB))), 0) "
-                      "FROM transcript").fetchone() if "transcript" in tables else (0, 0)
+                      "FROM log_transcript").fetchone() if "log_transcript" in tables else (0, 0)
     finally:
         c.close()
     return {
@@ -318,7 +318,7 @@ class Floor:
         "data = coalesce(?, data) WHERE sid = ? AND turn_id = ?"
     )
     STATUS = "UPDATE sessions SET status = ? WHERE sid = ?"
-    TRANSCRIPT = "INSERT INTO transcript (sid, gen, n, seq, body) VALUES (?, ?, ?, ?, ?)"
+    TRANSCRIPT = "INSERT INTO log_transcript (sid, gen, n, seq, body) VALUES (?, ?, ?, ?, ?)"
     CLAIM = "UPDATE sessions SET epoch = epoch + 1 WHERE sid = ? RETURNING epoch"
     FENCE = "SELECT epoch FROM sessions WHERE sid = ?"
 
@@ -336,10 +336,10 @@ class Floor:
         self.sessions: dict[str, list[int]] = {}
         """session id → [sid, message count, last event seq, epoch]"""
         self.uncopied: dict[str, list[tuple[int, int, str]]] = {}
-        """session id → ``(n, seq, body)`` of its log rows not in ``transcript`` yet"""
+        """session id → ``(n, seq, body)`` of its log rows not in ``log_transcript`` yet"""
 
     def copy_transcript(self, session: str, sid: int, rows: list[tuple[int, int, str]]) -> None:
-        """The engine's ``transcript`` row, in a commit that moves the chain: the messages
+        """The engine's ``log_transcript`` row, in a commit that moves the chain: the messages
         not copied yet, once there are ``TRANSCRIPT_CHUNK`` of them (kept here, not read)."""
         pending = self.uncopied.setdefault(session, [])
         pending += rows
@@ -663,7 +663,7 @@ def same_rows(a: Path, b: Path) -> list[str]:
     """Tables whose rows differ between two databases (empty: the writes are identical)."""
     tables = {
         "sessions": "sid", "turns": "ordinal", "log": "sid, seq, sub",
-        "transcript": "sid, gen, n", "bench_effects": "id",
+        "log_transcript": "sid, gen, n", "bench_effects": "id",
     }
     ca, cb = sqlite3.connect(a), sqlite3.connect(b)
     try:

@@ -142,7 +142,7 @@ async def test_a_claim_after_another_store_wrote_counts_from_its_rows(tmp_path: 
 
 
 async def test_a_long_session_keeps_its_messages_in_transcript_rows(tmp_path: Path) -> None:
-    # The commits that start and end turns copy the messages into few ``transcript`` rows
+    # The commits that start and end turns copy the messages into few ``log_transcript`` rows
     # once TRANSCRIPT_CHUNK of them are not copied yet; a runtime that starts afresh reads
     # the transcript from them (and the log rows after them), the same messages.
     from durable_turns.stores.sqlite import TRANSCRIPT_CHUNK
@@ -170,7 +170,7 @@ async def test_a_long_session_keeps_its_messages_in_transcript_rows(tmp_path: Pa
     assert len(before) == 120
     c = sqlite3.connect(db)
     try:
-        rows = c.execute("SELECT n, body FROM transcript ORDER BY n").fetchall()
+        rows = c.execute("SELECT n, body FROM log_transcript ORDER BY n").fetchall()
     finally:
         c.close()
     assert len(rows) >= 2 and rows[-1][0] > 120 - TRANSCRIPT_CHUNK
@@ -181,3 +181,53 @@ async def test_a_long_session_keeps_its_messages_in_transcript_rows(tmp_path: Pa
         assert [m.text for m in (await s.transcript())[-3:]] == ["step 3", "", "done"]
         r = await s.turn("one more", turn_id="t12")
         assert r.text == "done" and len(await s.transcript()) == 130
+
+
+async def test_a_long_history_not_yet_copied_is_copied_a_bounded_piece_per_commit(
+        tmp_path: Path) -> None:
+    # A database of schema version 3 has long logs and no transcript rows: a commit copies
+    # at most TRANSCRIPT_COPY_ROWS log rows, and the reads stay whole meanwhile.
+    from durable_turns.events import TurnStarted
+    from durable_turns.messages import Message
+    from durable_turns.records import SessionKey, TurnResult, TurnStatus
+    from durable_turns.stores.sqlite import TRANSCRIPT_COPY_ROWS
+
+    key, db = SessionKey("ops", "s1"), tmp_path / "db.sqlite"
+    store = SqliteStore(db)
+    await store.open()
+
+    def copied() -> list[tuple[int, int]]:
+        c = sqlite3.connect(db)
+        try:
+            return c.execute("SELECT gen, n FROM log_transcript ORDER BY n").fetchall()
+        finally:
+            c.close()
+
+    try:
+        written: list[Message] = []
+        for t in ("t1", "t2"):
+            await store.enqueue_turn(key, t, Message("user", t, turn_id=t))
+            lease = await store.claim(key)
+            async with lease.transaction() as tx:
+                written.append(Message("user", t, turn_id=t))
+                tx.add_message(written[-1])
+                tx.add_event(TurnStarted(agent="ops", session="s1", turn_id=t, text=t))
+                tx.set_turn(TurnResult(t, TurnStatus.RUNNING))
+            if t == "t2":  # the turn's start copied the rest
+                assert copied() == [(0, TRANSCRIPT_COPY_ROWS), (0, len(written))]
+                break
+            for k in range(TRANSCRIPT_COPY_ROWS + 100):
+                async with lease.transaction() as tx:
+                    written.append(Message("assistant", f"{t} {k}", turn_id=t))
+                    tx.add_message(written[-1])
+            async with lease.transaction() as tx:
+                tx.set_turn(TurnResult(t, TurnStatus.COMPLETED, text="done"))
+            await lease.release()
+            assert copied() == [(0, TRANSCRIPT_COPY_ROWS)]  # of 1,101 messages
+            assert await store.read_messages(key) == written
+            assert await store.read_messages(key, after=999) == written[999:]
+        await lease.release()
+        assert await store.read_messages(key) == written
+        assert await store.read_messages(key, after=1050) == written[1050:]
+    finally:
+        await store.close()

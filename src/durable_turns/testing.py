@@ -411,7 +411,7 @@ async def _grow(store: SessionStore, turns: range, per_turn: int) -> list[Messag
 
 async def check_a_long_transcript_reads_back_whole(store: SessionStore) -> None:
     """A session of many turns and messages (past any size a store may keep its messages
-    in groups of, SQL stores' ``transcript``) reads back whole, from any message on, in
+    in groups of, SQL stores' ``log_transcript``) reads back whole, from any message on, in
     each generation, and its leases count every message."""
     written = await _grow(store, range(9), 14)
     assert len(written) > 120

@@ -14,7 +14,7 @@ no concurrent writer of the session. The tables::
               text, error, reason, cancel, data)              -- the chain
     log      (sid, seq, sub, gen, n, turn_id, body, step, memo, events)
                                   -- one append-only row per step (see ``_log``)
-    transcript (sid, gen, n, seq, body)
+    log_transcript (sid, gen, n, seq, body)
                                   -- the log's messages again, many per row (see below)
 
 A step's commit is the fencing check (a read of the session row), one ``log`` row, and an
@@ -23,11 +23,11 @@ session row is written when its status changes, not per step.
 
 The transcript: reading a long session's messages from ``log`` means stepping over one wide
 row per step (its events and checkpoints too). So a commit that moves the chain, once at
-least :data:`TRANSCRIPT_CHUNK` messages of the generation are not in ``transcript`` yet,
-copies their bodies into one ``transcript`` row (``n``: the generation's message count after
+least :data:`TRANSCRIPT_CHUNK` messages of the generation are not in ``log_transcript`` yet,
+copies their bodies into one ``log_transcript`` row (``n``: the generation's message count after
 them; ``seq``: the key of the last ``log`` row they came from), in the same transaction. A
-read of the messages takes the ``transcript`` rows, then the ``log`` rows after the last of
-them: the same messages, from a few narrow rows. A database without ``transcript`` rows (one
+read of the messages takes the ``log_transcript`` rows, then the ``log`` rows after the last of
+them: the same messages, from a few narrow rows. A database without ``log_transcript`` rows (one
 migrated, a short session) reads them all from ``log``, as before.
 """
 
@@ -72,9 +72,12 @@ its ``n`` the message count of generation ``gen``."""
 
 
 TRANSCRIPT_CHUNK = 32
-"""The fewest messages a ``transcript`` row holds: the copy is made when a commit that moves
+"""The fewest messages a ``log_transcript`` row holds: the copy is made when a commit that moves
 the chain finds this many not yet copied (so a turn end costs one indexed read, and every
 few turns a read of the turn's rows and one insert)."""
+TRANSCRIPT_COPY_ROWS = 1000
+"""The most ``log`` rows one commit copies: a long history not copied yet (a database of
+schema version 3) is copied over the session's next commits, a bounded piece each."""
 
 
 def _load(v: str | None) -> Any:
@@ -164,16 +167,17 @@ class SqlRules:
         self._set_data = q("UPDATE turns SET data = ? WHERE sid = ? AND turn_id = ?")
         self._info = q("SELECT status, generation FROM sessions WHERE agent = ? AND session = ?")
         self._sid_gen = q("SELECT sid, generation FROM sessions WHERE agent = ? AND session = ?")
-        self._transcript_end = q("SELECT n, seq FROM transcript WHERE sid = ? AND gen = ? "
+        self._transcript_end = q("SELECT n, seq FROM log_transcript WHERE sid = ? AND gen = ? "
                                  "AND n <= ? ORDER BY n DESC LIMIT 1")
-        """The last ``transcript`` row of a generation up to message ``n``."""
-        self._transcript = q("SELECT n, body, seq FROM transcript WHERE sid = ? AND gen = ? "
+        """The last ``log_transcript`` row of a generation up to message ``n``."""
+        self._transcript = q("SELECT n, body, seq FROM log_transcript WHERE sid = ? AND gen = ? "
                              "AND n > ? ORDER BY n")
         self._bodies_after = q("SELECT n, body, seq FROM log WHERE sid = ? AND gen = ? "
                                "AND seq >= ? AND n > ? AND body IS NOT NULL ORDER BY seq, sub")
         """The messages of the ``log`` rows of a generation after message ``n`` (its rows
         from ``seq`` on: a row's ``n`` only grows with its key within a generation)."""
-        self._insert_transcript = q("INSERT INTO transcript (sid, gen, n, seq, body) "
+        self._bodies_to_copy = self._bodies_after + f" LIMIT {TRANSCRIPT_COPY_ROWS}"
+        self._insert_transcript = q("INSERT INTO log_transcript (sid, gen, n, seq, body) "
                                     "VALUES (?, ?, ?, ?, ?)")
 
     # -- sessions and leases ---------------------------------------------------------------
@@ -248,13 +252,14 @@ class SqlRules:
             c.execute(self._cancel_park, (sid,))
 
     def copy_transcript(self, c: Connection, sid: int, gen: int, count: int) -> None:
-        """Copy the generation's messages not yet in ``transcript`` into one row, once there
-        are :data:`TRANSCRIPT_CHUNK` of them (``count``: the generation's message count)."""
+        """Copy the generation's messages not yet in ``log_transcript`` into one row, once there
+        are :data:`TRANSCRIPT_CHUNK` of them (``count``: the generation's message count), from
+        :data:`TRANSCRIPT_COPY_ROWS` log rows at most."""
         end = c.execute(self._transcript_end, (sid, gen, count)).fetchone()
         n, seq = (0, 0) if end is None else end
         if count - n < TRANSCRIPT_CHUNK:
             return
-        rows = c.execute(self._bodies_after, (sid, gen, seq, n)).fetchall()
+        rows = c.execute(self._bodies_to_copy, (sid, gen, seq, n)).fetchall()
         if rows:
             c.execute(self._insert_transcript, (sid, gen, rows[-1][0], rows[-1][2],
                                                 "\n".join([r[1] for r in rows])))
@@ -353,7 +358,7 @@ class SqlRules:
 
     def read_messages(self, c: Connection, key: SessionKey, after: int,
                       generation: int | None) -> list[Message]:
-        """The generation's messages after number ``after``: its ``transcript`` rows, then
+        """The generation's messages after number ``after``: its ``log_transcript`` rows, then
         its ``log`` rows after the last of them (see the module's docstring)."""
         if generation is None:
             row = c.execute(self._sid_gen, (key.agent, key.session)).fetchone()

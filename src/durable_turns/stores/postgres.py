@@ -143,7 +143,7 @@ MIGRATIONS: list[str] = [
     # 4: the log's messages again, many per row, read instead of the log's rows they copy
     # (stores/_sql.py); filled from the next commit that moves a session's chain.
     """
-    CREATE TABLE transcript (
+    CREATE TABLE log_transcript (
         sid BIGINT NOT NULL, gen INTEGER NOT NULL, n INTEGER NOT NULL, seq BIGINT NOT NULL,
         body TEXT NOT NULL,
         PRIMARY KEY (sid, gen, n)

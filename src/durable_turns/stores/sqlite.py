@@ -48,8 +48,10 @@ from ._base import BufferedTransaction, LeaseBase, claim_found, poll_until
 from ._feed import Feed, FeedStore
 from ._log import LEGACY_TO_LOG, LOOKUP_INDEX
 
-# TRANSCRIPT_CHUNK is re-exported: the fewest messages a ``transcript`` row holds.
+# Re-exported: the fewest messages a ``log_transcript`` row holds, the most log rows a
+# commit copies into it.
 from ._sql import TRANSCRIPT_CHUNK as TRANSCRIPT_CHUNK
+from ._sql import TRANSCRIPT_COPY_ROWS as TRANSCRIPT_COPY_ROWS
 from ._sql import SqlReads, SqlRules
 from ._thread import Worker
 
@@ -113,7 +115,7 @@ MIGRATIONS: list[str] = [
     # 4: the log's messages again, many per row, read instead of the log's rows they copy
     # (stores/_sql.py); filled from the next commit that moves a session's chain.
     """
-    CREATE TABLE transcript (
+    CREATE TABLE log_transcript (
         sid INTEGER NOT NULL, gen INTEGER NOT NULL, n INTEGER NOT NULL, seq INTEGER NOT NULL,
         body TEXT NOT NULL,
         PRIMARY KEY (sid, gen, n)
