@@ -255,6 +255,8 @@ class SqlRules:
         """Copy the generation's messages not yet in ``log_transcript`` into one row, once there
         are :data:`TRANSCRIPT_CHUNK` of them (``count``: the generation's message count), from
         :data:`TRANSCRIPT_COPY_ROWS` log rows at most."""
+        if count < TRANSCRIPT_CHUNK:  # too few in all to look
+            return
         end = c.execute(self._transcript_end, (sid, gen, count)).fetchone()
         n, seq = (0, 0) if end is None else end
         if count - n < TRANSCRIPT_CHUNK:
