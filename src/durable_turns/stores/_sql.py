@@ -166,12 +166,22 @@ class SqlRules:
         self._data_of = q("SELECT data FROM turns WHERE sid = ? AND turn_id = ?")
         self._set_data = q("UPDATE turns SET data = ? WHERE sid = ? AND turn_id = ?")
         self._info = q("SELECT status, generation FROM sessions WHERE agent = ? AND session = ?")
-        self._sid_gen = q("SELECT sid, generation FROM sessions WHERE agent = ? AND session = ?")
+        def copies(gen: str) -> str:
+            return q(
+                f"SELECT s.sid, {gen}, x.n, x.body, x.seq FROM sessions s "
+                f"LEFT JOIN log_transcript x ON x.sid = s.sid AND x.gen = {gen} "
+                "AND x.n >= coalesce((SELECT y.n FROM log_transcript y WHERE y.sid = s.sid "
+                f"AND y.gen = {gen} AND y.n <= ? ORDER BY y.n DESC LIMIT 1), 0) "
+                "WHERE s.agent = ? AND s.session = ? ORDER BY x.n")
+
+        self._copies_live = copies("s.generation")
+        self._copies_of = copies("CAST(? AS INTEGER)")
+        """A session's id and generation (live, or the one given: ``?`` three times), and
+        its ``log_transcript`` rows from the last one up to message ``n`` on (one row of
+        NULLs if none): one statement, one round trip."""
         self._transcript_end = q("SELECT n, seq FROM log_transcript WHERE sid = ? AND gen = ? "
                                  "AND n <= ? ORDER BY n DESC LIMIT 1")
         """The last ``log_transcript`` row of a generation up to message ``n``."""
-        self._transcript = q("SELECT n, body, seq FROM log_transcript WHERE sid = ? AND gen = ? "
-                             "AND n > ? ORDER BY n")
         self._bodies_after = q("SELECT n, body, seq FROM log WHERE sid = ? AND gen = ? "
                                "AND seq >= ? AND n > ? AND body IS NOT NULL ORDER BY seq, sub")
         """The messages of the ``log`` rows of a generation after message ``n`` (its rows
@@ -363,19 +373,20 @@ class SqlRules:
         """The generation's messages after number ``after``: its ``log_transcript`` rows, then
         its ``log`` rows after the last of them (see the module's docstring)."""
         if generation is None:
-            row = c.execute(self._sid_gen, (key.agent, key.session)).fetchone()
+            found = c.execute(self._copies_live, (after, key.agent, key.session))
         else:
-            row = c.execute(self._sid, (key.agent, key.session)).fetchone()
-            row = None if row is None else (row[0], generation)
-        if row is None:
+            found = c.execute(self._copies_of, (generation, generation, generation, after,
+                                                key.agent, key.session))
+        copies = found.fetchall()
+        if not copies:
             return MessageLog()
-        sid, gen = row
-        rows = c.execute(self._transcript, (sid, gen, after)).fetchall()
+        sid, gen = copies[0][0], copies[0][1]
+        rows = [(n, body, seq) for _, _, n, body, seq in copies if n is not None]
+        n, seq = after, 0
+        if rows and rows[0][0] <= after:  # a copy of messages up to ``after``: the log after it
+            seq = rows.pop(0)[2]
         if rows:
             n, seq = rows[-1][0], rows[-1][2]
-        else:  # the log rows from the last transcript row at or before ``after``
-            end = c.execute(self._transcript_end, (sid, gen, after)).fetchone()
-            n, seq = after, (0 if end is None else end[1])
         rows += c.execute(self._bodies_after, (sid, gen, seq, n)).fetchall()
         # A row holds the messages after the one before it (numbered on, with no gap).
         counts: list[tuple[str, int]] = []
