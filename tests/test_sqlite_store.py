@@ -231,3 +231,38 @@ async def test_a_long_history_not_yet_copied_is_copied_a_bounded_piece_per_commi
         assert await store.read_messages(key, after=1050) == written[1050:]
     finally:
         await store.close()
+
+
+async def test_the_wal_stays_bounded_while_commits_never_pause(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Checkpoints run on the writer thread while the loop goes on committing, so the WAL
+    # would never find a moment to start over. Once it holds WAL_RESTART_FRAMES frames, a
+    # checkpoint runs with the writes held back, and the next commit starts the WAL again.
+    from durable_turns.events import TurnStarted
+    from durable_turns.messages import Message
+    from durable_turns.records import SessionKey
+    from durable_turns.stores import sqlite as sqlite_store
+
+    monkeypatch.setattr(sqlite_store, "CHECKPOINT_EVERY", 32)
+    monkeypatch.setattr(sqlite_store, "WAL_RESTART_FRAMES", 256)
+    key, db = SessionKey("ops", "s1"), tmp_path / "db.sqlite"
+    wal = tmp_path / "db.sqlite-wal"
+    store = SqliteStore(db)
+    await store.open()
+    frame = store.unwrap().execute("PRAGMA page_size").fetchone()[0] + 24
+    largest = 0
+    try:
+        await store.enqueue_turn(key, "t1", Message("user", "go", turn_id="t1"))
+        lease = await store.claim(key)
+        for k in range(3000):
+            async with lease.transaction() as tx:
+                tx.add_message(Message("assistant", f"step {k}", turn_id="t1"))
+                tx.add_event(TurnStarted(agent="ops", session="s1", turn_id="t1", text="x"))
+            largest = max(largest, wal.stat().st_size // frame)
+            await asyncio.sleep(0)  # the loop's other work between steps (a model call)
+        await lease.release()
+        assert len(await store.read_messages(key)) == 3000
+    finally:
+        await store.close()
+    # 3,000 commits wrote several thousand frames; the WAL never held more than a fraction
+    assert largest < 1500, f"the WAL grew to {largest} frames"

@@ -13,9 +13,12 @@
   the new epoch directly follows the released one).
 - Work of unknown length runs on the writer thread always: local tools (inside their step's
   transaction) and WAL checkpoints (``wal_autocheckpoint`` is off on our connection; the store
-  checkpoints every few hundred commits, off the loop). For a local tool the loop waits,
-  blocked, up to ``LOCAL_LINGER`` (0.5 ms) before it goes back to its other work: a tool
-  that writes a few rows is done by then, and its step skips a wake-up of the loop.
+  checkpoints every few hundred commits, off the loop; once the WAL holds
+  ``WAL_RESTART_FRAMES``, the store's writes wait for one more checkpoint of the frames
+  written meanwhile, so the next write starts the WAL over and it stays bounded). For a
+  local tool the loop waits, blocked, up to ``LOCAL_LINGER`` (0.5 ms) before it goes back to
+  its other work: a tool that writes a few rows is done by then, and its step skips a
+  wake-up of the loop.
 - The lease is an OS lock (Linux open-file-description lock) on one byte of ``<path>-lease``
   chosen by hashing the session key. The kernel drops it when the holder's process dies, so a
   SIGKILLed worker never blocks the replay. Each claim also raises the session's epoch, and
@@ -129,6 +132,9 @@ _SCHEMA_BYTE = 1 << 62  # outside the range session bytes hash to
 _RULES = SqlRules(lookup_hint=" INDEXED BY log_lookup")
 CHECKPOINT_EVERY = 256
 """Commits between two WAL checkpoints (run on the writer thread)."""
+WAL_RESTART_FRAMES = 4096
+"""Frames (pages of 4 KiB) the WAL may hold before a checkpoint holds writes back so the WAL
+starts over (:meth:`SqliteStore._checkpoints`): about 16 MiB."""
 LOCAL_LINGER = 0.0005
 """Seconds the loop waits, blocked, for a local tool on the writer thread before it waits on
 the loop: most local tools (a few row writes) end sooner, and the step then skips the loop's
@@ -349,6 +355,7 @@ class SqliteStore(SqlReads, FeedStore):
         self._slow_reader: sqlite3.Connection | None = None  # the reader thread's own
         self._checkpointer: sqlite3.Connection | None = None  # the writer thread's own
         self._commits = 0
+        self._checkpointing: asyncio.Task[None] | None = None
         self._write_pool: Worker | None = None
         self._read_pool: Worker | None = None
         self._write_lock = asyncio.Lock()
@@ -502,6 +509,8 @@ class SqliteStore(SqlReads, FeedStore):
             raise
 
     async def close(self) -> None:
+        if self._checkpointing is not None:
+            await self._checkpointing  # it ends its jobs with the store open
         self._feed.close()
         if self._detector is not None:
             self._detector.cancel()
@@ -606,15 +615,34 @@ class SqliteStore(SqlReads, FeedStore):
 
     def _committed(self) -> None:
         self._commits += 1
-        if self._commits % CHECKPOINT_EVERY == 0 and self._writer is not None:
-            self._writer_thread().submit(self._checkpoint)
+        if self._commits % CHECKPOINT_EVERY == 0 and self._writer is not None \
+                and self._checkpointing is None:
+            self._checkpointing = asyncio.get_running_loop().create_task(self._checkpoints())
 
-    def _checkpoint(self) -> None:
-        """A passive WAL checkpoint, on the writer thread, by that thread's own connection."""
+    async def _checkpoints(self) -> None:
+        """A WAL checkpoint on the writer thread while the loop goes on writing. The WAL
+        starts over only at a write that finds it wholly checkpointed, which under writes
+        without a pause never happens; so once it holds ``WAL_RESTART_FRAMES`` frames, a
+        second checkpoint (of the few frames written meanwhile) runs with this store's
+        writes held back, and the next write starts the WAL over."""
+        try:
+            frames = await self._writer_thread().run(self._checkpoint)
+            if frames >= WAL_RESTART_FRAMES:
+                async with self._write_lock:
+                    if self._writer is not None:
+                        await self._writer_thread().run(self._checkpoint)
+        finally:
+            self._checkpointing = None
+
+    def _checkpoint(self) -> int:
+        """A passive WAL checkpoint, on the writer thread, by that thread's own connection;
+        returns the frames the WAL holds (0 when it failed)."""
         with contextlib.suppress(sqlite3.Error):  # the next one catches up
             if self._checkpointer is None:
                 self._checkpointer = self._connect()
-            self._checkpointer.execute("PRAGMA wal_checkpoint(PASSIVE)")
+            row = self._checkpointer.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+            return int(row[1]) if row is not None and row[1] > 0 else 0
+        return 0
 
     _rules = _RULES
 
