@@ -510,7 +510,8 @@ class SqliteStore(SqlReads, FeedStore):
 
     async def close(self) -> None:
         if self._checkpointing is not None:
-            await self._checkpointing  # it ends its jobs with the store open
+            with contextlib.suppress(Exception):  # a failed checkpoint: the file is whole
+                await self._checkpointing  # it ends its jobs with the store open
         self._feed.close()
         if self._detector is not None:
             self._detector.cancel()
