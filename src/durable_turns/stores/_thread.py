@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 
-_Job = tuple[Callable[[], Any], asyncio.AbstractEventLoop | None, "asyncio.Future[Any] | None"]
+_Job = tuple[Callable[[], Any], asyncio.AbstractEventLoop, "asyncio.Future[Any]"]
 
 
 def _settle(fut: asyncio.Future[Any], ok: bool, value: Any) -> None:
@@ -92,9 +92,8 @@ class Worker:
                 job.done(ok, value)
                 continue
             _, loop, fut = job
-            if loop is not None and fut is not None:
-                with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-                    loop.call_soon_threadsafe(_settle, fut, ok, value)
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(_settle, fut, ok, value)
 
     async def run(self, fn: Callable[[], T], *, linger: float = 0.0) -> T:
         """Run ``fn()`` on the thread and return what it returns (or raise what it raises).
@@ -124,10 +123,6 @@ class Worker:
                 with contextlib.suppress(asyncio.CancelledError):
                     await asyncio.shield(fut)
             raise
-
-    def submit(self, fn: Callable[[], object]) -> None:
-        """Queue ``fn()`` and return at once (its result and errors are dropped)."""
-        self._jobs.put((fn, None, None))
 
     def stop(self) -> None:
         """Finish the queued jobs, then end the thread."""
