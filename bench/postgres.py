@@ -68,6 +68,7 @@ from durable_turns import (
 )
 from durable_turns.messages import Message
 from durable_turns.models.scripted import calls_this_turn
+from durable_turns.records import NewEntry
 from durable_turns.stores import SessionStore
 
 ROWS_DDL = "CREATE TABLE IF NOT EXISTS bench_rows (call_id TEXT, v TEXT)"
@@ -181,8 +182,8 @@ async def _throughput(base_dsn: str, workers: int, sessions: int, calls: int,
     try:
         store.unwrap().execute(ROWS_DDL)
         for i in range(sessions):
-            await store.enqueue_turn(SessionKey("bench", f"s{i}"), "t1",
-                                     Message("user", "go", turn_id="t1"))
+            await store.enqueue(SessionKey("bench", f"s{i}"),
+                                NewEntry("t1", Message("user", "go", turn_id="t1")))
         ctx = multiprocessing.get_context("spawn")
         start, done, counts = ctx.Event(), ctx.Event(), ctx.Queue()
         procs = [ctx.Process(target=_worker,
@@ -243,7 +244,7 @@ async def _failover(base_dsn: str, ttl: float) -> float:
     store = PostgresStore(dsn, lease_ttl=ttl)
     rt = Runtime([_failover_agent(False)], store, _failover_model())
     async with rt:
-        await store.enqueue_turn(key, "t1", Message("user", "ship 42", turn_id="t1"))
+        await store.enqueue(key, NewEntry("t1", Message("user", "ship 42", turn_id="t1")))
         ctx = multiprocessing.get_context("spawn")
         inside = ctx.Event()
         proc = ctx.Process(target=_stuck_worker, args=(dsn, ttl, inside))

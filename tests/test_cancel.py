@@ -7,13 +7,14 @@ they set (each wait bounded by :data:`WAIT`), never on sleeps.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
 from durable_turns import Agent, Runtime, Stop, TextDelta, ToolCall, ToolContext, tool
-from durable_turns.errors import UnknownTurnError
+from durable_turns.errors import ResumeConflictError, UnknownTurnError
 from durable_turns.events import TurnEvent
 from durable_turns.models import ModelEvent, ModelRequest
 from durable_turns.models.scripted import calls_this_turn
@@ -170,7 +171,7 @@ async def test_reset_archives_the_log_and_the_next_turn_starts_empty(
     store: SessionStore, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     reset_accepted = asyncio.Event()
-    enqueue = store.enqueue_turn
+    enqueue = store.enqueue
 
     async def spy(*args: Any, **kwargs: Any) -> tuple[TurnRecord, bool]:
         accepted = await enqueue(*args, **kwargs)
@@ -178,7 +179,7 @@ async def test_reset_archives_the_log_and_the_next_turn_starts_empty(
             reset_accepted.set()
         return accepted
 
-    monkeypatch.setattr(store, "enqueue_turn", spy)
+    monkeypatch.setattr(store, "enqueue", spy)
     model = GatedModel([("", [call("c1")]), ("first answer", [])])
     rt = make_runtime(store, model, note)
     s = rt.session("ops", "s1")
@@ -292,3 +293,68 @@ async def test_a_cancel_from_another_runtime_stops_a_streaming_model(tmp_path: A
     assert model.closed == 1 and not model.gate.is_set()
     await other.close()
     await driver.close()
+
+
+@tool
+async def ask_first(order: str, ctx: ToolContext) -> str:
+    """Refund an order once a person approves."""
+    ok = await ctx.request_input("approve", f"Refund {order}?", schema={"type": "boolean"})
+    runs.append(f"refund {order} {ok}")
+    return "refunded" if ok else "kept"
+
+
+PARKS = [("", [call("c1", "ask_first", order="42"), call("c2")]), ("after", [])]
+
+
+async def test_a_cancel_withdraws_a_parked_request(store: SessionStore) -> None:
+    rt = make_runtime(store, GatedModel(PARKS), ask_first, note)
+    s = rt.session("ops", "s1")
+    t = await s.start("refund 42")
+    parked = await s.result(t.turn_id, timeout=WAIT)
+    assert parked.status == "suspended" and await s.pending() is not None
+    assert await s.cancel(t.turn_id, reason="customer withdrew") == [t.turn_id]
+    r = await s.result(t.turn_id, timeout=WAIT)
+    assert (r.status, r.reason, r.request) == ("cancelled", "customer withdrew", None)
+    assert await s.pending() is None and await s.status() == "idle"
+    # Both calls the turn owed get an answer, so the transcript stays a valid conversation;
+    # neither tool ran.
+    tools = [(m.call_id, m.result) for m in await s.transcript() if m.role == "tool"]
+    assert tools == [("c1", {"cancelled": True}), ("c2", {"cancelled": True})]
+    assert runs == []
+    assert [e.type for e in await s.events()][-2:] == ["action.completed", "turn.cancelled"]
+    with pytest.raises(ResumeConflictError):
+        await s.resume(t.turn_id, "approve", True)
+    assert await s.cancel(t.turn_id) == []  # ended: a no-op
+    # The session takes new turns.
+    model = GatedModel([("hello again", [])])
+    rt2 = make_runtime(store, model, ask_first, note)
+    assert (await rt2.session("ops", "s1").turn("next")).text == "hello again"
+    await rt2.close()
+    await rt.close()
+
+
+async def test_a_park_withdrawn_in_one_process_is_ended_by_a_worker(tmp_path: Any) -> None:
+    from durable_turns import SqliteStore
+
+    db = tmp_path / "db.sqlite"
+    first = make_runtime(SqliteStore(db), GatedModel(PARKS), ask_first, note)
+    t = await first.session("ops", "s1").start("refund 42")
+    assert (await first.session("ops", "s1").result(t.turn_id, timeout=WAIT)).status \
+        == "suspended"
+    await first.close()
+    # A host that drives nothing withdraws the request; a worker elsewhere ends the turn.
+    host = Runtime([Agent("ops", "", [ask_first, note])], SqliteStore(db), drive=False)
+    worker = make_runtime(SqliteStore(db), GatedModel(PARKS), ask_first, note)
+    working = asyncio.create_task(worker.work(poll_interval=0.05))
+    try:
+        s = host.session("ops", "s1")
+        assert await s.cancel(t.turn_id, reason="operator") == [t.turn_id]
+        r = await s.result(t.turn_id, timeout=WAIT)
+        assert (r.status, r.reason) == ("cancelled", "operator")
+        assert await s.pending() is None
+    finally:
+        working.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await working
+        await worker.close()
+        await host.close()

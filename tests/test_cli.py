@@ -25,7 +25,8 @@ from durable_turns import Agent, Message, Runtime, SqliteStore
 from durable_turns.demo import KILL_POINTS
 from durable_turns.demo.reach import WatchedModel, unreachable
 from durable_turns.errors import ModelError
-from durable_turns.testing import get_turn, step_data
+from durable_turns.records import Answer, StepResult
+from durable_turns.testing import get_turn, step_result
 from fakes.anthropic_api import Fail, Reply, Text, ToolUse, anthropic_app
 from fakes.serving import serving
 
@@ -69,7 +70,7 @@ class Left:
 
     turn_status: str | None
     transcript: list[Message]
-    steps: dict[str, str | None]
+    steps: dict[str, StepResult | None]
     orders: list[tuple[Any, ...]]
     outbox: list[dict[str, Any]]
 
@@ -88,10 +89,10 @@ async def read_left(db: Path, stdout: str) -> Left:
             if msg.turn_id != turn_id:
                 continue
             if msg.role == "assistant":
-                steps[f"model:{i}"] = await step_data(store, session.key, f"model:{i}")
+                steps[f"model:{i}"] = await step_result(store, session.key, f"model:{i}")
                 for c in msg.tool_calls:
                     sid = f"tool:{i}:{c.id}"
-                    steps[sid] = await step_data(store, session.key, sid)
+                    steps[sid] = await step_result(store, session.key, sid)
         orders = store.unwrap().execute(
             "SELECT call_id, item, quantity, delivery FROM orders WHERE turn_id = ? "
             "ORDER BY order_id", (turn_id,)
@@ -307,7 +308,8 @@ def refunds(db: Path) -> list[tuple[Any, ...]]:
     return rows
 
 
-async def turn_of(db: Path, turn_id: str) -> tuple[str | None, list[Message], str | None]:
+async def turn_of(db: Path, turn_id: str
+                  ) -> tuple[str | None, list[Message], StepResult | None]:
     """The turn's status, its messages, and the stored answer step."""
     store = SqliteStore(db)
     async with Runtime([Agent("ops")], store) as rt:
@@ -317,7 +319,7 @@ async def turn_of(db: Path, turn_id: str) -> tuple[str | None, list[Message], st
         session = rt.session(agent, session_id)
         rec = await get_turn(store, session.key, turn_id)
         messages = [m for m in await session.transcript() if m.turn_id == turn_id]
-        answer = await step_data(store, session.key, f"input:{turn_id}:approve-refund")
+        answer = await step_result(store, session.key, f"input:{turn_id}:approve-refund")
     return (rec.status if rec else None), messages, answer
 
 
@@ -377,7 +379,7 @@ async def test_refund_parks_and_a_second_process_approves_it(tmp_path: Path) -> 
     status, messages, answer = await turn_of(db, turn)
     assert status == "completed"
     assert_well_formed(messages)
-    assert json.loads(answer or "null") == {"value": True, "by": "alice"}
+    assert answer == Answer(True, "alice")
     (result,) = [m.result for m in messages if m.role == "tool"]
     assert result["refunded"] is True and result["idempotency_key"] == row[5]
 
@@ -404,7 +406,7 @@ async def test_a_denied_refund_pays_nothing(tmp_path: Path) -> None:
     assert refunds(db) == []
     status, messages, answer = await turn_of(db, turn)
     assert status == "completed"
-    assert json.loads(answer or "null") == {"value": False, "by": "alice"}
+    assert answer == Answer(False, "alice")
     assert [m.result for m in messages if m.role == "tool"] == [
         {"refunded": False, "order_id": "A-7", "amount": 12.5}]
 

@@ -87,7 +87,7 @@ def _returns_coroutine(input: dict[str, Any], ctx: ToolContext) -> Any:
 
 
 from durable_turns import Tool, ToolSpec  # noqa: E402
-from durable_turns.testing import step_data  # noqa: E402
+from durable_turns.testing import step_result  # noqa: E402
 
 forgot_async = Tool(ToolSpec("forgot_async", "A plain def that awaits."), _returns_coroutine)
 
@@ -145,7 +145,7 @@ async def test_a_turn_runs_tools_and_logs_every_step(store: SessionStore) -> Non
     assert await s.status() == "idle"
     if store.unwrap() is not None:
         assert store.unwrap().execute("SELECT v FROM rows").fetchall() == [("a",)]
-    steps = [await step_data(store, s.key, sid) for sid in ("model:1", "tool:1:c1", "tool:1:c2",
+    steps = [await step_result(store, s.key, sid) for sid in ("model:1", "tool:1:c1", "tool:1:c2",
                                                            "model:4")]
     assert all(steps)
     await rt.close()
@@ -240,7 +240,7 @@ async def test_abnormal_stop_with_empty_reply_fails_before_commit(
     r = await s.turn("go")
     assert r.status == "failed" and reason in (r.error or "")
     assert [m.role for m in await s.transcript()] == ["user"]
-    assert await step_data(store, s.key, "model:1") is None
+    assert await step_result(store, s.key, "model:1") is None
     await rt.close()
 
 

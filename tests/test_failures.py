@@ -33,7 +33,7 @@ from durable_turns import (
 from durable_turns.errors import ToolCrashedError
 from durable_turns.events import TurnEvent
 from durable_turns.models import ModelRequest, anthropic
-from durable_turns.records import TurnResult, TurnStatus
+from durable_turns.records import NewEntry, TurnResult, TurnStatus
 from durable_turns.stores import SessionStore
 from fakes.anthropic_api import Fail, Reply, Text, ToolUse, anthropic_app
 from fakes.serving import serving
@@ -192,7 +192,7 @@ async def test_result_drives_a_turn_left_running_with_no_live_lease(tmp_path: Pa
     await store.open()
     # What a process killed mid-turn leaves: a turn marked running, no lease held.
     key = Runtime([Agent("ops")], store).key("ops", "s1")
-    await store.enqueue_turn(key, "t1", Message("user", "hello", turn_id="t1"))
+    await store.enqueue(key, NewEntry("t1", Message("user", "hello", turn_id="t1")))
     lease = await store.claim(key)
     async with lease.transaction() as tx:
         tx.set_turn(TurnResult("t1", TurnStatus.RUNNING))

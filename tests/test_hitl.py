@@ -28,10 +28,10 @@ from durable_turns.errors import (
 )
 from durable_turns.events import TurnEvent
 from durable_turns.hitl import Grant
-from durable_turns.messages import Message
 from durable_turns.models import ModelRequest
+from durable_turns.records import NewEntry
 from durable_turns.stores import SessionStore
-from durable_turns.testing import get_turn, step_data
+from durable_turns.testing import get_turn, step_result
 
 log: list[str] = []
 
@@ -106,7 +106,7 @@ async def test_park_then_resume_runs_the_tool_again_from_the_top(store: SessionS
     assert (done.status, done.text) == ("completed", "Refund handled.")
     assert log == ["asked 42", "asked 42", "refunded 42"]
     assert await s.pending() is None and await s.status() == "idle"
-    assert await step_data(store, s.key, f"input:{t.turn_id}:approve-refund") is not None
+    assert await step_result(store, s.key, f"input:{t.turn_id}:approve-refund") is not None
     with pytest.raises(TurnSuspendedError):
         await s.turn("refund again")
     await rt.close()
@@ -197,7 +197,7 @@ async def test_bad_resumes_are_refused_and_store_nothing(store: SessionStore) ->
     await s.result(t.turn_id)
     with pytest.raises(InvalidInputError, match="is not of type 'boolean'"):
         await s.resume(t.turn_id, "approve-refund", "yes please")
-    assert await step_data(store, s.key, f"input:{t.turn_id}:approve-refund") is None
+    assert await step_result(store, s.key, f"input:{t.turn_id}:approve-refund") is None
     assert await s.status() == "suspended"
     with pytest.raises(ResumeConflictError, match="parked on turn"):
         await s.resume("other-turn", "approve-refund", True)
@@ -256,7 +256,7 @@ async def test_reset_archives_a_stale_park_and_resume_refuses_while_it_is_pendin
     t = await s.start("refund 42")
     await s.result(t.turn_id)
     # another process accepted a reset that has not run yet
-    await store.enqueue_turn(s.key, "reset:other", Message("trigger", "reset"), kind="reset")
+    await store.enqueue(s.key, NewEntry("reset:other", kind="reset"))
     with pytest.raises(ResumeConflictError, match=r"reset .* is pending"):
         await s.resume(t.turn_id, "approve-refund", True)
     res = await s.reset()  # runs after the pending one: two generations archived

@@ -22,7 +22,7 @@ from durable_turns import (
 )
 from durable_turns.events import TurnEvent
 from durable_turns.stores import SessionStore
-from durable_turns.testing import step_data
+from durable_turns.testing import step_result
 
 WAIT = 30.0
 """The bound on every wait: a backstop against a hang, not a timing claim."""
@@ -115,7 +115,7 @@ async def test_three_calls_run_at_once_and_are_listed_in_call_order(
     assert tool_results(await s.transcript()) == [
         ("c1", "waited 0.6"), ("c2", "waited 0.1"), ("c3", "waited 0.3")]
     for c in ("c1", "c2", "c3"):
-        assert await step_data(store, s.key, f"tool:1:{c}") is not None
+        assert await step_result(store, s.key, f"tool:1:{c}") is not None
     await rt.close()
 
 
@@ -153,7 +153,7 @@ async def test_two_calls_park_at_once_and_are_answered_one_by_one(
     assert pending is not None
     assert [(q.id, q.call_id) for q in pending.all] == [("ok-a", "c1"), ("ok-b", "c2")]
     # c3 committed its step; its tool message waits for c1 and c2 (call order).
-    assert await step_data(store, s.key, "tool:1:c3") is not None
+    assert await step_result(store, s.key, "tool:1:c3") is not None
     assert tool_results(await s.transcript()) == []
     # The second request first, on its own: the turn parks again on the first only.
     await s.resume("t1", "ok-b", "yes")

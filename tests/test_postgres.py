@@ -21,6 +21,7 @@ import pytest
 import pgkit
 from durable_turns import LeaseLostError, Message, SessionKey
 from durable_turns.errors import LeaseTimeoutError
+from durable_turns.records import NewEntry
 from durable_turns.testing import get_turn
 
 KEY = SessionKey("ops", "s1")
@@ -35,7 +36,7 @@ async def test_many_processes_opening_a_new_database_migrate_it_once(pg_dsn: str
     try:
         rows = stores[0].unwrap().execute("SELECT version FROM durable_turns_schema").fetchall()
         assert rows == [(len(MIGRATIONS),)]
-        await stores[1].enqueue_turn(KEY, "t1", Message("user", "hi", turn_id="t1"))
+        await stores[1].enqueue(KEY, NewEntry("t1", Message("user", "hi", turn_id="t1")))
         assert await stores[2].find_sessions("unfinished") == [KEY]
     finally:
         await asyncio.gather(*(s.close() for s in stores))
@@ -48,7 +49,7 @@ async def test_a_heartbeat_keeps_a_lease_and_an_expired_one_is_taken_over(pg_dsn
     await a.open()
     await b.open()
     try:
-        await a.enqueue_turn(KEY, "t1", Message("user", "hi", turn_id="t1"))
+        await a.enqueue(KEY, NewEntry("t1", Message("user", "hi", turn_id="t1")))
         held = await a.claim(KEY)
         # Renewed every ttl/3: still held well past one ttl.
         with pytest.raises(LeaseTimeoutError):
@@ -175,7 +176,7 @@ async def test_two_workers_race_over_fifty_sessions(pg_dsn: str, tmp_path: Path)
     try:
         for key in keys:
             for t in ("t1", "t2"):
-                await store.enqueue_turn(key, t, Message("user", "order", turn_id=t))
+                await store.enqueue(key, NewEntry(t, Message("user", "order", turn_id=t)))
         workers = {tag: _spawn(pg_dsn, tmp_path, tag, "--work") for tag in ("w1", "w2")}
         try:
             _wait_for(lambda: all((tmp_path / f"ready-{t}").exists() or p.poll() is not None
@@ -250,8 +251,8 @@ async def test_the_worker_command_drives_queued_turns(pg_dsn: str, tmp_path: Pat
     await store.open()
     try:
         for i in range(3):
-            await store.enqueue_turn(SessionKey("ops", f"s{i}"), "t1",
-                                     Message("user", "hi", turn_id="t1"))
+            await store.enqueue(SessionKey("ops", f"s{i}"),
+                                NewEntry("t1", Message("user", "hi", turn_id="t1")))
         with (tmp_path / "stderr").open("wb") as err:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "durable_turns.cli", "worker", str(app), "--store",
@@ -433,7 +434,7 @@ async def test_a_lost_notification_only_delays_a_turn_until_the_re_poll(pg_dsn: 
         # Accepted on the worker's own store, below the runtime: its notification is its own
         # connection's, which the listener drops (as it drops every one of its own). Only the
         # worker's re-poll can find the turn.
-        await store.enqueue_turn(KEY, "t1", Message("user", "hi", turn_id="t1"))
+        await store.enqueue(KEY, NewEntry("t1", Message("user", "hi", turn_id="t1")))
         async with asyncio.timeout(pgkit.CHILD_TIMEOUT):
             while (rec := await get_turn(store, KEY, "t1")) is None or not rec.status.final:
                 await asyncio.sleep(0.02)

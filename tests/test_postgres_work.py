@@ -22,6 +22,7 @@ import pgkit
 from durable_turns import Message, SessionKey
 from durable_turns.events import TurnStarted, encode_event
 from durable_turns.messages import encode_message
+from durable_turns.records import NewEntry
 from durable_turns.stores import Lease
 from durable_turns.stores.postgres import CHANNEL, LISTENER_NAME, MIGRATIONS, PostgresStore
 from durable_turns.testing import get_turn
@@ -54,7 +55,7 @@ async def test_workers_claiming_together_share_fifty_sessions_out(pg_dsn: str) -
     try:
         keys = [SessionKey("ops", f"s{i:02}") for i in range(50)]
         for key in keys:
-            await stores[0].enqueue_turn(key, "t1", _opening())
+            await stores[0].enqueue(key, NewEntry("t1", _opening()))
         # Four workers, each claiming up to 20 at a time, all at once: SKIP LOCKED hands each
         # session to one of them and nobody waits on another's rows.
         got = await asyncio.gather(*(s.claim_ready(["ops"], 20) for s in stores for _ in (1, 2)))
@@ -72,7 +73,7 @@ async def test_an_expired_lease_is_claimed_by_any_worker(pg_dsn: str) -> None:
     await a.open()
     await b.open()
     try:
-        await a.enqueue_turn(KEY, "t1", _opening())
+        await a.enqueue(KEY, NewEntry("t1", _opening()))
         [held] = await a.claim_ready(["ops"])
         assert await b.claim_ready(["ops"]) == []  # held and beating
         owner = b.unwrap().execute("SELECT lease_owner FROM sessions").fetchone()
@@ -101,7 +102,7 @@ async def test_a_notification_names_its_sessions_and_seqs(pg_dsn: str) -> None:
     listener = await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True)
     try:
         await listener.execute(f"LISTEN {CHANNEL}")
-        await store.enqueue_turn(KEY, "t1", _opening())
+        await store.enqueue(KEY, NewEntry("t1", _opening()))
         lease = await store.claim(KEY)
         async with lease.transaction() as tx:
             tx.add_event(_started(KEY))
@@ -129,7 +130,7 @@ async def test_a_session_id_too_long_for_a_payload_still_commits_and_streams(
     await writer.open()
     try:
         async with reader.subscribe(key, after_seq=0) as sub:
-            await writer.enqueue_turn(key, "t1", _opening())
+            await writer.enqueue(key, NewEntry("t1", _opening()))
             lease = await writer.claim(key)
             async with lease.transaction() as tx:
                 tx.add_event(_started(key))

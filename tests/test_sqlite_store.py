@@ -21,6 +21,7 @@ from durable_turns import (
     tool,
 )
 from durable_turns.errors import StoreError
+from durable_turns.records import NewEntry
 
 
 def digest(p: Path) -> str:
@@ -206,7 +207,7 @@ async def test_a_long_history_not_yet_copied_is_copied_a_bounded_piece_per_commi
     try:
         written: list[Message] = []
         for t in ("t1", "t2"):
-            await store.enqueue_turn(key, t, Message("user", t, turn_id=t))
+            await store.enqueue(key, NewEntry(t, Message("user", t, turn_id=t)))
             lease = await store.claim(key)
             async with lease.transaction() as tx:
                 written.append(Message("user", t, turn_id=t))
@@ -252,7 +253,7 @@ async def test_the_wal_stays_bounded_while_commits_never_pause(
     frame = store.unwrap().execute("PRAGMA page_size").fetchone()[0] + 24
     largest = 0
     try:
-        await store.enqueue_turn(key, "t1", Message("user", "go", turn_id="t1"))
+        await store.enqueue(key, NewEntry("t1", Message("user", "go", turn_id="t1")))
         lease = await store.claim(key)
         for k in range(3000):
             async with lease.transaction() as tx:

@@ -26,10 +26,10 @@ from durable_turns.errors import ResumeAuthorizationError, ResumeConflictError
 from durable_turns.events import TurnEvent
 from durable_turns.models import ModelEvent, ModelRequest
 from durable_turns.models.scripted import calls_this_turn
-from durable_turns.records import SessionKey, TurnStatus
+from durable_turns.records import Answer, SessionKey, TurnStatus
 from durable_turns.stores import SessionStore
 from durable_turns.subagents import child_ids, turn_usage
-from durable_turns.testing import get_turn, step_data
+from durable_turns.testing import get_turn, step_result
 
 WAIT = 30.0
 """The bound on every wait: a backstop against a hang, not a timing claim."""
@@ -74,7 +74,7 @@ async def test_a_parent_gets_its_subagents_answer(store: SessionStore) -> None:
         ("user", "What is six times seven?"), ("assistant", "42")]
     assert (await child.result(child_turn)).text == "42"
     # The child was recorded in the parent's steps under the parent's turn and call.
-    assert await step_data(store, s.key, "child:t1:c1") is not None
+    assert await step_result(store, s.key, "child:t1:c1") is not None
     # Its events are in the parent's stream, tagged with the child, in the child's order.
     events = await s.events()
     tag = {"agent": "helper", "session": session_id, "turn_id": child_turn}
@@ -90,6 +90,27 @@ async def test_a_parent_gets_its_subagents_answer(store: SessionStore) -> None:
     # A redelivery of the finished parent starts no second child.
     await s.start("Ask the helper", turn_id="t1")
     assert len([t for t in await store.turns(child.key) if t.kind == "turn"]) == 1
+    await rt.close()
+
+
+async def test_cancelling_a_parent_parked_on_its_child_withdraws_both_requests(
+        store: SessionStore) -> None:
+    helper_model = scripted([ModelReply("", [ToolCall("h1", "approve", {"amount": 42})]),
+                             ModelReply("Payment done.")])
+    rt = runtime(store, helper_model, approve)
+    s = rt.session("lead", "s1")
+    alice = InboundEvent("web", {"id": "alice", "attested": True}, "Pay the bill")
+    t = await s.start(event=alice, turn_id="t1")
+    assert (await s.result(t.turn_id, timeout=WAIT)).status == "suspended"
+    session_id, child_turn = child_ids("lead", "s1", "t1", "c1")
+    child = rt.session("helper", session_id)
+    assert await child.pending() is not None
+    assert await s.cancel("t1", reason="not needed") == ["t1"]
+    r = await s.result("t1", timeout=WAIT)
+    assert (r.status, r.reason) == ("cancelled", "not needed")
+    c = await child.result(child_turn, timeout=WAIT)
+    assert c.status == "cancelled" and "parent turn cancelled: not needed" in (c.reason or "")
+    assert await s.pending() is None and await child.pending() is None
     await rt.close()
 
 
@@ -118,12 +139,12 @@ async def test_a_child_that_parks_parks_the_parent_and_is_answered_through_it(
     # The parent cannot be used to get round the child's approval gate.
     with pytest.raises(ResumeAuthorizationError):
         await s.resume("t1", pending.id, True, by="mallory")
-    assert await step_data(store, child.key, f"input:{child_turn}:approve") is None
+    assert await step_result(store, child.key, f"input:{child_turn}:approve") is None
     await s.resume("t1", pending.id, True, by="alice")
     done = await s.result("t1", timeout=WAIT)
     assert (done.status, done.text) == (
         "completed", "The helper says: {'answer': 'Payment done.'}")
-    assert await step_data(store, child.key, f"input:{child_turn}:approve") is not None
+    assert await step_result(store, child.key, f"input:{child_turn}:approve") is not None
     assert (await child.result(child_turn)).status == "completed"
     # One child turn, and the park was forwarded once (the replay went on after it).
     forwarded = [e.type for e in await s.events() if e.child is not None]
@@ -377,10 +398,10 @@ async def test_two_subagents_of_one_batch_park_and_are_answered_one_by_one(
         "completed", "{'answer': 'Payment done.'}; {'answer': 'Payment done.'}")
     a_session, a_turn = child_ids("lead", "s1", "t1", "a")
     b_session, b_turn = child_ids("lead", "s1", "t1", "b")
-    assert await step_data(store, rt.key("helper", a_session), f"input:{a_turn}:approve") \
-        == '{"value":true,"by":null}'
-    assert await step_data(store, rt.key("helper", b_session), f"input:{b_turn}:approve") \
-        == '{"value":false,"by":null}'
+    assert await step_result(store, rt.key("helper", a_session), f"input:{a_turn}:approve") \
+        == Answer(True)
+    assert await step_result(store, rt.key("helper", b_session), f"input:{b_turn}:approve") \
+        == Answer(False)
     await rt.close()
 
 

@@ -377,3 +377,27 @@ async def test_a_retried_turn_links_to_its_failed_stretch(spans: InMemorySpanExp
     assert failed.context is not None
     assert [(ln.context.span_id, dict(ln.attributes or {})) for ln in retried.links] == [
         (failed.context.span_id, {"durable_turns.link": "retried"})]
+
+
+async def test_turn_data_a_channel_sets_mid_turn_survives_tracing(
+    spans: InMemorySpanExporter, store: SessionStore,
+) -> None:
+    # A channel keeps its delivery state on the turn while it runs; tracing writes its span
+    # context on the same entry. Each owns its name: neither write drops the other's.
+    key = Runtime([Agent("ops")], store).key("ops", "s1")
+
+    @tool
+    async def deliver(ctx: ToolContext) -> str:
+        """Post the reply somewhere."""
+        await store.set_turn_data(key, ctx.turn_id, "delivery", {"ts": "1.1"})
+        return "posted"
+
+    model = scripted([ModelReply("Posting.", [ToolCall("c1", "deliver", {})]),
+                      ModelReply("Posted.")])
+    async with Runtime([Agent("ops", tools=[deliver])], store, model) as rt:
+        assert (await rt.session("ops", "s1").turn("post it", turn_id="t1")).status \
+            == "completed"
+        (rec,) = await store.turns(key, turn_id="t1")
+    assert rec.data is not None and rec.data.get("delivery") == {"ts": "1.1"}
+    assert set(rec.data) == {"delivery", "trace"} and rec.data["trace"]["ended"] == "completed"
+    assert any(s.name == "durable_turns.turn" for s in spans.get_finished_spans())

@@ -11,31 +11,10 @@ in the steps table; a replay after a crash reads it from there and does not run 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
 
-from .messages import ToolCall, encode_json
-
-
-@dataclass(frozen=True, slots=True)
-class Outcome:
-    """A call's result, as its step memo keeps it until its tool message is written."""
-
-    result: Any
-    error: str | None = None
-
-    def memo(self) -> str:
-        return encode_json({"r": self.result, "e": self.error})
-
-    @classmethod
-    def from_memo(cls, memo: str) -> Outcome | None:
-        """The outcome a batch step's memo holds (``None`` for a memo of another shape)."""
-        data = json.loads(memo)
-        if not isinstance(data, dict) or "r" not in data:
-            return None
-        return cls(data["r"], data.get("e"))
+from .messages import ToolCall
+from .records import CallOutcome
 
 
 class BatchState:
@@ -46,16 +25,16 @@ class BatchState:
         done: outcomes committed already (read from the steps on a replay).
     """
 
-    def __init__(self, calls: Sequence[ToolCall], done: Mapping[str, Outcome]) -> None:
+    def __init__(self, calls: Sequence[ToolCall], done: Mapping[str, CallOutcome]) -> None:
         self.calls = list(calls)
-        self.done: dict[str, Outcome] = dict(done)
+        self.done: dict[str, CallOutcome] = dict(done)
         self.listed = 0
         """How many of :attr:`calls` have their tool message in the transcript."""
 
-    def ready(self) -> list[tuple[ToolCall, Outcome]]:
+    def ready(self) -> list[tuple[ToolCall, CallOutcome]]:
         """The calls whose tool messages may be appended now: from the first one not in the
         transcript, every call with an outcome, up to the first one without."""
-        out: list[tuple[ToolCall, Outcome]] = []
+        out: list[tuple[ToolCall, CallOutcome]] = []
         for call in self.calls[self.listed:]:
             outcome = self.done.get(call.id)
             if outcome is None:

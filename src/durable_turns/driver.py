@@ -27,9 +27,9 @@ from .errors import LeaseLostError, LeaseTimeoutError, StoreError
 from .events import TurnEvent
 from .messages import Message, MessageLog
 from .models import Model
-from .records import SessionKey, TurnRecord, TurnResult, TurnStatus
+from .records import SessionKey, StepId, StepResult, TurnRecord, TurnResult, TurnStatus
 from .stores import Lease, SessionStore
-from .subagents import reset_children
+from .subagents import cancel_children, reset_children
 
 if TYPE_CHECKING:
     from .runtime import Runtime
@@ -206,19 +206,21 @@ class SessionDriver:
     async def _chain(self, lease: Lease) -> None:
         key, store = self.key, self._store
 
-        async def read_answer(step_id: str) -> str | None:
+        async def read_step(step: StepId) -> StepResult | None:
+            step_id = str(step)
             steps = await store.read_steps(key, step_id=step_id)
-            return steps[step_id].data if step_id in steps else None
+            return steps[step_id].result if step_id in steps else None
 
         engine = TurnEngine(self._agent, self._model, lease,
                             await self._transcripts.load(store, lease), self._publish,
-                            self._publish_live, read_answer, self._cancels.get,
+                            self._publish_live, read_step, self._cancels.get,
                             runtime=self._runtime, wants_live=self._live_wanted())
         self._engine = engine
         while True:
             pending = await store.turns(key, unfinished=True)
-            parked = [t for t in pending if t.status == TurnStatus.SUSPENDED]
-            runnable = [t for t in pending if t.status != TurnStatus.SUSPENDED]
+            parked = [t for t in pending if t.parked]
+            # A parked turn with a cancel runs (to its end) in its place in the chain.
+            runnable = [t for t in pending if t.needs_driving]
             if parked:
                 runnable = [t for t in runnable if t.kind != "turn"]  # waits on a person
             if not runnable:
@@ -246,9 +248,13 @@ class SessionDriver:
         if entry.kind == "resume":
             return await engine.answer(entry, parked[0] if parked else None)
         if entry.kind == "retry":
-            target = str((entry.data or {}).get("turn_id"))
+            target = str((entry.args or {}).get("turn_id"))
             found = await self._store.turns(self.key, turn_id=target)
             return await engine.reopen(entry, found[0] if found else None)
+        if entry.status == TurnStatus.SUSPENDED and entry.cancel is not None \
+                and self._runtime is not None:
+            # A cancel withdrew the park: children it waits on are cancelled first.
+            await cancel_children(self._runtime, entry, entry.cancel)
         return await engine.run(entry)
 
     # -- cancels from other processes ------------------------------------------------------

@@ -20,7 +20,6 @@ import asyncio
 import dataclasses
 import hashlib
 import inspect
-import json
 import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -28,7 +27,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import jsonschema
 
 from .agent import Agent, SurfacePolicy
-from .batch import BatchState, Outcome
+from .batch import BatchState
 from .errors import (
     Cancelled,
     ConfigurationError,
@@ -58,7 +57,23 @@ from .hitl import default_answerers
 from .inbound import InboundEvent
 from .messages import Message, ToolCall, encode_json, owed_calls
 from .models import ABNORMAL_STOPS, Model, ModelRequest
-from .records import InputRequest, TurnRecord, TurnResult, TurnStatus, input_step_id
+from .records import (
+    Answer,
+    CallOutcome,
+    ChildMemo,
+    ChildStepId,
+    InputRequest,
+    InputStepId,
+    ModelMemo,
+    ModelStepId,
+    StepId,
+    StepResult,
+    ToolMemo,
+    ToolStepId,
+    TurnRecord,
+    TurnResult,
+    TurnStatus,
+)
 from .replies import RetryPolicy, ask
 from .stores import Lease, Transaction
 from .tools import Tool, ToolContext, compile_schema
@@ -68,6 +83,9 @@ if TYPE_CHECKING:
     from .runtime import Runtime
 
 log = logging.getLogger("durable_turns")
+
+TRACE = "trace"
+"""The name tracing keeps a turn's span context under, on the turn's chain entry."""
 T = TypeVar("T")
 
 ERROR_LIMIT = 2000
@@ -79,8 +97,8 @@ PublishLive = Callable[[TurnEvent], None]
 """Receives live events, never stored: text as it streams, model retries."""
 CancelReason = Callable[[str], "str | None"]
 """The reason a turn was asked to cancel, if it was (kept current by the driver)."""
-ReadAnswer = Callable[[str], Awaitable["str | None"]]
-"""Reads a stored step's memo (a person's answer) by step id."""
+ReadStep = Callable[[StepId], Awaitable["StepResult | None"]]
+"""Reads what a stored step keeps (a person's answer, a subagent's record), by its id."""
 
 
 def error_text(e: BaseException) -> str:
@@ -133,7 +151,7 @@ class TurnEngine:
         transcript: list[Message],
         publish: Publish,
         publish_live: PublishLive,
-        read_answer: ReadAnswer,
+        read_step: ReadStep,
         cancel_reason: CancelReason,
         runtime: Runtime | None = None,
         wants_live: Callable[[], bool] | None = None,
@@ -148,7 +166,7 @@ class TurnEngine:
         self._wants_live = wants_live or _always
         """Whether anyone takes live text now (else a reply's deltas are not even built)."""
         self._retry = RetryPolicy(agent.model_retries, agent.model_retry_delay)
-        self._read_answer = read_answer
+        self._read_step = read_step
         self._cancel_reason = cancel_reason
         self.turn_id: str | None = None
         self._streaming: asyncio.Task[Any] | None = None
@@ -275,7 +293,7 @@ class TurnEngine:
         async with self.lease.transaction() as tx:
             events = await fill(tx)
             if self._trace is not None and self._trace.pending and self.turn_id is not None:
-                tx.set_turn(TurnResult(self.turn_id, TurnStatus.RUNNING), self._trace.record())
+                tx.set_turn_data(self.turn_id, TRACE, self._trace.record())
         self.transcript.extend(self._staged)
         self._staged.clear()
         self._publish(events)
@@ -286,6 +304,7 @@ class TurnEngine:
 
     async def _open(self, turn: TurnRecord) -> None:
         opening = turn.opening
+        assert opening is not None, "a turn always has an opening message"
 
         async def fill(tx: Transaction) -> list[TurnEvent]:
             self._add(tx, opening)
@@ -333,7 +352,7 @@ class TurnEngine:
             turn_id=turn_id,
         )
         ids = self._ids(turn_id)
-        span = self._trace.model_step(f"model:{n}") if self._trace is not None else None
+        span = self._trace.model_step(str(ModelStepId(n))) if self._trace is not None else None
 
         def on_text(text: str) -> None:
             if self._wants_live():
@@ -359,12 +378,12 @@ class TurnEngine:
             )
         reply = Message("assistant", text, tuple(calls), turn_id=turn_id,
                         content=stop.content, usage=dict(stop.usage))
-        memo = encode_json({"m": n, "stop": stop.reason})
+        memo = ModelMemo(n, stop.reason)
         done = None if calls else TurnResult(turn_id, TurnStatus.COMPLETED, text)
 
         async def fill(tx: Transaction) -> list[TurnEvent]:
             self._add(tx, reply)
-            tx.add_step(f"model:{n}", turn_id, memo)
+            tx.add_step(ModelStepId(n), turn_id, memo)
             out = [tx.add_event(MessageCompleted(**ids, text=text, tool_calls=tuple(calls),
                                                  stop_reason=stop.reason, usage=reply.usage))]
             out += [tx.add_event(ActionRequested(**ids, call=c)) for c in calls]
@@ -385,9 +404,9 @@ class TurnEngine:
                          ) -> TurnResult | None:
         """Run one owed call and commit its result; returns an outcome only if it parked."""
         turn_id = turn.turn_id
-        step_id = f"tool:{n}:{call.id}"
+        step_id = ToolStepId(n, call.id)
         tool, args, problem, ctx = self._prepare(turn_id, n, call, policy, event)
-        span = self._trace.tool_step(step_id, call) if self._trace is not None else None
+        span = self._trace.tool_step(str(step_id), call) if self._trace is not None else None
         if problem is not None or tool is None:
             await self._record(turn_id, n, call, step_id, {"error": problem}, problem, span=span)
         elif tool.remote:
@@ -418,7 +437,7 @@ class TurnEngine:
                  ) -> tuple[Tool | None, dict[str, Any], str | None, ToolContext | None]:
         """The call's tool, its checked input (or the problem with it) and its context (None
         when nothing will read one: no tool runs, or it takes none)."""
-        step_id = f"tool:{n}:{call.id}"
+        step_id = str(ToolStepId(n, call.id))
         tool = self._tools(policy).get(call.name)
         args: dict[str, Any] = {}
         problem: str | None = None
@@ -448,7 +467,7 @@ class TurnEngine:
 
     async def _call_remote(self, tool: Tool, args: dict[str, Any], ctx: ToolContext | None,
                            call: ToolCall, turn_id: str, span: StepSpan | None = None
-                           ) -> Outcome:
+                           ) -> CallOutcome:
         """Run a remote tool: its result, or an error result for an exception it raised.
 
         Raises:
@@ -465,19 +484,19 @@ class TurnEngine:
         return await self._outcome(run(), tool, call, turn_id)
 
     async def _outcome(self, running: Awaitable[Any], tool: Tool, call: ToolCall,
-                       turn_id: str) -> Outcome:
+                       turn_id: str) -> CallOutcome:
         """What a tool's run comes to: its result, or an error result for an exception it
         raised; a crash (KeyboardInterrupt, SystemExit) abandons the step, a fatal error and
         a park go on up."""
         try:
-            return Outcome(await running)
+            return CallOutcome(await running)
         except (KeyboardInterrupt, SystemExit) as e:
             raise self._crashed(tool, call, turn_id, e) from e
         except (FatalToolError, ConfigurationError):
             raise
         except Exception as e:
             error = error_text(e)
-            return Outcome({"error": error}, error)
+            return CallOutcome({"error": error}, error)
 
     def _on_tool_retry(self, tool: Tool, call: ToolCall, span: StepSpan | None
                        ) -> Callable[[int, float, BaseException], None] | None:
@@ -508,11 +527,12 @@ class TurnEngine:
     def _parker(self, turn_id: str, call_id: str, event: InboundEvent | None
                 ) -> Callable[..., Awaitable[Any]]:
         async def park(input_id: str, prompt: str, schema: Any, answerers: Any) -> Any:
-            stored = await self._read_answer(input_step_id(turn_id, input_id))
-            if stored is not None:
+            step = InputStepId(turn_id, input_id)
+            stored = await self._read_step(step)
+            if isinstance(stored, Answer):
                 if self._trace is not None:
-                    self._trace.input(input_step_id(turn_id, input_id), stored)
-                return json.loads(stored)["value"]
+                    self._trace.input(str(step), stored.by)
+                return stored.value
             if schema is not None:
                 try:
                     compile_schema(schema)
@@ -526,7 +546,8 @@ class TurnEngine:
 
         return park
 
-    async def _record(self, turn_id: str, n: int, call: ToolCall, step_id: str, result: Any,
+    async def _record(self, turn_id: str, n: int, call: ToolCall, step_id: ToolStepId,
+                      result: Any,
                       error: str | None,
                       local: tuple[Tool, dict[str, Any], ToolContext | None] | None = None,
                       span: StepSpan | None = None) -> None:
@@ -546,7 +567,7 @@ class TurnEngine:
             msg = Message("tool", call_id=call.id, result=result, is_error=error is not None,
                           turn_id=turn_id)
             idx = self._add(tx, msg)
-            tx.add_step(step_id, turn_id, f'{{"m":{idx}}}')
+            tx.add_step(step_id, turn_id, ToolMemo(idx))
             return [tx.add_event(ActionCompleted(**ids, call=call, result=result, error=error))]
 
         await self._commit(fill)
@@ -555,13 +576,12 @@ class TurnEngine:
 
     # -- parallel batch (F15) --------------------------------------------------------------
 
-    async def _batch_outcomes(self, n: int, calls: list[ToolCall]) -> dict[str, Outcome]:
+    async def _batch_outcomes(self, n: int, calls: list[ToolCall]) -> dict[str, CallOutcome]:
         """Outcomes of the calls that committed their step but are not in the transcript."""
-        found: dict[str, Outcome] = {}
+        found: dict[str, CallOutcome] = {}
         for c in calls:
-            memo = await self._read_answer(f"tool:{n}:{c.id}")
-            outcome = Outcome.from_memo(memo) if memo is not None else None
-            if outcome is not None:
+            outcome = await self._read_step(ToolStepId(n, c.id))
+            if isinstance(outcome, CallOutcome):
                 found[c.id] = outcome
         return found
 
@@ -586,7 +606,7 @@ class TurnEngine:
         parked: dict[str, InputRequest] = {}
         interruptible: set[asyncio.Task[None]] = set()
 
-        async def commit(call: ToolCall, outcome: Outcome | None,
+        async def commit(call: ToolCall, outcome: CallOutcome | None,
                          local: tuple[Tool, dict[str, Any], ToolContext | None] | None = None,
                          shielded: bool = False, span: StepSpan | None = None) -> None:
             async def fill(tx: Transaction) -> list[TurnEvent]:
@@ -595,7 +615,7 @@ class TurnEngine:
                     outcome = await self._run_local_in(tx, call, turn_id, *local)
                 assert outcome is not None
                 state.done[call.id] = outcome
-                tx.add_step(f"tool:{n}:{call.id}", turn_id, outcome.memo())
+                tx.add_step(ToolStepId(n, call.id), turn_id, outcome)
                 ready = state.ready()
                 for c, o in ready:
                     self._add(tx, Message("tool", call_id=c.id, result=o.result,
@@ -633,8 +653,8 @@ class TurnEngine:
             if c.id in state.done:
                 continue
             tool, args, problem, ctx = self._prepare(turn_id, n, c, policy, event)
-            span = (self._trace.tool_step(f"tool:{n}:{c.id}", c) if self._trace is not None
-                    else None)
+            span = (self._trace.tool_step(str(ToolStepId(n, c.id)), c)
+                    if self._trace is not None else None)
             if problem is None and tool is not None and tool.remote:
                 task = asyncio.create_task(remote(c, tool, args, ctx, span))
                 tasks.append(task)
@@ -655,7 +675,7 @@ class TurnEngine:
                 if self._cancel_reason(turn_id) is not None:
                     break  # a checkpoint boundary: the calls not run are cancelled
                 if problem is not None or tool is None:
-                    await commit(c, Outcome({"error": problem}, problem), span=span)
+                    await commit(c, CallOutcome({"error": problem}, problem), span=span)
                 else:
                     await commit(c, None, (tool, args, ctx), span=span)
             if tasks:
@@ -690,7 +710,7 @@ class TurnEngine:
         return None
 
     async def _run_local_in(self, tx: Transaction, call: ToolCall, turn_id: str, tool: Tool,
-                            args: dict[str, Any], ctx: ToolContext | None) -> Outcome:
+                            args: dict[str, Any], ctx: ToolContext | None) -> CallOutcome:
         """Run a local tool inside ``tx`` (its writes roll back if it raises)."""
         if ctx is not None:
             ctx.store = tx
@@ -701,17 +721,16 @@ class TurnEngine:
     # -- subagents (F13) -------------------------------------------------------------------
 
     def _child_recorder(self, turn_id: str, call_id: str
-                        ) -> Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]:
-        step_id = f"child:{turn_id}:{call_id}"
+                        ) -> Callable[[ChildMemo], Awaitable[ChildMemo]]:
+        step_id = ChildStepId(turn_id, call_id)
 
-        async def record(memo: dict[str, Any]) -> dict[str, Any]:
-            stored = await self._read_answer(step_id)
-            if stored is not None:
-                known: dict[str, Any] = json.loads(stored)
-                return known
+        async def record(memo: ChildMemo) -> ChildMemo:
+            stored = await self._read_step(step_id)
+            if isinstance(stored, ChildMemo):
+                return stored
 
             async def fill(tx: Transaction) -> list[TurnEvent]:
-                tx.add_step(step_id, turn_id, encode_json(memo))
+                tx.add_step(step_id, turn_id, memo)
                 return []
 
             await self._guarded(fill, True)
@@ -774,7 +793,9 @@ class TurnEngine:
 
     def _end(self, tx: Transaction, out: TurnResult) -> list[TurnEvent]:
         ids = self._ids(out.turn_id)
-        tx.set_turn(out, self._trace.record(out.status) if self._trace is not None else None)
+        tx.set_turn(out)
+        if self._trace is not None:
+            tx.set_turn_data(out.turn_id, TRACE, self._trace.record(out.status))
         tx.set_status("suspended" if out.status == TurnStatus.SUSPENDED else "idle")
         if out.status == TurnStatus.COMPLETED:
             return [tx.add_event(TurnCompleted(**ids, text=out.text or ""))]
@@ -797,7 +818,8 @@ class TurnEngine:
         done = TurnResult(entry.turn_id, TurnStatus.COMPLETED)
 
         async def fill(tx: Transaction) -> list[TurnEvent]:
-            tx.set_turn(done, {"archived": self.lease.generation})
+            tx.set_turn(done)
+            tx.set_turn_data(entry.turn_id, "reset", {"archived": self.lease.generation})
             tx.new_generation()
             return [tx.add_event(TurnCancelled(**self._ids(t.turn_id), reason="reset"))
                     for t in parked]
@@ -813,7 +835,7 @@ class TurnEngine:
         again. If the session is no longer parked on that request (a reset came first), the
         resume fails with the reason and nothing else changes.
         """
-        d = entry.data or {}
+        d = entry.args or {}
         turn_id, input_id = str(d.get("turn_id")), str(d.get("input_id"))
         request = parked.request if parked is not None else None
         if parked is None or request is None or parked.turn_id != turn_id or \
@@ -830,10 +852,10 @@ class TurnEngine:
             await self._commit(refuse)
             return refused
         done = TurnResult(entry.turn_id, TurnStatus.COMPLETED)
-        memo = encode_json({"value": d.get("value"), "by": d.get("by")})
+        memo = Answer(d.get("value"), d.get("by"))
 
         async def fill(tx: Transaction) -> list[TurnEvent]:
-            tx.add_step(input_step_id(turn_id, input_id), turn_id, memo)
+            tx.add_step(InputStepId(turn_id, input_id), turn_id, memo)
             tx.set_turn(done)
             tx.set_turn(TurnResult(turn_id, TurnStatus.RUNNING))
             tx.set_status("running")
@@ -849,7 +871,7 @@ class TurnEngine:
         model call is asked again. Only the session's latest turn can be re-opened (a later
         turn has built on its failure).
         """
-        turn_id = str((entry.data or {}).get("turn_id"))
+        turn_id = str((entry.args or {}).get("turn_id"))
         latest = next((m.turn_id for m in reversed(self.transcript) if m.is_opening), None)
         problem = None
         if target is None or target.kind != "turn":
@@ -898,7 +920,7 @@ class TurnEngine:
                     result = {"error": error}
                 idx = self._add(tx, Message("tool", call_id=c.id, result=result,
                                             is_error=error is not None, turn_id=turn_id))
-                tx.add_step(f"tool:{n}:{c.id}", turn_id, f'{{"m":{idx}}}')
+                tx.add_step(ToolStepId(n, c.id), turn_id, ToolMemo(idx))
                 events.append(tx.add_event(ActionCompleted(
                     **self._ids(turn_id), call=c, result=result, error=error)))
             return events + self._end(tx, out)

@@ -34,16 +34,6 @@ EventType = Literal[
     "turn.cancelled",
 ]
 
-TERMINAL_TYPES: frozenset[str] = frozenset(
-    {"turn.completed", "turn.failed", "turn.cancelled", "input.requested"}
-)
-"""Event types a stream of one turn ends on (``input.requested`` parks it)."""
-
-LIVE_TYPES: frozenset[str] = frozenset({"message.delta", "message.retry", "action.retry"})
-"""Event types that are never stored: they are published live only and carry the ``seq`` of
-the durable event before them."""
-
-
 class EventIds(TypedDict):
     """The fields that say whose event it is."""
 
@@ -57,6 +47,9 @@ class TurnEvent:
     """Fields every event has."""
 
     type: ClassVar[EventType]
+    durable: ClassVar[bool] = True
+    """Stored with its step and replayed from the log; ``False`` for the live-only events
+    (:data:`LIVE_EVENTS`), which carry the ``seq`` of the durable event before them."""
     _own_fields: ClassVar[tuple[str, ...]] = ()
     agent: str
     session: str
@@ -73,7 +66,7 @@ class TurnEvent:
     @property
     def ends_turn(self) -> bool:
         """A terminal event of its own turn (not a forwarded subagent's)."""
-        return self.child is None and self.type in TERMINAL_TYPES
+        return self.child is None and isinstance(self, STREAM_ENDS)
 
     def payload(self) -> dict[str, Any]:
         """The event's own fields as JSON values (without the common ones but ``child``)."""
@@ -116,6 +109,7 @@ class TurnStarted(TurnEvent):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class MessageDelta(TurnEvent):
     type: ClassVar[EventType] = "message.delta"
+    durable: ClassVar[bool] = False
     text: str
 
 
@@ -128,6 +122,7 @@ class MessageRetry(TurnEvent):
     """
 
     type: ClassVar[EventType] = "message.retry"
+    durable: ClassVar[bool] = False
     attempt: int
     """The attempt that failed (1 for the first call)."""
     retries: int
@@ -168,6 +163,7 @@ class ActionRetry(TurnEvent):
     """
 
     type: ClassVar[EventType] = "action.retry"
+    durable: ClassVar[bool] = False
     call: ToolCall
     attempt: int
     """The attempt that failed (1 for the first)."""
@@ -200,6 +196,14 @@ class TurnCancelled(TurnEvent):
     type: ClassVar[EventType] = "turn.cancelled"
     reason: str
 
+
+LIVE_EVENTS: tuple[type[TurnEvent], ...] = (MessageDelta, MessageRetry, ActionRetry)
+"""The events that are never stored: published live only, each carrying the ``seq`` of the
+durable event before it."""
+TURN_ENDS: tuple[type[TurnEvent], ...] = (TurnCompleted, TurnFailed, TurnCancelled)
+"""The events a turn ends on."""
+STREAM_ENDS: tuple[type[TurnEvent], ...] = (*TURN_ENDS, InputRequested)
+"""The events a stream of one turn ends on: its end, or a park (``input.requested``)."""
 
 _BY_TYPE: dict[str, type[TurnEvent]] = {
     cls.type: cls

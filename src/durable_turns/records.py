@@ -6,12 +6,13 @@ hosts pass them around. This module imports nothing of the package but ``message
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Literal, cast
+from typing import Any, ClassVar, Literal, cast
 
-from .messages import Message
+from .messages import Message, decode_message, encode_json, encode_message
 
 SessionStatus = Literal["new", "idle", "running", "suspended"]
 EntryKind = Literal["turn", "reset", "resume", "retry"]
@@ -128,17 +129,25 @@ class TurnResult:
     reason: str | None = None
     """Why it was cancelled (``cancelled``)."""
 
+    def to_dict(self) -> dict[str, Any]:
+        """The outcome as JSON values (what hosts answer)."""
+        return {"turn_id": self.turn_id, "status": self.status.value, "text": self.text,
+                "request": self.request.to_dict() if self.request else None,
+                "error": self.error, "reason": self.reason}
+
 
 @dataclass(frozen=True, slots=True)
 class TurnRecord:
-    """One entry of a session's chain, as the store keeps it."""
+    """One entry of a session's chain, as the store keeps it: a turn, or a command that
+    runs in the chain's order (``kind``)."""
 
     turn_id: str
     ordinal: int
     """Position in the chain: entries run in increasing ordinal."""
     status: TurnStatus
-    opening: Message
-    """The message that opens a turn (appended to the log once, when the turn starts)."""
+    opening: Message | None
+    """The message that opens a turn (appended to the log once, when the turn starts);
+    ``None`` for a command."""
     event: dict[str, Any] | None = None
     """The inbound event, minus ``raw``."""
     policy: dict[str, Any] | None = None
@@ -151,34 +160,269 @@ class TurnRecord:
     cancel: str | None = None
     """A durable cancellation request's reason, if one was made."""
     kind: EntryKind = "turn"
+    args: dict[str, Any] | None = None
+    """A command's arguments (a resume's answer, a retry's turn); ``None`` for a turn."""
     data: dict[str, Any] | None = None
-    """A command's arguments and outcome (a resume's answer, a reset's generation)."""
+    """State its owners keep on the entry, one name each (``trace``, a channel's delivery
+    state, a reset's archived generation), written one name at a time and never replaced
+    whole (``SessionStore.set_turn_data``, ``Transaction.set_turn_data``)."""
 
     @property
     def result(self) -> TurnResult:
         return TurnResult(self.turn_id, self.status, self.text, self.request, self.error,
                           self.reason)
 
+    @property
+    def parked(self) -> bool:
+        """Suspended on a request nobody withdrew: what a person may answer."""
+        return self.status is TurnStatus.SUSPENDED and self.cancel is None
+
+    @property
+    def settled(self) -> bool:
+        """Ended, or parked on a standing request: what ``result()`` waits for."""
+        return self.status.final or self.parked
+
+    @property
+    def needs_driving(self) -> bool:
+        """Queued, running, or parked with a cancel to carry out: work for a driver."""
+        return self.status.unfinished or (self.status is TurnStatus.SUSPENDED
+                                          and self.cancel is not None)
+
+
+@dataclass(frozen=True, slots=True)
+class NewEntry:
+    """A chain entry to accept (``SessionStore.enqueue``): a turn or a command."""
+
+    turn_id: str
+    opening: Message | None = None
+    """A turn's opening message (``kind="turn"``)."""
+    kind: EntryKind = "turn"
+    args: dict[str, Any] | None = None
+    """A command's arguments."""
+    event: dict[str, Any] | None = None
+    policy: dict[str, Any] | None = None
+    supersede: str | None = None
+    """Ask every queued or running turn of the session to cancel, with this reason
+    (``replace=True``); a reset always supersedes (reason ``reset``)."""
+
+
+def encode_entry(entry: NewEntry) -> str:
+    """What a chain entry's row keeps as its body: a turn's opening message, or a command's
+    arguments (``{"args": …}``)."""
+    if entry.kind == "turn":
+        if entry.opening is None:
+            raise ValueError(f"turn {entry.turn_id!r} has no opening message")
+        return encode_message(entry.opening)
+    return encode_json({"args": entry.args or {}})
+
+
+def decode_entry(kind: EntryKind, body: str, data: dict[str, Any] | None
+                 ) -> tuple[Message | None, dict[str, Any] | None, dict[str, Any] | None]:
+    """A row's body read back: ``(opening, args, data)``. A command accepted before commands
+    kept their own arguments (its body a ``trigger`` message) has them in ``data``."""
+    if kind == "turn":
+        return decode_message(body), None, data
+    found = json.loads(body)
+    if "args" in found:
+        return None, dict(found["args"]), data
+    return None, dict(data or {}), None
+
+
+# -- steps: their ids and what they keep -------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ModelStepId:
+    """``model:<n>``: the model call whose reply gets transcript index ``n``."""
+
+    n: int
+    kind: ClassVar[StepKind] = "model"
+
+    def __str__(self) -> str:
+        return f"model:{self.n}"
+
+
+@dataclass(frozen=True, slots=True)
+class ToolStepId:
+    """``tool:<n>:<call_id>``: a call of the assistant message at transcript index ``n``."""
+
+    n: int
+    call_id: str
+    kind: ClassVar[StepKind] = "tool"
+
+    def __str__(self) -> str:
+        return f"tool:{self.n}:{self.call_id}"
+
+
+@dataclass(frozen=True, slots=True)
+class InputStepId:
+    """``input:<turn_id>:<input_id>``: a person's answer to a request of the turn (F6)."""
+
+    turn_id: str
+    input_id: str
+    kind: ClassVar[StepKind] = "input"
+
+    def __str__(self) -> str:
+        return f"input:{self.turn_id}:{self.input_id}"
+
+
+@dataclass(frozen=True, slots=True)
+class ChildStepId:
+    """``child:<turn_id>:<call_id>``: the child turn a subagent call started (F13)."""
+
+    turn_id: str
+    call_id: str
+    kind: ClassVar[StepKind] = "child"
+
+    def __str__(self) -> str:
+        return f"child:{self.turn_id}:{self.call_id}"
+
+
+StepId = ModelStepId | ToolStepId | InputStepId | ChildStepId
+"""A step's id: printed by ``str()``, read back by :func:`parse_step_id`."""
+
+HOT_STEP_PREFIXES = ("model:", "tool:")
+"""How the ids of the steps a turn's loop writes on every call begin; the other kinds (a
+person's answer, a subagent's record) are looked up by id."""
+
+
+def parse_step_id(text: str, turn_id: str = "") -> StepId:
+    """The step id ``text`` names. ``turn_id`` (the step's turn) separates an ``input:`` or
+    ``child:`` id's turn from its own part, since turn ids may hold ``:`` themselves.
+
+    Raises:
+        ValueError: not a step id.
+    """
+    kind, _, rest = text.partition(":")
+    try:
+        if kind in ("model", "tool"):
+            n, _, call_id = rest.partition(":")
+            if kind == "model" and not call_id:
+                return ModelStepId(int(n))
+            if kind == "tool" and call_id:
+                return ToolStepId(int(n), call_id)
+        elif kind in ("input", "child") and rest:
+            if turn_id and rest.startswith(f"{turn_id}:"):
+                own = rest[len(turn_id) + 1:]
+            else:
+                turn_id, _, own = rest.rpartition(":")
+            if turn_id and own:
+                return InputStepId(turn_id, own) if kind == "input" else ChildStepId(turn_id,
+                                                                                     own)
+    except ValueError:
+        pass
+    raise ValueError(f"not a step id: {text!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class ModelMemo:
+    """What a model step keeps: where its reply is, and how the model stopped."""
+
+    m: int
+    """The reply's transcript index."""
+    stop: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ToolMemo:
+    """What a tool step keeps: where its tool message is (the result lives there)."""
+
+    m: int
+
+
+@dataclass(frozen=True, slots=True)
+class CallOutcome:
+    """A parallel call's result, kept by its step until its tool message is written (F15)."""
+
+    result: Any
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """A person's answer to an input request (F6)."""
+
+    value: Any
+    by: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ChildMemo:
+    """The child turn a subagent call started (F13), recorded before it starts."""
+
+    agent: str
+    session: str
+    turn_id: str
+
+
+StepResult = ModelMemo | ToolMemo | CallOutcome | Answer | ChildMemo
+"""What a step keeps, by kind: a model step a :class:`ModelMemo`, a tool step a
+:class:`ToolMemo` (or, in a parallel batch, a :class:`CallOutcome`), an input step an
+:class:`Answer`, a child step a :class:`ChildMemo`."""
+
+
+def encode_step(result: StepResult) -> str:
+    """A step result's stored JSON (the one codec of step memos)."""
+    if isinstance(result, ToolMemo):
+        return f'{{"m":{int(result.m)}}}'  # the most common step: no encoder needed
+    if isinstance(result, ModelMemo):
+        return encode_json({"m": result.m, "stop": result.stop})
+    if isinstance(result, CallOutcome):
+        return encode_json({"r": result.result, "e": result.error})
+    if isinstance(result, Answer):
+        return encode_json({"value": result.value, "by": result.by})
+    return encode_json({"agent": result.agent, "session": result.session,
+                        "turn_id": result.turn_id})
+
+
+def decode_step(kind: StepKind, data: str) -> StepResult:
+    """A stored step memo read back (:func:`encode_step`'s inverse), by its step's kind.
+
+    Raises:
+        ValueError: a memo of another shape than its kind keeps.
+    """
+    d = json.loads(data)
+    if not isinstance(d, dict):
+        raise ValueError(f"not a step memo: {data[:80]!r}")
+    if kind == "tool":
+        return CallOutcome(d["r"], d.get("e")) if "r" in d else ToolMemo(int(d["m"]))
+    if kind == "model":
+        return ModelMemo(int(d["m"]), d.get("stop"))
+    if kind == "input":
+        return Answer(d.get("value"), d.get("by"))
+    if kind == "child":
+        return ChildMemo(str(d["agent"]), str(d["session"]), str(d["turn_id"]))
+    raise ValueError(f"unknown step kind {kind!r}")
+
 
 @dataclass(frozen=True, slots=True)
 class StepRecord:
-    """A checkpointed step: its id, turn, kind and JSON memo."""
+    """A checkpointed step, as a store keeps it: its id, turn and stored memo."""
 
     id: str
     turn_id: str
     data: str
-    """The step's memo as JSON text (a model step's stop reason, a tool message's index, a
-    person's answer)."""
+    """The step's memo as stored JSON (:func:`encode_step`)."""
 
     @property
     def kind(self) -> StepKind:
         """``model``, ``tool``, ``input`` or ``child``, read off the step id."""
         return cast(StepKind, self.id.partition(":")[0])
 
+    @property
+    def step(self) -> StepId:
+        """The step's id, parsed."""
+        return parse_step_id(self.id, self.turn_id)
+
+    @property
+    def result(self) -> StepResult:
+        """What the step keeps, decoded."""
+        return decode_step(self.kind, self.data)
+
 
 def input_step_id(turn_id: str, input_id: str) -> str:
     """The id of the step that stores a person's answer."""
-    return f"input:{turn_id}:{input_id}"
+    return str(InputStepId(turn_id, input_id))
 
 
 def resume_entry_id(turn_id: str, input_id: str) -> str:

@@ -24,7 +24,6 @@ import contextlib
 import logging
 import os
 from collections.abc import Iterable
-from typing import Any
 
 from .agent import Agent
 from .driver import SessionDriver, TranscriptCache
@@ -37,9 +36,8 @@ from .errors import (
     UnknownTurnError,
 )
 from .events import EventSink, TurnEvent
-from .messages import Message
 from .models import Model
-from .records import EntryKind, SessionKey, TurnRecord, TurnResult
+from .records import NewEntry, SessionKey, TurnRecord, TurnResult
 from .sessions import AgentSession
 from .stores import Lease, SessionStore, Subscription
 
@@ -253,15 +251,13 @@ class Runtime:
 
     # -- the public API the sessions, channels and hosts use -------------------------------
 
-    async def accept(self, key: SessionKey, turn_id: str, opening: Message, *,
-                     event: dict[str, Any] | None = None, policy: dict[str, Any] | None = None,
-                     kind: EntryKind = "turn", supersede: str | None = None,
-                     data: dict[str, Any] | None = None) -> tuple[TurnRecord, bool]:
-        """Accept a chain entry durably and drive it; returns it and whether it is new.
+    async def accept(self, key: SessionKey, entry: NewEntry) -> tuple[TurnRecord, bool]:
+        """Accept a chain entry (a turn or a command) durably and drive it; returns it and
+        whether it is new.
 
         A redelivered id is returned as stored, and driven again if it is unfinished. With
-        ``supersede`` (replace) or ``kind="reset"``, the unfinished turns before it are asked
-        to cancel and a running one is stopped at once.
+        ``entry.supersede`` (replace) or ``kind="reset"``, the unfinished turns before it are
+        asked to cancel and a running one is stopped at once.
 
         Raises:
             SessionBusyError: a turn is parked (for ``kind="turn"``).
@@ -270,20 +266,21 @@ class Runtime:
         await self.open()
         if self.drive:
             self.model_for(self.agents[key.agent])  # fail now, not in the background
-        rec, new = await self.store.enqueue_turn(key, turn_id, opening, event, policy,
-                                                 kind=kind, supersede=supersede, data=data)
-        if not new and kind == "turn" and (rec.kind, rec.opening.role, rec.opening.text) != (
-                kind, opening.role, opening.text):
+        rec, new = await self.store.enqueue(key, entry)
+        if not new and entry.kind == "turn" and entry.opening is not None and (
+                rec.opening is None or (rec.opening.role, rec.opening.text)
+                != (entry.opening.role, entry.opening.text)):
+            before = rec.opening.text[:60] if rec.opening is not None else rec.kind
             raise TurnConflictError(
-                f"session {key} already has a {rec.kind} {turn_id!r} opened with other text "
-                f"({rec.opening.text[:60]!r}); a redelivery must repeat it, a new turn needs "
-                "a new id", session=str(key), turn_id=turn_id)
-        reason = "reset" if kind == "reset" else supersede
+                f"session {key} already has a {rec.kind} {entry.turn_id!r} opened with other "
+                f"text ({before!r}); a redelivery must repeat it, a new turn needs a new id",
+                session=str(key), turn_id=entry.turn_id)
+        reason = "reset" if entry.kind == "reset" else entry.supersede
         if new and reason is not None:
             driver = self._drivers.get(key)
             if driver is not None:
                 driver.interrupt_running(reason)
-        if not rec.status.final:
+        if rec.needs_driving or not rec.status.final:
             self._drive(key)
         return rec, new
 
@@ -336,7 +333,7 @@ class Runtime:
                 if not found:
                     raise UnknownTurnError(str(key), turn_id)
                 rec = found[0]
-                if rec.status.ended:
+                if rec.settled:
                     return rec.result
                 if done.done():  # this runtime's driver ended without ending the turn
                     failure = self._failed.get(key)
@@ -399,13 +396,16 @@ class Runtime:
         wherever it runs; a model stream driven here stops at once.
 
         Returns:
-            The ids of the turns that got the request (none for a finished or parked turn).
+            The ids of the turns that got the request (none for a finished one); a parked
+            turn's request is withdrawn and the turn ends ``cancelled``.
         """
         await self.open()
         ids = await self.store.request_cancel(key, turn_id, reason)
-        driver = self._drivers.get(key)
-        if driver is not None and ids:
-            driver.interrupt(ids, reason)
+        if ids:
+            driver = self._drivers.get(key)
+            if driver is not None:
+                driver.interrupt(ids, reason)
+            self._drive(key)  # a parked turn among them has no driver: its end is ours
         return ids
 
     # -- drivers ---------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from .inbound import InboundEvent, Trigger
 from .messages import Message
 from .records import (
     InputRequest,
+    NewEntry,
     SessionKey,
     StepRecord,
     TurnRecord,
@@ -113,10 +114,10 @@ class AgentSession:
         policy = None
         if event is not None and event.source in self.agent.surfaces:
             policy = self.agent.surfaces[event.source].to_dict()
-        _rec, new = await self.runtime.accept(
-            self.key, turn_id, opening, event=event.to_dict() if event else None, policy=policy,
+        _rec, new = await self.runtime.accept(self.key, NewEntry(
+            turn_id, opening, event=event.to_dict() if event else None, policy=policy,
             supersede=f"superseded by turn {turn_id}" if replace else None,
-        )
+        ))
         return StartedTurn(turn_id, new)
 
     async def retry(self, turn_id: str) -> StartedTurn:
@@ -143,8 +144,7 @@ class AgentSession:
         failures = [e.seq for e in await rt.store.read_events(self.key, turn_id=turn_id)
                     if e.type == "turn.failed"]
         entry = f"retry:{turn_id}:{max(failures, default=0)}"
-        await rt.accept(self.key, entry, Message("trigger", "retry", turn_id=entry, by="retry"),
-                        kind="retry", data={"turn_id": turn_id})
+        await rt.accept(self.key, NewEntry(entry, kind="retry", args={"turn_id": turn_id}))
         if rt.drive:
             done = await rt.wait(self.key, entry)
             if done.status == TurnStatus.FAILED:
@@ -158,8 +158,10 @@ class AgentSession:
 
         The request is durable: it takes effect at the turn's next checkpoint boundary, in
         this process or another, and survives a crash. What committed stays committed.
-        Cancelling a turn that already ended is a no-op (an empty list); a parked turn is
-        not cancelled (answer it, or reset the session).
+        Cancelling a turn that already ended is a no-op (an empty list). A parked turn's
+        request is withdrawn at once (nobody can answer it any more) and the turn ends
+        ``cancelled``, its owed calls answered ``{"cancelled": true}``; a subagent's turn it
+        waits on is cancelled with it.
 
         Returns:
             The ids of the turns that got the request.
@@ -183,11 +185,10 @@ class AgentSession:
         """
         rt = self.runtime
         entry = f"reset:{uuid.uuid4().hex}"
-        opening = Message("trigger", "reset", turn_id=entry, by="reset")
-        await rt.accept(self.key, entry, opening, kind="reset")
+        await rt.accept(self.key, NewEntry(entry, kind="reset"))
         await rt.wait(self.key, entry)
         (done,) = await rt.store.turns(self.key, turn_id=entry)
-        archived = int((done.data or {}).get("archived", 0))
+        archived = int(((done.data or {}).get("reset") or {}).get("archived", 0))
         return ResetResult(f"{self.key.session}#g{archived}", archived + 1)
 
     async def archive(self, generation: int) -> Archive:
@@ -297,14 +298,13 @@ class AgentSession:
         else:
             check_answerer(request, str(self.key), by, granted, rt.secret)
             validate_answer(request, value)
-        opening = Message("trigger", "resume", turn_id=entry, by=by)
-        rec, new = await rt.accept(self.key, entry, opening, kind="resume", data=answer)
+        rec, new = await rt.accept(self.key, NewEntry(entry, kind="resume", args=answer))
         if not new:
             return await self._repeated(rec, answer)
         self._applied(await rt.wait(self.key, entry), answer)
 
     async def _repeated(self, rec: TurnRecord, answer: dict[str, Any]) -> None:
-        given = rec.data or {}
+        given = rec.args or {}
         if (given.get("value"), given.get("by")) != (answer["value"], answer["by"]):
             raise ResumeConflictError(
                 f"input {answer['input_id']!r} of turn {answer['turn_id']!r} was answered "

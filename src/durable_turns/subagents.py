@@ -42,8 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigurationError, Parked
 from .events import TurnEvent
-from .messages import Message
-from .records import InputRequest, SessionKey, TurnRecord, TurnStatus
+from .records import ChildMemo, InputRequest, NewEntry, SessionKey, TurnRecord, TurnStatus
 from .tools import Tool, ToolContext, ToolSpec
 
 if TYPE_CHECKING:
@@ -110,10 +109,9 @@ async def _run_child(agent_name: str, task: str, ctx: ToolContext) -> dict[str, 
             f"subagent {agent_name!r}: the runtime has no such agent ({sorted(rt.agents)})")
     session_id, turn_id = child_ids(ctx.agent, ctx.session, ctx.turn_id, ctx.call_id)
     # Recorded before the child starts: a replay re-attaches to exactly this child.
-    memo = await ctx.record_child({"agent": agent_name, "session": session_id,
-                                   "turn_id": turn_id})
-    key = rt.key(memo["agent"], memo["session"])
-    turn_id = memo["turn_id"]
+    memo = await ctx.record_child(ChildMemo(agent_name, session_id, turn_id))
+    key = rt.key(memo.agent, memo.session)
+    turn_id = memo.turn_id
     tag = {"agent": key.agent, "session": key.session, "turn_id": turn_id}
     child = rt.session(key.agent, key.session)
     try:
@@ -180,7 +178,7 @@ async def _follow(ctx: ToolContext, key: SessionKey, turn_id: str,
             if events:
                 await forward([replace(e, child={**tag, "seq": e.seq}) for e in events])
                 cursor = events[-1].seq
-            if rec.status.ended:
+            if rec.settled:
                 return rec
             # Not asyncio.wait_for: on Python 3.11 it swallows a cancel that comes as the
             # wait ends (the change reported, or the poll's time up), and the parent's
@@ -191,6 +189,41 @@ async def _follow(ctx: ToolContext, key: SessionKey, turn_id: str,
     finally:
         unwatch()
         live.close()
+
+
+def _children(rt: Runtime, parked: Iterable[TurnRecord]) -> dict[SessionKey, str]:
+    """The child sessions (and their turns) that parked turns wait on, of agents this
+    runtime has."""
+    found: dict[SessionKey, str] = {}
+    for t in parked:
+        for r in t.request.all if t.request is not None else ():
+            if r.child is None:
+                continue
+            agent, session = str(r.child.get("agent")), str(r.child.get("session"))
+            if agent not in rt.agents:
+                log.warning("a parent parked on a child of agent %r, which this runtime does "
+                            "not have: session %s stays parked", agent, session)
+                continue
+            found[SessionKey(agent, session)] = str(r.child.get("turn_id"))
+    return found
+
+
+async def cancel_children(rt: Runtime, parked: TurnRecord, reason: str) -> None:
+    """Cancel the child turns a parked turn waits on: the parent-close policy for a cancel
+    of a parked parent (its driver calls this before the parent's end commits). Their
+    requests are withdrawn with them. Waits for each child to end (at most ``CANCEL_WAIT``
+    seconds).
+
+    Raises:
+        StoreError: a child's cancel could not be made durable (the parent's end is then
+            driven again).
+    """
+    children = _children(rt, [parked])
+    for key, turn_id in children.items():
+        await rt.interrupt(key, turn_id, reason=f"parent turn cancelled: {reason}")
+    for key, turn_id in children.items():
+        with contextlib.suppress(Exception):
+            await rt.wait(key, turn_id, timeout=CANCEL_WAIT)
 
 
 async def reset_children(rt: Runtime, entry_id: str, parked: Iterable[TurnRecord]) -> None:
@@ -211,20 +244,9 @@ async def reset_children(rt: Runtime, entry_id: str, parked: Iterable[TurnRecord
         StoreError: a child's reset could not be made durable (the parent's reset is then
             driven again).
     """
-    keys: dict[SessionKey, None] = {}
-    for t in parked:
-        for r in t.request.all if t.request is not None else ():
-            if r.child is None:
-                continue
-            agent, session = str(r.child.get("agent")), str(r.child.get("session"))
-            if agent not in rt.agents:
-                log.warning("reset of a parent parked on a child of agent %r, which this "
-                            "runtime does not have: session %s stays parked", agent, session)
-                continue
-            keys[SessionKey(agent, session)] = None
+    keys = _children(rt, parked)
     for key in keys:
-        opening = Message("trigger", "reset", turn_id=entry_id, by="reset")
-        await rt.accept(key, entry_id, opening, kind="reset")
+        await rt.accept(key, NewEntry(entry_id, kind="reset"))
     for key in keys:
         with contextlib.suppress(Exception):
             await rt.wait(key, entry_id, timeout=CANCEL_WAIT)

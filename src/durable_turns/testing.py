@@ -30,7 +30,23 @@ from .events import (
     TurnStarted,
 )
 from .messages import Message, ToolCall
-from .records import InputRequest, SessionKey, TurnRecord, TurnResult, TurnStatus
+from .records import (
+    Answer,
+    ChildMemo,
+    ChildStepId,
+    InputRequest,
+    InputStepId,
+    ModelMemo,
+    ModelStepId,
+    NewEntry,
+    SessionKey,
+    StepResult,
+    ToolMemo,
+    ToolStepId,
+    TurnRecord,
+    TurnResult,
+    TurnStatus,
+)
 from .stores import SessionStore
 
 Check = Callable[[SessionStore], Awaitable[None]]
@@ -47,12 +63,13 @@ def _ids(turn_id: str) -> dict[str, Any]:
 
 async def check_enqueue_is_durable_and_idempotent(store: SessionStore) -> None:
     assert await store.session_info(KEY) is None
-    t1, new1 = await store.enqueue_turn(KEY, "t1", _opening("t1"), {"source": "x"}, None)
-    t2, new2 = await store.enqueue_turn(KEY, "t2", _opening("t2"))
-    again, new3 = await store.enqueue_turn(KEY, "t1", _opening("t1", "other text"))
+    t1, new1 = await store.enqueue(KEY, NewEntry("t1", _opening("t1"), event={"source": "x"}))
+    t2, new2 = await store.enqueue(KEY, NewEntry("t2", _opening("t2")))
+    again, new3 = await store.enqueue(KEY, NewEntry("t1", _opening("t1", "other text")))
     assert (new1, new2, new3) == (True, True, False)
     assert t1.status == "queued" and t1.ordinal < t2.ordinal
-    assert again.opening.text == "hello" and again.event == {"source": "x"}
+    assert again.opening is not None and again.opening.text == "hello"
+    assert again.event == {"source": "x"}
     info = await store.session_info(KEY)
     assert info is not None and info.status == "new" and info.generation == 0
     assert [t.turn_id for t in await store.turns(KEY, unfinished=True)] == ["t1", "t2"]
@@ -78,13 +95,13 @@ async def check_lease_is_exclusive(store: SessionStore) -> None:
 
 
 async def check_transaction_commits_everything(store: SessionStore) -> None:
-    await store.enqueue_turn(KEY, "t1", _opening("t1"))
+    await store.enqueue(KEY, NewEntry("t1", _opening("t1")))
     lease = await store.claim(KEY)
     call = ToolCall("c1", "tool", {"a": 1})
     async with lease.transaction() as tx:
         assert tx.add_message(_opening("t1")) == 0
         assert tx.add_message(Message("assistant", "hi", (call,), turn_id="t1")) == 1
-        tx.add_step("model:1", "t1", '{"m":1}')
+        tx.add_step(ModelStepId(1), "t1", ModelMemo(1))
         e1 = tx.add_event(TurnStarted(**_ids("t1"), text="hello"))
         e2 = tx.add_event(ActionCompleted(**_ids("t1"), call=call, result={"ok": True}))
         tx.set_turn(TurnResult("t1", TurnStatus.RUNNING))
@@ -95,8 +112,8 @@ async def check_transaction_commits_everything(store: SessionStore) -> None:
     msgs = await store.read_messages(KEY)
     assert msgs == [_opening("t1"), Message("assistant", "hi", (call,), turn_id="t1")]
     assert await store.read_messages(KEY, after=1) == msgs[1:]
-    assert await step_data(store, KEY, "model:1") == '{"m":1}'
-    assert await step_data(store, KEY, "model:9") is None
+    assert await step_result(store, KEY, "model:1") == ModelMemo(1)
+    assert await step_result(store, KEY, "model:9") is None
     events = await store.read_events(KEY)
     assert [(e.seq, e.type) for e in events] == [(1, "turn.started"), (2, "action.completed")]
     assert isinstance(events[1], ActionCompleted) and events[1].result == {"ok": True}
@@ -122,8 +139,8 @@ async def check_every_write_reads_back_as_written(store: SessionStore) -> None:
     """Whatever shape a step's writes take, each message, step and event reads back equal
     (``at`` included): a store may keep a payload once and rebuild the rest (SQL stores
     derive an event's fields from the step's message), never change it."""
-    await store.enqueue_turn(KEY, "t1", _opening("t1", "hi there"))
-    await store.enqueue_turn(KEY, "t2", _opening("t2"))
+    await store.enqueue(KEY, NewEntry("t1", _opening("t1", "hi there")))
+    await store.enqueue(KEY, NewEntry("t2", _opening("t2")))
     lease = await store.claim(KEY)
     calls = (ToolCall("c1", "look", {"q": "x", "n": [1, 2.5]}), ToolCall("c2", "pay", {}))
     reply = Message("assistant", "let me look", calls, turn_id="t1", usage={"in": 3, "out": 4})
@@ -134,7 +151,7 @@ async def check_every_write_reads_back_as_written(store: SessionStore) -> None:
         written.append(tx.add_event(TurnStarted(**_ids("t1"), text="hi there")))
     async with lease.transaction() as tx:  # a model step asking for two calls
         tx.add_message(reply)
-        tx.add_step("model:1", "t1", '{"m":1,"stop":"tool_use"}')
+        tx.add_step(ModelStepId(1), "t1", ModelMemo(1, "tool_use"))
         written.append(tx.add_event(MessageCompleted(
             **_ids("t1"), text=reply.text, tool_calls=calls, stop_reason="tool_use",
             usage=reply.usage)))
@@ -143,27 +160,27 @@ async def check_every_write_reads_back_as_written(store: SessionStore) -> None:
         tx.add_message(Message("tool", call_id="c1", result=result, turn_id="t1"))
         tx.add_message(Message("tool", call_id="c2", result={"error": "no"}, is_error=True,
                                turn_id="t1"))
-        tx.add_step("tool:1:c1", "t1", '{"m":2}')
-        tx.add_step("tool:1:c2", "t1", '{"m":3}')
+        tx.add_step(ToolStepId(1, "c1"), "t1", ToolMemo(2))
+        tx.add_step(ToolStepId(1, "c2"), "t1", ToolMemo(3))
         written.append(tx.add_event(ActionCompleted(**_ids("t1"), call=calls[0],
                                                     result=result)))
         written.append(tx.add_event(ActionCompleted(**_ids("t1"), call=calls[1],
                                                     result={"error": "no"}, error="no")))
     async with lease.transaction() as tx:  # an event that differs from its message
         tx.add_message(Message("assistant", "done", turn_id="t1"))
-        tx.add_step("model:4", "t1", '{"m":4}')
+        tx.add_step(ModelStepId(4), "t1", ModelMemo(4, "end_turn"))
         written.append(tx.add_event(MessageCompleted(**_ids("t1"), text="other text")))
         written.append(tx.add_event(TurnCompleted(**_ids("t1"), text="done")))
     async with lease.transaction() as tx:  # a step with neither message nor event
-        tx.add_step("input:t1:ok", "t1", '{"value":true}')
+        tx.add_step(InputStepId("t1", "ok"), "t1", Answer(True, "ann"))
     async with lease.transaction() as tx:  # events of two turns, one forwarded from a child
         written.append(tx.add_event(TurnCancelled(**_ids("t1"), reason="reset")))
         written.append(tx.add_event(InputRequested(
             **_ids("t2"), child={"agent": "sub", "session": "c", "turn_id": "x", "seq": 7},
             request=InputRequest("ok", "ok?", turn_id="x"))))
-        tx.add_step("child:t2:1", "t2", '{"seq":7}')
+        tx.add_step(ChildStepId("t2", "1"), "t2", ChildMemo("sub", "c", "x"))
     async with lease.transaction() as tx:  # a second step with neither, at the same seq
-        tx.add_step("input:t2:ok", "t2", '{"value":false}')
+        tx.add_step(InputStepId("t2", "ok"), "t2", Answer(False))
     await lease.release()
     assert [e.seq for e in written] == list(range(1, 11))
     events = await store.read_events(KEY)
@@ -179,19 +196,22 @@ async def check_every_write_reads_back_as_written(store: SessionStore) -> None:
     steps = await store.read_steps(KEY)
     assert sorted(steps) == ["child:t2:1", "input:t1:ok", "input:t2:ok", "model:1", "model:4",
                              "tool:1:c1", "tool:1:c2"]
-    assert (steps["child:t2:1"].turn_id, steps["child:t2:1"].data) == ("t2", '{"seq":7}')
-    assert await step_data(store, KEY, "tool:1:c2") == '{"m":3}'
-    assert await step_data(store, KEY, "input:t2:ok") == '{"value":false}'
-    assert await step_data(store, KEY, "input:t1:ok") == '{"value":true}'
-    assert await step_data(store, KEY, "child:t2:1") == '{"seq":7}'
-    assert await step_data(store, KEY, "child:t2:2") is None
+    child = steps["child:t2:1"]
+    assert (child.turn_id, child.step, child.result) == (
+        "t2", ChildStepId("t2", "1"), ChildMemo("sub", "c", "x"))
+    assert steps["model:1"].result == ModelMemo(1, "tool_use")
+    assert await step_result(store, KEY, "tool:1:c2") == ToolMemo(3)
+    assert await step_result(store, KEY, "input:t2:ok") == Answer(False)
+    assert await step_result(store, KEY, "input:t1:ok") == Answer(True, "ann")
+    assert await step_result(store, KEY, "child:t2:1") == ChildMemo("sub", "c", "x")
+    assert await step_result(store, KEY, "child:t2:2") is None
     again = await store.claim(KEY)  # the counters survive the lease
     assert (again.last_seq, again.message_count) == (10, 5)
     await again.release()
 
 
 async def check_failed_transaction_writes_nothing(store: SessionStore) -> None:
-    await store.enqueue_turn(KEY, "t1", _opening("t1"))
+    await store.enqueue(KEY, NewEntry("t1", _opening("t1")))
     lease = await store.claim(KEY)
     try:
         async with lease.transaction() as tx:
@@ -212,7 +232,7 @@ async def check_failed_transaction_writes_nothing(store: SessionStore) -> None:
 async def check_local_writes_join_the_transaction(store: SessionStore) -> None:
     if store.unwrap() is None:
         return  # no raw handle, no rollback: nothing to check (documented for MemoryStore)
-    await store.enqueue_turn(KEY, "t1", _opening("t1"))
+    await store.enqueue(KEY, NewEntry("t1", _opening("t1")))
     lease = await store.claim(KEY)
 
     def setup(h: Any) -> None:
@@ -247,8 +267,8 @@ async def check_local_writes_join_the_transaction(store: SessionStore) -> None:
 
 
 async def check_cancel_requests_are_durable(store: SessionStore) -> None:
-    await store.enqueue_turn(KEY, "t1", _opening("t1"))
-    await store.enqueue_turn(KEY, "t2", _opening("t2"))
+    await store.enqueue(KEY, NewEntry("t1", _opening("t1")))
+    await store.enqueue(KEY, NewEntry("t2", _opening("t2")))
     assert await store.request_cancel(KEY, "t1", "stop") == ["t1"]
     assert await store.request_cancel(KEY, "t1", "again") == []
     lease = await store.claim(KEY)
@@ -261,7 +281,7 @@ async def check_cancel_requests_are_durable(store: SessionStore) -> None:
 
 
 async def check_turn_data_is_set_without_a_lease(store: SessionStore) -> None:
-    await store.enqueue_turn(KEY, "t1", _opening("t1"))
+    await store.enqueue(KEY, NewEntry("t1", _opening("t1")))
     lease = await store.claim(KEY)  # a driver holds the session: channel state needs no lease
     assert await store.set_turn_data(KEY, "t1", "stream", {"ts": "1.1"}) == {"ts": "1.1"}
     assert await store.set_turn_data(KEY, "t1", "stream", {"ts": "2.2"}, only_new=True) == {
@@ -277,20 +297,65 @@ async def check_turn_data_is_set_without_a_lease(store: SessionStore) -> None:
     assert await store.set_turn_data(SessionKey("agent", "none"), "t1", "x", 1) is None
 
 
+async def check_turn_data_of_two_writers_merges(store: SessionStore) -> None:
+    """The engine (in its step's transaction) and a channel (without a lease) write the same
+    entry's data, each its own name: neither write drops the other's."""
+    await store.enqueue(KEY, NewEntry("t1", _opening("t1")))
+    lease = await store.claim(KEY)
+    async with lease.transaction() as tx:
+        tx.set_turn(TurnResult("t1", TurnStatus.RUNNING))
+        tx.set_turn_data("t1", "trace", {"span": "a"})
+    assert await store.set_turn_data(KEY, "t1", "delivery", {"ts": "1.1"}) == {"ts": "1.1"}
+    async with lease.transaction() as tx:
+        tx.set_turn_data("t1", "trace", {"span": "b"})
+        tx.set_turn(TurnResult("t1", TurnStatus.COMPLETED, text="done"))
+    await lease.release()
+    (t,) = await store.turns(KEY, turn_id="t1")
+    assert t.data == {"trace": {"span": "b"}, "delivery": {"ts": "1.1"}}, t.data
+    assert (t.status, t.text) == ("completed", "done")
+
+
+async def check_a_cancel_withdraws_a_park(store: SessionStore) -> None:
+    """A cancel reaches a parked turn: its request no longer stands (no inbox, no refusal of
+    new turns) and the turn is work for a driver, which ends it; a supersede never does."""
+    await store.enqueue(KEY, NewEntry("p1", _opening("p1")))
+    lease = await store.claim(KEY)
+    async with lease.transaction() as tx:
+        tx.set_turn(TurnResult("p1", TurnStatus.SUSPENDED, request=InputRequest("ok", "ok?")))
+        tx.set_status("suspended")
+    await lease.release()
+    assert (await store.find_sessions("parked"), await store.find_sessions("unfinished")) == (
+        [KEY], [])
+    assert await store.claim_ready(["agent"]) == []
+    assert await store.request_cancel(KEY, "p1", "withdrawn") == ["p1"]
+    assert await store.request_cancel(KEY, None, "again") == []  # asked once
+    p1 = await get_turn(store, KEY, "p1")
+    assert p1 is not None and (p1.status, p1.cancel) == ("suspended", "withdrawn")
+    assert not p1.parked and p1.needs_driving
+    assert (await store.find_sessions("parked"), await store.find_sessions("unfinished")) == (
+        [], [KEY])
+    claimed = await store.claim_ready(["agent"])
+    assert [x.key for x in claimed] == [KEY]
+    for x in claimed:
+        await x.release()
+    rec, new = await store.enqueue(KEY, NewEntry("p2", _opening("p2")))
+    assert new and rec.status == "queued"
+
+
 async def check_parked_session_refuses_other_turns(store: SessionStore) -> None:
-    await store.enqueue_turn(KEY, "t1", _opening("t1"))
+    await store.enqueue(KEY, NewEntry("t1", _opening("t1")))
     lease = await store.claim(KEY)
     async with lease.transaction() as tx:
         tx.set_turn(TurnResult("t1", TurnStatus.SUSPENDED, request=InputRequest("approve", "ok?")))
         tx.set_status("suspended")
     await lease.release()
     try:
-        await store.enqueue_turn(KEY, "t2", _opening("t2"))
+        await store.enqueue(KEY, NewEntry("t2", _opening("t2")))
     except SessionBusyError:
         pass
     else:
         raise AssertionError("a parked session accepted another turn")
-    rec, new = await store.enqueue_turn(KEY, "t1", _opening("t1"))
+    rec, new = await store.enqueue(KEY, NewEntry("t1", _opening("t1")))
     assert not new and rec.status == "suspended" and rec.request == InputRequest("approve", "ok?")
     assert [t.turn_id for t in await store.turns(KEY, unfinished=True)] == ["t1"]
     assert await store.find_sessions("unfinished") == []
@@ -299,10 +364,10 @@ async def check_parked_session_refuses_other_turns(store: SessionStore) -> None:
 
 async def check_sessions_are_found_by_turn_id(store: SessionStore) -> None:
     other = SessionKey("agent", "s2")
-    await store.enqueue_turn(KEY, "shared", _opening("shared"))
-    await store.enqueue_turn(other, "shared", _opening("shared"))
-    await store.enqueue_turn(other, "own", _opening("own"))
-    await store.enqueue_turn(other, "r1", Message("trigger", "reset"), kind="reset")
+    await store.enqueue(KEY, NewEntry("shared", _opening("shared")))
+    await store.enqueue(other, NewEntry("shared", _opening("shared")))
+    await store.enqueue(other, NewEntry("own", _opening("own")))
+    await store.enqueue(other, NewEntry("r1", kind="reset"))
     assert await store.find_sessions(turn_id="shared") == [KEY, other]
     assert await store.find_sessions(turn_id="own") == [other]
     assert await store.find_sessions(turn_id="r1") == []  # chain entries that are not turns
@@ -313,11 +378,10 @@ async def check_sessions_are_found_by_turn_id(store: SessionStore) -> None:
 async def check_sessions_are_listed_newest_first(store: SessionStore) -> None:
     names = ["b", "a", "c"]
     for name in names:
-        await store.enqueue_turn(SessionKey("agent", name), f"t-{name}", _opening(f"t-{name}"))
-    await store.enqueue_turn(SessionKey("other", "z"), "t-z", _opening("t-z"))
-    await store.enqueue_turn(SessionKey("agent", "b"), "t-b2", _opening("t-b2"))
-    await store.enqueue_turn(SessionKey("agent", "a"), "r", Message("trigger", "reset"),
-                             kind="reset")
+        await store.enqueue(SessionKey("agent", name), NewEntry(f"t-{name}", _opening(f"t-{name}")))
+    await store.enqueue(SessionKey("other", "z"), NewEntry("t-z", _opening("t-z")))
+    await store.enqueue(SessionKey("agent", "b"), NewEntry("t-b2", _opening("t-b2")))
+    await store.enqueue(SessionKey("agent", "a"), NewEntry("r", kind="reset"))
     assert await store.list_sessions("agent") == [SessionKey("agent", n) for n in "cab"]
     assert await store.list_sessions("other") == [SessionKey("other", "z")]
     assert await store.list_sessions("nobody") == []
@@ -335,22 +399,23 @@ async def _commit_events(store: SessionStore, key: SessionKey, turn_id: str, n: 
 
 
 async def check_reset_starts_a_new_generation(store: SessionStore) -> None:
-    await store.enqueue_turn(KEY, "t1", _opening("t1"))
+    await store.enqueue(KEY, NewEntry("t1", _opening("t1")))
     lease = await store.claim(KEY)
     async with lease.transaction() as tx:
         tx.add_message(_opening("t1"))
-        tx.add_step("model:1", "t1", '{"m":1}')
+        tx.add_step(ModelStepId(1), "t1", ModelMemo(1))
         tx.set_turn(TurnResult("t1", TurnStatus.SUSPENDED, request=InputRequest("ok", "ok?")))
         tx.set_status("suspended")
     await lease.release()
     # A reset is accepted while parked; a turn behind a queued reset is accepted too.
-    reset, new = await store.enqueue_turn(KEY, "r1", Message("trigger", "reset"), kind="reset")
+    reset, new = await store.enqueue(KEY, NewEntry("r1", kind="reset"))
     assert new and reset.kind == "reset" and reset.status == "queued"
-    await store.enqueue_turn(KEY, "t2", _opening("t2"))
+    await store.enqueue(KEY, NewEntry("t2", _opening("t2")))
     lease = await store.claim(KEY)
     assert lease.generation == 0
     async with lease.transaction() as tx:
-        tx.set_turn(TurnResult("r1", TurnStatus.COMPLETED), {"archived": 0})
+        tx.set_turn(TurnResult("r1", TurnStatus.COMPLETED))
+        tx.set_turn_data("r1", "reset", {"archived": 0})
         tx.new_generation()
     assert (lease.generation, lease.message_count) == (1, 0)
     await lease.release()
@@ -359,14 +424,14 @@ async def check_reset_starts_a_new_generation(store: SessionStore) -> None:
     t1 = await get_turn(store, KEY, "t1")
     assert t1 is not None and (t1.status, t1.reason, t1.request) == ("cancelled", "reset", None)
     r1 = await get_turn(store, KEY, "r1")
-    assert r1 is not None and r1.status == "completed" and r1.data == {"archived": 0}
+    assert r1 is not None and r1.status == "completed" and r1.data == {"reset": {"archived": 0}}
     # The live log is empty; the archived generation stays readable, steps included.
     assert await store.read_messages(KEY) == []
     assert await store.read_steps(KEY) == {}
     assert await store.read_messages(KEY, generation=0) == [_opening("t1")]
     archived = await store.read_steps(KEY, generation=0)
     assert list(archived) == ["model:1"] and archived["model:1"].kind == "model"
-    assert archived["model:1"].turn_id == "t1" and archived["model:1"].data == '{"m":1}'
+    assert archived["model:1"].turn_id == "t1" and archived["model:1"].result == ModelMemo(1)
     lease = await store.claim(KEY)
     async with lease.transaction() as tx:
         assert tx.add_message(_opening("t2")) == 0
@@ -381,7 +446,7 @@ async def _grow(store: SessionStore, turns: range, per_turn: int) -> list[Messag
     written: list[Message] = []
     for t in turns:
         tid = f"g{t}"
-        await store.enqueue_turn(KEY, tid, _opening(tid))
+        await store.enqueue(KEY, NewEntry(tid, _opening(tid)))
         lease = await store.claim(KEY)
         async with lease.transaction() as tx:
             tx.add_message(_opening(tid))
@@ -433,31 +498,32 @@ async def check_a_long_transcript_reads_back_whole(store: SessionStore) -> None:
 
 
 async def check_supersede_cancels_unfinished_turns_but_not_a_park(store: SessionStore) -> None:
-    await store.enqueue_turn(KEY, "t1", _opening("t1"))
-    await store.enqueue_turn(KEY, "t2", _opening("t2"))
-    await store.enqueue_turn(KEY, "t3", _opening("t3"), supersede="superseded by turn t3")
+    await store.enqueue(KEY, NewEntry("t1", _opening("t1")))
+    await store.enqueue(KEY, NewEntry("t2", _opening("t2")))
+    await store.enqueue(KEY, NewEntry("t3", _opening("t3"), supersede="superseded by turn t3"))
     for turn_id, cancel in (("t1", "superseded by turn t3"), ("t2", "superseded by turn t3"),
                             ("t3", None)):
         rec = await get_turn(store, KEY, turn_id)
         assert rec is not None and rec.cancel == cancel, (turn_id, rec)
     # A parked turn is never superseded: a new turn is refused instead.
     other = SessionKey("agent", "parked")
-    await store.enqueue_turn(other, "p1", _opening("p1"))
+    await store.enqueue(other, NewEntry("p1", _opening("p1")))
     lease = await store.claim(other)
     async with lease.transaction() as tx:
         tx.set_turn(TurnResult("p1", TurnStatus.SUSPENDED, request=InputRequest("ok", "ok?")))
     await lease.release()
     with contextlib.suppress(SessionBusyError):
-        await store.enqueue_turn(other, "p2", _opening("p2"), supersede="replace")
+        await store.enqueue(other, NewEntry("p2", _opening("p2"), supersede="replace"))
         raise AssertionError("a parked session accepted a superseding turn")
     p1 = await get_turn(store, other, "p1")
     assert p1 is not None and p1.cancel is None and p1.status == "suspended"
     # A resume command is accepted while parked, once per id.
-    _, new = await store.enqueue_turn(other, "resume:p1:ok", Message("trigger", "resume"),
-                                      kind="resume", data={"value": True})
-    again, new2 = await store.enqueue_turn(other, "resume:p1:ok", Message("trigger", "resume"),
-                                           kind="resume", data={"value": False})
-    assert (new, new2) == (True, False) and again.data == {"value": True}
+    _, new = await store.enqueue(other, NewEntry("resume:p1:ok", kind="resume",
+                                                 args={"value": True}))
+    again, new2 = await store.enqueue(other, NewEntry("resume:p1:ok", kind="resume",
+                                                      args={"value": False}))
+    assert (new, new2) == (True, False) and again.args == {"value": True}
+    assert again.opening is None and again.kind == "resume"
 
 
 async def check_events_are_read_by_turn(store: SessionStore) -> None:
@@ -496,7 +562,7 @@ async def check_subscribe_replays_then_goes_live(store: SessionStore) -> None:
 
 
 async def check_watchers_hear_commits_and_cancels(store: SessionStore) -> None:
-    await store.enqueue_turn(KEY, "t1", _opening("t1"))
+    await store.enqueue(KEY, NewEntry("t1", _opening("t1")))
     heard: list[list[TurnEvent] | None] = []
     stop = store.watch(KEY, heard.append)
     lease = await store.claim(KEY)
@@ -505,7 +571,7 @@ async def check_watchers_hear_commits_and_cancels(store: SessionStore) -> None:
     await lease.release()
     # ``None`` ("look again") may come at any time; committed events come as a list.
     assert [[e.seq for e in h] for h in heard if h is not None] == [[done.seq]]
-    await store.enqueue_turn(KEY, "t2", _opening("t2"))
+    await store.enqueue(KEY, NewEntry("t2", _opening("t2")))
     heard.clear()
     await store.request_cancel(KEY, "t2", "stop")
     assert None in heard
@@ -538,7 +604,7 @@ async def check_two_holders_contend_for_one_session(store: SessionStore) -> None
 
 
 async def check_a_stale_epoch_is_refused(store: SessionStore) -> None:
-    await store.enqueue_turn(KEY, "t1", _opening("t1"))
+    await store.enqueue(KEY, NewEntry("t1", _opening("t1")))
     stale = await store.claim(KEY)
     await stale.release()
     current = await store.claim(KEY)
@@ -577,9 +643,9 @@ async def check_a_stale_epoch_is_refused(store: SessionStore) -> None:
 async def check_claimable_sessions_are_unfinished_and_free(store: SessionStore) -> None:
     other, parked = SessionKey("agent", "s2"), SessionKey("agent", "parked")
     assert await store.find_claimable() == []
-    await store.enqueue_turn(KEY, "t1", _opening("t1"))
-    await store.enqueue_turn(other, "t1", _opening("t1"))
-    await store.enqueue_turn(parked, "p1", _opening("p1"))
+    await store.enqueue(KEY, NewEntry("t1", _opening("t1")))
+    await store.enqueue(other, NewEntry("t1", _opening("t1")))
+    await store.enqueue(parked, NewEntry("p1", _opening("p1")))
     lease = await store.claim(parked)
     async with lease.transaction() as tx:
         tx.set_turn(TurnResult("p1", TurnStatus.SUSPENDED, request=InputRequest("ok", "ok?")))
@@ -597,7 +663,7 @@ async def check_ready_sessions_are_claimed_once(store: SessionStore) -> None:
     foreign = SessionKey("another", "s1")
     assert list(await store.claim_ready(["agent"])) == []
     for key in (KEY, other, parked, foreign):
-        await store.enqueue_turn(key, "t1", _opening("t1"))
+        await store.enqueue(key, NewEntry("t1", _opening("t1")))
     lease = await store.claim(parked)
     async with lease.transaction() as tx:
         tx.set_turn(TurnResult("t1", TurnStatus.SUSPENDED, request=InputRequest("ok", "ok?")))
@@ -634,7 +700,9 @@ CONFORMANCE: list[Check] = [
     check_local_writes_join_the_transaction,
     check_cancel_requests_are_durable,
     check_turn_data_is_set_without_a_lease,
+    check_turn_data_of_two_writers_merges,
     check_parked_session_refuses_other_turns,
+    check_a_cancel_withdraws_a_park,
     check_sessions_are_found_by_turn_id,
     check_sessions_are_listed_newest_first,
     check_reset_starts_a_new_generation,
@@ -667,7 +735,8 @@ async def get_turn(store: SessionStore, key: SessionKey, turn_id: str) -> TurnRe
     return found[0] if found else None
 
 
-async def step_data(store: SessionStore, key: SessionKey, step_id: str) -> str | None:
-    """The JSON memo of a checkpointed step of the live generation, or ``None``."""
+async def step_result(store: SessionStore, key: SessionKey,
+                      step_id: str) -> StepResult | None:
+    """What a checkpointed step of the live generation keeps, or ``None``."""
     steps = await store.read_steps(key, step_id=step_id)
-    return steps[step_id].data if step_id in steps else None
+    return steps[step_id].result if step_id in steps else None

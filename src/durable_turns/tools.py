@@ -26,6 +26,7 @@ import pydantic
 
 from .errors import ConfigurationError, FatalToolError, ToolDeclarationError
 from .inbound import InboundEvent, User
+from .records import ChildMemo
 
 if TYPE_CHECKING:
     from .events import TurnEvent
@@ -73,7 +74,7 @@ class ToolContext:
     """Set by the engine for remote tools: what :meth:`request_input` calls."""
     runtime: Runtime | None = field(default=None, repr=False)
     """The runtime driving the turn (a tool that runs another agent's turn uses it)."""
-    record_child: Callable[[dict[str, Any]], Awaitable[dict[str, Any]]] | None = field(
+    record_child: Callable[[ChildMemo], Awaitable[ChildMemo]] | None = field(
         default=None, repr=False)
     """Set for remote tools: checkpoints step ``child:<turn_id>:<call_id>`` with the memo
     given, unless it is recorded already, and returns the recorded memo (F13)."""

@@ -30,7 +30,6 @@ A failed step or turn sets the span's status to ``ERROR``.
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Mapping
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -87,7 +86,6 @@ class TurnTrace:
         self._trace = trace
         self._tracer = tracer
         self._model = _model_name(model)
-        self._data = {k: v for k, v in (turn.data or {}).items() if k != "trace"}
         self._ids = {"durable_turns.session": str(key), "durable_turns.turn_id": turn.turn_id}
         self._open: set[StepSpan] = set()
         self._usage = [0, 0]
@@ -116,13 +114,13 @@ class TurnTrace:
     # -- what the engine records -----------------------------------------------------------
 
     def record(self, ended: TurnStatus | None = None) -> dict[str, Any]:
-        """The turn's ``data`` with this span's context, written in a commit of this stretch
-        (its first, and the one that ends or parks it)."""
+        """This span's context, kept under the turn's ``data["trace"]`` by a commit of this
+        stretch (its first, and the one that ends or parks it); the turn's other data names
+        are never touched."""
         self.pending = False
         ctx = self.span.get_span_context()
-        return {**self._data, "trace": {"trace_id": f"{ctx.trace_id:032x}",
-                                        "span_id": f"{ctx.span_id:016x}",
-                                        "ended": ended.value if ended else None}}
+        return {"trace_id": f"{ctx.trace_id:032x}", "span_id": f"{ctx.span_id:016x}",
+                "ended": ended.value if ended else None}
 
     # -- steps -----------------------------------------------------------------------------
 
@@ -176,12 +174,9 @@ class TurnTrace:
         return self._step_started(self._start(f"execute_tool {call.name}",
                                               self._tool(step_id, call)))
 
-    def input(self, step_id: str, stored: str) -> None:
-        """A person's answer was read from step ``step_id`` (a resumed tool asked again)."""
-        try:
-            by = json.loads(stored).get("by")
-        except (ValueError, AttributeError):
-            by = None
+    def input(self, step_id: str, by: str | None) -> None:
+        """A person's answer (given ``by``) was read from step ``step_id`` (a resumed tool
+        asked again)."""
         span = self._start("durable_turns.input", {"durable_turns.step_id": step_id})
         if isinstance(by, str):
             span.set_attribute("durable_turns.input.by", by)

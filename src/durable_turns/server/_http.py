@@ -26,7 +26,7 @@ from ..errors import (
     UnknownAgentError,
     UnknownTurnError,
 )
-from ..events import LIVE_TYPES, TurnEvent
+from ..events import TurnEvent
 
 log = logging.getLogger("durable_turns.server")
 
@@ -140,7 +140,7 @@ def is_loopback(host: str) -> bool:
 def is_durable(event: TurnEvent) -> bool:
     """Whether ``event`` is stored (and has an SSE ``id``): not one of the live-only types
     (text deltas, retry notices)."""
-    return event.type not in LIVE_TYPES
+    return event.durable
 
 
 def sse_fields(event: TurnEvent) -> dict[str, Any]:

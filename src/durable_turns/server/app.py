@@ -365,7 +365,7 @@ def _message(m: Any) -> dict[str, Any]:
 
 
 def _turn(t: TurnRecord) -> dict[str, Any]:
-    return {**_result(t.result), "opening": t.opening.text}
+    return {**_result(t.result), "opening": t.opening.text if t.opening else None}
 
 
 def _result(r: TurnResult) -> dict[str, Any]:

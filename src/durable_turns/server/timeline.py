@@ -134,7 +134,7 @@ class _Turn:
         answer = self.answers.get(request.id)
         if answer is None or answer.status != TurnStatus.COMPLETED:
             return None
-        data = answer.data or {}
+        data = answer.args or {}
         at = data.get("at")
         row.update(status="answered", ended_at=at, value=data.get("value"), by=data.get("by"))
         self.status = "running"
@@ -172,8 +172,9 @@ class _Turn:
         for row in self.rows:
             _duration(row)
         opening = self.record.opening
-        out = {"turn_id": self.record.turn_id, "status": status, "role": opening.role,
-               "by": opening.by, "text": opening.text, "started_at": self.started_at,
+        out = {"turn_id": self.record.turn_id, "status": status,
+               "role": opening.role if opening else None, "by": opening.by if opening else None,
+               "text": opening.text if opening else "", "started_at": self.started_at,
                "ended_at": self.ended_at, "usage": self.usage, "result": self.text,
                "error": self.error, "reason": self.reason, "steps": self.rows}
         _duration(out)
@@ -205,8 +206,8 @@ def timeline(chain: Sequence[TurnRecord], events: Sequence[TurnEvent],
     shown = [t for t in live if since is None or t.ordinal >= since]
     answers: dict[str, dict[str, TurnRecord]] = {}
     for t in chain:
-        if t.kind == "resume" and t.data:
-            answers.setdefault(str(t.data.get("turn_id")), {})[str(t.data.get("input_id"))] = t
+        if t.kind == "resume" and t.args:
+            answers.setdefault(str(t.args.get("turn_id")), {})[str(t.args.get("input_id"))] = t
     assistant: dict[str, list[tuple[int, Message]]] = {}
     for i, m in enumerate(transcript):
         if m.role == "assistant" and m.turn_id is not None:
@@ -257,6 +258,6 @@ async def last_activity(store: SessionStore, key: SessionKey) -> float | None:
         times += [e.at for e in await store.read_events(key, turn_id=latest.turn_id)
                   if e.at is not None]
     answer = next((t for t in reversed(chain) if t.kind == "resume"), None)
-    if answer is not None and isinstance((answer.data or {}).get("at"), int | float):
-        times.append(float((answer.data or {})["at"]))
+    if answer is not None and isinstance((answer.args or {}).get("at"), int | float):
+        times.append(float((answer.args or {})["at"]))
     return max(times, default=None)

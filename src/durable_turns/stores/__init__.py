@@ -12,7 +12,7 @@ holder that was taken over (its lease expired while it was paused, or it was rel
 
 All writes of one step go through one :class:`Transaction`, which commits them together or
 not at all. Two writes need no lease, because they are single atomic statements any process
-may make: accepting a chain entry (:meth:`SessionStore.enqueue_turn`) and asking for a
+may make: accepting a chain entry (:meth:`SessionStore.enqueue`) and asking for a
 cancellation (:meth:`SessionStore.request_cancel`).
 
 Every store has an **event feed**: :meth:`SessionStore.subscribe` yields a session's stored
@@ -36,11 +36,13 @@ from typing import Any, Literal, Protocol, TypeVar
 from ..events import TurnEvent
 from ..messages import Message
 from ..records import (
-    EntryKind,
+    NewEntry,
     SessionInfo,
     SessionKey,
     SessionStatus,
+    StepId,
     StepRecord,
+    StepResult,
     TurnRecord,
     TurnResult,
 )
@@ -50,6 +52,7 @@ T = TypeVar("T")
 
 __all__ = [
     "Lease",
+    "NewEntry",
     "SessionInfo",
     "SessionKey",
     "SessionStatus",
@@ -93,19 +96,25 @@ class Transaction(Protocol):
         """Append to the message log; returns the message's index."""
         ...
 
-    def add_step(self, step_id: str, turn_id: str, data: str) -> None:
-        """Checkpoint a step under the live generation (``data`` is its JSON memo)."""
+    def add_step(self, step: StepId, turn_id: str, result: StepResult) -> None:
+        """Checkpoint a step of turn ``turn_id`` under the live generation, with what it
+        keeps (stored as :func:`~durable_turns.records.encode_step` writes it)."""
         ...
 
     def add_event(self, event: TurnEvent) -> TurnEvent:
         """Log an event; returns it with its sequence number (published after commit)."""
         ...
 
-    def set_turn(self, result: TurnResult, data: dict[str, Any] | None = None) -> None:
+    def set_turn(self, result: TurnResult) -> None:
         """Set a chain entry's status and outcome, all of it (``text``, ``error``, ``reason``,
-        ``request`` as in ``result``), and a command's ``data`` if given (else it stays).
-        A status other than ``suspended`` clears the pending request.
+        ``request`` as in ``result``). A status other than ``suspended`` clears the pending
+        request. Never touches the entry's ``data``.
         """
+        ...
+
+    def set_turn_data(self, turn_id: str, name: str, value: Any) -> None:
+        """Set ``data[name] = value`` on a chain entry with this commit, leaving its other
+        names as they are (what another owner set meanwhile, even without a lease, stays)."""
         ...
 
     def set_status(self, status: SessionStatus) -> None: ...
@@ -169,28 +178,28 @@ class SessionStore(Protocol):
         """
         ...
 
-    async def enqueue_turn(self, key: SessionKey, turn_id: str, opening: Message,
-                           event: dict[str, Any] | None = None,
-                           policy: dict[str, Any] | None = None, *, kind: EntryKind = "turn",
-                           supersede: str | None = None,
-                           data: dict[str, Any] | None = None) -> tuple[TurnRecord, bool]:
-        """Accept a chain entry at the end of the chain, durably; creates the session if needed.
+    async def enqueue(self, key: SessionKey, entry: NewEntry) -> tuple[TurnRecord, bool]:
+        """Accept a chain entry (a turn or a command) at the end of the chain, durably;
+        creates the session if needed.
 
-        In the same transaction, with ``supersede`` set, every queued or running turn gets a
-        cancellation request with that reason (``replace=True``). A ``reset`` always
-        supersedes (reason ``reset``). Commands (``reset``, ``resume``, ``retry``) are
-        accepted while the session is parked; a ``turn`` is not.
+        In the same transaction, with ``entry.supersede`` set, every queued or running turn
+        gets a cancellation request with that reason (``replace=True``); a parked turn never
+        does. A ``reset`` always supersedes (reason ``reset``). Commands (``reset``,
+        ``resume``, ``retry``) are accepted while the session is parked; a ``turn`` is not.
 
         Returns the entry and whether it was new. An id the session already has is returned
         as it is (a redelivery).
 
         Raises:
-            SessionBusyError: a turn of the session is suspended and no reset is queued.
+            SessionBusyError: a turn of the session is parked (its request not withdrawn)
+                and no reset is queued.
         """
         ...
 
     async def request_cancel(self, key: SessionKey, turn_id: str | None, reason: str) -> list[str]:
-        """Durably ask unfinished turns (one, or all with ``None``) to cancel; returns their ids."""
+        """Durably ask unfinished turns (one, or all with ``None``) to cancel, parked ones
+        included (their request is withdrawn: a parked turn with a cancel is no longer
+        answerable, and is work for a driver, which ends it); returns their ids."""
         ...
 
     async def set_turn_data(self, key: SessionKey, turn_id: str, name: str, value: Any, *,
@@ -249,8 +258,9 @@ class SessionStore(Protocol):
 
     async def find_sessions(self, which: SessionFilter | None = None, *,
                             turn_id: str | None = None) -> list[SessionKey]:
-        """Sessions with a queued or running turn (``unfinished``: what recovery drives),
-        with a parked turn (``parked``: an operator's inbox), or with a turn of this id."""
+        """Sessions with work for a driver (``unfinished``: a queued or running turn, or a
+        parked one with a cancel to carry out: what recovery drives), with a parked turn
+        whose request stands (``parked``: an operator's inbox), or with a turn of this id."""
         ...
 
     async def find_claimable(self, limit: int = 100) -> list[SessionKey]:
@@ -274,6 +284,6 @@ class SessionStore(Protocol):
 
     async def list_sessions(self, agent: str) -> list[SessionKey]:
         """Every session of ``agent`` the store has, newest first: the most recently created
-        session (by its first ``enqueue_turn`` or ``claim``) comes first. A reset keeps a
+        session (by its first ``enqueue`` or ``claim``) comes first. A reset keeps a
         session's place. For hosts that list an agent's conversations."""
         ...

@@ -12,7 +12,16 @@ from typing import Any, TypeVar
 from ..errors import LeaseTimeoutError, SessionBusyError
 from ..events import TurnEvent
 from ..messages import Message
-from ..records import EntryKind, SessionKey, SessionStatus, TurnResult, TurnStatus
+from ..records import (
+    EntryKind,
+    SessionKey,
+    SessionStatus,
+    StepId,
+    StepResult,
+    TurnResult,
+    TurnStatus,
+    encode_step,
+)
 
 
 @dataclass(slots=True)
@@ -23,7 +32,9 @@ class Writes:
     steps: list[tuple[str, str, str]] = field(default_factory=list)
     """``(step_id, turn_id, data)``."""
     events: list[TurnEvent] = field(default_factory=list)
-    turns: dict[str, tuple[TurnResult, dict[str, Any] | None]] = field(default_factory=dict)
+    turns: dict[str, TurnResult] = field(default_factory=dict)
+    data: list[tuple[str, str, Any]] = field(default_factory=list)
+    """``(turn_id, name, value)``: names of chain entries' data to set, each on its own."""
     status: SessionStatus | None = None
     new_generation: bool = False
     """Archive the live log: bump the generation, status ``new``, cancel a stale park."""
@@ -55,8 +66,8 @@ class BufferedTransaction:
         self._count += 1
         return self._count - 1
 
-    def add_step(self, step_id: str, turn_id: str, data: str) -> None:
-        self.writes.steps.append((step_id, turn_id, data))
+    def add_step(self, step: StepId, turn_id: str, result: StepResult) -> None:
+        self.writes.steps.append((str(step), turn_id, encode_step(result)))
 
     def add_event(self, event: TurnEvent) -> TurnEvent:
         self._seq += 1
@@ -66,8 +77,11 @@ class BufferedTransaction:
         self.writes.events.append(event)
         return event
 
-    def set_turn(self, result: TurnResult, data: dict[str, Any] | None = None) -> None:
-        self.writes.turns[result.turn_id] = (result, data)
+    def set_turn(self, result: TurnResult) -> None:
+        self.writes.turns[result.turn_id] = result
+
+    def set_turn_data(self, turn_id: str, name: str, value: Any) -> None:
+        self.writes.data.append((turn_id, name, value))
 
     def set_status(self, status: SessionStatus) -> None:
         self.writes.status = status
@@ -126,12 +140,13 @@ async def poll_until(
 
 
 def check_enqueue(key: SessionKey, kind: EntryKind,
-                  unfinished: Iterable[tuple[str, str, str]]) -> None:
-    """The rule for accepting a chain entry: a ``turn`` is refused while a turn is parked,
-    unless a reset is queued to clear the park; commands are always accepted.
+                  unfinished: Iterable[tuple[str, str, str, str | None]]) -> None:
+    """The rule for accepting a chain entry: a ``turn`` is refused while a turn is parked
+    (and its request not withdrawn by a cancel), unless a reset is queued to clear the park;
+    commands are always accepted.
 
     Args:
-        unfinished: ``(turn_id, status, kind)`` of the session's unfinished entries.
+        unfinished: ``(turn_id, status, kind, cancel)`` of the session's unfinished entries.
 
     Raises:
         SessionBusyError: naming the parked turn.
@@ -139,8 +154,8 @@ def check_enqueue(key: SessionKey, kind: EntryKind,
     if kind != "turn":
         return
     parked = None
-    for turn_id, status, entry_kind in unfinished:
-        if status == TurnStatus.SUSPENDED:
+    for turn_id, status, entry_kind, cancel in unfinished:
+        if status == TurnStatus.SUSPENDED and cancel is None:
             parked = turn_id
         elif entry_kind == "reset" and status == TurnStatus.QUEUED:
             return

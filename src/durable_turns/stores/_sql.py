@@ -38,15 +38,17 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from ..events import TurnEvent
-from ..messages import Message, MessageLog, decode_message, encode_json, encode_message
+from ..messages import Message, MessageLog, encode_json
 from ..records import (
-    EntryKind,
     InputRequest,
+    NewEntry,
     SessionInfo,
     SessionKey,
     StepRecord,
     TurnRecord,
     TurnStatus,
+    decode_entry,
+    encode_entry,
 )
 from ._base import Writes, check_enqueue, supersede_reason, updated_request
 from ._log import LOOKED_UP, events_of, row_of, steps_of
@@ -66,6 +68,10 @@ _TURN_COLS = (
     "kind, data"
 )
 _OPEN = "('queued', 'running', 'suspended')"
+NEEDS_DRIVING = ("(t.status IN ('queued', 'running') "
+                 "OR (t.status = 'suspended' AND t.cancel IS NOT NULL))")
+"""The chain entries ``t`` a driver has work for: queued or running, or parked with a cancel
+to carry out (``TurnRecord.needs_driving``)."""
 LAST_ROW = "SELECT seq, gen, n FROM log WHERE sid = {} ORDER BY seq DESC, sub DESC LIMIT 1"
 """The session's last log row (``{}``: the session id): its ``seq`` is the newest event seq,
 its ``n`` the message count of generation ``gen``."""
@@ -90,12 +96,13 @@ def _dump(v: Any) -> str | None:
 
 def _turn(row: Any) -> TurnRecord:
     request = _load(row[6])
+    opening, args, data = decode_entry(row[11], row[3], _load(row[12]))
     return TurnRecord(
-        turn_id=row[0], ordinal=row[1], status=TurnStatus(row[2]),
-        opening=decode_message(row[3]), event=_load(row[4]), policy=_load(row[5]),
+        turn_id=row[0], ordinal=row[1], status=TurnStatus(row[2]), opening=opening,
+        event=_load(row[4]), policy=_load(row[5]),
         request=InputRequest.from_dict(request) if request else None,
-        text=row[7], error=row[8], reason=row[9], cancel=row[10], kind=row[11],
-        data=_load(row[12]),
+        text=row[7], error=row[8], reason=row[9], cancel=row[10], kind=row[11], args=args,
+        data=data,
     )
 
 
@@ -135,8 +142,8 @@ class SqlRules:
         """The common step in one statement: its row, written only while the epoch is the
         lease's (the fencing check and the write in one, atomic without a transaction)."""
         self._update_turn = q(
-            "UPDATE turns SET status = ?, text = ?, error = ?, reason = ?, request = ?, "
-            "data = coalesce(?, data) WHERE sid = ? AND turn_id = ?")
+            "UPDATE turns SET status = ?, text = ?, error = ?, reason = ?, request = ? "
+            "WHERE sid = ? AND turn_id = ?")
         self._set_status = q("UPDATE sessions SET status = ? WHERE sid = ?")
         self._new_generation = q(
             "UPDATE sessions SET generation = generation + 1, status = 'new' WHERE sid = ?")
@@ -145,22 +152,22 @@ class SqlRules:
             "WHERE sid = ? AND status = 'suspended'")
         self._find_turn = q(f"SELECT {_TURN_COLS} FROM turns WHERE sid = ? AND turn_id = ?")
         self._unfinished_rows = q(
-            f"SELECT turn_id, status, kind FROM turns WHERE sid = ? AND status IN {_OPEN} "
-            "ORDER BY ordinal")
+            f"SELECT turn_id, status, kind, cancel FROM turns WHERE sid = ? "
+            f"AND status IN {_OPEN} ORDER BY ordinal")
         self._supersede = q(
             "UPDATE turns SET cancel = ? WHERE sid = ? AND cancel IS NULL "
             "AND status IN ('queued', 'running')")
         self._insert_turn = q(
-            "INSERT INTO turns (sid, turn_id, kind, status, opening, event, policy, data) "
-            "VALUES (?, ?, ?, 'queued', ?, ?, ?, ?) RETURNING ordinal")
+            "INSERT INTO turns (sid, turn_id, kind, status, opening, event, policy) "
+            "VALUES (?, ?, ?, 'queued', ?, ?, ?) RETURNING ordinal")
         self._enqueue_plain = q(
-            "INSERT INTO turns (sid, turn_id, kind, status, opening, event, policy, data) "
-            "SELECT s.sid, ?, 'turn', 'queued', ?, ?, ?, ? FROM sessions s "
+            "INSERT INTO turns (sid, turn_id, kind, status, opening, event, policy) "
+            "SELECT s.sid, ?, 'turn', 'queued', ?, ?, ? FROM sessions s "
             "WHERE s.agent = ? AND s.session = ? AND NOT EXISTS (SELECT 1 FROM turns t "
-            "WHERE t.sid = s.sid AND t.status = 'suspended') "
+            "WHERE t.sid = s.sid AND t.status = 'suspended' AND t.cancel IS NULL) "
             "ON CONFLICT (sid, turn_id) DO NOTHING RETURNING ordinal")
         self._cancel = q(
-            "UPDATE turns SET cancel = ? WHERE sid = ? AND status IN ('queued', 'running') "
+            f"UPDATE turns SET cancel = ? WHERE sid = ? AND status IN {_OPEN} "
             "AND cancel IS NULL AND (turn_id = ? OR CAST(? AS text) IS NULL) RETURNING turn_id")
         self._cancel_of = q("SELECT cancel FROM turns WHERE sid = ? AND turn_id = ?")
         self._data_of = q("SELECT data FROM turns WHERE sid = ? AND turn_id = ?")
@@ -250,9 +257,11 @@ class SqlRules:
             else:
                 c.execute(self.insert_quiet_row, (sid, seq, sid, seq, gen, n, turn_id, body,
                                                   step, memo))
-        for turn_id, (r, data) in w.turns.items():
+        for turn_id, r in w.turns.items():
             c.execute(self._update_turn, (r.status.value, r.text, r.error, r.reason,
-                                          _dump(updated_request(r)), _dump(data), sid, turn_id))
+                                          _dump(updated_request(r)), sid, turn_id))
+        for turn_id, name, value in w.data:
+            self._merge_data(c, sid, turn_id, name, value, only_new=False)
         if w.turns and not w.new_generation:
             self.copy_transcript(c, sid, gen, first + len(w.messages))
         if w.status is not None:
@@ -278,40 +287,36 @@ class SqlRules:
 
     # -- the chain -------------------------------------------------------------------------
 
-    def enqueue(self, c: Connection, key: SessionKey, turn_id: str, opening: Message,
-                event: dict[str, Any] | None, policy: dict[str, Any] | None, kind: EntryKind,
-                supersede: str | None, data: dict[str, Any] | None) -> tuple[TurnRecord, bool]:
+    def enqueue(self, c: Connection, key: SessionKey,
+                entry: NewEntry) -> tuple[TurnRecord, bool]:
         sid = self.sid(c, key, create=True)
-        row = c.execute(self._find_turn, (sid, turn_id)).fetchone()
+        row = c.execute(self._find_turn, (sid, entry.turn_id)).fetchone()
         if row is not None:
             return _turn(row), False
-        check_enqueue(key, kind, c.execute(self._unfinished_rows, (sid,)).fetchall())
-        reason = supersede_reason(kind, supersede)
+        check_enqueue(key, entry.kind, c.execute(self._unfinished_rows, (sid,)).fetchall())
+        reason = supersede_reason(entry.kind, entry.supersede)
         if reason is not None:
             c.execute(self._supersede, (reason, sid))
         ordinal = c.execute(self._insert_turn, (
-            sid, turn_id, kind, encode_message(opening), _dump(event), _dump(policy),
-            _dump(data),
+            sid, entry.turn_id, entry.kind, encode_entry(entry), _dump(entry.event),
+            _dump(entry.policy),
         )).fetchone()[0]
-        return TurnRecord(turn_id, int(ordinal), TurnStatus.QUEUED, opening, event, policy,
-                          kind=kind, data=data), True
+        return _accepted(entry, int(ordinal)), True
 
-    def enqueue_plain(self, c: Connection, key: SessionKey, turn_id: str, opening: Message,
-                      event: dict[str, Any] | None, policy: dict[str, Any] | None,
-                      data: dict[str, Any] | None) -> TurnRecord | None:
+    def enqueue_plain(self, c: Connection, key: SessionKey,
+                      entry: NewEntry) -> TurnRecord | None:
         """The common accept in one statement: a new ``turn`` (no supersede) of a session
         that exists and has no parked turn. None: not that case (a new session, a turn id
         already taken, a park, for which :func:`check_enqueue` decides); nothing was written,
         and :meth:`enqueue` takes it in a transaction. For a backend whose statements are
         serialised (SQLite): the park check and the insert must see the same state."""
         rows = c.execute(self._enqueue_plain, (
-            turn_id, encode_message(opening), _dump(event), _dump(policy), _dump(data),
+            entry.turn_id, encode_entry(entry), _dump(entry.event), _dump(entry.policy),
             key.agent, key.session,
         )).fetchall()
         if not rows:
             return None
-        return TurnRecord(turn_id, int(rows[0][0]), TurnStatus.QUEUED, opening, event, policy,
-                          kind="turn", data=data)
+        return _accepted(entry, int(rows[0][0]))
 
     def bump(self, c: Connection, sid: int) -> tuple[int, int]:
         """A new epoch for a session whose id is known: ``(epoch, generation)``."""
@@ -332,10 +337,19 @@ class SqlRules:
 
     def set_turn_data(self, c: Connection, key: SessionKey, turn_id: str, name: str,
                       value: Any, only_new: bool) -> Any:
-        """``SessionStore.set_turn_data``: a read-modify-write of the entry's ``data``, under
-        the session row's lock (``lock_rows``) or the backend's serialising transaction."""
+        """``SessionStore.set_turn_data``, under the session row's lock (``lock_rows``) or
+        the backend's serialising transaction."""
         sid = self.sid(c, key, create=False)
-        row = None if sid is None else c.execute(self._data_of, (sid, turn_id)).fetchone()
+        if sid is None:
+            return None
+        return self._merge_data(c, sid, turn_id, name, value, only_new=only_new)
+
+    def _merge_data(self, c: Connection, sid: int, turn_id: str, name: str, value: Any, *,
+                    only_new: bool) -> Any:
+        """Set one name of an entry's ``data``, keeping the others: a read-modify-write in
+        the caller's transaction, which holds the session's write lock. ``None`` when the
+        entry does not exist."""
+        row = c.execute(self._data_of, (sid, turn_id)).fetchone()
         if row is None:
             return None
         data = _load(row[0]) or {}
@@ -458,9 +472,9 @@ class SqlRules:
         conditions: list[str] = [] if where is None else [where]
         params: list[Any] = []
         if which == "unfinished":
-            conditions.append("t.status IN ('queued', 'running')")
+            conditions.append(NEEDS_DRIVING)
         elif which == "parked":
-            conditions.append("t.status = 'suspended'")
+            conditions.append("t.status = 'suspended' AND t.cancel IS NULL")
         elif which is not None:
             raise ValueError(f"unknown session filter {which!r}: 'unfinished' or 'parked'")
         if turn_id is not None:
@@ -480,6 +494,12 @@ class SqlRules:
             "SELECT session FROM sessions WHERE agent = ? ORDER BY sid DESC"
         ), (agent,)).fetchall()
         return [SessionKey(agent, r[0]) for r in rows]
+
+
+def _accepted(entry: NewEntry, ordinal: int) -> TurnRecord:
+    """The record of an entry just accepted."""
+    return TurnRecord(entry.turn_id, ordinal, TurnStatus.QUEUED, entry.opening, entry.event,
+                      entry.policy, kind=entry.kind, args=entry.args)
 
 
 def counters(last_row: Any, generation: int) -> tuple[int, int]:

@@ -10,7 +10,7 @@ from ..errors import LeaseLostError
 from ..events import TurnEvent
 from ..messages import Message
 from ..records import (
-    EntryKind,
+    NewEntry,
     SessionInfo,
     SessionKey,
     SessionStatus,
@@ -82,17 +82,17 @@ class _MemoryLease(LeaseBase):
         for step_id, turn_id, memo in w.steps:
             s.steps[(s.generation, step_id)] = StepRecord(step_id, turn_id, memo)
         s.events.extend(w.events)
-        for turn_id, (r, data) in w.turns.items():
-            old = s.turns[turn_id]
+        for turn_id, r in w.turns.items():
             s.turns[turn_id] = replace(
-                old,
+                s.turns[turn_id],
                 status=r.status,
                 text=r.text,
                 error=r.error,
                 reason=r.reason,
                 request=r.request if updated_request(r) is not None else None,
-                data=data if data is not None else old.data,
             )
+        for turn_id, name, value in w.data:
+            _merge(s, turn_id, name, value, only_new=False)
         if w.status is not None:
             s.status = w.status
         if w.new_generation:
@@ -113,6 +113,19 @@ class _MemoryLease(LeaseBase):
         if not self._released and self._s.epoch == self.epoch:
             self._s.held = False
         self._released = True
+
+
+def _merge(s: _Session, turn_id: str, name: str, value: Any, *, only_new: bool) -> Any:
+    """Set one name of an entry's ``data``, keeping the others (``None``: no such entry)."""
+    t = s.turns.get(turn_id)
+    if t is None:
+        return None
+    data = dict(t.data or {})
+    if only_new and name in data:
+        return data[name]
+    data[name] = value
+    s.turns[turn_id] = replace(t, data=data)
+    return value
 
 
 class MemoryStore(FeedStore):
@@ -154,30 +167,19 @@ class MemoryStore(FeedStore):
         await poll_until(take, key, timeout)
         return _MemoryLease(self, key, s)
 
-    async def enqueue_turn(
-        self,
-        key: SessionKey,
-        turn_id: str,
-        opening: Message,
-        event: dict[str, Any] | None = None,
-        policy: dict[str, Any] | None = None,
-        *,
-        kind: EntryKind = "turn",
-        supersede: str | None = None,
-        data: dict[str, Any] | None = None,
-    ) -> tuple[TurnRecord, bool]:
+    async def enqueue(self, key: SessionKey, entry: NewEntry) -> tuple[TurnRecord, bool]:
         s = self._get(key)
-        if turn_id in s.turns:
-            return s.turns[turn_id], False
-        check_enqueue(key, kind, ((t.turn_id, t.status, t.kind) for t in s.turns.values()
-                                  if not t.status.final))
-        reason = supersede_reason(kind, supersede)
+        if entry.turn_id in s.turns:
+            return s.turns[entry.turn_id], False
+        check_enqueue(key, entry.kind, ((t.turn_id, t.status, t.kind, t.cancel)
+                                        for t in s.turns.values() if not t.status.final))
+        reason = supersede_reason(entry.kind, entry.supersede)
         if reason is not None:
-            self._cancel(s, None, reason)
+            self._cancel(s, None, reason, parks=False)
         self._ordinal += 1
-        rec = TurnRecord(turn_id, self._ordinal, TurnStatus.QUEUED, opening, event, policy,
-                         kind=kind, data=data)
-        s.turns[turn_id] = rec
+        rec = TurnRecord(entry.turn_id, self._ordinal, TurnStatus.QUEUED, entry.opening,
+                         entry.event, entry.policy, kind=entry.kind, args=entry.args)
+        s.turns[entry.turn_id] = rec
         self._feed.changed(key)
         return rec, True
 
@@ -193,21 +195,15 @@ class MemoryStore(FeedStore):
     async def set_turn_data(self, key: SessionKey, turn_id: str, name: str, value: Any, *,
                             only_new: bool = False) -> Any:
         s = self._sessions.get(key)
-        t = None if s is None else s.turns.get(turn_id)
-        if s is None or t is None:
-            return None
-        data = dict(t.data or {})
-        if only_new and name in data:
-            return data[name]
-        data[name] = value
-        s.turns[turn_id] = replace(t, data=data)
-        return value
+        return None if s is None else _merge(s, turn_id, name, value, only_new=only_new)
 
     @staticmethod
-    def _cancel(s: _Session, turn_id: str | None, reason: str) -> list[str]:
+    def _cancel(s: _Session, turn_id: str | None, reason: str, *,
+                parks: bool = True) -> list[str]:
         hit = [
             t for t in s.turns.values()
-            if t.status.unfinished and t.cancel is None and turn_id in (None, t.turn_id)
+            if (t.status.unfinished or (parks and t.status == TurnStatus.SUSPENDED))
+            and t.cancel is None and turn_id in (None, t.turn_id)
         ]
         for t in hit:
             s.turns[t.turn_id] = replace(t, cancel=reason)
@@ -258,9 +254,9 @@ class MemoryStore(FeedStore):
             raise ValueError(f"unknown session filter {which!r}: 'unfinished' or 'parked'")
 
         def test(t: TurnRecord) -> bool:
-            if which == "unfinished" and not t.status.unfinished:
+            if which == "unfinished" and not t.needs_driving:
                 return False
-            if which == "parked" and t.status != TurnStatus.SUSPENDED:
+            if which == "parked" and not t.parked:
                 return False
             return turn_id is None or (t.turn_id == turn_id and t.kind == "turn")
 

@@ -61,12 +61,11 @@ from psycopg import pq
 from psycopg_pool import ConnectionPool
 
 from ..errors import FatalToolError, LeaseLostError, LeaseTimeoutError, StoreError
-from ..messages import Message
-from ..records import EntryKind, SessionKey, TurnRecord
+from ..records import NewEntry, SessionKey, TurnRecord
 from ._base import BufferedTransaction, LeaseBase
 from ._feed import Feed, FeedStore
 from ._log import LEGACY_TO_LOG, LOOKUP_INDEX
-from ._sql import LAST_ROW, SqlReads, SqlRules, counters
+from ._sql import LAST_ROW, NEEDS_DRIVING, SqlReads, SqlRules, counters
 from ._thread import Worker
 
 T = TypeVar("T")
@@ -176,8 +175,7 @@ WITH ready AS (
     SELECT s.sid FROM sessions s
     WHERE s.agent = ANY(%(agents)s)
       AND (s.lease_until IS NULL OR s.lease_until < clock_timestamp())
-      AND EXISTS (SELECT 1 FROM turns t
-                  WHERE t.sid = s.sid AND t.status IN ('queued', 'running'))
+      AND EXISTS (SELECT 1 FROM turns t WHERE t.sid = s.sid AND {NEEDS_DRIVING})
     ORDER BY s.sid
     LIMIT %(limit)s
     FOR UPDATE OF s SKIP LOCKED
@@ -718,20 +716,9 @@ class PostgresStore(SqlReads, FeedStore):
                          *counters(None if seq is None else (seq, last_gen, n), gen))
                 for sid, agent, session, epoch, gen, seq, last_gen, n in rows]
 
-    async def enqueue_turn(
-        self,
-        key: SessionKey,
-        turn_id: str,
-        opening: Message,
-        event: dict[str, Any] | None = None,
-        policy: dict[str, Any] | None = None,
-        *,
-        kind: EntryKind = "turn",
-        supersede: str | None = None,
-        data: dict[str, Any] | None = None,
-    ) -> tuple[TurnRecord, bool]:
+    async def enqueue(self, key: SessionKey, entry: NewEntry) -> tuple[TurnRecord, bool]:
         def enqueue(c: psycopg.Connection[Any]) -> tuple[TurnRecord, bool]:
-            out = _RULES.enqueue(c, key, turn_id, opening, event, policy, kind, supersede, data)
+            out = _RULES.enqueue(c, key, entry)
             if out[1]:
                 _notify(c, self.origin, key, None)
             return out

@@ -45,8 +45,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..errors import FatalToolError, LeaseLostError, StoreError
-from ..messages import Message
-from ..records import EntryKind, SessionKey, TurnRecord
+from ..records import NewEntry, SessionKey, TurnRecord
 from ._base import BufferedTransaction, LeaseBase, claim_found, poll_until
 from ._feed import Feed, FeedStore
 from ._log import LEGACY_TO_LOG, LOOKUP_INDEX
@@ -724,26 +723,13 @@ class SqliteStore(SqlReads, FeedStore):
             return
         self._spare_fds.append(fd)
 
-    async def enqueue_turn(
-        self,
-        key: SessionKey,
-        turn_id: str,
-        opening: Message,
-        event: dict[str, Any] | None = None,
-        policy: dict[str, Any] | None = None,
-        *,
-        kind: EntryKind = "turn",
-        supersede: str | None = None,
-        data: dict[str, Any] | None = None,
-    ) -> tuple[TurnRecord, bool]:
-        if kind == "turn" and supersede is None:  # the common accept: one statement
-            record = await self._write_statement(lambda c: _RULES.enqueue_plain(
-                c, key, turn_id, opening, event, policy, data))
+    async def enqueue(self, key: SessionKey, entry: NewEntry) -> tuple[TurnRecord, bool]:
+        if entry.kind == "turn" and entry.supersede is None:  # the common accept: one statement
+            record = await self._write_statement(lambda c: _RULES.enqueue_plain(c, key, entry))
             if record is not None:
                 self._committed()
                 return record, True
-        return await self._write_tx(lambda c: _RULES.enqueue(
-            c, key, turn_id, opening, event, policy, kind, supersede, data))
+        return await self._write_tx(lambda c: _RULES.enqueue(c, key, entry))
 
     async def request_cancel(
         self, key: SessionKey, turn_id: str | None, reason: str
