@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import sys
 from pathlib import Path
 
@@ -88,3 +89,21 @@ async def _check_the_store(app: Path, db: Path) -> None:
         assert opened == [("hi", "ann"), ("refund it", "ann"), ("hold on", "ann")]
         assert [t.status for t in await rt.store.turns(session.key)
                 if t.kind == "turn"] == ["completed", "completed", "cancelled"]
+
+
+def test_chat_warns_of_a_policy_for_a_source_it_does_not_emit(tmp_path: Path) -> None:
+    app = tmp_path / "desk"
+    app.mkdir()
+    (app / "instructions.md").write_text("You help.")
+    (app / "instructions.cli.md").write_text("Be brief.")  # the REPL's source: no warning
+    (app / "instructions.slack.md").write_text("Use Slack's markdown.")
+    (app / "agent.py").write_text("from durable_turns import ModelReply, scripted\n"
+                                  "name = 'desk'\nmodel = scripted([ModelReply('hi')])\n")
+    proc = subprocess.run([sys.executable, "-m", "durable_turns.cli", "chat", str(app),
+                           "--db", str(tmp_path / "chat.sqlite"), "--user", "ann"],
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                          timeout=WAIT)
+    assert proc.returncode == 0, proc.stderr
+    warned = [line for line in proc.stderr.splitlines() if "has a policy for source" in line]
+    assert warned == ["agent 'desk' has a policy for source 'slack', but no mounted channel "
+                      "emits it (mounted: ['cli'])"], proc.stderr

@@ -18,6 +18,7 @@ import pytest
 from durable_turns import (
     Agent,
     FatalToolError,
+    MemoryStore,
     Message,
     ModelReply,
     Runtime,
@@ -117,6 +118,57 @@ async def test_a_cut_stream_is_asked_again_and_commits_one_reply(tmp_path: Path)
     assert len(app.state.requests) == 3
     # Retries are live news, never stored.
     assert "message.retry" not in {e.type for e in logged}
+
+
+
+class _FailsFirst:
+    """A custom model whose stream raises ``error`` (after a delta) on its first ``times``
+    calls, then answers."""
+
+    def __init__(self, error: Exception, times: int) -> None:
+        self.error = error
+        self.times = times
+        self.calls = 0
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[Any]:
+        self.calls += 1
+        if self.calls <= self.times:
+            yield TextDelta("Looking")
+            raise self.error
+        yield TextDelta("Order 42 has shipped.")
+        yield Stop("end_turn")
+
+
+@pytest.mark.parametrize("error", [
+    ConnectionResetError(104, "Connection reset by peer"),
+    ConnectionRefusedError(111, "Connection refused"),
+    BrokenPipeError(32, "Broken pipe"),
+    TimeoutError("read timed out"),
+], ids=lambda e: type(e).__name__)
+async def test_a_custom_models_connection_error_or_timeout_is_asked_again(
+    error: Exception,
+) -> None:
+    model = _FailsFirst(error, times=2)
+    seen: list[TurnEvent] = []
+    async with Runtime([fast(lookup)], MemoryStore(), model) as rt:
+        s = rt.session("ops", "s1")
+        s.observe(seen.append)
+        r = await s.turn("where is order 42?", turn_id="t1")
+        transcript = await s.transcript()
+    assert (r.status, r.text) == ("completed", "Order 42 has shipped.")
+    assert model.calls == 3
+    retries = [e for e in seen if e.type == "message.retry"]
+    assert [getattr(e, "attempt", None) for e in retries] == [1, 2]
+    assert all(type(error).__name__ in getattr(e, "error", "") for e in retries)
+    assert [m.role for m in transcript] == ["user", "assistant"]
+
+
+async def test_a_custom_models_other_error_is_not_asked_again() -> None:
+    model = _FailsFirst(ValueError("bad key"), times=1)
+    async with Runtime([fast(lookup)], MemoryStore(), model) as rt:
+        r = await rt.session("ops", "s1").turn("where is order 42?", turn_id="t1")
+    assert r.status == "failed" and "raised ValueError: bad key" in (r.error or "")
+    assert model.calls == 1
 
 
 async def test_a_provider_down_past_the_retries_fails_and_retry_completes(

@@ -62,6 +62,55 @@ async def test_a_turn_driven_by_another_process_reaches_subscribers_here(tmp_pat
     assert [e.to_dict() for e in seen] == [e.to_dict() for e in stored]
 
 
+
+async def test_listeners_made_before_the_store_opens_hear_another_process(
+    tmp_path: Path,
+) -> None:
+    """An observer and a subscriber made before the store opens a new file (it is migrated
+    as it opens, so the open waits on a thread), for a session that does not exist yet, hear
+    the whole turn another process then drives."""
+    db = tmp_path / "fresh.sqlite"
+    cfg = crashkit.Config(db, "observer", crashkit.KillPoint(""), False, None)
+    rt = Runtime([crashkit.build_agent(cfg)], SqliteStore(db), crashkit.build_model(cfg))
+    key = rt.key(AGENT, SESSION)
+    seen: list[TurnEvent] = []
+    ended = asyncio.Event()
+
+    def observed(e: TurnEvent) -> None:
+        seen.append(e)
+        if e.type == "turn.completed":
+            ended.set()
+
+    unobserve = rt.session(AGENT, SESSION).observe(observed, turn_id=TURN_ID)
+    sub = rt.subscribe(key)
+    child: subprocess.Popen[str] | None = None
+    try:
+        await rt.open()
+        async with sub:  # ready: the cursor is fixed at 0, before the child starts
+            rt.store.unwrap().execute(crashkit.ORDERS_DDL)
+            child = crashkit.spawn(db, "driver")
+            _, err = await asyncio.to_thread(child.communicate, timeout=crashkit.CHILD_TIMEOUT)
+            assert child.returncode == 0, err
+            # The turn is stored by now: the feed has a few polls to bring it here.
+            got: list[TurnEvent] = []
+            async with asyncio.timeout(10):
+                async for e in sub:
+                    got.append(e)
+                    if e.type == "turn.completed":
+                        break
+                await ended.wait()
+        unobserve()
+        stored = await rt.store.read_events(key)
+    finally:
+        if child is not None and child.poll() is None:
+            child.kill()
+            child.communicate()
+        await rt.close()
+    assert stored[0].type == "turn.started" and stored[-1].type == "turn.completed"
+    assert [e.to_dict() for e in got] == [e.to_dict() for e in stored]
+    assert [e.to_dict() for e in seen] == [e.to_dict() for e in stored]
+
+
 HOLD_THE_LOCK = textwrap.dedent("""
     import sqlite3, sys, time, pathlib
     db, flag = sys.argv[1], pathlib.Path(sys.argv[2])

@@ -228,6 +228,48 @@ async def test_a_subscriber_hears_another_process_commit_through_notify(pg_dsn: 
         await writer.close()
 
 
+
+async def test_listeners_made_before_the_store_opens_hear_another_process(
+        pg_dsn: str, tmp_path: Path) -> None:
+    """An observer and a subscriber made before the store opens, for a session that does not
+    exist yet, hear the whole turn another process then drives (through NOTIFY)."""
+    from durable_turns import ModelReply, PostgresStore, Runtime, TurnEvent, scripted
+
+    rt = Runtime([pgkit.build_agent(tmp_path, "observer", False)], PostgresStore(pg_dsn),
+                 scripted([ModelReply("never")]))
+    seen: list[TurnEvent] = []
+    ended = asyncio.Event()
+
+    def observed(e: TurnEvent) -> None:
+        seen.append(e)
+        if e.type == "turn.completed":
+            ended.set()
+
+    unobserve = rt.session(KEY.agent, KEY.session).observe(observed, turn_id=pgkit.TURN_ID)
+    sub = rt.subscribe(KEY)
+    try:
+        await rt.open()
+        async with sub:  # ready: the cursor is fixed at 0, before the child starts
+            child = _spawn(pg_dsn, tmp_path, "driver", "--start")
+            err = await asyncio.to_thread(_finish, child, tmp_path, "driver")
+            assert child.returncode == 0, err
+            # The turn is stored by now: the feed has a re-poll or two to bring it here.
+            got: list[TurnEvent] = []
+            async with asyncio.timeout(10):
+                async for e in sub:
+                    got.append(e)
+                    if e.type == "turn.completed":
+                        break
+                await ended.wait()
+        unobserve()
+        stored = await rt.store.read_events(KEY)
+    finally:
+        await rt.close()
+    assert stored[0].type == "turn.started" and stored[-1].type == "turn.completed"
+    assert [e.to_dict() for e in got] == [e.to_dict() for e in stored]
+    assert [e.to_dict() for e in seen] == [e.to_dict() for e in stored]
+
+
 async def test_the_worker_command_drives_queued_turns(pg_dsn: str, tmp_path: Path) -> None:
     import sys
     from urllib.parse import quote

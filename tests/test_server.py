@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from durable_turns import (
     ModelReply,
     Runtime,
     SqliteStore,
+    SurfacePolicy,
     ToolCall,
     ToolContext,
     scripted,
@@ -146,6 +148,25 @@ def durable(frames: list[dict[str, str]]) -> list[tuple[int, str]]:
 
 
 # -- streaming ---------------------------------------------------------------------------------
+
+
+
+async def test_serving_warns_of_a_policy_for_a_source_no_channel_emits(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from durable_turns.channels.slack import slack_channel
+
+    ops = Agent("ops", surfaces={"slack": SurfacePolicy(), "http": SurfacePolicy()})
+    async with Runtime([ops], MemoryStore(), scripted([])) as rt:
+        with caplog.at_level(logging.WARNING, logger="durable_turns"):
+            create_app(rt)
+        assert [r.getMessage() for r in caplog.records] == [
+            "agent 'ops' has a policy for source 'slack', but no mounted channel emits it "
+            "(mounted: ['http'])"]
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="durable_turns"):
+            create_app(rt, channels=[slack_channel(signing_secret="s", bot_token="t")])
+        assert caplog.records == []
 
 
 async def test_a_turn_streams_its_events_with_durable_ids(host: Host) -> None:

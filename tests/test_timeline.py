@@ -24,7 +24,7 @@ from durable_turns import (
     scripted,
     tool,
 )
-from durable_turns.events import EventRecord, TurnStarted, decode_event, encode_event
+from durable_turns.events import TurnEvent, event_from_fields
 from durable_turns.models import ModelEvent, ModelRequest
 from durable_turns.server import create_app
 from durable_turns.server.timeline import read_timeline
@@ -141,13 +141,20 @@ async def test_a_reset_leaves_the_archived_turns_out(store: SessionStore) -> Non
     await rt.close()
 
 
-def test_an_events_time_is_stored_and_an_old_event_has_none() -> None:
-    e = TurnStarted(agent="a", session="s", turn_id="t", seq=1, text="hi")
-    assert e.at is not None and abs(e.at - time.time()) < 3600
-    back = decode_event("a", "s", EventRecord(1, "t", "turn.started", encode_event(e)))
-    assert back.at == e.at and back.to_dict()["at"] == e.at
-    old = decode_event("a", "s", EventRecord(1, "t", "turn.started", '{"text":"hi"}'))
-    assert old.at is None and old == e  # times are not compared
+async def test_an_events_time_is_stored_and_an_old_event_has_none(store: SessionStore) -> None:
+    rt = Runtime([Agent("desk", "")], store, scripted(lambda _r: ModelReply("ok")))
+    s = rt.session("desk", "s1")
+    live: list[TurnEvent] = []
+    s.observe(live.append)
+    await s.turn("hi")
+    stored = await s.events()
+    await rt.close()
+    assert all(e.at is not None and abs(e.at - time.time()) < 3600 for e in stored)
+    assert [e.to_dict() for e in stored] == [
+        e.to_dict() for e in live if e.type != "message.delta"]
+    # Stored before events carried their time: its fields alone.
+    old = event_from_fields("desk", "s1", 1, stored[0].turn_id, "turn.started", {"text": "hi"})
+    assert old.at is None and old == stored[0]  # times are not compared
 
 
 async def test_the_sessions_list_says_when_each_was_last_active(store: SessionStore) -> None:

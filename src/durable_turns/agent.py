@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -11,6 +12,8 @@ from .tools import Tool
 
 if TYPE_CHECKING:
     from .models import Model
+
+log = logging.getLogger("durable_turns")
 
 AuthorizeAnswer = Callable[[Mapping[str, Any]], Awaitable[bool]]
 
@@ -103,3 +106,22 @@ class Agent:
                     f"agent {self.name!r}: surfaces[{source!r}] replaces the prompt but has "
                     "no instructions"
                 )
+
+
+def check_surfaces(agent: Agent, sources: Iterable[str]) -> list[str]:
+    """Warn about the agent's policies for sources that none of ``sources`` is (F10).
+
+    A host calls it once it knows every source it serves the agent on (the HTTP host:
+    ``"http"`` and its channels' names), since such a policy never applies there.
+
+    Returns:
+        The sources with a policy that no host here emits, sorted.
+    """
+    emitted = set(sources)
+    unused = sorted(s for s in agent.surfaces if s not in emitted)
+    for source in unused:
+        log.warning(
+            "agent %r has a policy for source %r, but no mounted channel emits it "
+            "(mounted: %s)", agent.name, source, sorted(emitted) or "none",
+        )
+    return unused

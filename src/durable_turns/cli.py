@@ -18,7 +18,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-from .agent import Agent
+from .agent import Agent, check_surfaces
 from .demo import (
     KILL_POINTS,
     DemoFailure,
@@ -586,6 +586,7 @@ def _receive(args: argparse.Namespace) -> int:
     try:
         slack = _slack_from_env(need_secret=False)
         agent, runtime = _app_runtime(args)
+        check_surfaces(agent, [slack.name])
 
         async def run() -> dict[str, Any]:
             async with runtime:
@@ -622,13 +623,14 @@ def _app_runtime(args: argparse.Namespace,
 
 def _chat(args: argparse.Namespace) -> int:
     from .channels import mount_agent
-    from .channels.repl import chat
+    from .channels.repl import SOURCE, chat
 
     user = args.user or _os_user()
     if user is None:
         return _fail("chat", "who is typing? $USER is not set: pass --user", 2)
     try:
         agent, runtime = _app_runtime(args)
+        check_surfaces(agent, [SOURCE])
 
         async def run() -> None:
             async with runtime:

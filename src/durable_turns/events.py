@@ -12,12 +12,11 @@ be replayed (``observe(replay=True)``, ``Last-Event-ID``). Live tokens are never
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Literal, Protocol, TypedDict
 
-from .messages import ToolCall, encode_json
+from .messages import ToolCall
 from .records import InputRequest
 
 EventType = Literal[
@@ -226,31 +225,10 @@ for _cls in _BY_TYPE.values():
     _cls._own_fields = tuple(f.name for f in fields(_cls) if f.name not in _COMMON)
 
 
-@dataclass(frozen=True, slots=True)
-class EventRecord:
-    """An event as a store keeps it: its sequence number, turn, type and JSON payload."""
-
-    seq: int
-    turn_id: str
-    type: str
-    data: str
-
-
-def encode_event(event: TurnEvent) -> str:
-    """An event's stored JSON: its own fields and ``at``."""
-    return encode_json({**event.payload(), "at": event.at})
-
-
-def decode_event(agent: str, session: str, record: EventRecord) -> TurnEvent:
-    """Rebuild a typed event from its stored record."""
-    return event_from_fields(agent, session, record.seq, record.turn_id, record.type,
-                             json.loads(record.data))
-
-
 def event_from_fields(agent: str, session: str, seq: int, turn_id: str, type: str,
                       data: dict[str, Any]) -> TurnEvent:
-    """Rebuild a typed event of ``type`` from its own fields and ``at`` (what
-    :func:`encode_event` stores, decoded; ``data`` is consumed). Fields already typed (a
+    """Rebuild a typed event of ``type`` from its own fields and ``at`` (what a store keeps
+    of it, decoded; ``data`` is consumed). Fields already typed (a
     :class:`ToolCall`, a tuple of them) are taken as they are."""
     cls = _BY_TYPE[type]
     data.setdefault("at", None)  # stored before events carried their time

@@ -26,9 +26,8 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import logging
 import sys
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -37,8 +36,6 @@ from typing import Any
 from .agent import Agent, SurfacePolicy
 from .errors import ConfigurationError
 from .tools import Tool
-
-log = logging.getLogger("durable_turns")
 
 
 def _import(path: Path, name: str) -> ModuleType:
@@ -190,17 +187,3 @@ def load_callable(spec: str) -> Callable[..., Any]:
         raise ConfigurationError(f"{spec!r}: {where} defines no function {name!r}")
     return found
 
-
-def check_surfaces(agent: Agent, sources: Iterable[str]) -> list[str]:
-    """Warn about policies for sources no mounted channel emits; returns those sources.
-
-    Channels call this when they mount an agent, with the sources they emit.
-    """
-    emitted = set(sources)
-    unused = sorted(s for s in agent.surfaces if s not in emitted)
-    for source in unused:
-        log.warning(
-            "agent %r has a policy for source %r, but no mounted channel emits it "
-            "(mounted: %s)", agent.name, source, sorted(emitted) or "none",
-        )
-    return unused

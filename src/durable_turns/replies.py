@@ -6,7 +6,8 @@ The ``Model`` seam is a promise the engine checks rather than trusts: a reply is
 call has an id (unique in the reply), a name and an object as input. Anything else fails the
 model step with a :class:`~durable_turns.errors.ModelError` naming the model class, before
 anything is committed. An exception a model raises that is not a ``ModelError`` is reported
-as that model's failure, never as the engine's.
+as that model's failure, never as the engine's; a builtin ``ConnectionError`` (refused, reset,
+a broken pipe) or ``TimeoutError`` is a transient one.
 
 Transient failures (``ModelError.retryable``: connection refused or reset, a cut stream,
 HTTP 408/429/5xx/529 after the SDK's own retries) are asked again with exponential backoff
@@ -127,8 +128,11 @@ async def stream_reply(model: Model, request: ModelRequest,
     except (ModelError, Cancelled, asyncio.CancelledError):
         raise
     except Exception as e:
+        # A custom model's own I/O fails as an adapter's does: a connection refused, reset
+        # or cut, or a timeout, may well succeed when asked again (F2).
         raise ModelError(f"model {_name(model)} raised {type(e).__name__}: {e}",
-                         provider=_name(model)) from e
+                         provider=_name(model),
+                         retryable=isinstance(e, ConnectionError | TimeoutError)) from e
     if stop is None:
         raise _broken(model, "its stream ended without a Stop")
     return Reply("".join(parts), calls, stop)

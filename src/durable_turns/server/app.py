@@ -17,6 +17,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
+from ..agent import check_surfaces
 from ..channels import ChannelContext, TurnStream, mount_agent
 from ..errors import ResumeAuthorizationError, ResumeConflictError
 from ..events import TurnEvent
@@ -41,6 +42,8 @@ from .timeline import last_activity
 
 PING = 15.0
 """Seconds between keep-alive comments on an idle event stream."""
+SOURCE = "http"
+"""The event source of the turns the API starts (it selects ``surfaces={"http": …}``)."""
 
 
 class TurnBody(BaseModel):
@@ -100,7 +103,9 @@ def create_app(runtime: Runtime, authenticate: Authenticate | None = None,
             comes from the body, and requests that did not arrive on loopback are refused.
         channels: more routes to serve beside the API: routes, or channels with a
             ``mount(runtime)`` that returns their routes (the Slack channel's webhooks). A
-            channel checks its own requests (Slack: signatures), not ``authenticate``.
+            channel checks its own requests (Slack: signatures), not ``authenticate``. A
+            channel's ``name`` is the source of its turns: an agent's policy for a source
+            neither it nor the API (``"http"``) emits is logged as a warning.
         ping: seconds between keep-alive comments on an idle event stream.
         max_backlog: bytes of events a ``GET …/events`` client may leave unread before it
             is cut off (it reconnects with ``Last-Event-ID`` and loses nothing durable).
@@ -111,9 +116,16 @@ def create_app(runtime: Runtime, authenticate: Authenticate | None = None,
         down, or the server's graceful shutdown waits for those clients to leave.
     """
     routes: list[BaseRoute] = []
+    sources = {SOURCE}
     for ch in channels:
         mount = getattr(ch, "mount", None)
-        routes.extend(mount(runtime) if callable(mount) else [ch])
+        if callable(mount):
+            routes.extend(mount(runtime))
+            sources.add(str(getattr(ch, "name", type(ch).__name__)))
+        else:
+            routes.append(ch)
+    for agent in runtime.agents.values():
+        check_surfaces(agent, sources)
     return _Host(runtime, authenticate, ping, max_backlog).app(routes)
 
 
@@ -260,7 +272,7 @@ class _Host:
         if by is not None:
             # Attested: the principal's id, or (development mode) what the body says, which
             # that mode trusts by design (it serves loopback only).
-            event = InboundEvent("http", {"id": by, "attested": True}, body.text)
+            event = InboundEvent(SOURCE, {"id": by, "attested": True}, body.text)
         return await ch.open_turn(body.text, session=request.path_params["session"],
                                   replace=body.replace, event=event, turn_id=body.turn_id)
 

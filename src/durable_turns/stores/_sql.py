@@ -54,11 +54,6 @@ from ._base import Writes, check_enqueue, supersede_reason, updated_request
 from ._log import LOOKED_UP, events_of, row_of, steps_of
 
 
-class Cursor(Protocol):
-    def fetchone(self) -> Any: ...
-    def fetchall(self) -> list[Any]: ...
-
-
 class Connection(Protocol):
     def execute(self, sql: str, params: Any = ..., /) -> Any: ...
 

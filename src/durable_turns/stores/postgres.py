@@ -557,6 +557,11 @@ class PostgresStore(SqlReads, FeedStore):
         self._free = asyncio.Queue()
         for lane in lanes:
             self._free.put_nowait(lane)
+        if self._feed.active:
+            # Someone subscribed before the open: the listener their subscription started
+            # found the store closed and ended, and the feed starts one only when it gets
+            # its first listener.
+            self._start_listener()
 
     def _open_pools(self, leases: _Lane) -> None:
         try:

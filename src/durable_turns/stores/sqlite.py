@@ -390,6 +390,11 @@ class SqliteStore(SqlReads, FeedStore):
         writer.execute("PRAGMA busy_timeout = 0")
         reader.execute("PRAGMA busy_timeout = 0")
         self._writer, self._reader = writer, reader
+        if self._feed.active:
+            # Someone subscribed before the open: the detector their subscription started
+            # found no connection and ended (an open waits whenever it migrates), and the
+            # feed starts one only when it gets its first listener.
+            self._start_detector()
 
     def _writer_thread(self) -> Worker:
         """The writer thread (started at its first job)."""
