@@ -41,7 +41,7 @@ from .events import TurnEvent
 from .inbound import InboundEvent, Trigger, User
 from .loader import load_agent
 from .messages import Message, ToolCall
-from .models import Model, ModelRequest, Stop, TextDelta
+from .model import Model, ModelRequest, Stop, TextDelta
 from .models.scripted import ModelReply, scripted
 from .records import InputRequest, SessionKey, TurnResult, TurnStatus
 from .runtime import Runtime

@@ -10,7 +10,7 @@ from .errors import ConfigurationError
 from .tools import Tool
 
 if TYPE_CHECKING:
-    from .models import Model
+    from .model import Model
 
 AuthorizeAnswer = Callable[[Mapping[str, Any]], Awaitable[bool]]
 
