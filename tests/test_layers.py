@@ -8,17 +8,21 @@ when ``y`` is a submodule, and to ``x`` when it is not (a name ``x`` defines).
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
+import textwrap
 from functools import cache
+from itertools import zip_longest
 from pathlib import Path
 
 import pytest
 
 import durable_turns
-from durable_turns.layers import LAYERS, layer_of
+from durable_turns.layers import LAYERS, Layer, layer_of
 
 PKG = Path(durable_turns.__file__).parent
+README = Path(__file__).resolve().parents[1] / "README.md"
 TOP = "__init__"
 """The package itself (``durable_turns/__init__.py``), as the table names it."""
 
@@ -202,6 +206,27 @@ def _assert_no_cycle(graph: dict[str, set[str]]) -> None:
         f"{m} -> {d} ({', '.join(imports()[m][d])})"
         for m in c for d in sorted(graph[m]) if d in c) for c in cycles]
     assert cycles == [], "\n".join(report)
+
+
+def render(layers: tuple[Layer, ...]) -> str:
+    """The README's "How it is built" block: one row per layer, bottom first."""
+    rows = [f"{'layer':<13}{'modules (in src/durable_turns/)':<42}what they are"]
+    for layer in layers:
+        names = textwrap.wrap(" ".join(layer.modules), 40)
+        what = textwrap.wrap(layer.description, 45)
+        for i, (m, w) in enumerate(zip_longest(names, what, fillvalue="")):
+            rows.append(f"{layer.name if i == 0 else '':<13}{m:<42}{w}".rstrip())
+    return "\n".join(rows) + "\n"
+
+
+def test_the_readme_shows_the_layers_as_declared() -> None:
+    text = README.read_text()
+    section = text[text.index("## How it is built"):]
+    block = re.search(r"^```\n(.*?)^```$", section, re.S | re.M)
+    assert block is not None, "README's 'How it is built' has no code block"
+    expected = render(LAYERS)
+    assert block.group(1) == expected, \
+        f"README's 'How it is built' block should read (from durable_turns/layers.py):\n{expected}"
 
 
 def test_no_module_reaches_into_another_modules_private_names() -> None:
