@@ -1,22 +1,9 @@
 """durable_turns: an LLM agent's turn as a durable process.
 
-Layers, bottom to top (each imports only from the ones below it):
-
-1. records  — ``errors``, ``messages``, ``records``, ``events``, ``inbound``, ``tools``,
-              ``agent``, ``hitl``
-2. seams    — ``stores`` (SessionStore, its event feed), ``models`` (Model),
-              ``events.EventSink``
-3. engine   — ``engine`` (the turn loop), ``driver`` (one session's driver: lease, chain,
-              cancel, reset, resume), ``runtime`` (Runtime: accept, wait, subscribe,
-              interrupt), ``sessions`` (AgentSession: a façade over the runtime),
-              ``batch`` (parallel tool calls' order), ``subagents`` (a tool that runs
-              another agent's turn as a durable child)
-4. adapters — ``stores.memory``/``sqlite``/``postgres``, ``models.scripted``/``anthropic``/
-              ``openai_compat``, ``server``, ``channels``; they depend on the engine,
-              never the reverse (``tests/test_layers.py`` checks it)
-5. composition — ``cli`` (the only ``asyncio.run``)
-
-Adapters that need an SDK resolve lazily, so ``import durable_turns`` imports none.
+The layers, bottom to top, and which modules sit in each are declared once, in
+``durable_turns/layers.py``; ``tests/test_layers.py`` checks every import against them. This
+module sits at the top: it only re-exports. Adapters that need an SDK resolve lazily, so
+``import durable_turns`` imports none.
 """
 
 from __future__ import annotations
@@ -41,7 +28,7 @@ from .events import TurnEvent
 from .inbound import InboundEvent, Trigger, User
 from .loader import load_agent
 from .messages import Message, ToolCall
-from .models import Model, ModelRequest, Stop, TextDelta
+from .model import Model, ModelRequest, Stop, TextDelta
 from .models.scripted import ModelReply, scripted
 from .records import InputRequest, SessionKey, TurnResult, TurnStatus
 from .runtime import Runtime

@@ -11,7 +11,7 @@ from .errors import ConfigurationError
 from .tools import Tool
 
 if TYPE_CHECKING:
-    from .models import Model
+    from .model import Model
 
 log = logging.getLogger("durable_turns")
 

@@ -26,7 +26,7 @@ from typing import Any
 
 from .errors import Cancelled, ModelError
 from .messages import ToolCall
-from .models import Model, ModelRequest, Stop, TextDelta, ThinkingDelta
+from .model import Model, ModelRequest, Stop, TextDelta, ThinkingDelta
 
 RETRY_AFTER_CAP = 60.0
 """The longest ``retry-after`` the engine honours, in seconds."""

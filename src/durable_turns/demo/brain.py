@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..messages import Message, ToolCall
-from ..models import ModelRequest
+from ..model import ModelRequest
 from ..models.scripted import ModelReply, ScriptedModel, calls_this_turn, scripted
 from .refunds import money
 

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ..errors import ConfigurationError
-from ..models import Model
+from ..model import Model
 from ..models.resolve import resolve_model
 from .brain import ops_model
 

@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 
 from ..errors import ModelError
-from ..models import Model, ModelEvent, ModelRequest
+from ..model import Model, ModelEvent, ModelRequest
 
 _CONNECTION_ERRORS = frozenset({"APIConnectionError", "ConnectError", "ConnectTimeout",
                                 "TransportError", "NetworkError"})

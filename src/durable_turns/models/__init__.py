@@ -1,13 +1,8 @@
-"""The ``Model`` seam (F11) and the adapters that implement it.
+"""The adapters that implement the :class:`~durable_turns.model.Model` seam, one per vendor.
 
-The engine asks a model for one reply at a time::
-
-    async for event in model.stream(request):
-        ...  # TextDelta* , ToolCall*, then exactly one Stop
-
-A stream that ends without a :class:`Stop` is a failed call, never a finished step. Adapters
-live in their own modules and import their SDK lazily, so ``import durable_turns`` never
-imports ``anthropic`` or ``openai``:
+The seam itself lives in ``durable_turns/model.py``; this package re-exports it, so
+``from durable_turns.models import Model`` works too. Adapters live in their own modules and
+import their SDK lazily, so ``import durable_turns`` never imports ``anthropic`` or ``openai``:
 
 - :func:`scripted` (``models/scripted.py``): offline and deterministic, for tests and demos;
 - ``anthropic(...)`` (``models/anthropic_messages.py``, extra ``[anthropic]``);
@@ -16,79 +11,18 @@ imports ``anthropic`` or ``openai``:
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
-from ..messages import Message, ToolCall
-from ..tools import ToolSpec
-
-ABNORMAL_STOPS: frozenset[str] = frozenset(
-    {
-        "max_tokens",
-        "length",
-        "content_filter",
-        "refusal",
-        "model_context_window_exceeded",
-    }
+from ..messages import ToolCall
+from ..model import (
+    ABNORMAL_STOPS,
+    Model,
+    ModelEvent,
+    ModelRequest,
+    Stop,
+    TextDelta,
+    ThinkingDelta,
 )
-"""Stop reasons that, with an empty reply, fail the model step before it commits (F2)."""
-
-
-@dataclass(frozen=True, slots=True)
-class ModelRequest:
-    """What the engine asks a model: the system prompt, the transcript and the tools."""
-
-    system: str
-    messages: list[Message]
-    """The whole transcript of the session, oldest first. Do not mutate it."""
-    tools: list[ToolSpec]
-    turn_id: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class TextDelta:
-    """A piece of the reply's text, streamed live and never persisted."""
-
-    text: str
-
-
-@dataclass(frozen=True, slots=True)
-class ThinkingDelta:
-    """A piece of the model's reasoning, streamed live; never shown as answer text."""
-
-    text: str
-
-
-@dataclass(frozen=True, slots=True)
-class Stop:
-    """The end of a reply.
-
-    Attributes:
-        reason: the provider's stop reason (``end_turn``, ``tool_use``, ``max_tokens``, …).
-        usage: token counts (``input_tokens``, ``output_tokens``, cache counts).
-        content: provider-native blocks to store verbatim with the assistant message
-            (for example Anthropic thinking blocks with their signatures).
-    """
-
-    reason: str
-    usage: dict[str, int] = field(default_factory=dict)
-    content: tuple[dict[str, Any], ...] = ()
-
-
-ModelEvent = TextDelta | ThinkingDelta | ToolCall | Stop
-
-
-class Model(Protocol):
-    """Anything that streams one reply for a :class:`ModelRequest`.
-
-    Called by the engine once per model step, never concurrently for one session. It must
-    yield its events in order and end with exactly one :class:`Stop`; it raises
-    :class:`~durable_turns.errors.ModelError` (translated from its SDK's exceptions) when the
-    call fails. It must not persist anything: the engine commits the reply.
-    """
-
-    def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]: ...
 
 
 def __getattr__(name: str) -> Any:

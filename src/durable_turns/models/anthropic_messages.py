@@ -31,8 +31,8 @@ except ImportError as e:  # pragma: no cover - exercised by test_resolve with a 
 
 from ..errors import ConfigurationError, ModelError
 from ..messages import Message, ToolCall
+from ..model import ModelEvent, ModelRequest, Stop, TextDelta, ThinkingDelta
 from ..tools import ToolSpec
-from . import ModelEvent, ModelRequest, Stop, TextDelta, ThinkingDelta
 from ._sdk_errors import translate
 
 PROVIDER = "anthropic"
@@ -46,7 +46,7 @@ _USAGE_KEYS = ("input_tokens", "output_tokens", "cache_creation_input_tokens",
 
 
 class AnthropicModel:
-    """A :class:`~durable_turns.models.Model` on Anthropic's streaming Messages API.
+    """A :class:`~durable_turns.model.Model` on Anthropic's streaming Messages API.
 
     Build it with :func:`anthropic`. Each ``stream()`` call is one HTTP request; closing the
     stream early (a cancelled turn) closes the HTTP response at once.

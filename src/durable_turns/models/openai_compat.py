@@ -38,8 +38,8 @@ except ImportError as e:  # pragma: no cover - exercised by test_resolve with a 
 
 from ..errors import ConfigurationError, ModelError
 from ..messages import Message, ToolCall
+from ..model import ModelEvent, ModelRequest, Stop, TextDelta, ThinkingDelta
 from ..tools import ToolSpec
-from . import ModelEvent, ModelRequest, Stop, TextDelta, ThinkingDelta
 from ._sdk_errors import translate
 
 PROVIDER = "openai"
@@ -54,7 +54,7 @@ take any key, the SDK insists on one)."""
 
 
 class OpenAICompatibleModel:
-    """A :class:`~durable_turns.models.Model` on streamed chat completions.
+    """A :class:`~durable_turns.model.Model` on streamed chat completions.
 
     Build it with :func:`openai_compatible`. Each ``stream()`` call is one HTTP request;
     closing the stream early (a cancelled turn) closes the HTTP response at once.

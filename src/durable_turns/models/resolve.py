@@ -9,7 +9,7 @@ import importlib
 from typing import Any
 
 from ..errors import ConfigurationError
-from . import Model
+from ..model import Model
 
 PROVIDERS: dict[str, tuple[str, str, str]] = {
     "anthropic": ("anthropic_messages", "anthropic", "anthropic"),

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from ..errors import ModelError
 from ..messages import ToolCall
-from . import ModelEvent, ModelRequest, Stop, TextDelta
+from ..model import ModelEvent, ModelRequest, Stop, TextDelta
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +40,7 @@ def calls_this_turn(request: ModelRequest) -> int:
 
 
 class ScriptedModel:
-    """A :class:`~durable_turns.models.Model` that plays back :class:`ModelReply` values.
+    """A :class:`~durable_turns.model.Model` that plays back :class:`ModelReply` values.
 
     Args:
         replies: a list (the i-th model call of a turn gets ``replies[i]``) or a function

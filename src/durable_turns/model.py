@@ -1,0 +1,97 @@
+"""The ``Model`` seam (F11): what the engine asks a model, and what a model streams back.
+
+The engine asks a model for one reply at a time::
+
+    async for event in model.stream(request):
+        ...  # TextDelta* , ToolCall*, then exactly one Stop
+
+A stream that ends without a :class:`Stop` is a failed call, never a finished step. The
+adapters that implement the seam live in the ``models`` package, one module per vendor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from .messages import Message, ToolCall
+from .tools import ToolSpec
+
+__all__ = [
+    "ABNORMAL_STOPS",
+    "Model",
+    "ModelEvent",
+    "ModelRequest",
+    "Stop",
+    "TextDelta",
+    "ThinkingDelta",
+]
+
+
+ABNORMAL_STOPS: frozenset[str] = frozenset(
+    {
+        "max_tokens",
+        "length",
+        "content_filter",
+        "refusal",
+        "model_context_window_exceeded",
+    }
+)
+"""Stop reasons that, with an empty reply, fail the model step before it commits (F2)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelRequest:
+    """What the engine asks a model: the system prompt, the transcript and the tools."""
+
+    system: str
+    messages: list[Message]
+    """The whole transcript of the session, oldest first. Do not mutate it."""
+    tools: list[ToolSpec]
+    turn_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class TextDelta:
+    """A piece of the reply's text, streamed live and never persisted."""
+
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ThinkingDelta:
+    """A piece of the model's reasoning, streamed live; never shown as answer text."""
+
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """The end of a reply.
+
+    Attributes:
+        reason: the provider's stop reason (``end_turn``, ``tool_use``, ``max_tokens``, …).
+        usage: token counts (``input_tokens``, ``output_tokens``, cache counts).
+        content: provider-native blocks to store verbatim with the assistant message
+            (for example Anthropic thinking blocks with their signatures).
+    """
+
+    reason: str
+    usage: dict[str, int] = field(default_factory=dict)
+    content: tuple[dict[str, Any], ...] = ()
+
+
+ModelEvent = TextDelta | ThinkingDelta | ToolCall | Stop
+
+
+class Model(Protocol):
+    """Anything that streams one reply for a :class:`ModelRequest`.
+
+    Called by the engine once per model step, never concurrently for one session. It must
+    yield its events in order and end with exactly one :class:`Stop`; it raises
+    :class:`~durable_turns.errors.ModelError` (translated from its SDK's exceptions) when the
+    call fails. It must not persist anything: the engine commits the reply.
+    """
+
+    def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]: ...
