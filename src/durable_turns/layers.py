@@ -53,8 +53,9 @@ LAYERS: tuple[Layer, ...] = (
     ),
     Layer(
         "engine",
-        "the turn loop, a session's driver, Runtime, AgentSession (a façade), subagents",
-        ("engine", "driver", "runtime", "sessions", "subagents"),
+        "the turn loop, a session's driver, Runtime, its queries for hosts, AgentSession (a "
+        "façade), subagents",
+        ("engine", "driver", "queries", "runtime", "sessions", "subagents"),
     ),
     Layer(
         "adapters",

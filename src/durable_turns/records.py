@@ -110,6 +110,26 @@ class InputRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class SessionSummary:
+    """What a host shows of a session: where it stands and what it waits for."""
+
+    key: SessionKey
+    status: SessionStatus = "new"
+    generation: int = 0
+    pending: InputRequest | None = None
+    """The standing request it is parked on (a cancel withdraws it)."""
+    exists: bool = True
+    """Whether the store has the session (a turn or a reset was accepted for it); a
+    session it does not have is ``new``, generation 0."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """As JSON values (what hosts answer)."""
+        return {"agent": self.key.agent, "session": self.key.session, "status": self.status,
+                "generation": self.generation,
+                "pending": self.pending.to_dict() if self.pending else None}
+
+
+@dataclass(frozen=True, slots=True)
 class TurnResult:
     """How a turn ended, or where it parked: the one record of a turn's outcome.
 

@@ -37,6 +37,7 @@ from .errors import (
 )
 from .events import EventSink, TurnEvent
 from .models import Model
+from .queries import Queries
 from .records import NewEntry, SessionKey, TurnRecord, TurnResult
 from .sessions import AgentSession
 from .stores import Lease, SessionStore, Subscription
@@ -104,6 +105,8 @@ class Runtime:
         self._waiting: dict[tuple[SessionKey, str], list[asyncio.Future[TurnResult | None]]] = {}
         self._live: dict[SessionKey, list[Subscription]] = {}
         self._failed: dict[SessionKey, BaseException] = {}
+        self.queries = Queries(store, self.open)
+        """What hosts read across sessions (summaries, an inbox, owed deliveries)."""
 
     # -- lifecycle -------------------------------------------------------------------------
 

@@ -28,10 +28,12 @@ from .events import TurnEvent
 from .hitl import Grant, check_answerer, sign, validate_answer
 from .inbound import InboundEvent, Trigger
 from .messages import Message
+from .queries import summary_of
 from .records import (
     InputRequest,
     NewEntry,
     SessionKey,
+    SessionSummary,
     StepRecord,
     TurnRecord,
     TurnResult,
@@ -342,6 +344,39 @@ class AgentSession:
                 f"{input_id!r}", **ids)
         return request
 
+    async def summary(self) -> SessionSummary:
+        """Where the session stands: status, generation, the request it is parked on
+        (``exists=False`` while the store does not have it)."""
+        await self.runtime.open()
+        return await summary_of(self.runtime.store, self.key)
+
+    async def chain(self) -> list[TurnRecord]:
+        """Every entry of the session's chain in order: its turns and the commands that ran
+        in their place (resets, answers, retries), with how each ended."""
+        await self.runtime.open()
+        return await self.runtime.store.turns(self.key)
+
+    async def entry(self, turn_id: str) -> TurnRecord | None:
+        """The chain entry ``turn_id`` (a turn or a command), or ``None``."""
+        await self.runtime.open()
+        found = await self.runtime.store.turns(self.key, turn_id=turn_id)
+        return found[0] if found else None
+
+    async def set_turn_data(self, turn_id: str, name: str, value: Any, *,
+                            only_new: bool = False) -> Any:
+        """Keep ``value`` under ``name`` on a turn's entry (a channel's delivery state),
+        leaving every other name as it is; with ``only_new``, only if ``name`` is not set yet
+        (a compare-and-set). Durable at once; needs no lease, so it may be called while the
+        turn runs anywhere.
+
+        Returns:
+            The value stored under ``name`` after the call (the earlier one when
+            ``only_new`` found it set), or ``None`` when the session has no such entry.
+        """
+        await self.runtime.open()
+        return await self.runtime.store.set_turn_data(self.key, turn_id, name, value,
+                                                      only_new=only_new)
+
     async def transcript(self) -> list[Message]:
         """The session's message log (the live generation)."""
         await self.runtime.open()
@@ -349,9 +384,7 @@ class AgentSession:
 
     async def status(self) -> str:
         """``new``, ``idle``, ``running`` or ``suspended``."""
-        await self.runtime.open()
-        info = await self.runtime.store.session_info(self.key)
-        return info.status if info else "new"
+        return (await self.summary()).status
 
     async def events(self, after_seq: int = 0) -> list[TurnEvent]:
         """The session's logged events after ``after_seq`` (every type but deltas)."""

@@ -1,0 +1,87 @@
+"""What hosts read across sessions: an agent's sessions, its inbox, where a turn is, owed
+deliveries.
+
+The server, the console, the CLI and the channels read through :class:`Queries` (one per
+runtime: ``runtime.queries``) and :class:`~durable_turns.AgentSession` (one session's
+reads), never through the store itself, so what a host may see is this module's to say.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+from .records import SessionKey, SessionSummary, TurnRecord
+from .stores import SessionStore
+
+Opener = Callable[[], Awaitable[None]]
+
+
+class Queries:
+    """Reads across sessions, for hosts.
+
+    Args:
+        store: the store read.
+        open: opens the store before a read (``Runtime.open``: once, however many ask).
+    """
+
+    def __init__(self, store: SessionStore, open: Opener) -> None:
+        self._store = store
+        self._open = open
+
+    async def sessions(self, agent: str) -> list[SessionSummary]:
+        """Every session of ``agent`` the store has, newest first, each with its status,
+        generation and the request it is parked on."""
+        await self._open()
+        return [await summary_of(self._store, key)
+                for key in await self._store.list_sessions(agent)]
+
+    async def inbox(self, agent: str) -> list[SessionSummary]:
+        """The sessions of ``agent`` parked on a request someone may answer (an operator's
+        inbox), newest first."""
+        await self._open()
+        parked = set(await self._store.find_sessions("parked"))
+        out = []
+        for key in await self._store.list_sessions(agent):
+            if key in parked:
+                found = await summary_of(self._store, key)
+                if found.pending is not None:
+                    out.append(found)
+        return out
+
+    async def agents(self) -> list[str]:
+        """The agents the store has sessions of, by name."""
+        await self._open()
+        return sorted({k.agent for k in await self._store.find_sessions()})
+
+    async def find_turn(self, turn_id: str) -> list[SessionKey]:
+        """The sessions that have a turn of this id."""
+        await self._open()
+        return await self._store.find_sessions(turn_id=turn_id)
+
+    async def owed_deliveries(self, channel: str,
+                              agent: str | None = None) -> list[tuple[SessionKey, TurnRecord]]:
+        """The turns whose delivery through ``channel`` is not settled (of ``agent`` only,
+        if given), in chain order: a channel's recovery after a restart."""
+        await self._open()
+        out = []
+        agents = [agent] if agent is not None else await self.agents()
+        for name in agents:
+            for key in await self._store.list_sessions(name):
+                for t in await self._store.turns(key):
+                    spec = ((t.event or {}).get("meta") or {}).get("deliver") or {}
+                    if t.kind == "turn" and spec.get("channel") == channel:
+                        out.append((key, t))
+        return out
+
+
+async def summary_of(store: SessionStore, key: SessionKey) -> SessionSummary:
+    """One session's summary (``exists=False`` for a session the store does not have)."""
+    info = await store.session_info(key)
+    if info is None:
+        return SessionSummary(key, exists=False)
+    pending = None
+    for t in await store.turns(key, unfinished=True):
+        if t.parked and t.request is not None:
+            pending = t.request
+            break
+    return SessionSummary(key, info.status, info.generation, pending)
