@@ -60,16 +60,21 @@ class Queries:
 
     async def owed_deliveries(self, channel: str,
                               agent: str | None = None) -> list[tuple[SessionKey, TurnRecord]]:
-        """The turns whose delivery through ``channel`` is not settled (of ``agent`` only,
-        if given), in chain order: a channel's recovery after a restart."""
+        """The turns ``channel`` owes a delivery (of ``agent`` only, if given), in chain
+        order: those its own inbound events started (source ``channel``) and those
+        ``receive()`` runs for it, whatever their status (a channel follows a running one
+        and delivers an ended one); the channel's own state on each says what it delivered
+        already. What a channel recovers after a restart."""
         await self._open()
         out = []
         agents = [agent] if agent is not None else await self.agents()
         for name in agents:
             for key in await self._store.list_sessions(name):
                 for t in await self._store.turns(key):
-                    spec = ((t.event or {}).get("meta") or {}).get("deliver") or {}
-                    if t.kind == "turn" and spec.get("channel") == channel:
+                    event = t.event or {}
+                    spec = (event.get("meta") or {}).get("deliver") or {}
+                    if t.kind == "turn" and channel in (event.get("source"),
+                                                         spec.get("channel")):
                         out.append((key, t))
         return out
 
