@@ -12,6 +12,7 @@ import typing
 
 from .agent import Agent, SurfacePolicy
 from .channels import mount_agent, receive
+from .context import ActionContext, ToolContext
 from .errors import (
     FatalToolError,
     InvalidInputError,
@@ -36,7 +37,7 @@ from .sessions import AgentSession, ResetResult, StartedTurn, grant_answer
 from .stores.memory import MemoryStore
 from .stores.sqlite import SqliteStore
 from .subagents import subagent
-from .tools import ActionContext, Tool, ToolContext, ToolSpec, define_action, tool
+from .tools import Tool, ToolSpec, define_action, tool
 
 if typing.TYPE_CHECKING:
     from .stores.postgres import PostgresStore

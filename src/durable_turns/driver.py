@@ -19,20 +19,19 @@ import asyncio
 import logging
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .agent import Agent
+from .commands import Place, Reset, command_of
+from .context import Host
 from .engine import TurnEngine
 from .errors import LeaseLostError, LeaseTimeoutError, StoreError
 from .events import TurnEvent
 from .messages import Message, MessageLog
-from .models import Model
+from .model import Model
 from .records import SessionKey, StepId, StepResult, TurnRecord, TurnResult, TurnStatus
 from .stores import Lease, SessionStore
 from .subagents import cancel_children, reset_children
-
-if TYPE_CHECKING:
-    from .runtime import Runtime
 
 log = logging.getLogger("durable_turns")
 
@@ -92,7 +91,8 @@ class SessionDriver:
         lease_timeout: how long to wait for another holder of the session's lease.
         try_once: claim the lease without waiting; a session another holder has is left to
             it (the driver ends quietly), as a worker looking for work does.
-        runtime: handed to remote tools (``ToolContext.runtime``), for subagents (F13).
+        host: the runtime's other sessions, for tools that start durable child work
+            (subagents, F13) and the parent-close policy of commands.
         lease: the session's lease, already claimed (``SessionStore.claim_ready``); the
             driver releases it when done. Later looks at the chain claim again (``try_once``).
     """
@@ -100,8 +100,8 @@ class SessionDriver:
     def __init__(self, key: SessionKey, agent: Agent, model: Model, store: SessionStore, *,
                  transcripts: TranscriptCache, publish: Callable[[list[TurnEvent]], None],
                  publish_live: Callable[[TurnEvent], None], finished: Finished,
-                 lease_timeout: float | None, try_once: bool = False,
-                 runtime: Runtime | None = None, lease: Lease | None = None,
+                 lease_timeout: float | None, host: Host, try_once: bool = False,
+                 lease: Lease | None = None,
                  wants_live: Callable[[SessionKey], bool] | None = None) -> None:
         self.key = key
         self.failure: BaseException | None = None
@@ -116,7 +116,7 @@ class SessionDriver:
         self._finished = finished
         self._try_once = try_once or lease is not None
         self._lease_timeout = 0 if self._try_once else lease_timeout
-        self._runtime = runtime
+        self._host = host
         self._wanted = True
         self._cancels: dict[str, str] = {}
         self._engine: TurnEngine | None = None
@@ -211,51 +211,57 @@ class SessionDriver:
             steps = await store.read_steps(key, step_id=step_id)
             return steps[step_id].result if step_id in steps else None
 
+        async def find(turn_id: str) -> TurnRecord | None:
+            found = await store.turns(key, turn_id=turn_id)
+            return found[0] if found else None
+
         engine = TurnEngine(self._agent, self._model, lease,
                             await self._transcripts.load(store, lease), self._publish,
-                            self._publish_live, read_step, self._cancels.get,
-                            runtime=self._runtime, wants_live=self._live_wanted())
+                            self._publish_live, read_step, self._cancels.get, self._host,
+                            wants_live=self._live_wanted())
         self._engine = engine
         while True:
             pending = await store.turns(key, unfinished=True)
-            parked = [t for t in pending if t.parked]
-            # A parked turn with a cancel runs (to its end) in its place in the chain.
+            # A parked turn with a cancel runs (to its end) in its place in the chain; while
+            # a turn is parked on a standing request, only commands run.
             runnable = [t for t in pending if t.needs_driving]
-            if parked:
-                runnable = [t for t in runnable if t.kind != "turn"]  # waits on a person
+            if any(t.parked for t in pending):
+                runnable = [t for t in runnable if t.kind != "turn"]
             if not runnable:
                 return
             for t in pending:
                 if t.cancel is not None:
                     self._cancels.setdefault(t.turn_id, t.cancel)
             entry = runnable[0]
-            result = await self._run_entry(engine, lease, entry, parked)
+            if entry.kind == "turn":
+                result = await self._run_turn(engine, entry)
+            else:
+                result = await self._apply(engine, lease, Place(entry, pending,
+                                                                 engine.checkpoints, find))
             self._cancels.pop(entry.turn_id, None)
             log.debug("%s %s of %s: %s", entry.kind, entry.turn_id, key, result.status)
             self._finished(key, result)
 
-    async def _run_entry(self, engine: TurnEngine, lease: Lease, entry: TurnRecord,
-                         parked: list[TurnRecord]) -> TurnResult:
-        if entry.kind == "reset":
-            if self._runtime is not None:  # parked on subagents: their requests go too
-                await reset_children(self._runtime, entry.turn_id, parked)
-            result = await engine.reset(entry, parked)
-            self._transcripts.keep(self.key, lease.generation, engine.transcript)
-            for t in parked:
-                self._finished(self.key, TurnResult(t.turn_id, TurnStatus.CANCELLED,
-                                                    reason="reset"))
-            return result
-        if entry.kind == "resume":
-            return await engine.answer(entry, parked[0] if parked else None)
-        if entry.kind == "retry":
-            target = str((entry.args or {}).get("turn_id"))
-            found = await self._store.turns(self.key, turn_id=target)
-            return await engine.reopen(entry, found[0] if found else None)
-        if entry.status == TurnStatus.SUSPENDED and entry.cancel is not None \
-                and self._runtime is not None:
-            # A cancel withdrew the park: children it waits on are cancelled first.
-            await cancel_children(self._runtime, entry, entry.cancel)
+    async def _run_turn(self, engine: TurnEngine, entry: TurnRecord) -> TurnResult:
+        if entry.status == TurnStatus.SUSPENDED and entry.cancel is not None:
+            # A cancel withdrew the park (parent-close policy): the children it waits on
+            # are cancelled first, then the turn ends.
+            await cancel_children(self._host, entry, entry.cancel)
         return await engine.run(entry)
+
+    async def _apply(self, engine: TurnEngine, lease: Lease, at: Place) -> TurnResult:
+        command = command_of(at.entry)
+        if not isinstance(command, Reset):
+            return await command.apply(at)
+        parked = [t for t in at.pending if t.status == TurnStatus.SUSPENDED]
+        # Parked on subagents: their requests go too (parent-close policy).
+        await reset_children(self._host, at.entry.turn_id, parked)
+        result = await command.apply(at)
+        self._transcripts.keep(self.key, lease.generation, engine.transcript)
+        for t in parked:
+            self._finished(self.key, TurnResult(t.turn_id, TurnStatus.CANCELLED,
+                                                reason="reset"))
+        return result
 
     # -- cancels from other processes ------------------------------------------------------
 

@@ -11,6 +11,7 @@ Failures (subclasses of ``Exception``, names ending in ``Error``)::
     ├── TurnSuspendedError          turn() parked; resume it instead
     ├── ResumeConflictError         resume() of a turn that is not parked on that input (409)
     ├── ResumeAuthorizationError    the resumer may not answer that input (403)
+    ├── AuthorizeAnswerError        the app's authorize_answer failed; nothing was applied
     ├── InvalidInputError           an answer that does not fit the request's schema
     ├── LeaseTimeoutError           another process drives the session and did not let go
     ├── LeaseLostError              another holder took the session over; nothing was written
@@ -226,6 +227,21 @@ class ResumeAuthorizationError(DurableTurnsError):
     Attributes:
         input_id: the request.
         by: the refused resumer.
+    """
+
+    def __init__(self, message: str, *, input_id: str = "", by: str | None = None) -> None:
+        super().__init__(message)
+        self.input_id = input_id
+        self.by = by
+
+
+class AuthorizeAnswerError(DurableTurnsError):
+    """The app's ``authorize_answer`` failed deciding a policy-restricted answer; nothing was
+    applied, so the resume may be tried again later.
+
+    Attributes:
+        input_id: the request.
+        by: the resumer.
     """
 
     def __init__(self, message: str, *, input_id: str = "", by: str | None = None) -> None:

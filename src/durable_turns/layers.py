@@ -37,8 +37,9 @@ LAYERS: tuple[Layer, ...] = (
     ),
     Layer(
         "tools",
-        "Tool, ToolSpec, @tool: what a model may call",
-        ("tools",),
+        "Tool, ToolSpec, @tool: what a model may call; ToolContext and the narrow seams "
+        "behind it: what a tool's run may do",
+        ("context", "tools"),
     ),
     Layer(
         "seams",
@@ -53,9 +54,10 @@ LAYERS: tuple[Layer, ...] = (
     ),
     Layer(
         "engine",
-        "the turn loop, a session's driver, Runtime, its queries for hosts, AgentSession (a "
-        "façade), subagents",
-        ("engine", "driver", "queries", "runtime", "sessions", "subagents"),
+        "how a step commits, tool steps, the turn loop, commands, subagents, a session's "
+        "driver, queries for hosts, AgentSession (a façade), the runtime's host, Runtime",
+        ("checkpoints", "calls", "engine", "commands", "subagents", "driver", "queries",
+         "sessions", "host", "runtime"),
     ),
     Layer(
         "adapters",

@@ -32,8 +32,9 @@ import shlex
 from collections.abc import Iterable, Mapping
 from typing import Any, cast
 
+from .context import ToolContext
 from .errors import ConfigurationError
-from .tools import RunFn, Tool, ToolContext, ToolSpec
+from .tools import RunFn, Tool, ToolSpec
 
 try:
     import mcp_types

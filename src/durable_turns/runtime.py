@@ -26,6 +26,7 @@ import os
 from collections.abc import Iterable
 
 from .agent import Agent
+from .context import Host
 from .driver import SessionDriver, TranscriptCache
 from .errors import (
     ConfigurationError,
@@ -36,7 +37,8 @@ from .errors import (
     UnknownTurnError,
 )
 from .events import EventSink, TurnEvent
-from .models import Model
+from .host import RuntimeHost
+from .model import Model
 from .queries import Queries
 from .records import NewEntry, SessionKey, TurnRecord, TurnResult
 from .sessions import AgentSession
@@ -107,6 +109,8 @@ class Runtime:
         self._failed: dict[SessionKey, BaseException] = {}
         self.queries = Queries(store, self.open)
         """What hosts read across sessions (summaries, an inbox, owed deliveries)."""
+        self.host: Host = RuntimeHost(self)
+        """The runtime's sessions as a tool step sees them (a subagent's child turns)."""
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -426,7 +430,7 @@ class Runtime:
         driver = SessionDriver(
             key, agent, self.model_for(agent), self.store, transcripts=self._transcripts,
             publish=self._publish, publish_live=self._publish_live, finished=self._finished,
-            lease_timeout=self.lease_timeout, try_once=try_once, runtime=self, lease=lease,
+            lease_timeout=self.lease_timeout, host=self.host, try_once=try_once, lease=lease,
             wants_live=self._wants_live,
         )
         self._drivers[key] = driver

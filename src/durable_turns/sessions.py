@@ -1,8 +1,10 @@
 """``AgentSession``: one conversation of one agent — start turns, watch them, answer their
-questions, cancel or reset them (F5 to F8) — and what those calls return.
+questions, cancel, retry or reset them (F5 to F8) — and what those calls return.
 
 A façade: every call is one or two of the runtime's public methods (``accept``, ``wait``,
-``subscribe``, ``interrupt``) or a read of the store.
+``subscribe``, ``interrupt``), a read of the session, or a command of ``commands.py``,
+whose checks it runs before accepting it. It depends on the runtime through
+:class:`RuntimeAPI` only.
 """
 
 from __future__ import annotations
@@ -13,18 +15,19 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from .agent import Agent, AuthorizeAnswer
+from .commands import RESET, Cancel, Reset, Resume, Retry, latest_turn
 from .errors import (
+    AuthorizeAnswerError,
     ConfigurationError,
     ResumeAuthorizationError,
     ResumeConflictError,
     TurnConflictError,
     TurnSuspendedError,
-    UnknownTurnError,
 )
-from .events import TurnEvent
+from .events import TurnEvent, TurnFailed
 from .hitl import Grant, check_answerer, sign, validate_answer
 from .inbound import InboundEvent, Trigger
 from .messages import Message
@@ -38,11 +41,33 @@ from .records import (
     TurnRecord,
     TurnResult,
     TurnStatus,
-    resume_entry_id,
 )
+from .stores import SessionStore, Subscription
 
-if TYPE_CHECKING:
-    from .runtime import Runtime
+
+class RuntimeAPI(Protocol):
+    """What an :class:`AgentSession` uses of its runtime (``Runtime`` is one)."""
+
+    agents: dict[str, Agent]
+    store: SessionStore
+    secret: bytes
+    drive: bool
+
+    async def open(self) -> None: ...
+
+    async def accept(self, key: SessionKey, entry: NewEntry) -> tuple[TurnRecord, bool]: ...
+
+    async def wait(self, key: SessionKey, turn_id: str, *,
+                   timeout: float | None = None) -> TurnResult: ...
+
+    def subscribe(self, key: SessionKey, after_seq: int | None = None, *,
+                  deltas: bool = True) -> Subscription: ...
+
+    async def interrupt(self, key: SessionKey, turn_id: str | None = None, *,
+                        reason: str = ...) -> list[str]: ...
+
+    def session(self, agent: str, session_id: str) -> AgentSession: ...
+
 
 log = logging.getLogger("durable_turns")
 Observer = Callable[[TurnEvent], None]
@@ -78,7 +103,7 @@ class Archive:
 class AgentSession:
     """One conversation of one agent: start turns, watch them, read their results."""
 
-    def __init__(self, runtime: Runtime, key: SessionKey) -> None:
+    def __init__(self, runtime: RuntimeAPI, key: SessionKey) -> None:
         self.runtime = runtime
         self.key = key
 
@@ -135,20 +160,15 @@ class AgentSession:
         """
         rt = self.runtime
         await rt.open()
-        found = await rt.store.turns(self.key, turn_id=turn_id)
-        if not found or found[0].kind != "turn":
-            raise UnknownTurnError(str(self.key), turn_id)
-        if found[0].status != TurnStatus.FAILED:
-            raise TurnConflictError(
-                f"turn {turn_id!r} of {self.key} is {found[0].status}, not failed: only a "
-                "failed turn can be retried", session=str(self.key), turn_id=turn_id)
+        target = await self.entry(turn_id)
+        Retry(turn_id).check(self.key, target, latest_turn(await self.transcript()))
         # One retry per failure: asked twice before it runs, it is one retry.
-        failures = [e.seq for e in await rt.store.read_events(self.key, turn_id=turn_id)
-                    if e.type == "turn.failed"]
-        entry = f"retry:{turn_id}:{max(failures, default=0)}"
-        await rt.accept(self.key, NewEntry(entry, kind="retry", args={"turn_id": turn_id}))
+        failures = [e.seq for e in await self.events() if e.turn_id == turn_id
+                    and isinstance(e, TurnFailed)]
+        retry = Retry(turn_id, max(failures, default=0))
+        await rt.accept(self.key, retry.entry())
         if rt.drive:
-            done = await rt.wait(self.key, entry)
+            done = await rt.wait(self.key, retry.entry_id)
             if done.status == TurnStatus.FAILED:
                 raise TurnConflictError(done.error or "the turn cannot be retried",
                                         session=str(self.key), turn_id=turn_id)
@@ -171,11 +191,9 @@ class AgentSession:
         Raises:
             UnknownTurnError: the session has no turn ``turn_id``.
         """
-        rt = self.runtime
-        await rt.open()
-        if turn_id is not None and not await rt.store.turns(self.key, turn_id=turn_id):
-            raise UnknownTurnError(str(self.key), turn_id)
-        return await rt.interrupt(self.key, turn_id, reason=reason)
+        cancel = Cancel(turn_id, reason)
+        cancel.check(self.key, None if turn_id is None else await self.entry(turn_id))
+        return await self.runtime.interrupt(self.key, turn_id, reason=reason)
 
     async def reset(self) -> ResetResult:
         """Retire the session's history, keeping its address (F8).
@@ -185,12 +203,12 @@ class AgentSession:
         and sets the status to ``new``. Turns started meanwhile queue behind the reset.
         A session that never existed is reset all the same (generation 0 → 1).
         """
-        rt = self.runtime
-        entry = f"reset:{uuid.uuid4().hex}"
-        await rt.accept(self.key, NewEntry(entry, kind="reset"))
-        await rt.wait(self.key, entry)
-        (done,) = await rt.store.turns(self.key, turn_id=entry)
-        archived = int(((done.data or {}).get("reset") or {}).get("archived", 0))
+        reset = Reset()
+        await self.runtime.accept(self.key, reset.entry())
+        await self.runtime.wait(self.key, reset.entry_id)
+        done = await self.entry(reset.entry_id)
+        assert done is not None
+        archived = int(((done.data or {}).get(RESET) or {}).get("archived", 0))
         return ResetResult(f"{self.key.session}#g{archived}", archived + 1)
 
     async def archive(self, generation: int) -> Archive:
@@ -253,18 +271,10 @@ class AgentSession:
         :attr:`InputRequest.more` lists the others (each is answered on its own); a
         subagent's request carries ``child``.
         """
-        parked = await self._parked()
-        return parked.request if parked is not None else None
-
-    async def _parked(self) -> TurnRecord | None:
-        await self.runtime.open()
-        for t in await self.runtime.store.turns(self.key, unfinished=True):
-            if t.status == TurnStatus.SUSPENDED and t.request is not None:
-                return t
-        return None
+        return (await self.summary()).pending
 
     async def resume(self, turn_id: str, input_id: str, value: Any, *, by: str | None = None,
-                     granted: Grant | None = None) -> None:
+                     granted: Grant | None = None, principal: Any = None) -> None:
         """Answer the parked turn's input request and set the turn going again (F6).
 
         The answer is stored as step ``input:<turn_id>:<input_id>`` (a command on the chain,
@@ -275,22 +285,27 @@ class AgentSession:
         Args:
             by: the resumer's *verified* identity (e.g. a signature-checked Slack user id).
             granted: for a ``{policy, scope}`` request, the grant from :func:`grant_answer`.
+            principal: instead of ``granted``: the resumer's principal (what a host's
+                ``authenticate`` returned); for a ``{policy, scope}`` request the agent's
+                ``authorize_answer`` is asked with it (as :func:`grant_answer` does).
 
         Raises:
             ResumeConflictError: wrong turn, wrong input id, not parked, a reset pending, or
                 another answer was given already.
             ResumeAuthorizationError: the resumer may not answer this request.
+            AuthorizeAnswerError: the app's ``authorize_answer`` failed; nothing was applied.
             InvalidInputError: ``value`` does not fit the request's schema.
         """
         rt = self.runtime
         await rt.open()
-        entry = resume_entry_id(turn_id, input_id)
-        answer = {"turn_id": turn_id, "input_id": input_id, "value": value, "by": by,
-                  "at": time.time()}  # when it was answered: a turn's timeline shows the wait
-        earlier = await rt.store.turns(self.key, turn_id=entry)
-        if earlier:
-            return await self._repeated(earlier[0], answer)
-        request = await self._parked_on(turn_id, input_id)
+        # When it was answered: a turn's timeline shows the wait.
+        resume = Resume(turn_id, input_id, value, by, time.time())
+        earlier = await self.entry(resume.entry_id)
+        if earlier is not None:
+            return await self._repeated(earlier, resume)
+        request = resume.request(self.key, await self._pending())
+        if granted is None and principal is not None and "policy" in (request.answerers or {}):
+            granted = await _decided(self, request, by, principal)
         if request.child is not None:
             # A subagent asked: the answer goes to the exact child, which enforces its own
             # answerer rules and schema (F13); then this turn goes on and re-attaches.
@@ -300,49 +315,33 @@ class AgentSession:
         else:
             check_answerer(request, str(self.key), by, granted, rt.secret)
             validate_answer(request, value)
-        rec, new = await rt.accept(self.key, NewEntry(entry, kind="resume", args=answer))
+        rec, new = await rt.accept(self.key, resume.entry())
         if not new:
-            return await self._repeated(rec, answer)
-        self._applied(await rt.wait(self.key, entry), answer)
+            return await self._repeated(rec, resume)
+        self._applied(await rt.wait(self.key, resume.entry_id), resume)
 
-    async def _repeated(self, rec: TurnRecord, answer: dict[str, Any]) -> None:
-        given = rec.args or {}
-        if (given.get("value"), given.get("by")) != (answer["value"], answer["by"]):
+    async def _repeated(self, rec: TurnRecord, resume: Resume) -> None:
+        given = Resume.from_args(rec.args or {})
+        if not given.same_answer(resume):
             raise ResumeConflictError(
-                f"input {answer['input_id']!r} of turn {answer['turn_id']!r} was answered "
-                f"already (by {given.get('by')!r}), with another answer",
-                session=str(self.key), turn_id=answer["turn_id"], input_id=answer["input_id"],
+                f"input {resume.input_id!r} of turn {resume.turn_id!r} was answered "
+                f"already (by {given.by!r}), with another answer",
+                session=str(self.key), turn_id=resume.turn_id, input_id=resume.input_id,
             )
-        self._applied(await self.runtime.wait(self.key, rec.turn_id), answer)
+        self._applied(await self.runtime.wait(self.key, rec.turn_id), resume)
 
-    def _applied(self, result: TurnResult, answer: dict[str, Any]) -> None:
+    def _applied(self, result: TurnResult, resume: Resume) -> None:
         """Raise if the driver refused the answer (the park changed before its turn came)."""
         if result.status == TurnStatus.FAILED:
             raise ResumeConflictError(
                 result.error or "the answer was refused", session=str(self.key),
-                turn_id=answer["turn_id"], input_id=answer["input_id"],
+                turn_id=resume.turn_id, input_id=resume.input_id,
             )
 
-    async def _parked_on(self, turn_id: str, input_id: str) -> InputRequest:
-        ids = {"session": str(self.key), "turn_id": turn_id, "input_id": input_id}
-        turns = await self.runtime.store.turns(self.key, unfinished=True)
-        if any(t.kind == "reset" for t in turns):
-            raise ResumeConflictError(
-                f"a reset of session {self.key} is pending; its park is being archived", **ids)
-        parked = next((t for t in turns if t.status == TurnStatus.SUSPENDED), None)
-        if parked is None or parked.request is None:
-            raise ResumeConflictError(f"session {self.key} is not waiting for input", **ids)
-        if parked.turn_id != turn_id:
-            raise ResumeConflictError(
-                f"session {self.key} is parked on turn {parked.turn_id!r}, not {turn_id!r}",
-                **ids)
-        request = next((r for r in parked.request.all if r.id == input_id), None)
-        if request is None:
-            waits = [r.id for r in parked.request.all]
-            raise ResumeConflictError(
-                f"turn {turn_id!r} waits for input {' or '.join(map(repr, waits))}, not "
-                f"{input_id!r}", **ids)
-        return request
+    async def _pending(self) -> list[TurnRecord]:
+        """The session's unfinished chain entries."""
+        await self.runtime.open()
+        return await self.runtime.store.turns(self.key, unfinished=True)
 
     async def summary(self) -> SessionSummary:
         """Where the session stands: status, generation, the request it is parked on
@@ -415,9 +414,29 @@ async def grant_answer(
         Exception: whatever ``authorize_answer`` raised; nothing was applied, retry later.
     """
     await session.runtime.open()
-    request = await session._parked_on(resume["turn_id"], resume["input_id"])
+    asked = Resume(resume["turn_id"], resume["input_id"])
+    pending = await session.runtime.store.turns(session.key, unfinished=True)
+    return await _granted(session, asked.request(session.key, pending), resume.get("by"),
+                          resume.get("principal"), authorize_answer)
+
+
+async def _decided(session: AgentSession, request: InputRequest, by: str | None,
+                   principal: Any) -> Grant:
+    """The grant for a policy-restricted request, when the app's ``authorize_answer`` says
+    yes (its failure is an :class:`AuthorizeAnswerError`)."""
+    try:
+        return await _granted(session, request, by, principal, None)
+    except (ResumeAuthorizationError, ConfigurationError):
+        raise
+    except Exception as e:
+        raise AuthorizeAnswerError(
+            f"authorize_answer failed ({type(e).__name__}); nothing was applied, retry later",
+            input_id=request.id, by=by) from e
+
+
+async def _granted(session: AgentSession, request: InputRequest, by: str | None,
+                   principal: Any, authorize_answer: AuthorizeAnswer | None) -> Grant:
     who = request.answerers or {}
-    by = resume.get("by")
     if "policy" not in who:
         raise ResumeAuthorizationError(
             f"{request.id!r} is not answered under a policy; resume it with by=… instead",
@@ -431,7 +450,7 @@ async def grant_answer(
             f"agent {owner.name!r} has no authorize_answer to decide policy {who['policy']!r}"
         )
     ok = await decide({"policy": who["policy"], "scope": who.get("scope"), "by": by,
-                       "principal": resume.get("principal")})
+                       "principal": principal})
     if ok is not True:
         raise ResumeAuthorizationError(
             f"{by!r} may not answer {request.id!r} under policy {who['policy']!r}",

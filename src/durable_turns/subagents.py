@@ -38,15 +38,13 @@ import contextlib
 import logging
 from collections.abc import Iterable
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from .context import Host, StepServices, ToolContext
 from .errors import ConfigurationError, Parked
-from .events import TurnEvent
-from .records import ChildMemo, InputRequest, NewEntry, SessionKey, TurnRecord, TurnStatus
-from .tools import Tool, ToolContext, ToolSpec
-
-if TYPE_CHECKING:
-    from .runtime import Runtime
+from .events import MessageCompleted, MessageDelta, TurnEvent
+from .records import ChildMemo, ChildStepId, InputRequest, SessionKey, TurnRecord, TurnStatus
+from .tools import Tool, ToolSpec
 
 log = logging.getLogger("durable_turns")
 
@@ -75,7 +73,7 @@ def turn_usage(events: Iterable[TurnEvent], turn_id: str) -> dict[str, int]:
     total: dict[str, int] = {}
     for e in events:
         usage = getattr(e, "usage", None)
-        if e.turn_id == turn_id and e.type == "message.completed" and usage:
+        if e.turn_id == turn_id and isinstance(e, MessageCompleted) and usage:
             for k, v in usage.items():
                 total[k] = total.get(k, 0) + v
     return total
@@ -101,28 +99,28 @@ def subagent(agent_name: str, *, description: str, name: str | None = None) -> T
 
 
 async def _run_child(agent_name: str, task: str, ctx: ToolContext) -> dict[str, Any]:
-    rt = ctx.runtime
-    if rt is None or ctx.record_child is None or ctx.forward is None:
+    services = ctx.services
+    if services is None:
         raise ConfigurationError(f"subagent {agent_name!r} runs only in a turn a Runtime drives")
-    if agent_name not in rt.agents:
-        raise ConfigurationError(
-            f"subagent {agent_name!r}: the runtime has no such agent ({sorted(rt.agents)})")
+    host = services.host
+    if agent_name not in host.agent_names():
+        raise ConfigurationError(f"subagent {agent_name!r}: the runtime has no such agent "
+                                 f"({sorted(host.agent_names())})")
     session_id, turn_id = child_ids(ctx.agent, ctx.session, ctx.turn_id, ctx.call_id)
     # Recorded before the child starts: a replay re-attaches to exactly this child.
-    memo = await ctx.record_child(ChildMemo(agent_name, session_id, turn_id))
-    key = rt.key(memo.agent, memo.session)
-    turn_id = memo.turn_id
+    memo = await services.remember(ChildStepId(ctx.turn_id, ctx.call_id),
+                                   ChildMemo(agent_name, session_id, turn_id))
+    key, turn_id = SessionKey(memo.agent, memo.session), memo.turn_id
     tag = {"agent": key.agent, "session": key.session, "turn_id": turn_id}
-    child = rt.session(key.agent, key.session)
     try:
-        await child.start(task, turn_id=turn_id, event=ctx.event)
-        rec = await _follow(ctx, key, turn_id, tag)
+        await host.start(key, task, turn_id=turn_id, event=ctx.event)
+        rec = await _follow(ctx, services, key, turn_id, tag)
     except asyncio.CancelledError:
-        reason = ctx.cancel_check() if ctx.cancel_check is not None else None
+        reason = services.cancel_reason()
         if reason is not None:  # the parent was cancelled or reset, not shut down
-            await rt.interrupt(key, turn_id, reason=f"parent turn cancelled: {reason}")
+            await host.interrupt(key, turn_id, reason=f"parent turn cancelled: {reason}")
             with contextlib.suppress(Exception):
-                await rt.wait(key, turn_id, timeout=CANCEL_WAIT)
+                await host.wait(key, turn_id, timeout=CANCEL_WAIT)
         raise
     if rec.status == TurnStatus.COMPLETED:
         return {"answer": rec.text or ""}
@@ -140,43 +138,40 @@ def _mirror(r: InputRequest, ctx: ToolContext, tag: dict[str, str]) -> InputRequ
                         ctx.turn_id, ctx.call_id, {**tag, "input_id": r.id})
 
 
-async def _follow(ctx: ToolContext, key: SessionKey, turn_id: str,
+async def _follow(ctx: ToolContext, services: StepServices, key: SessionKey, turn_id: str,
                   tag: dict[str, str]) -> TurnRecord:
     """Forward the child turn's events into the parent's stream until the turn ends or
     parks; returns its record."""
-    rt, forward = ctx.runtime, ctx.forward
-    assert rt is not None and forward is not None
-    store = rt.store
+    host = services.host
     # Events forwarded before a crash or a park are in the parent's log: go on after them.
-    cursor = max((int(e.child["seq"]) for e in await store.read_events(
-        rt.key(ctx.agent, ctx.session), turn_id=ctx.turn_id)
-        if e.child is not None and e.child.get("turn_id") == turn_id
-        and e.child.get("session") == key.session), default=0)
+    parent = SessionKey(ctx.agent, ctx.session)
+    cursor = max((int(e.child["seq"]) for e in await host.events(parent, turn_id=ctx.turn_id)
+                  if e.child is not None and e.child.get("turn_id") == turn_id
+                  and e.child.get("session") == key.session), default=0)
     changed = asyncio.Event()
-    unwatch = store.watch(key, lambda _events: changed.set())
-    # The child's live text, if this runtime drives it: handed on as it streams.
-    live = rt.subscribe(key, None, deltas=True)
-    forward_live = ctx.forward_live
-    if forward_live is not None:
-        def on_live(e: TurnEvent) -> None:
-            if e.type == "message.delta" and e.turn_id == turn_id:
-                forward_live(replace(e, child={**tag, "seq": e.seq}))
+    unwatch = host.watch(key, lambda _events: changed.set())
 
-        live.deliver_to(on_live)
-    cancelled = ctx.cancel_check
+    def on_live(e: TurnEvent) -> None:
+        # The child's live text, if this runtime drives it: handed on as it streams.
+        if isinstance(e, MessageDelta) and e.turn_id == turn_id:
+            services.forward_live(replace(e, child={**tag, "seq": e.seq}))
+
+    stop_live = host.live(key, on_live)
     try:
-        await live.ready()
         while True:
-            if cancelled is not None and cancelled() is not None:
+            if services.cancel_reason() is not None:
                 # The parent's cancel is told to this task once (a task.cancel()); should
                 # that ever be lost, the flag it sets still stops the child at the next look.
                 raise asyncio.CancelledError
             changed.clear()
-            (rec,) = await store.turns(key, turn_id=turn_id)
-            # Read after the record: every event up to a end it shows is read too.
-            events = await store.read_events(key, after_seq=cursor, turn_id=turn_id)
+            rec = await host.entry(key, turn_id)
+            if rec is None:
+                raise RuntimeError(f"subagent session {key} has no turn {turn_id!r}")
+            # Read after the record: every event up to an end it shows is read too.
+            events = await host.events(key, after_seq=cursor, turn_id=turn_id)
             if events:
-                await forward([replace(e, child={**tag, "seq": e.seq}) for e in events])
+                await services.forward([replace(e, child={**tag, "seq": e.seq})
+                                        for e in events])
                 cursor = events[-1].seq
             if rec.settled:
                 return rec
@@ -188,11 +183,11 @@ async def _follow(ctx: ToolContext, key: SessionKey, turn_id: str,
                     await changed.wait()
     finally:
         unwatch()
-        live.close()
+        stop_live()
 
 
-def _children(rt: Runtime, parked: Iterable[TurnRecord]) -> dict[SessionKey, str]:
-    """The child sessions (and their turns) that parked turns wait on, of agents this
+def _children(host: Host, parked: Iterable[TurnRecord]) -> dict[SessionKey, str]:
+    """The child sessions (and their turns) that parked turns wait on, of agents the
     runtime has."""
     found: dict[SessionKey, str] = {}
     for t in parked:
@@ -200,7 +195,7 @@ def _children(rt: Runtime, parked: Iterable[TurnRecord]) -> dict[SessionKey, str
             if r.child is None:
                 continue
             agent, session = str(r.child.get("agent")), str(r.child.get("session"))
-            if agent not in rt.agents:
+            if agent not in host.agent_names():
                 log.warning("a parent parked on a child of agent %r, which this runtime does "
                             "not have: session %s stays parked", agent, session)
                 continue
@@ -208,7 +203,7 @@ def _children(rt: Runtime, parked: Iterable[TurnRecord]) -> dict[SessionKey, str
     return found
 
 
-async def cancel_children(rt: Runtime, parked: TurnRecord, reason: str) -> None:
+async def cancel_children(host: Host, parked: TurnRecord, reason: str) -> None:
     """Cancel the child turns a parked turn waits on: the parent-close policy for a cancel
     of a parked parent (its driver calls this before the parent's end commits). Their
     requests are withdrawn with them. Waits for each child to end (at most ``CANCEL_WAIT``
@@ -218,15 +213,15 @@ async def cancel_children(rt: Runtime, parked: TurnRecord, reason: str) -> None:
         StoreError: a child's cancel could not be made durable (the parent's end is then
             driven again).
     """
-    children = _children(rt, [parked])
+    children = _children(host, [parked])
     for key, turn_id in children.items():
-        await rt.interrupt(key, turn_id, reason=f"parent turn cancelled: {reason}")
+        await host.interrupt(key, turn_id, reason=f"parent turn cancelled: {reason}")
     for key, turn_id in children.items():
         with contextlib.suppress(Exception):
-            await rt.wait(key, turn_id, timeout=CANCEL_WAIT)
+            await host.wait(key, turn_id, timeout=CANCEL_WAIT)
 
 
-async def reset_children(rt: Runtime, entry_id: str, parked: Iterable[TurnRecord]) -> None:
+async def reset_children(host: Host, entry_id: str, parked: Iterable[TurnRecord]) -> None:
     """Reset the sessions of the children that parked turns wait on: the parent-close policy
     for a reset of a parked parent (its driver calls this before the reset commits).
 
@@ -236,7 +231,7 @@ async def reset_children(rt: Runtime, entry_id: str, parked: Iterable[TurnRecord
     for each child's reset to run (at most ``CANCEL_WAIT`` seconds).
 
     Args:
-        rt: the runtime driving the parent.
+        host: the runtime driving the parent.
         entry_id: the parent's reset entry.
         parked: the parent's parked turns the reset cancels.
 
@@ -244,9 +239,9 @@ async def reset_children(rt: Runtime, entry_id: str, parked: Iterable[TurnRecord
         StoreError: a child's reset could not be made durable (the parent's reset is then
             driven again).
     """
-    keys = _children(rt, parked)
+    keys = _children(host, parked)
     for key in keys:
-        await rt.accept(key, NewEntry(entry_id, kind="reset"))
+        await host.reset(key, entry_id)
     for key in keys:
         with contextlib.suppress(Exception):
-            await rt.wait(key, entry_id, timeout=CANCEL_WAIT)
+            await host.wait(key, entry_id, timeout=CANCEL_WAIT)

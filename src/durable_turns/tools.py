@@ -17,20 +17,15 @@ import inspect
 import json
 import random
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any, Protocol, get_args, get_type_hints, overload
+from typing import Any, get_args, get_type_hints, overload
 
 import jsonschema
 import pydantic
 
-from .errors import ConfigurationError, FatalToolError, ToolDeclarationError
-from .inbound import InboundEvent, User
-from .records import ChildMemo
-
-if TYPE_CHECKING:
-    from .events import TurnEvent
-    from .runtime import Runtime
+from .context import ActionContext, ToolContext
+from .errors import ConfigurationError, FatalToolError
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,86 +41,6 @@ class ToolSpec:
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "description": self.description, "input": dict(self.input)}
-
-
-class StoreHandle(Protocol):
-    """The step transaction as a tool sees it."""
-
-    def unwrap(self) -> Any:
-        """The backend's raw handle, inside the step's transaction (``None`` in memory)."""
-        ...
-
-
-@dataclass(slots=True)
-class ToolContext:
-    """What a tool's ``run`` receives beside its input."""
-
-    agent: str
-    session: str
-    turn_id: str
-    call_id: str
-    step_id: str
-    idempotency_key: str
-    """Stable for this (session, turn, step) across replays: key remote side effects on it."""
-    store: StoreHandle
-    event: InboundEvent | None = None
-    user: User | None = None
-    park: Callable[..., Awaitable[Any]] | None = field(default=None, repr=False)
-    """Set by the engine for remote tools: what :meth:`request_input` calls."""
-    runtime: Runtime | None = field(default=None, repr=False)
-    """The runtime driving the turn (a tool that runs another agent's turn uses it)."""
-    record_child: Callable[[ChildMemo], Awaitable[ChildMemo]] | None = field(
-        default=None, repr=False)
-    """Set for remote tools: checkpoints step ``child:<turn_id>:<call_id>`` with the memo
-    given, unless it is recorded already, and returns the recorded memo (F13)."""
-    forward: Callable[[list[TurnEvent]], Awaitable[None]] | None = field(
-        default=None, repr=False)
-    """Set for remote tools: logs a subagent's events (each tagged with its ``child``) in
-    this turn's stream, in one transaction (F13)."""
-    forward_live: Callable[[TurnEvent], None] | None = field(default=None, repr=False)
-    """Set for remote tools: hands a subagent's live event (``message.delta``, tagged with
-    its ``child``) to this turn's live subscribers; never stored."""
-    cancel_check: Callable[[], str | None] | None = field(default=None, repr=False)
-    """The reason this turn was asked to cancel, if it was (read by interruptible tools)."""
-    attempt: int = 1
-    """Which attempt of this call this is (1-based): above 1 when ``Tool(retries=…)`` asked
-    again; every attempt sees the same :attr:`idempotency_key`."""
-
-    def request_input(
-        self,
-        id: str,
-        prompt: str,
-        schema: Mapping[str, Any] | None = None,
-        answerers: Mapping[str, Any] | None = None,
-    ) -> Awaitable[Any]:
-        """Ask a person; the first call parks the turn, the replay after ``resume()`` returns
-        the answer (F6). The tool runs again from the top on resume: put side effects after
-        this call.
-
-        Args:
-            id: stable within the turn; it keys the answer.
-            prompt: what to ask.
-            schema: a JSON schema the answer must fit.
-            answerers: ``{"user": id}`` or ``{"policy": p, "scope": s}``; default: the
-                turn's attested speaker.
-
-        Raises:
-            ToolDeclarationError: in a local tool, whose transaction cannot stay open.
-        """
-        if self.park is None:
-            raise ToolDeclarationError(
-                f"request_input({id!r}) in a local tool: a plain def runs inside the step's "
-                "store transaction, which cannot stay open while a person answers; declare "
-                "the tool `async def`"
-            )
-        return self.park(id, prompt, schema, answerers)
-
-
-@dataclass(frozen=True, slots=True)
-class ActionContext:
-    """What a :func:`define_action` run receives: only who asked."""
-
-    user: User | None = None
 
 
 RunFn = Callable[[dict[str, Any], ToolContext], Any]

@@ -25,8 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from ..agent import Agent
+from ..context import ToolContext
 from ..errors import FatalToolError, StoreError
-from ..tools import Tool, ToolContext, tool
+from ..tools import Tool, tool
 from .refunds import ensure_refunds_schema, refund_tool
 
 AGENT_NAME = "ops"

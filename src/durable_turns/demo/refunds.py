@@ -29,8 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..context import ToolContext
 from ..errors import StoreError
-from ..tools import Tool, ToolContext, tool
+from ..tools import Tool, tool
 
 APPROVAL_ID = "approve-refund"
 """The input id ``issue_refund`` parks on (``durable-turns approve --input``)."""

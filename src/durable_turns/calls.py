@@ -1,0 +1,492 @@
+"""Tool steps: run the calls a reply asked for, one at a time or a batch at once (F3, F15).
+
+A call's step is ``tool:<n>:<call_id>`` (``n``: the transcript index of the assistant message
+that made it). Its result and its tool message commit in one transaction:
+
+- a **local** tool (a plain ``def``) runs inside that transaction, in a savepoint, on the
+  store's raw handle: its writes commit with the step or not at all (exactly once);
+- a **remote** tool (``async def``) runs first, then its result commits (at least once: key
+  its effects on ``ctx.idempotency_key``);
+- a call that names no tool, or whose input fails the schema, commits an error result the
+  model reads; the tool is not run.
+
+With ``Agent(parallel_tools=True)`` the owed calls of one reply run as a batch: remote calls
+concurrently, each committing its own step as it finishes (its outcome in the step's memo),
+local calls one at a time in call order; tool messages reach the transcript in call order
+(``batch.py``). Calls that park are collected: the turn parks on all of them at once.
+
+A remote call gets :class:`CallServices` through its :class:`~durable_turns.ToolContext`: to
+ask a person, to see its turn's cancel, to record and follow durable child work (what a
+subagent is built on).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import inspect
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import jsonschema
+
+from .agent import Agent
+from .batch import BatchState
+from .checkpoints import Checkpoints
+from .context import Host, ToolContext
+from .errors import ConfigurationError, FatalToolError, Parked, ToolCrashedError
+from .events import ActionCompleted, ActionRetry, TurnEvent
+from .hitl import default_answerers
+from .inbound import InboundEvent
+from .messages import Message, ToolCall, encode_json
+from .records import (
+    Answer,
+    CallOutcome,
+    ChildMemo,
+    ChildStepId,
+    InputRequest,
+    InputStepId,
+    StepId,
+    StepResult,
+    ToolMemo,
+    ToolStepId,
+)
+from .stores import Transaction
+from .tools import Tool, compile_schema
+from .tracing import StepSpan
+
+log = logging.getLogger("durable_turns")
+
+ERROR_LIMIT = 2000
+"""A tool error's text is cut to this many characters before the model reads it."""
+
+ReadStep = Callable[[StepId], Awaitable["StepResult | None"]]
+"""Reads what a stored step keeps (a person's answer, a subagent's record), by its id."""
+CancelReason = Callable[[str], "str | None"]
+"""The reason a turn was asked to cancel, if it was (kept current by the driver)."""
+PublishLive = Callable[[TurnEvent], None]
+"""Receives live events, never stored: text as it streams, retries."""
+Interruptible = Callable[[Awaitable[Any], str], Awaitable[Any]]
+"""Awaits a call in the driving task so that a cancel of the turn can stop it."""
+Local = tuple[Tool, dict[str, Any], "ToolContext | None"]
+"""A local tool to run in a step's transaction: the tool, its checked input, its context."""
+
+
+def error_text(e: BaseException) -> str:
+    """What the model reads for a tool's exception: ``Class: message``, no traceback."""
+    msg = str(e)
+    name = type(e).__name__
+    text = msg if type(e) is Exception else (f"{name}: {msg}" if msg else name)
+    return text[:ERROR_LIMIT]
+
+
+class ToolResultError(Exception):
+    """A tool returned what cannot be stored (not JSON, too large)."""
+
+
+def _checked_result(value: Any, limit: int) -> Any:
+    try:
+        text = encode_json(value)
+    except (TypeError, ValueError) as e:
+        raise ToolResultError(
+            f"the tool returned a {type(value).__name__}, which is not JSON-serialisable ({e}); "
+            "return dicts, lists, strings, numbers, booleans or None"
+        ) from None
+    # A UTF-8 character is at most 4 bytes: only a long text needs its bytes counted.
+    if len(text) * 4 > limit and (size := len(text.encode())) > limit:
+        raise ToolResultError(
+            f"the tool's result is {size:,} bytes of JSON, over the limit of {limit:,} "
+            "(Agent(max_result_bytes=…)); return less, or a reference to where the data is"
+        )
+    return value
+
+
+def _hashed(prefix: str, turn_id: str, step_id: str) -> str:
+    """``ctx.idempotency_key``: stable per (session, generation, turn, step); ``prefix`` is
+    ``<session key>#g<generation>/``."""
+    return hashlib.sha256(f"{prefix}{turn_id}/{step_id}".encode()).hexdigest()[:32]
+
+
+def tool_message(call: ToolCall, outcome: CallOutcome, turn_id: str) -> Message:
+    """The tool message that answers ``call`` with ``outcome``."""
+    return Message("tool", call_id=call.id, result=outcome.result,
+                   is_error=outcome.error is not None, turn_id=turn_id)
+
+
+class _NoHandle:
+    """The store handle a remote tool sees: there is no transaction to join."""
+
+    def unwrap(self) -> Any:
+        raise FatalToolError(
+            "ctx.store.unwrap() is only available to local tools (a plain def): an async "
+            "tool runs outside the step's transaction"
+        )
+
+
+def _run_local(tool: Tool, args: dict[str, Any], ctx: ToolContext | None, limit: int) -> Any:
+    out = tool.call_local(args, ctx)
+    if inspect.isawaitable(out):
+        close = getattr(out, "close", None)
+        if close is not None:
+            close()  # never awaited: don't leave a dangling coroutine behind
+        raise ConfigurationError(
+            f"tool {tool.name!r} is a plain def that returned an awaitable; declare it "
+            "`async def` so the engine awaits it as a remote tool (its result would be lost)"
+        )
+    return _checked_result(out, limit)
+
+
+class CallServices:
+    """What a remote call's step offers its tool (``ctx.services``): see
+    :class:`~durable_turns.context.StepServices`."""
+
+    def __init__(self, calls: ToolCalls, turn_id: str, call_id: str,
+                 event: InboundEvent | None) -> None:
+        self._calls = calls
+        self._turn_id = turn_id
+        self._call_id = call_id
+        self._event = event
+
+    @property
+    def host(self) -> Host:
+        return self._calls.host
+
+    def cancel_reason(self) -> str | None:
+        calls = self._calls
+        return calls.cancel_reason(self._turn_id) or calls.failing
+
+    async def ask(self, input_id: str, prompt: str, schema: Mapping[str, Any] | None,
+                  answerers: Mapping[str, Any] | None) -> Any:
+        step = InputStepId(self._turn_id, input_id)
+        stored = await self._calls.read_step(step)
+        if isinstance(stored, Answer):
+            trace = self._calls.checkpoints.trace
+            if trace is not None:
+                trace.input(str(step), stored.by)
+            return stored.value
+        if schema is not None:
+            try:
+                compile_schema(schema)
+            except jsonschema.SchemaError as e:
+                raise ConfigurationError(
+                    f"request_input({input_id!r}): invalid schema: {e.message}") from e
+        raise Parked(InputRequest(input_id, prompt, dict(schema) if schema else None,
+                                  default_answerers(answerers, self._event, input_id),
+                                  self._turn_id, self._call_id))
+
+    async def remember(self, step: ChildStepId, memo: ChildMemo) -> ChildMemo:
+        stored = await self._calls.read_step(step)
+        if isinstance(stored, ChildMemo):
+            return stored
+        turn_id = self._turn_id
+
+        async def fill(tx: Transaction) -> list[TurnEvent]:
+            tx.add_step(step, turn_id, memo)
+            return []
+
+        await self._calls.checkpoints.beside(fill, shielded=True)
+        return memo
+
+    async def forward(self, events: list[TurnEvent]) -> None:
+        ids = self._calls.checkpoints.ids(self._turn_id)
+
+        async def fill(tx: Transaction) -> list[TurnEvent]:
+            # Each event names its child already; it joins this turn's stream.
+            return [tx.add_event(dataclasses.replace(e, seq=0, **ids)) for e in events]
+
+        await self._calls.checkpoints.beside(fill, shielded=True)
+
+    def forward_live(self, event: TurnEvent) -> None:
+        checkpoints = self._calls.checkpoints
+        # After this turn's last durable event, as every live event is.
+        self._calls.publish_live(dataclasses.replace(
+            event, seq=checkpoints.lease.last_seq, **checkpoints.ids(self._turn_id)))
+
+
+class ToolCalls:
+    """Runs and commits the tool calls of one drive of a session.
+
+    Args:
+        agent: the session's agent (its tools, limits, parallelism).
+        checkpoints: how a step commits.
+        read_step: reads a stored step (a batch's committed outcomes, an answer).
+        cancel_reason: the reason a turn was asked to cancel, if it was.
+        publish_live: receives live events (a call's retries, a child's text).
+        interruptible: awaits a call so that a cancel of its turn stops it at once.
+        host: the runtime's other sessions, for calls that start durable child work.
+    """
+
+    def __init__(self, agent: Agent, checkpoints: Checkpoints, read_step: ReadStep,
+                 cancel_reason: CancelReason, publish_live: PublishLive,
+                 interruptible: Interruptible, host: Host) -> None:
+        self.agent = agent
+        self.checkpoints = checkpoints
+        self.read_step = read_step
+        self.cancel_reason = cancel_reason
+        self.publish_live = publish_live
+        self.host = host
+        self._interruptible = interruptible
+        self.asked_at = -1
+        """The transcript index of the last reply this drive committed (a batch it asked
+        for has no committed calls yet: only a replay reads them)."""
+        self.failing: str | None = None
+        """Why a batch is stopping its calls, while it fails."""
+        self._stop_batch: Callable[[], None] | None = None
+
+    def interrupt(self) -> None:
+        """The turn was asked to cancel: stop the batch's interruptible calls now."""
+        if self._stop_batch is not None:
+            self._stop_batch()
+
+    # -- one call --------------------------------------------------------------------------
+
+    async def one(self, turn_id: str, n: int, call: ToolCall, tools: Mapping[str, Tool],
+                  event: InboundEvent | None) -> InputRequest | None:
+        """Run one owed call and commit its result; returns what it parked on, if it did
+        (nothing of it is committed then: the engine commits the park)."""
+        step = ToolStepId(n, call.id)
+        tool, args, problem, ctx = self._prepare(turn_id, step, call, tools, event)
+        trace = self.checkpoints.trace
+        span = trace.tool_step(str(step), call) if trace is not None else None
+        outcome: CallOutcome | None = None
+        if problem is not None or tool is None:
+            outcome = CallOutcome({"error": problem}, problem)
+        elif tool.remote:
+            running = self._call_remote(tool, args, ctx, call, turn_id, span)
+            try:
+                outcome = await (self._interruptible(running, turn_id) if tool.interruptible
+                                 else running)
+            except Parked as p:
+                assert isinstance(p.request, InputRequest)
+                if span is not None:
+                    span.parked(p.request)
+                return p.request
+        local = None if outcome is not None or tool is None else (tool, args, ctx)
+
+        async def fill(tx: Transaction) -> list[TurnEvent]:
+            nonlocal outcome
+            if local is not None:
+                outcome = await self._run_local_in(tx, call, turn_id, local)
+            assert outcome is not None
+            idx = self.checkpoints.add(tx, tool_message(call, outcome, turn_id))
+            tx.add_step(step, turn_id, ToolMemo(idx))
+            return [tx.add_event(ActionCompleted(**self.checkpoints.ids(turn_id), call=call,
+                                                 result=outcome.result, error=outcome.error))]
+
+        await self.checkpoints.commit(fill)
+        if span is not None and outcome is not None:
+            span.done(outcome.error)
+        return None
+
+    def _prepare(self, turn_id: str, step: ToolStepId, call: ToolCall,
+                 tools: Mapping[str, Tool], event: InboundEvent | None
+                 ) -> tuple[Tool | None, dict[str, Any], str | None, ToolContext | None]:
+        """The call's tool, its checked input (or the problem with it) and its context (None
+        when nothing will read one: no tool runs, or it takes none)."""
+        tool = tools.get(call.name)
+        args: dict[str, Any] = {}
+        problem: str | None = None
+        if tool is None:
+            problem = f"unknown tool: {call.name}"
+        else:
+            try:
+                args = tool.validate(dict(call.input))
+            except ValueError as e:
+                problem = f"invalid input for {call.name}: {e}"[:ERROR_LIMIT]
+        if tool is None or problem is not None or not tool.uses_context:
+            return tool, args, problem, None
+        key, step_id = self.checkpoints.lease.key, str(step)
+        ctx = ToolContext(
+            agent=key.agent, session=key.session, turn_id=turn_id, call_id=call.id,
+            step_id=step_id,
+            idempotency_key=_hashed(self.checkpoints.key_prefix(), turn_id, step_id),
+            store=_NoHandle(), event=event, user=event.user if event else None,
+            services=CallServices(self, turn_id, call.id, event) if tool.remote else None,
+        )
+        return tool, args, problem, ctx
+
+    async def _call_remote(self, tool: Tool, args: dict[str, Any], ctx: ToolContext | None,
+                           call: ToolCall, turn_id: str, span: StepSpan | None
+                           ) -> CallOutcome:
+        """Run a remote tool: its result, or an error result for an exception it raised.
+
+        Raises:
+            Parked: the tool asked a person.
+            FatalToolError, ConfigurationError: the turn fails.
+            ToolCrashedError: the tool raised KeyboardInterrupt or SystemExit.
+        """
+        on_retry = self._on_retry(tool, call, turn_id, span)
+        limit = self.agent.max_result_bytes
+
+        async def run() -> Any:
+            return _checked_result(await tool.call(args, ctx, on_retry), limit)
+
+        return await self._outcome(run(), tool, call, turn_id)
+
+    async def _run_local_in(self, tx: Transaction, call: ToolCall, turn_id: str,
+                            local: Local) -> CallOutcome:
+        """Run a local tool inside ``tx`` (its writes roll back if it raises)."""
+        tool, args, ctx = local
+        if ctx is not None:
+            ctx.store = tx
+        limit = self.agent.max_result_bytes
+        return await self._outcome(tx.run_local(lambda _h: _run_local(tool, args, ctx, limit)),
+                                   tool, call, turn_id)
+
+    async def _outcome(self, running: Awaitable[Any], tool: Tool, call: ToolCall,
+                       turn_id: str) -> CallOutcome:
+        """What a tool's run comes to: its result, or an error result for an exception it
+        raised; a crash (KeyboardInterrupt, SystemExit) abandons the step, a fatal error and
+        a park go on up."""
+        try:
+            return CallOutcome(await running)
+        except (KeyboardInterrupt, SystemExit) as e:
+            key = self.checkpoints.lease.key
+            log.error("turn %s of %s: tool %r raised %s; the step is abandoned", turn_id, key,
+                      tool.name, type(e).__name__)
+            raise ToolCrashedError(tool.name, e, session=str(key), turn_id=turn_id,
+                                   call_id=call.id) from e
+        except (FatalToolError, ConfigurationError):
+            raise
+        except Exception as e:
+            error = error_text(e)
+            return CallOutcome({"error": error}, error)
+
+    def _on_retry(self, tool: Tool, call: ToolCall, turn_id: str, span: StepSpan | None
+                  ) -> Callable[[int, float, BaseException], None] | None:
+        if not tool.retries:
+            return None
+        ids = self.checkpoints.ids(turn_id)
+        lease = self.checkpoints.lease
+
+        def on_retry(attempt: int, delay: float, e: BaseException) -> None:
+            error = error_text(e)
+            log.warning("turn %s of %s: tool %r failed (%s); attempt %d of %d in %.2fs",
+                        turn_id, lease.key, tool.name, error, attempt + 1, tool.retries + 1,
+                        delay)
+            if span is not None:
+                span.retry(attempt, delay, error)
+            self.publish_live(ActionRetry(**ids, seq=lease.last_seq, call=call,
+                                          attempt=attempt, retries=tool.retries, delay=delay,
+                                          error=error))
+
+        return on_retry
+
+    # -- a batch (F15) ---------------------------------------------------------------------
+
+    async def committed(self, n: int, calls: list[ToolCall]) -> dict[str, CallOutcome]:
+        """Outcomes of the batch's calls that committed their step but are not in the
+        transcript yet."""
+        found: dict[str, CallOutcome] = {}
+        for c in calls:
+            outcome = await self.read_step(ToolStepId(n, c.id))
+            if isinstance(outcome, CallOutcome):
+                found[c.id] = outcome
+        return found
+
+    async def batch(self, turn_id: str, n: int, owed: list[ToolCall],
+                    tools: Mapping[str, Tool], event: InboundEvent | None
+                    ) -> InputRequest | None:
+        """Run the owed calls of one reply at once (see the module docstring); returns the
+        request the turn parks on if calls parked (the first, the others in ``more``)."""
+        ids = self.checkpoints.ids(turn_id)
+        fresh = n == self.asked_at and len(owed) == len(self.checkpoints.transcript[n].tool_calls)
+        self.asked_at = -1  # once: a batch that parks comes back as a replay
+        state = BatchState(owed, {} if fresh else await self.committed(n, owed))
+        parked: dict[str, InputRequest] = {}
+        interruptible: set[asyncio.Task[None]] = set()
+
+        async def commit(call: ToolCall, outcome: CallOutcome | None, local: Local | None = None,
+                         shielded: bool = False, span: StepSpan | None = None) -> None:
+            async def fill(tx: Transaction) -> list[TurnEvent]:
+                done = outcome if local is None else await self._run_local_in(tx, call,
+                                                                              turn_id, local)
+                assert done is not None
+                state.done[call.id] = done
+                tx.add_step(ToolStepId(n, call.id), turn_id, done)
+                ready = state.ready()
+                for c, o in ready:
+                    self.checkpoints.add(tx, tool_message(c, o, turn_id))
+                # Counted under the commit lock (the next commit reads it); a failed commit
+                # ends the whole batch, so it never counts what was not written.
+                state.listed += len(ready)
+                return [tx.add_event(ActionCompleted(**ids, call=call, result=done.result,
+                                                     error=done.error))]
+
+            await self.checkpoints.beside(fill, shielded=shielded)
+            if span is not None:
+                span.done(state.done[call.id].error)
+
+        async def remote(call: ToolCall, tool: Tool, args: dict[str, Any],
+                         ctx: ToolContext | None, span: StepSpan | None) -> None:
+            try:
+                outcome = await self._call_remote(tool, args, ctx, call, turn_id, span)
+            except Parked as p:
+                assert isinstance(p.request, InputRequest)
+                parked[call.id] = p.request
+                if span is not None:
+                    span.parked(p.request)
+                return
+            except asyncio.CancelledError:
+                if tool.interruptible and self.cancel_reason(turn_id) is not None:
+                    return  # interrupted by a cancel of the turn: it ends cancelled
+                raise
+            await commit(call, outcome, shielded=tool.interruptible, span=span)
+
+        tasks: list[asyncio.Task[None]] = []
+        one_by_one: list[tuple[ToolCall, Tool | None, dict[str, Any], str | None,
+                               ToolContext | None, StepSpan | None]] = []
+        trace = self.checkpoints.trace
+        for c in owed:
+            if c.id in state.done:
+                continue
+            step = ToolStepId(n, c.id)
+            tool, args, problem, ctx = self._prepare(turn_id, step, c, tools, event)
+            span = trace.tool_step(str(step), c) if trace is not None else None
+            if problem is None and tool is not None and tool.remote:
+                task = asyncio.create_task(remote(c, tool, args, ctx, span))
+                tasks.append(task)
+                if tool.interruptible:
+                    interruptible.add(task)
+            else:
+                one_by_one.append((c, tool, args, problem, ctx, span))
+
+        def stop() -> None:
+            # Once per call: a second cancel would cut short the call's own clean-up
+            # (a subagent stopping its child).
+            while interruptible:
+                interruptible.pop().cancel()
+
+        self._stop_batch = stop
+        try:
+            for c, tool, args, problem, ctx, span in one_by_one:
+                if self.cancel_reason(turn_id) is not None:
+                    break  # a checkpoint boundary: the calls not run are cancelled
+                if problem is not None or tool is None:
+                    await commit(c, CallOutcome({"error": problem}, problem), span=span)
+                else:
+                    await commit(c, None, (tool, args, ctx), span=span)
+            if tasks:
+                # A call that fails the turn (FatalToolError, a crash, a lost lease) ends
+                # the batch: the calls still running are stopped, their work is moot.
+                done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+                for t in done:
+                    if t.exception() is not None:
+                        raise t.exception()  # type: ignore[misc]
+        except BaseException as e:
+            if not isinstance(e, asyncio.CancelledError):
+                # The turn fails: calls still running stop, a subagent's child with them.
+                self.failing = f"turn failed: {e}"
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
+        finally:
+            self._stop_batch = None
+            self.failing = None
+        if not parked:
+            return None
+        requests = [parked[c.id] for c in owed if c.id in parked]
+        return dataclasses.replace(requests[0], more=tuple(requests[1:]))
