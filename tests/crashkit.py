@@ -45,10 +45,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -259,7 +261,11 @@ async def child(cfg: Config, recover: bool, barrier: int | None) -> None:
     rt = Runtime([build_agent(cfg)], SqliteStore(cfg.db), build_model(cfg),
                  sink=Recorder(recorder(cfg)))
     async with rt:
-        rt.store.unwrap().execute(ORDERS_DDL)
+        # On a connection of its own that may wait: the store's writer never waits on the
+        # loop, and another child may hold the write lock right now (a busy error here
+        # was a flaky failure of the concurrent-delivery test).
+        with contextlib.closing(sqlite3.connect(cfg.db, timeout=CHILD_TIMEOUT)) as own:
+            own.execute(ORDERS_DDL)
         session = rt.session(AGENT, SESSION)
         if barrier is not None:
             (cfg.work / f"ready-{cfg.tag}").touch()

@@ -57,12 +57,16 @@ class Place:
         """The turns parked on a standing request."""
         return [t for t in self.pending if t.parked]
 
-    async def end(self, result: TurnResult, *more: TurnResult) -> TurnResult:
-        """Commit the command's outcome (and other entries' new status) with nothing else."""
+    async def end(self, result: TurnResult, *, reopen: str | None = None,
+                  answer: tuple[InputStepId, Answer] | None = None) -> TurnResult:
+        """Commit the command's outcome, and with it: turn ``reopen`` running again (its
+        place in the chain comes next), after storing ``answer`` (a person's) for it."""
         async def fill(tx: Transaction) -> list[TurnEvent]:
-            for r in (result, *more):
-                tx.set_turn(r)
-            if more:
+            if answer is not None and reopen is not None:
+                tx.add_step(answer[0], reopen, answer[1])
+            tx.set_turn(result)
+            if reopen is not None:
+                tx.set_turn(TurnResult(reopen, TurnStatus.RUNNING))
                 tx.set_status("running")
             return []
 
@@ -85,6 +89,10 @@ class Reset:
 
     def entry(self) -> NewEntry:
         return NewEntry(self.entry_id, kind=self.kind)
+
+    @classmethod
+    def from_entry(cls, entry: TurnRecord) -> Reset:
+        return cls(entry.turn_id)
 
     async def apply(self, at: Place) -> TurnResult:
         done = TurnResult(at.entry.turn_id, TurnStatus.COMPLETED)
@@ -131,7 +139,8 @@ class Resume:
             "by": self.by, "at": self.at})
 
     @classmethod
-    def from_args(cls, args: dict[str, Any]) -> Resume:
+    def from_entry(cls, entry: TurnRecord) -> Resume:
+        args = entry.args or {}
         return cls(str(args.get("turn_id")), str(args.get("input_id")), args.get("value"),
                    args.get("by"), args.get("at"))
 
@@ -179,19 +188,9 @@ class Resume:
             self.request(at.checkpoints.lease.key, at.pending, before=at.entry.ordinal)
         except ResumeConflictError as e:
             return await at.end(TurnResult(own, TurnStatus.FAILED, error=str(e)))
-        done = TurnResult(own, TurnStatus.COMPLETED)
-        step = InputStepId(self.turn_id, self.input_id)
-        answer = Answer(self.value, self.by)
-
-        async def fill(tx: Transaction) -> list[TurnEvent]:
-            tx.add_step(step, self.turn_id, answer)
-            tx.set_turn(done)
-            tx.set_turn(TurnResult(self.turn_id, TurnStatus.RUNNING))
-            tx.set_status("running")
-            return []
-
-        await at.checkpoints.commit(fill)
-        return done
+        return await at.end(TurnResult(own, TurnStatus.COMPLETED), reopen=self.turn_id,
+                            answer=(InputStepId(self.turn_id, self.input_id),
+                                    Answer(self.value, self.by)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,6 +213,10 @@ class Retry:
 
     def entry(self) -> NewEntry:
         return NewEntry(self.entry_id, kind=self.kind, args={"turn_id": self.turn_id})
+
+    @classmethod
+    def from_entry(cls, entry: TurnRecord) -> Retry:
+        return cls(str((entry.args or {}).get("turn_id")))
 
     def problem(self, target: TurnRecord | None, latest: str | None) -> str | None:
         """Why the turn cannot be re-opened (``None``: it can): the check of every retry,
@@ -248,8 +251,7 @@ class Retry:
                                latest_turn(at.checkpoints.transcript))
         if problem is not None:
             return await at.end(TurnResult(own, TurnStatus.FAILED, error=problem))
-        return await at.end(TurnResult(own, TurnStatus.COMPLETED),
-                            TurnResult(self.turn_id, TurnStatus.RUNNING))
+        return await at.end(TurnResult(own, TurnStatus.COMPLETED), reopen=self.turn_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,22 +274,20 @@ class Cancel:
 
 Command = Reset | Resume | Retry
 """The commands that are chain entries."""
+COMMANDS: dict[str, type[Command]] = {c.kind: c for c in (Reset, Resume, Retry)}
+"""Each chain command by its entry's ``kind``: how the driver reads one back."""
 
 
 def command_of(entry: TurnRecord) -> Command:
     """The command a chain entry holds.
 
     Raises:
-        ValueError: the entry is a turn.
+        ValueError: the entry is a turn (or of a kind this version does not know).
     """
-    args = entry.args or {}
-    if entry.kind == "reset":
-        return Reset(entry.turn_id)
-    if entry.kind == "resume":
-        return Resume.from_args(args)
-    if entry.kind == "retry":
-        return Retry(str(args.get("turn_id")))
-    raise ValueError(f"chain entry {entry.turn_id!r} is a {entry.kind}, not a command")
+    found = COMMANDS.get(entry.kind)
+    if found is None:
+        raise ValueError(f"chain entry {entry.turn_id!r} is a {entry.kind}, not a command")
+    return found.from_entry(entry)
 
 
 def latest_turn(transcript: Sequence[Message]) -> str | None:

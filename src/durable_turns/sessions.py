@@ -321,7 +321,7 @@ class AgentSession:
         self._applied(await rt.wait(self.key, resume.entry_id), resume)
 
     async def _repeated(self, rec: TurnRecord, resume: Resume) -> None:
-        given = Resume.from_args(rec.args or {})
+        given = Resume.from_entry(rec)
         if not given.same_answer(resume):
             raise ResumeConflictError(
                 f"input {resume.input_id!r} of turn {resume.turn_id!r} was answered "

@@ -35,7 +35,15 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from .messages import Message, ToolCall
-from .records import InputRequest, SessionKey, TurnRecord, TurnResult, TurnStatus
+from .records import (
+    InputRequest,
+    ModelStepId,
+    SessionKey,
+    ToolStepId,
+    TurnRecord,
+    TurnResult,
+    TurnStatus,
+)
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span, Tracer
@@ -139,11 +147,12 @@ class TurnTrace:
             m = transcript[i]
             if m.role == "assistant":
                 calls.update((c.id, (i, c)) for c in m.tool_calls)
-                span = self._start(f"chat {self._model}", self._chat(f"model:{i}", m.usage))
+                span = self._start(f"chat {self._model}",
+                                   self._chat(str(ModelStepId(i)), m.usage))
             elif m.role == "tool" and m.call_id in calls:
                 n, call = calls[m.call_id]
                 span = self._start(f"execute_tool {call.name}",
-                                   self._tool(f"tool:{n}:{call.id}", call))
+                                   self._tool(str(ToolStepId(n, call.id)), call))
             else:
                 continue
             span.set_attribute("durable_turns.replayed", True)

@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.text import Text
 
 from ..messages import Message
+from ..records import ModelStepId, ToolStepId
 from ..runtime import Runtime
 from ..stores.sqlite import SqliteStore
 from .ops import AGENT_NAME, OrderRow, build_agent, outbox_path, read_orders, read_outbox
@@ -44,11 +45,11 @@ class StoreState:
 def step_id(index: int, m: Message, messages: list[tuple[int, Message]]) -> str:
     """The id of the step that committed message ``m`` ('' for the opening)."""
     if m.role == "assistant":
-        return f"model:{index}"
+        return str(ModelStepId(index))
     if m.role == "tool":
         for i, a in messages:
             if a.role == "assistant" and any(c.id == m.call_id for c in a.tool_calls):
-                return f"tool:{i}:{m.call_id}"
+                return str(ToolStepId(i, m.call_id or ""))
         return f"tool:?:{m.call_id}"
     return ""
 

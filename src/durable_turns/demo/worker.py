@@ -35,6 +35,7 @@ from ..events import (
     TurnStarted,
 )
 from ..messages import Message
+from ..records import ModelStepId, ToolStepId
 from ..runtime import Runtime
 from ..stores.sqlite import SqliteStore
 from .choice import SCRIPTED, ModelChoice, build_model
@@ -119,7 +120,8 @@ class EventPrinter:
         self.freezer = freezer
         self.next_index = len(transcript)
         self.step_of_call = {
-            c.id: f"tool:{i}:{c.id}" for i, m in enumerate(transcript) for c in m.tool_calls
+            c.id: str(ToolStepId(i, c.id)) for i, m in enumerate(transcript)
+            for c in m.tool_calls
         }
         self.streaming = False
         self.orders_done = 0
@@ -136,9 +138,9 @@ class EventPrinter:
             self.next_index += 1
             self.line(e, "", compact(e.text), "cyan")
         elif isinstance(e, MessageCompleted):
-            step = f"model:{self.next_index}"
+            step = str(ModelStepId(self.next_index))
             for c in e.tool_calls:
-                self.step_of_call[c.id] = f"tool:{self.next_index}:{c.id}"
+                self.step_of_call[c.id] = str(ToolStepId(self.next_index, c.id))
             self.next_index += 1
             calls = ", ".join(c.name for c in e.tool_calls)
             self.line(e, step, f"asks for {calls}" if calls else "answers", "blue")
