@@ -1,9 +1,9 @@
-"""Channels: the seam every host of an agent is built on (F12).
+"""One agent mounted for a host: start, answer and reset its turns, and stream their events.
 
 :func:`mount_agent` gives a :class:`ChannelContext`: start a turn and stream its events to
 where it ends or parks, answer a parked turn and stream what follows, reset a session. The
-HTTP host (``durable_turns.server``) and the chat REPL are thin layers over it; a channel
-never drives a turn itself, so a turn goes on when its stream's reader leaves.
+HTTP host (``durable_turns.server``), the chat REPL and the channels are thin layers over
+it; none drives a turn itself, so a turn goes on when its stream's reader leaves.
 
 Built on the runtime's public API only: ``Runtime.subscribe`` (stored events after a cursor,
 then live ones) and the :class:`~durable_turns.AgentSession` façade.
@@ -11,25 +11,18 @@ then live ones) and the :class:`~durable_turns.AgentSession` façade.
 
 from __future__ import annotations
 
-import logging
-import uuid
-from collections.abc import AsyncIterable, AsyncIterator, Mapping
-from typing import Any, Protocol
+from collections.abc import AsyncIterator
+from typing import Any
 
 from ..agent import Agent
 from ..errors import ConfigurationError
 from ..events import TurnEvent
 from ..hitl import Grant
 from ..inbound import InboundEvent, Trigger
-from ..records import SessionKey, TurnResult, TurnStatus
+from ..records import TurnStatus
 from ..runtime import Runtime
 from ..sessions import AgentSession, ResetResult
 from ..stores import Subscription
-
-__all__ = ["ChannelContext", "Deliverer", "TurnStream", "mount_agent", "receive",
-           "recover_deliveries"]
-
-log = logging.getLogger("durable_turns")
 
 
 class ChannelContext:
@@ -113,12 +106,11 @@ class ChannelContext:
             await sub.ready()
             after = sub.cursor or 0
             await s.resume(turn_id, input_id, value, by=by, granted=granted)
-            found = await s.runtime.store.turns(s.key, turn_id=turn_id)
-            if found and found[0].status.ended:
+            rec = await s.entry(turn_id)
+            if rec is not None and rec.status.ended:
                 # It may have ended before we subscribed (a repeated answer): then the
                 # stream is its last terminal event.
-                ends = [e for e in await s.events(0)
-                        if e.turn_id == turn_id and e.ends_turn]
+                ends = [e for e in await turn_events(s, turn_id) if e.ends_turn]
                 if ends and ends[-1].seq <= after:
                     sub.close()
                     return TurnStream(s, turn_id, None, fresh=True, done=ends[-1])
@@ -215,132 +207,25 @@ class TurnStream:
 async def _where_it_stands(s: AgentSession, turn_id: str) -> tuple[int, bool]:
     """The seq of the turn's last logged terminal event, and whether the turn has ended; read
     until both agree (a terminal event may commit between the two reads)."""
-    key: SessionKey = s.key
     while True:
-        before = _last_end(await s.events(0), turn_id)
-        found = await s.runtime.store.turns(key, turn_id=turn_id)
-        status = found[0].status if found else TurnStatus.QUEUED
-        if _last_end(await s.events(max(before, 0)), turn_id) == -1:
+        before = _last_end(await turn_events(s, turn_id))
+        rec = await s.entry(turn_id)
+        status = rec.status if rec is not None else TurnStatus.QUEUED
+        if _last_end(await turn_events(s, turn_id, max(before, 0))) == -1:
             return before, status.ended
 
 
-def _last_end(events: list[TurnEvent], turn_id: str) -> int:
-    seqs = [e.seq for e in events if e.turn_id == turn_id and e.ends_turn]
-    return max(seqs, default=-1)
+def _last_end(events: list[TurnEvent]) -> int:
+    return max((e.seq for e in events if e.ends_turn), default=-1)
 
 
-# -- F9: turns nobody typed ----------------------------------------------------------------
+async def turn_events(s: AgentSession, turn_id: str, after_seq: int = 0) -> list[TurnEvent]:
+    """One turn's logged events after ``after_seq``, in order.
 
-DELIVERED = "delivered"
-"""The name ``receive()`` keeps its delivery step under, on the turn's chain entry."""
-
-
-class Deliverer(Protocol):
-    """A channel that can render a turn nobody in it started (F9)."""
-
-    name: str
-    """The channel's event source (``"slack"``)."""
-
-    async def deliver(self, target: Mapping[str, Any],
-                      events: AsyncIterable[TurnEvent]) -> Any:
-        """Render one turn's events (to its end or park) at ``target``; returns a JSON-able
-        receipt (stored with the turn). Raising leaves the delivery to be retried."""
-        ...
-
-
-async def receive(channel: Deliverer, ctx: ChannelContext, *, seed: str,
-                  target: Mapping[str, Any], trigger: Trigger | None = None,
-                  session: str | None = None, turn_id: str | None = None) -> TurnResult:
-    """Run a turn nobody typed (a schedule, a webhook) and deliver it through ``channel`` (F9).
-
-    The seed is stored as a ``trigger`` message attributed to ``trigger.by``; the turn runs
-    durably (to its end or its park); then the delivery runs as a step of its own, keyed by
-    the turn and stored with it (name ``"delivered"``): at least once, never twice after it
-    was stored. A crash between the turn's end and the delivery delivers on recovery
-    (:func:`recover_deliveries`, or ``receive`` again with the same ``turn_id``).
-
-    Args:
-        channel: renders the turn (``deliver(target, events)``), e.g. the Slack channel.
-        ctx: the mounted agent (``mount_agent(agent, runtime)``).
-        seed: the text that opens the turn.
-        target: where the channel delivers (Slack: ``{"channel_id": "C…"}``).
-        trigger: who started it (default ``Trigger(kind="proactive", by="system")``).
-        session: the session (default ``"<kind>:<by>"``).
-        turn_id: the turn's id (default: new); a scheduler that may fire twice passes one.
-
-    Returns:
-        The turn's result.
-
-    Raises:
-        ConfigurationError: the channel has no ``deliver()``, or ``ctx`` no ``run_stream``.
-        ValueError: an empty seed.
-        Exception: whatever the channel's ``deliver`` raised (the delivery stays owed).
+    Reads the session's events and keeps the turn's: the one place that does, until
+    ``AgentSession.events`` takes a turn id and the store reads only the turn's.
     """
-    if not callable(getattr(channel, "deliver", None)):
-        raise ConfigurationError(
-            f"channel {type(channel).__name__} has no deliver(target, events): it cannot "
-            "render a turn nobody in it started")
-    if not callable(getattr(ctx, "run_stream", None)):
-        raise ConfigurationError(f"{type(ctx).__name__} has no run_stream: mount the agent "
-                                 "with mount_agent(agent, runtime)")
-    trigger = trigger or Trigger()
-    name = str(getattr(channel, "name", type(channel).__name__))
-    session = session or f"{trigger.kind}:{trigger.by}"
-    turn_id = turn_id or uuid.uuid4().hex
-    event = InboundEvent(name, None, seed,
-                         meta={"deliver": {"channel": name, "target": dict(target)}})
-    async for _e in ctx.run_stream(seed, session=session, event=event, turn_id=turn_id,
-                                   trigger=trigger):
-        pass
-    s = ctx.session(session)
-    await deliver_owed(channel, s, turn_id)
-    return await s.result(turn_id)
+    return [e for e in await s.events(after_seq) if e.turn_id == turn_id]
 
 
-async def deliver_owed(channel: Deliverer, s: AgentSession, turn_id: str) -> bool:
-    """Deliver an ended ``receive()`` turn unless its delivery is stored; True if it ran.
-
-    Raises:
-        Exception: whatever ``deliver`` raised (nothing is stored; the delivery stays owed).
-    """
-    store = s.runtime.store
-    found = await store.turns(s.key, turn_id=turn_id)
-    if not found or not found[0].status.ended:
-        return False
-    rec = found[0]
-    target = ((rec.event or {}).get("meta") or {}).get("deliver", {}).get("target")
-    events = [e for e in await store.read_events(s.key, turn_id=turn_id)]
-    ends = [e for e in events if e.ends_turn]
-    if target is None or not ends:
-        return False
-    step = f"{turn_id}@{ends[-1].seq}"  # one delivery per end (a park, then the turn's end)
-    if ((rec.data or {}).get(DELIVERED) or {}).get("step") == step:
-        return False
-
-    async def replay() -> AsyncIterator[TurnEvent]:
-        for e in events:
-            yield e
-
-    receipt = await channel.deliver(target, replay())
-    await store.set_turn_data(s.key, turn_id, DELIVERED, {"step": step, "receipt": receipt})
-    return True
-
-
-async def recover_deliveries(channel: Deliverer, ctx: ChannelContext) -> int:
-    """Deliver every ended ``receive()`` turn of ``ctx``'s agent for ``channel`` whose
-    delivery is not stored (a crash came between the turn's end and its delivery). Returns
-    how many it delivered; a failing one is logged and left owed."""
-    await ctx.runtime.open()
-    store = ctx.runtime.store
-    name = str(getattr(channel, "name", type(channel).__name__))
-    n = 0
-    for key in await store.list_sessions(ctx.agent.name):
-        for t in await store.turns(key):
-            spec = ((t.event or {}).get("meta") or {}).get("deliver") or {}
-            if t.kind != "turn" or spec.get("channel") != name or not t.status.ended:
-                continue
-            try:
-                n += await deliver_owed(channel, ctx.session(key.session), t.turn_id)
-            except Exception:
-                log.exception("delivering turn %s of %s failed; it stays owed", t.turn_id, key)
-    return n
+__all__ = ["ChannelContext", "TurnStream", "mount_agent", "turn_events"]
