@@ -498,7 +498,7 @@ async def test_a_sync_authenticate_that_raises_refuses_and_channel_routes_are_se
 
     rt = Runtime([agent()], MemoryStore(), scripted(reply))
     async with rt:
-        app = create_app(rt, authenticate, [Route("/hooks/slack", hook, methods=["POST"])])
+        app = create_app(rt, authenticate, routes=[Route("/hooks/slack", hook, methods=["POST"])])
         async with serving(app) as url, httpx.AsyncClient(base_url=url, timeout=WAIT) as c:
             refused = await c.get("/agents/desk/sessions")
             assert refused.status_code == 401 and "bad key" in refused.json()["error"]["message"]

@@ -8,8 +8,9 @@ commit to its ``message.completed``; a tool row to its ``action.completed`` (or 
 the answer was accepted); a tool that parked runs again, from the answer, as a row of its own.
 
 :func:`timeline` is pure (records in, JSON values out); :func:`read_timeline` reads what it
-needs from a store. The snapshot carries ``seq``, the newest event it saw: a client that
-follows the session's ``/events?after=<seq>`` misses nothing and sees nothing twice.
+needs through the session's :class:`~durable_turns.AgentSession`. The snapshot carries
+``seq``, the newest event it saw: a client that follows the session's
+``/events?after=<seq>`` misses nothing and sees nothing twice.
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from ..channels.context import turn_events
 from ..events import TurnEvent
 from ..messages import Message
-from ..records import SessionKey, TurnRecord, TurnStatus
-from ..stores import SessionStore
+from ..records import TurnRecord, TurnStatus
+from ..sessions import AgentSession
 
 Row = dict[str, Any]
 
@@ -222,41 +224,39 @@ def timeline(chain: Sequence[TurnRecord], events: Sequence[TurnEvent],
             "turns": [t.result() for t in turns.values()]}
 
 
-async def read_timeline(store: SessionStore, key: SessionKey, *, last: int | None = None
-                        ) -> dict[str, Any]:
-    """:func:`timeline` of a session (its ``last`` turns only, if given), read from ``store``
-    in the order it needs.
+async def read_timeline(session: AgentSession, *, last: int | None = None) -> dict[str, Any]:
+    """:func:`timeline` of a session (its ``last`` turns only, if given), read in the order
+    it needs.
 
-    With ``last``, only the events from the first of those turns on are read: a console
-    showing the end of a long session does not read all of it.
+    With ``last``, only the events from the first of those turns on are kept: a console
+    showing the end of a long session is sent only that.
     """
     since = None
     events: list[TurnEvent] | None = None
     if last is not None:
-        live = live_turns(await store.turns(key))
+        live = live_turns(await session.chain())
         if len(live) > last:
             first = live[len(live) - last]
             since = first.ordinal
-            head = await store.read_events(key, turn_id=first.turn_id)
+            head = await turn_events(session, first.turn_id)
             if head:  # one read from there on: no event between two reads goes missing
-                events = await store.read_events(key, after_seq=head[0].seq - 1)
+                events = await session.events(head[0].seq - 1)
     if events is None:
-        events = await store.read_events(key)
+        events = await session.events()
     # Read after the events: a turn accepted meanwhile is in the chain with its events.
-    chain = await store.turns(key)
-    transcript = await store.read_messages(key)
+    chain = await session.chain()
+    transcript = await session.transcript()
     return timeline(chain, events, transcript, since=since)
 
 
-async def last_activity(store: SessionStore, key: SessionKey) -> float | None:
+async def last_activity(session: AgentSession) -> float | None:
     """When the session last did something: its latest turn's newest event, or the latest
     answer to a park, whichever is later (``None`` if neither has a time)."""
-    chain = await store.turns(key)
+    chain = await session.chain()
     times: list[float] = []
     latest = next((t for t in reversed(chain) if t.kind == "turn"), None)
     if latest is not None:
-        times += [e.at for e in await store.read_events(key, turn_id=latest.turn_id)
-                  if e.at is not None]
+        times += [e.at for e in await turn_events(session, latest.turn_id) if e.at is not None]
     answer = next((t for t in reversed(chain) if t.kind == "resume"), None)
     if answer is not None and isinstance((answer.args or {}).get("at"), int | float):
         times.append(float((answer.args or {})["at"]))
