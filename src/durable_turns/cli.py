@@ -21,7 +21,13 @@ from pathlib import Path
 
 from .agent import Agent, check_surfaces
 from .channels.registry import channel_from_env
-from .cli_sessions import retry, session_action, store_from_spec, where
+from .cli_sessions import (
+    add_session_commands,
+    retry,
+    session_action,
+    store_from_spec,
+    where,
+)
 from .demo import (
     KILL_POINTS,
     DemoFailure,
@@ -43,12 +49,6 @@ from .runtime import Runtime
 from .stores.sqlite import SqliteStore
 
 PROG = "durable-turns"
-SESSION_ACTIONS = {
-    "list": "list the store's sessions, newest first per agent, with status",
-    "show": "print a session's status, park, turns and transcript",
-    "cancel": "request cancellation of a session's turn (or of every unfinished one)",
-    "reset": "archive a session's history and start it over (F8)",
-}
 SERVE_HELP = """\
 Serve the app folder's agent over HTTP with server-sent events (F12): the routes under
 /agents/AGENT/sessions/ID, described at /openapi.json. Unfinished turns in the store are
@@ -121,16 +121,6 @@ def _app_store_options(cmd: argparse.ArgumentParser, *, store: bool = True) -> N
                               "'postgres') or a SQLite file")
     cmd.add_argument("--model", metavar="PROVIDER:NAME",
                      help="the model, when the app's agent.py names none")
-
-
-def _session_store_options(cmd: argparse.ArgumentParser) -> None:
-    """``--db PATH`` or ``--store DSN_OR_PATH`` (alias ``--dsn``): the store a ``sessions``
-    command manages."""
-    where_ = cmd.add_mutually_exclusive_group(required=True)
-    where_.add_argument("--db", type=Path, metavar="PATH", help="the SQLite file")
-    where_.add_argument("--store", "--dsn", dest="store", metavar="DSN_OR_PATH",
-                        help="postgresql://… or 'host=… dbname=…' (PostgreSQL, extra "
-                             "'postgres'), or a SQLite file")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -211,22 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
         "sessions", help="operate on a store's sessions",
         description="Operate on the sessions of a store: a SQLite file (--db) or PostgreSQL "
                     "(--store postgresql://…).")
-    session_commands = sessions.add_subparsers(dest="action", metavar="ACTION", required=True)
-    retry = session_commands.add_parser(
-        "retry", help="re-open a failed turn where it failed",
-        description="Re-open a failed turn at its failed step: finished steps stay, a failed "
-                    "model call is asked again. With APP_DIR the app's agent drives it to its "
-                    "end here; without, it is queued for the app's next worker "
-                    "(Runtime.recover()).")
-    retry.add_argument("app", nargs="?", type=Path, metavar="APP_DIR",
-                       help="the app folder whose agent drives the turn")
-    _session_store_options(retry)
-    retry.add_argument("--turn", required=True, metavar="TURN", help="the failed turn's id")
-    retry.add_argument("--session", metavar="AGENT/ID",
-                       help="the turn's session, if two sessions have a turn of that id")
-    retry.add_argument("--model", metavar="PROVIDER:NAME",
-                       help="the model, when the app's agent.py names none")
-    retry.set_defaults(run=_sessions_retry)
+    add_session_commands(sessions, run_action=_sessions, run_retry=_sessions_retry)
 
     work = commands.add_parser(
         "worker", help="drive an app's queued turns from a shared store, until interrupted",
@@ -248,20 +223,6 @@ def build_parser() -> argparse.ArgumentParser:
                       help="sessions this worker drives at once, at most (the rest are left "
                            "to other workers)")
     work.set_defaults(run=_worker)
-
-    for action, summary in SESSION_ACTIONS.items():
-        cmd = session_commands.add_parser(action, help=summary, description=summary + ".")
-        if action != "list":
-            cmd.add_argument("session", metavar="AGENT/ID", type=_session_key,
-                             help="the session, as agent/session")
-        else:
-            cmd.add_argument("--agent", metavar="NAME", help="only this agent's sessions")
-        _session_store_options(cmd)
-        if action == "cancel":
-            cmd.add_argument("--turn", metavar="TURN",
-                             help="the turn to cancel (default: every unfinished one)")
-            cmd.add_argument("--reason", default="cancelled by request", help="why")
-        cmd.set_defaults(run=_sessions)
 
     serve = commands.add_parser(
         "serve", help="serve an app folder's agent over HTTP/SSE",
@@ -492,13 +453,6 @@ async def _work(args: argparse.Namespace) -> int:
 
 DEV_MODE_HINT = ("to authenticate callers, define authenticate(request) in the app folder's "
                  "agent.py or pass --auth MODULE:FUNCTION")
-
-
-def _session_key(text: str) -> tuple[str, str]:
-    agent, sep, session = text.partition("/")
-    if not sep or not agent or not session:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected AGENT/ID")
-    return agent, session
 
 
 def _serve(args: argparse.Namespace) -> int:

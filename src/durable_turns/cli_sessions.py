@@ -26,6 +26,69 @@ from .stores.sqlite import SqliteStore
 
 LEASE_WAIT = 30.0
 """How long a ``sessions`` command waits for a process that drives the session."""
+SESSION_ACTIONS = {
+    "list": "list the store's sessions, newest first per agent, with status",
+    "show": "print a session's status, park, turns and transcript",
+    "cancel": "request cancellation of a session's turn (or of every unfinished one)",
+    "reset": "archive a session's history and start it over (F8)",
+}
+Command = Callable[[argparse.Namespace], int]
+
+
+def add_session_commands(sessions: argparse.ArgumentParser, *, run_action: Command,
+                         run_retry: Command) -> None:
+    """The subcommands of ``durable-turns sessions``.
+
+    Args:
+        sessions: the ``sessions`` parser.
+        run_action: runs ``list``, ``show``, ``cancel`` and ``reset`` (the CLI's wrapper of
+            :func:`session_action`).
+        run_retry: runs ``retry`` (the CLI's wrapper of :func:`retry`).
+    """
+    commands = sessions.add_subparsers(dest="action", metavar="ACTION", required=True)
+    again = commands.add_parser(
+        "retry", help="re-open a failed turn where it failed",
+        description="Re-open a failed turn at its failed step: finished steps stay, a failed "
+                    "model call is asked again. With APP_DIR the app's agent drives it to its "
+                    "end here; without, it is queued for the app's next worker "
+                    "(Runtime.recover()).")
+    again.add_argument("app", nargs="?", type=Path, metavar="APP_DIR",
+                       help="the app folder whose agent drives the turn")
+    _store_options(again)
+    again.add_argument("--turn", required=True, metavar="TURN", help="the failed turn's id")
+    again.add_argument("--session", metavar="AGENT/ID",
+                       help="the turn's session, if two sessions have a turn of that id")
+    again.add_argument("--model", metavar="PROVIDER:NAME",
+                       help="the model, when the app's agent.py names none")
+    again.set_defaults(run=run_retry)
+    for name, summary in SESSION_ACTIONS.items():
+        cmd = commands.add_parser(name, help=summary, description=summary + ".")
+        if name != "list":
+            cmd.add_argument("session", metavar="AGENT/ID", type=_session_key,
+                             help="the session, as agent/session")
+        else:
+            cmd.add_argument("--agent", metavar="NAME", help="only this agent's sessions")
+        _store_options(cmd)
+        if name == "cancel":
+            cmd.add_argument("--turn", metavar="TURN",
+                             help="the turn to cancel (default: every unfinished one)")
+            cmd.add_argument("--reason", default="cancelled by request", help="why")
+        cmd.set_defaults(run=run_action)
+
+
+def _store_options(cmd: argparse.ArgumentParser) -> None:
+    where_ = cmd.add_mutually_exclusive_group(required=True)
+    where_.add_argument("--db", type=Path, metavar="PATH", help="the SQLite file")
+    where_.add_argument("--store", "--dsn", dest="store", metavar="DSN_OR_PATH",
+                        help="postgresql://… or 'host=… dbname=…' (PostgreSQL, extra "
+                             "'postgres'), or a SQLite file")
+
+
+def _session_key(text: str) -> tuple[str, str]:
+    agent, sep, session = text.partition("/")
+    if not sep or not agent or not session:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected AGENT/ID")
+    return agent, session
 
 
 def store_from_spec(spec: str, *, lease_ttl: float = 15.0) -> SessionStore:
@@ -159,4 +222,5 @@ def _show(summary: SessionSummary, chain: list[TurnRecord], transcript: list[Mes
         print(f"  {m.role:<9} {body}")
 
 
-__all__ = ["LEASE_WAIT", "retry", "session_action", "store_from_spec", "where"]
+__all__ = ["LEASE_WAIT", "SESSION_ACTIONS", "Command", "add_session_commands", "retry",
+           "session_action", "store_from_spec", "where"]
