@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 
 from durable_turns import Runtime, SqliteStore, load_agent
+from durable_turns.stores import SessionStore
 
 WAIT = 60.0
 """The bound on every wait on a CLI process."""
@@ -245,14 +246,19 @@ def test_serve_needs_a_model(tmp_path: Path) -> None:
     assert out.returncode == 2 and "--model" in out.stderr
 
 
-async def test_sessions_list_show_cancel_reset(tmp_path: Path) -> None:
-    app, db = make_app(tmp_path), tmp_path / "desk.sqlite"
-    async with Runtime([load_agent(app)], SqliteStore(db)) as rt:
+async def old_and_parked(app: Path, store: SessionStore) -> None:
+    """Sessions ``desk/old`` (idle after a turn) and ``desk/new`` (parked on ``r1``)."""
+    async with Runtime([load_agent(app)], store) as rt:
         await rt.session("desk", "old").turn("hello")
         parked = rt.session("desk", "new")
         await parked.start("refund it", turn_id="r1")
         assert (await parked.result("r1", timeout=WAIT)).status == "suspended"
         await rt.idle()
+
+
+async def test_sessions_list_show_cancel_reset(tmp_path: Path) -> None:
+    app, db = make_app(tmp_path), tmp_path / "desk.sqlite"
+    await old_and_parked(app, SqliteStore(db))
 
     listed = cli("sessions", "list", "--db", str(db))
     assert listed.returncode == 0, listed.stderr
@@ -279,16 +285,17 @@ async def test_sessions_list_show_cancel_reset(tmp_path: Path) -> None:
 
 def test_serve_a_slack_channel_needs_its_signing_secret(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLACK_")}
-    out = subprocess.run([sys.executable, "-m", "durable_turns.cli", "serve",
-                          str(make_app(tmp_path)), "--db", str(tmp_path / "x.sqlite"),
-                          "--channel", "slack"], capture_output=True, text=True, timeout=WAIT,
-                         env={**env, "SLACK_BOT_TOKEN": "xoxb-t"})
+
+    def serve(channel: str, **more: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "durable_turns.cli", "serve",
+                               str(make_app(tmp_path / channel)), "--channel", channel,
+                               "--db", str(tmp_path / "x.sqlite")], capture_output=True,
+                              text=True, timeout=WAIT, env={**env, **more})
+
+    out = serve("slack", SLACK_BOT_TOKEN="xoxb-t")
     assert out.returncode == 2 and "SLACK_SIGNING_SECRET" in out.stderr, out.stderr
     assert "Traceback" not in out.stderr
-    unknown = subprocess.run([sys.executable, "-m", "durable_turns.cli", "serve",
-                              str(make_app(tmp_path / "b")), "--db", str(tmp_path / "x.sqlite"),
-                              "--channel", "fax"], capture_output=True, text=True, timeout=WAIT,
-                             env=env)
+    unknown = serve("fax")
     assert unknown.returncode == 2 and "known channels: slack" in unknown.stderr
 
 
@@ -298,12 +305,7 @@ async def test_sessions_commands_manage_a_postgresql_store(tmp_path: Path, pg_ds
     from durable_turns.models import ModelRequest
 
     app = make_app(tmp_path)
-    async with Runtime([load_agent(app)], PostgresStore(pg_dsn)) as rt:
-        await rt.session("desk", "old").turn("hello")
-        parked = rt.session("desk", "new")
-        await parked.start("refund it", turn_id="r1")
-        assert (await parked.result("r1", timeout=WAIT)).status == "suspended"
-        await rt.idle()
+    await old_and_parked(app, PostgresStore(pg_dsn))
 
     def down(request: ModelRequest) -> ModelReply:
         raise ModelError("provider: HTTP 401 authentication_error", provider="provider")

@@ -122,11 +122,9 @@ async def _render(events: AsyncIterator[TurnEvent], out: Write) -> InputRequest 
             if open_line:
                 out("\n")
                 open_line = False
-            if isinstance(e, ActionRequested):
-                out(f"  → {e.call.name} {json.dumps(e.call.input)}\n")
-            elif isinstance(e, ActionCompleted):
-                mark = "✗" if e.error else "✓"
-                out(f"  {mark} {e.call.name}: {json.dumps(e.result)[:200]}\n")
+            call = _call_line(e)
+            if call is not None:
+                out(f"  {call}\n")
             elif isinstance(e, InputRequested):
                 return e.request
             elif isinstance(e, TurnFailed):
@@ -138,17 +136,24 @@ async def _render(events: AsyncIterator[TurnEvent], out: Write) -> InputRequest 
 
 def _nested(agent: str, e: TurnEvent, out: Write) -> None:
     """One line for a subagent's event (its question is asked as the parent's, after)."""
+    call = _call_line(e)
     if isinstance(e, MessageCompleted) and e.text:
         out(f"    [{agent}] {e.text}\n")
-    elif isinstance(e, ActionRequested):
-        out(f"    [{agent}] → {e.call.name} {json.dumps(e.call.input)}\n")
-    elif isinstance(e, ActionCompleted):
-        mark = "✗" if e.error else "✓"
-        out(f"    [{agent}] {mark} {e.call.name}: {json.dumps(e.result)[:200]}\n")
+    elif call is not None:
+        out(f"    [{agent}] {call}\n")
     elif isinstance(e, TurnFailed):
         out(f"    [{agent}] failed: {e.error}\n")
     elif isinstance(e, TurnCancelled):
         out(f"    [{agent}] cancelled: {e.reason}\n")
+
+
+def _call_line(e: TurnEvent) -> str | None:
+    """A tool call's line: what it was asked, or what it answered (``None``: no call)."""
+    if isinstance(e, ActionRequested):
+        return f"→ {e.call.name} {json.dumps(e.call.input)}"
+    if isinstance(e, ActionCompleted):
+        return f"{'✗' if e.error else '✓'} {e.call.name}: {json.dumps(e.result)[:200]}"
+    return None
 
 
 def _ask(request: InputRequest, read: Read, out: Write) -> Any:

@@ -198,7 +198,9 @@ class SlackChannel:
         Raises:
             ConfigurationError: not mounted.
         """
-        self.ctx  # noqa: B018 - raises when not mounted
+        if self._ctx is None:
+            raise ConfigurationError("the Slack channel starts once mounted: pass it to "
+                                     "create_app(runtime, channels=[slack])")
 
     async def recover(self) -> int:
         """Finish what a stopped process left undelivered: replies of Slack turns (a
