@@ -19,7 +19,17 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..channels.context import turn_events
-from ..events import TurnEvent
+from ..events import (
+    ActionCompleted,
+    ActionRequested,
+    InputRequested,
+    MessageCompleted,
+    TurnCancelled,
+    TurnCompleted,
+    TurnEvent,
+    TurnFailed,
+    TurnStarted,
+)
 from ..messages import Message
 from ..records import TurnRecord, TurnStatus
 from ..sessions import AgentSession
@@ -44,11 +54,10 @@ def _thinking(m: Message | None) -> list[str]:
     return out
 
 
-def _tool_status(e: TurnEvent) -> str:
-    error = getattr(e, "error", None)
-    if error is not None:
-        return "failed" if str(error).startswith("turn failed:") else "error"
-    if getattr(e, "result", None) == {"cancelled": True}:
+def _tool_status(e: ActionCompleted) -> str:
+    if e.error is not None:
+        return "failed" if e.error.startswith("turn failed:") else "error"
+    if e.result == {"cancelled": True}:
         return "cancelled"
     return "done"
 
@@ -79,17 +88,30 @@ class _Turn:
 
     def apply(self, e: TurnEvent) -> None:
         at = e.at
-        step = getattr(self, "on_" + e.type.replace(".", "_"), None)
-        if step is not None:
-            at = step(e) or at
-        self.blamed = e.type == "action.completed" and _tool_status(e) == "failed"
+        if isinstance(e, TurnStarted):
+            self.on_turn_started(e)
+        elif isinstance(e, MessageCompleted):
+            self.on_message_completed(e)
+        elif isinstance(e, ActionRequested):
+            self.on_action_requested(e)
+        elif isinstance(e, ActionCompleted):
+            self.on_action_completed(e)
+        elif isinstance(e, InputRequested):
+            at = self.on_input_requested(e) or at
+        elif isinstance(e, TurnCompleted):
+            self.on_turn_completed(e)
+        elif isinstance(e, TurnFailed):
+            self.on_turn_failed(e)
+        elif isinstance(e, TurnCancelled):
+            self.on_turn_cancelled(e)
+        self.blamed = isinstance(e, ActionCompleted) and _tool_status(e) == "failed"
         if at is not None and (self.cursor is None or at > self.cursor):
             self.cursor = at
 
-    def on_turn_started(self, e: TurnEvent) -> None:
+    def on_turn_started(self, e: TurnStarted) -> None:
         self.started_at, self.status = e.at, "running"
 
-    def on_message_completed(self, e: Any) -> None:
+    def on_message_completed(self, e: MessageCompleted) -> None:
         n, m = self.assistant[self.models] if self.models < len(self.assistant) else (None, None)
         self.models += 1
         for k, v in e.usage.items():
@@ -102,7 +124,7 @@ class _Turn:
                "stop_reason": e.stop_reason, "usage": dict(e.usage), "thinking": _thinking(m)}
         self.rows.append(row)
 
-    def on_action_requested(self, e: Any) -> None:
+    def on_action_requested(self, e: ActionRequested) -> None:
         n = self.n
         row = {"kind": "tool", "id": f"tool:{n}:{e.call.id}" if n is not None else None,
                "name": e.call.name, "call_id": e.call.id, "input": e.call.input,
@@ -111,7 +133,7 @@ class _Turn:
         self.rows.append(row)
         self.open[e.call.id] = row
 
-    def on_action_completed(self, e: Any) -> None:
+    def on_action_completed(self, e: ActionCompleted) -> None:
         row = self.open.pop(e.call.id, None)
         if row is None:  # it parked before: the run after the answer is a row of its own
             parked = next((r for r in self.rows if r.get("call_id") == e.call.id), None)
@@ -122,7 +144,7 @@ class _Turn:
         row.update(status=_tool_status(e), started_at=self.cursor, ended_at=e.at,
                    result=e.result, error=e.error)
 
-    def on_input_requested(self, e: Any) -> float | None:
+    def on_input_requested(self, e: InputRequested) -> float | None:
         request = e.request
         tool = self.open.pop(request.call_id, None)
         if tool is not None:
@@ -142,17 +164,17 @@ class _Turn:
         self.status = "running"
         return at if isinstance(at, int | float) else None
 
-    def on_turn_completed(self, e: Any) -> None:
+    def on_turn_completed(self, e: TurnCompleted) -> None:
         self.status, self.ended_at, self.text = "completed", e.at, e.text
 
-    def on_turn_failed(self, e: Any) -> None:
+    def on_turn_failed(self, e: TurnFailed) -> None:
         self.status, self.ended_at, self.error = "failed", e.at, e.error
         if not self.blamed:
             # No owed call took the blame: the model step was what failed.
             self.rows.append({"kind": "model", "id": None, "status": "failed",
                               "started_at": self.cursor, "ended_at": e.at, "error": e.error})
 
-    def on_turn_cancelled(self, e: Any) -> None:
+    def on_turn_cancelled(self, e: TurnCancelled) -> None:
         self.status, self.ended_at, self.reason = "cancelled", e.at, e.reason
 
     def _insert_after(self, row: Row, where: Any) -> None:
