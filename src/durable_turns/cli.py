@@ -333,12 +333,16 @@ def _os_user() -> str | None:
         return None
 
 
-def _model(command: str, spec: str | None) -> ModelChoice | int:
-    """The model choice, or the exit code of a clear error."""
+def _model(spec: str | None) -> ModelChoice:
+    """The model choice of ``--model`` (or the environment's).
+
+    Raises:
+        ConfigurationError: an unusable ``--model``, said as such.
+    """
     try:
         return choose_model(spec, os.environ)
     except ConfigurationError as e:
-        return _fail(command, f"--model: {e}", 2)
+        raise ConfigurationError(f"--model: {e}") from None
 
 
 def _fail(command: str, message: str, code: int) -> int:
@@ -379,11 +383,12 @@ def _run(command: str, work: Callable[[], int], *, timed_out: str = "timed out",
 
 
 def _demo(args: argparse.Namespace) -> int:
-    model = _model("demo", args.model)
-    if isinstance(model, int):
-        return model
-    opts = DemoOptions(db=args.db, keep=args.keep, kill_at=args.kill_at, model=model)
-    return _run("demo", lambda: asyncio.run(run_demo(opts, make_console())))
+    def work() -> int:
+        opts = DemoOptions(db=args.db, keep=args.keep, kill_at=args.kill_at,
+                           model=_model(args.model))
+        return asyncio.run(run_demo(opts, make_console()))
+
+    return _run("demo", work)
 
 
 def _demo_worker(args: argparse.Namespace) -> int:
@@ -400,26 +405,28 @@ def _refund(args: argparse.Namespace) -> int:
     user = args.user or _os_user()
     if user is None:
         return _fail("refund", "who is asking? $USER is not set: pass --user", 2)
-    model = _model("refund", args.model)
-    if isinstance(model, int):
-        return model
-    opts = RefundOptions(db=args.db, order_id=args.order, amount=args.amount, user=user,
-                         approver=args.approver, session=args.session, model=model)
-    return _run("refund", lambda: asyncio.run(run_refund(opts, make_console())),
-                timed_out="the turn did not end in time")
+
+    def work() -> int:
+        opts = RefundOptions(db=args.db, order_id=args.order, amount=args.amount, user=user,
+                             approver=args.approver, session=args.session,
+                             model=_model(args.model))
+        return asyncio.run(run_refund(opts, make_console()))
+
+    return _run("refund", work, timed_out="the turn did not end in time")
 
 
 def _approve(args: argparse.Namespace) -> int:
     by = args.by or _os_user()
     if by is None:
         return _fail("approve", "who is answering? $USER is not set: pass --by", 2)
-    model = _model("approve", args.model)
-    if isinstance(model, int):
-        return model
-    opts = ApproveOptions(db=args.db, turn_id=args.turn, input_id=args.input,
-                          approve=not args.deny, by=by, session=args.session, model=model)
-    return _run("approve", lambda: asyncio.run(run_approve(opts, make_console())),
-                timed_out="the turn did not end in time")
+
+    def work() -> int:
+        opts = ApproveOptions(db=args.db, turn_id=args.turn, input_id=args.input,
+                              approve=not args.deny, by=by, session=args.session,
+                              model=_model(args.model))
+        return asyncio.run(run_approve(opts, make_console()))
+
+    return _run("approve", work, timed_out="the turn did not end in time")
 
 
 def _pending(args: argparse.Namespace) -> int:
