@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 import socket
 import subprocess
@@ -15,6 +16,7 @@ from pathlib import Path
 import httpx
 
 from durable_turns import Runtime, SqliteStore, load_agent
+from durable_turns.stores import SessionStore
 
 WAIT = 60.0
 """The bound on every wait on a CLI process."""
@@ -244,14 +246,19 @@ def test_serve_needs_a_model(tmp_path: Path) -> None:
     assert out.returncode == 2 and "--model" in out.stderr
 
 
-async def test_sessions_list_show_cancel_reset(tmp_path: Path) -> None:
-    app, db = make_app(tmp_path), tmp_path / "desk.sqlite"
-    async with Runtime([load_agent(app)], SqliteStore(db)) as rt:
+async def old_and_parked(app: Path, store: SessionStore) -> None:
+    """Sessions ``desk/old`` (idle after a turn) and ``desk/new`` (parked on ``r1``)."""
+    async with Runtime([load_agent(app)], store) as rt:
         await rt.session("desk", "old").turn("hello")
         parked = rt.session("desk", "new")
         await parked.start("refund it", turn_id="r1")
         assert (await parked.result("r1", timeout=WAIT)).status == "suspended"
         await rt.idle()
+
+
+async def test_sessions_list_show_cancel_reset(tmp_path: Path) -> None:
+    app, db = make_app(tmp_path), tmp_path / "desk.sqlite"
+    await old_and_parked(app, SqliteStore(db))
 
     listed = cli("sessions", "list", "--db", str(db))
     assert listed.returncode == 0, listed.stderr
@@ -272,5 +279,59 @@ async def test_sessions_list_show_cancel_reset(tmp_path: Path) -> None:
     assert reset.returncode == 0, reset.stderr
     assert "archived as new#g0, generation 1" in reset.stdout
     async with Runtime([load_agent(app)], SqliteStore(db), drive=False) as rt:
+        s = rt.session("desk", "new")
+        assert (await s.status(), await s.pending(), await s.transcript()) == ("new", None, [])
+
+
+def test_serve_a_slack_channel_needs_its_signing_secret(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLACK_")}
+
+    def serve(channel: str, **more: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "durable_turns.cli", "serve",
+                               str(make_app(tmp_path / channel)), "--channel", channel,
+                               "--db", str(tmp_path / "x.sqlite")], capture_output=True,
+                              text=True, timeout=WAIT, env={**env, **more})
+
+    out = serve("slack", SLACK_BOT_TOKEN="xoxb-t")
+    assert out.returncode == 2 and "SLACK_SIGNING_SECRET" in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr
+    unknown = serve("fax")
+    assert unknown.returncode == 2 and "known channels: slack" in unknown.stderr
+
+
+async def test_sessions_commands_manage_a_postgresql_store(tmp_path: Path, pg_dsn: str) -> None:
+    from durable_turns import Agent, ModelReply, PostgresStore, scripted
+    from durable_turns.errors import ModelError
+    from durable_turns.models import ModelRequest
+
+    app = make_app(tmp_path)
+    await old_and_parked(app, PostgresStore(pg_dsn))
+
+    def down(request: ModelRequest) -> ModelReply:
+        raise ModelError("provider: HTTP 401 authentication_error", provider="provider")
+
+    async with Runtime([Agent("ops")], PostgresStore(pg_dsn), scripted(down)) as rt:
+        assert (await rt.session("ops", "s1").turn("hi", turn_id="t1")).status == "failed"
+
+    listed = cli("sessions", "list", "--store", pg_dsn)
+    assert listed.returncode == 0, listed.stderr
+    rows = [line.split("\t")[:2] for line in listed.stdout.splitlines()]
+    assert rows == [["desk/new", "suspended"], ["desk/old", "idle"], ["ops/s1", "idle"]]
+    assert [r[0] for r in (line.split("\t") for line in cli(
+        "sessions", "list", "--agent", "ops", "--dsn", pg_dsn).stdout.splitlines())] == ["ops/s1"]
+    shown = cli("sessions", "show", "desk/new", "--dsn", pg_dsn)
+    assert shown.returncode == 0, shown.stderr
+    assert "parked: turn r1 waits for input 'approve': Refund 42?" in shown.stdout
+    nobody = cli("sessions", "show", "desk/nobody", "--store", pg_dsn)
+    assert nobody.returncode == 2 and "has no session desk/nobody" in nobody.stderr
+    cancelled = cli("sessions", "cancel", "desk/old", "--store", pg_dsn)
+    assert cancelled.returncode == 0 and "no unfinished turn" in cancelled.stdout
+    reset = cli("sessions", "reset", "desk/new", "--store", pg_dsn)
+    assert reset.returncode == 0, reset.stderr
+    assert "archived as new#g0, generation 1" in reset.stdout
+    retried = cli("sessions", "retry", "--store", pg_dsn, "--turn", "t1")
+    assert retried.returncode == 0, retried.stderr
+    assert "turn t1 of ops/s1 re-opened" in retried.stdout
+    async with Runtime([load_agent(app)], PostgresStore(pg_dsn), drive=False) as rt:
         s = rt.session("desk", "new")
         assert (await s.status(), await s.pending(), await s.transcript()) == ("new", None, [])

@@ -498,10 +498,26 @@ async def test_a_sync_authenticate_that_raises_refuses_and_channel_routes_are_se
 
     rt = Runtime([agent()], MemoryStore(), scripted(reply))
     async with rt:
-        app = create_app(rt, authenticate, [Route("/hooks/slack", hook, methods=["POST"])])
+        app = create_app(rt, authenticate, routes=[Route("/hooks/slack", hook, methods=["POST"])])
         async with serving(app) as url, httpx.AsyncClient(base_url=url, timeout=WAIT) as c:
             refused = await c.get("/agents/desk/sessions")
             assert refused.status_code == 401 and "bad key" in refused.json()["error"]["message"]
             ok = await c.get("/agents/desk/sessions", headers={"x-key": "k"})
             assert ok.status_code == 200 and ok.json() == {"sessions": []}
             assert (await c.post("/hooks/slack")).text == "hooked"
+
+
+async def test_a_store_that_cannot_be_used_is_503_and_its_details_stay_in_the_log(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    db = tmp_path / "not-a-database.sqlite"
+    db.write_bytes(b"this is not SQLite" * 100)
+    rt = Runtime([agent()], SqliteStore(db), scripted(reply))
+    transport = httpx.ASGITransport(app=create_app(rt))
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as c:
+        with caplog.at_level(logging.ERROR, logger="durable_turns.server"):
+            r = await c.get("/agents/desk/sessions")
+    assert r.status_code == 503
+    assert r.json()["error"]["type"] == "Unavailable"
+    assert str(db) not in r.text and "retry later" in r.json()["error"]["message"]
+    assert "not a SQLite database" in caplog.text
+    await rt.close()

@@ -66,7 +66,7 @@ async def test_a_parked_then_answered_turn_reads_as_timed_rows(store: SessionSto
     assert parked.status == "suspended"
     waited_from = time.time()
 
-    snap = await read_timeline(store, s.key)
+    snap = await read_timeline(s)
     (turn,) = snap["turns"]
     assert turn["status"] == "suspended"
     assert [(r["kind"], r["status"]) for r in turn["steps"]] == [
@@ -80,7 +80,7 @@ async def test_a_parked_then_answered_turn_reads_as_timed_rows(store: SessionSto
     await s.resume(started.turn_id, "approve", True, by="alice")
     done = await s.result(started.turn_id)
     assert done.status == "completed"
-    snap = await read_timeline(store, s.key)
+    snap = await read_timeline(s)
     (turn,) = snap["turns"]
     rows = turn["steps"]
     assert [(r["kind"], r["status"], r.get("resumed")) for r in rows] == [
@@ -109,7 +109,7 @@ async def test_a_failed_model_call_is_the_failed_row(store: SessionStore) -> Non
     rt = Runtime([Agent("desk", "", model_retries=0)], store, _Stream(TextDelta("cut off")))
     s = rt.session("desk", "s1")
     assert (await s.turn("go")).status == "failed"
-    (turn,) = (await read_timeline(store, s.key))["turns"]
+    (turn,) = (await read_timeline(s))["turns"]
     assert turn["status"] == "failed" and "without a Stop" in turn["error"]
     assert [(r["kind"], r["status"]) for r in turn["steps"]] == [("model", "failed")]
     assert turn["steps"][0]["error"] == turn["error"]
@@ -121,7 +121,7 @@ async def test_a_fatal_tool_is_where_the_turn_failed(store: SessionStore) -> Non
     rt = Runtime([Agent("desk", "", [explode])], store, model)
     s = rt.session("desk", "s1")
     assert (await s.turn("go")).status == "failed"
-    (turn,) = (await read_timeline(store, s.key))["turns"]
+    (turn,) = (await read_timeline(s))["turns"]
     assert [(r["kind"], r["status"]) for r in turn["steps"]] == [
         ("model", "done"), ("tool", "failed")]
     assert "the ledger is gone" in turn["steps"][1]["error"]
@@ -132,11 +132,11 @@ async def test_a_reset_leaves_the_archived_turns_out(store: SessionStore) -> Non
     rt = Runtime([Agent("desk", "")], store, scripted(lambda _r: ModelReply("ok")))
     s = rt.session("desk", "s1")
     await s.turn("first")
-    before = (await read_timeline(store, s.key))["seq"]
+    before = (await read_timeline(s))["seq"]
     await s.reset()
-    assert (await read_timeline(store, s.key)) == {"seq": before, "earlier": 0, "turns": []}
+    assert (await read_timeline(s)) == {"seq": before, "earlier": 0, "turns": []}
     await s.turn("second")
-    snap = await read_timeline(store, s.key)
+    snap = await read_timeline(s)
     assert [t["text"] for t in snap["turns"]] == ["second"] and snap["seq"] > before
     await rt.close()
 
@@ -180,13 +180,13 @@ async def test_the_last_turns_only_read_from_their_first_event_on(store: Session
     s = rt.session("desk", "s1")
     for n in range(5):
         await s.turn(f"turn {n}")
-    whole = await read_timeline(store, s.key)
-    tail = await read_timeline(store, s.key, last=2)
+    whole = await read_timeline(s)
+    tail = await read_timeline(s, last=2)
     assert (whole["earlier"], tail["earlier"]) == (0, 3)
     assert tail["seq"] == whole["seq"]
     assert tail["turns"] == whole["turns"][-2:]
     assert [t["result"] for t in tail["turns"]] == ["ok turn 3", "ok turn 4"]
-    assert await read_timeline(store, s.key, last=9) == whole
+    assert await read_timeline(s, last=9) == whole
     transport = httpx.ASGITransport(app=create_app(rt))
     async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as c:
         got = (await c.get("/agents/desk/sessions/s1/timeline?last=1")).json()

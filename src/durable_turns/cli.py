@@ -2,7 +2,9 @@
 
 This is the only module that runs an event loop (``asyncio.run``); everything it starts is a
 coroutine of a lower layer. Exit codes: 0 success, 1 the command ran and failed, 2 bad input
-(argparse's own usage errors included), 130 interrupted.
+(argparse's own usage errors included), 130 interrupted; what a command raises is mapped
+once, by ``errors.ERRORS`` (:func:`_run`). ``durable-turns sessions …`` lives in
+``cli_sessions``.
 """
 
 from __future__ import annotations
@@ -13,12 +15,19 @@ import getpass
 import json
 import os
 import sys
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Sequence
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any
 
 from .agent import Agent, check_surfaces
+from .channels.registry import channel_from_env
+from .cli_sessions import (
+    add_session_commands,
+    retry,
+    session_action,
+    store_from_spec,
+    where,
+)
 from .demo import (
     KILL_POINTS,
     DemoFailure,
@@ -32,25 +41,14 @@ from .demo.approval import ApproveOptions, RefundOptions, run_approve, run_pendi
 from .demo.choice import DEFAULT_ANTHROPIC, ModelChoice, choose_model
 from .demo.refunds import APPROVAL_ID, ORDER_ID
 from .demo.term import make_console
-from .errors import ConfigurationError, DurableTurnsError, StoreError
+from .errors import ConfigurationError, DurableTurnsError, error_kind
 from .loader import load_agent, load_app, load_callable
-from .messages import Message
 from .models.resolve import resolve_model
-from .models.scripted import scripted
-from .records import InputRequest, SessionInfo, SessionKey, TurnRecord
+from .records import TurnResult
 from .runtime import Runtime
-from .stores import SessionStore
 from .stores.sqlite import SqliteStore
 
 PROG = "durable-turns"
-LEASE_WAIT = 30.0
-"""How long a ``sessions`` command waits for a process that drives the session."""
-SESSION_ACTIONS = {
-    "list": "list the store's sessions, newest first per agent, with status",
-    "show": "print a session's status, park, turns and transcript",
-    "cancel": "request cancellation of a session's turn (or of every unfinished one)",
-    "reset": "archive a session's history and start it over (F8)",
-}
 SERVE_HELP = """\
 Serve the app folder's agent over HTTP with server-sent events (F12): the routes under
 /agents/AGENT/sessions/ID, described at /openapi.json. Unfinished turns in the store are
@@ -201,24 +199,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     sessions = commands.add_parser(
         "sessions", help="operate on a store's sessions",
-        description="Operate on the sessions of a SQLite store.")
-    session_commands = sessions.add_subparsers(dest="action", metavar="ACTION", required=True)
-    retry = session_commands.add_parser(
-        "retry", help="re-open a failed turn where it failed",
-        description="Re-open a failed turn at its failed step: finished steps stay, a failed "
-                    "model call is asked again. With APP_DIR the app's agent drives it to its "
-                    "end here; without, it is queued for the app's next worker "
-                    "(Runtime.recover()).")
-    retry.add_argument("app", nargs="?", type=Path, metavar="APP_DIR",
-                       help="the app folder whose agent drives the turn")
-    retry.add_argument("--db", type=Path, metavar="PATH", required=True,
-                       help="the SQLite file")
-    retry.add_argument("--turn", required=True, metavar="TURN", help="the failed turn's id")
-    retry.add_argument("--session", metavar="AGENT/ID",
-                       help="the turn's session, if two sessions have a turn of that id")
-    retry.add_argument("--model", metavar="PROVIDER:NAME",
-                       help="the model, when the app's agent.py names none")
-    retry.set_defaults(run=_sessions_retry)
+        description="Operate on the sessions of a store: a SQLite file (--db) or PostgreSQL "
+                    "(--store postgresql://…).")
+    add_session_commands(sessions, run_action=_sessions, run_retry=_sessions_retry)
 
     work = commands.add_parser(
         "worker", help="drive an app's queued turns from a shared store, until interrupted",
@@ -241,21 +224,6 @@ def build_parser() -> argparse.ArgumentParser:
                            "to other workers)")
     work.set_defaults(run=_worker)
 
-    for action, summary in SESSION_ACTIONS.items():
-        cmd = session_commands.add_parser(action, help=summary, description=summary + ".")
-        if action != "list":
-            cmd.add_argument("session", metavar="AGENT/ID", type=_session_key,
-                             help="the session, as agent/session")
-        else:
-            cmd.add_argument("--agent", metavar="NAME", help="only this agent's sessions")
-        cmd.add_argument("--db", type=Path, metavar="PATH", required=True,
-                         help="the SQLite file")
-        if action == "cancel":
-            cmd.add_argument("--turn", metavar="TURN",
-                             help="the turn to cancel (default: every unfinished one)")
-            cmd.add_argument("--reason", default="cancelled by request", help="why")
-        cmd.set_defaults(run=_sessions)
-
     serve = commands.add_parser(
         "serve", help="serve an app folder's agent over HTTP/SSE",
         description=SERVE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -270,24 +238,27 @@ def build_parser() -> argparse.ArgumentParser:
                        help="authenticate(request) → the caller's principal (default: "
                             "agent.py's authenticate, if any)")
     serve.add_argument("--port", type=int, default=8000, help="default %(default)s")
-    serve.add_argument("--slack", action="store_true",
-                       help="also serve the Slack channel at /slack/events and /slack/actions "
-                            "(reads SLACK_SIGNING_SECRET and SLACK_BOT_TOKEN; extra 'slack')")
+    serve.add_argument("--channel", action="append", metavar="NAME",
+                       help="also serve this channel (repeatable): 'slack' serves "
+                            "/slack/events and /slack/actions, reading SLACK_SIGNING_SECRET "
+                            "and SLACK_BOT_TOKEN (extra 'slack'); agent.py's channels add "
+                            "more")
+    serve.add_argument("--slack", action="store_true", help="deprecated: --channel slack")
     serve.set_defaults(run=_serve)
 
     receive = commands.add_parser(
         "receive", help="run a turn nobody typed and deliver it to a channel (F9)",
         description="Start a turn from a seed (a system cron, any scheduler), run it to its "
                     "end, and deliver it through the channel; a delivery a crash left owed is "
-                    "made first. The Slack channel reads SLACK_BOT_TOKEN (and "
-                    "SLACK_SIGNING_SECRET, SLACK_API_URL if set). Prints the turn's result "
-                    "as JSON. Exit status: 0 delivered, 1 the turn or the delivery failed, "
-                    "2 bad input.")
+                    "made first. The Slack channel reads SLACK_BOT_TOKEN (and SLACK_API_URL "
+                    "if set). Prints the turn's result as JSON. Exit status: 0 delivered, 1 "
+                    "the turn or the delivery failed, 2 bad input.")
     receive.add_argument("app", type=Path, metavar="APP_DIR", help="the app folder")
-    receive.add_argument("--channel", choices=["slack"], required=True,
-                         help="where to deliver")
+    receive.add_argument("--channel", required=True, metavar="NAME",
+                         help="the channel that delivers: 'slack', or one of agent.py's "
+                              "channels")
     receive.add_argument("--target", required=True, metavar="CHANNEL_ID",
-                         help="the Slack channel id to post in (C…)")
+                         help="where it delivers (Slack: the channel id to post in, C…)")
     receive.add_argument("--seed", required=True, help="the text that opens the turn")
     receive.add_argument("--by", default="system",
                          help="who starts it, e.g. cron:daily (default %(default)s)")
@@ -362,12 +333,16 @@ def _os_user() -> str | None:
         return None
 
 
-def _model(command: str, spec: str | None) -> ModelChoice | int:
-    """The model choice, or the exit code of a clear error."""
+def _model(spec: str | None) -> ModelChoice:
+    """The model choice of ``--model`` (or the environment's).
+
+    Raises:
+        ConfigurationError: an unusable ``--model``, said as such.
+    """
     try:
         return choose_model(spec, os.environ)
     except ConfigurationError as e:
-        return _fail(command, f"--model: {e}", 2)
+        raise ConfigurationError(f"--model: {e}") from None
 
 
 def _fail(command: str, message: str, code: int) -> int:
@@ -376,17 +351,44 @@ def _fail(command: str, message: str, code: int) -> int:
     return code
 
 
-def _demo(args: argparse.Namespace) -> int:
-    model = _model("demo", args.model)
-    if isinstance(model, int):
-        return model
-    opts = DemoOptions(db=args.db, keep=args.keep, kill_at=args.kill_at, model=model)
+_DEMO_ERRORS: tuple[tuple[type[Exception], int], ...] = ((DemoInputError, 2), (DemoFailure, 1))
+"""The demo's own exceptions, before ``errors.ERRORS``: its messages are the whole story."""
+
+
+def _run(command: str, work: Callable[[], int], *, timed_out: str = "timed out",
+         unknown: Callable[[Exception], str] | None = None) -> int:
+    """Run a command and answer what it raises: an exception of ``errors.ERRORS`` (or the
+    demo's) becomes ``PROG COMMAND: error: …`` and its exit status; a failure of the
+    command itself (exit 1) names its type. Anything else is ``unknown``'s message with exit
+    1, or, without ``unknown``, a bug that shows its traceback.
+
+    Args:
+        timed_out: the message of a ``TimeoutError`` that has none.
+    """
     try:
+        return work()
+    except Exception as e:
+        for cls, code in _DEMO_ERRORS:
+            if isinstance(e, cls):
+                return _fail(command, str(e), code)
+        kind = error_kind(e)
+        if kind is None:
+            if unknown is None:
+                raise
+            return _fail(command, unknown(e), 1)
+        message = str(e) or (timed_out if isinstance(e, TimeoutError) else type(e).__name__)
+        if kind.exit_code == 1 and isinstance(e, DurableTurnsError):
+            message = f"{type(e).__name__}: {e}"
+        return _fail(command, message, kind.exit_code)
+
+
+def _demo(args: argparse.Namespace) -> int:
+    def work() -> int:
+        opts = DemoOptions(db=args.db, keep=args.keep, kill_at=args.kill_at,
+                           model=_model(args.model))
         return asyncio.run(run_demo(opts, make_console()))
-    except DemoInputError as e:
-        return _fail("demo", str(e), 2)
-    except DemoFailure as e:
-        return _fail("demo", str(e), 1)
+
+    return _run("demo", work)
 
 
 def _demo_worker(args: argparse.Namespace) -> int:
@@ -395,106 +397,52 @@ def _demo_worker(args: argparse.Namespace) -> int:
     opts = WorkerOptions(db=args.db, session=args.session, turn_id=args.turn,
                          delivery=args.delivery, kill_at=args.kill_at,
                          control_fd=args.control_fd, model=args.model)
-    try:
-        return asyncio.run(run_worker(opts, make_console()))
-    except StoreError as e:
-        return _fail("demo-worker", str(e), 2)
-    except TimeoutError:
-        return _fail("demo-worker", f"turn {args.turn} did not end in time", 1)
-    except DurableTurnsError as e:
-        return _fail("demo-worker", f"{type(e).__name__}: {e}", 1)
+    return _run("demo-worker", lambda: asyncio.run(run_worker(opts, make_console())),
+                timed_out=f"turn {args.turn} did not end in time")
 
 
 def _refund(args: argparse.Namespace) -> int:
     user = args.user or _os_user()
     if user is None:
         return _fail("refund", "who is asking? $USER is not set: pass --user", 2)
-    model = _model("refund", args.model)
-    if isinstance(model, int):
-        return model
-    opts = RefundOptions(db=args.db, order_id=args.order, amount=args.amount, user=user,
-                         approver=args.approver, session=args.session, model=model)
-    return _run_approval("refund", run_refund(opts, make_console()))
+
+    def work() -> int:
+        opts = RefundOptions(db=args.db, order_id=args.order, amount=args.amount, user=user,
+                             approver=args.approver, session=args.session,
+                             model=_model(args.model))
+        return asyncio.run(run_refund(opts, make_console()))
+
+    return _run("refund", work, timed_out="the turn did not end in time")
 
 
 def _approve(args: argparse.Namespace) -> int:
     by = args.by or _os_user()
     if by is None:
         return _fail("approve", "who is answering? $USER is not set: pass --by", 2)
-    model = _model("approve", args.model)
-    if isinstance(model, int):
-        return model
-    opts = ApproveOptions(db=args.db, turn_id=args.turn, input_id=args.input,
-                          approve=not args.deny, by=by, session=args.session, model=model)
-    return _run_approval("approve", run_approve(opts, make_console()))
+
+    def work() -> int:
+        opts = ApproveOptions(db=args.db, turn_id=args.turn, input_id=args.input,
+                              approve=not args.deny, by=by, session=args.session,
+                              model=_model(args.model))
+        return asyncio.run(run_approve(opts, make_console()))
+
+    return _run("approve", work, timed_out="the turn did not end in time")
 
 
 def _pending(args: argparse.Namespace) -> int:
-    return _run_approval("pending", run_pending(args.db, make_console()))
+    return _run("pending", lambda: asyncio.run(run_pending(args.db, make_console())))
 
 
-def _run_approval(command: str, work: Coroutine[Any, Any, int]) -> int:
-    try:
-        return asyncio.run(work)
-    except (DemoInputError, StoreError, ConfigurationError) as e:
-        return _fail(command, str(e), 2)
-    except TimeoutError:
-        return _fail(command, "the turn did not end in time", 1)
-    except (DemoFailure, DurableTurnsError) as e:
-        return _fail(command, f"{type(e).__name__}: {e}", 1)
+def _sessions(args: argparse.Namespace) -> int:
+    return _run(f"sessions {args.action}", lambda: asyncio.run(session_action(args)))
 
 
 def _sessions_retry(args: argparse.Namespace) -> int:
-    if not args.db.exists():
-        return _fail("sessions retry", f"{args.db} does not exist", 2)
-    try:
-        return asyncio.run(_retry(args))
-    except (StoreError, ConfigurationError, LookupError) as e:
-        return _fail("sessions retry", str(e), 2)
-    except DurableTurnsError as e:
-        return _fail("sessions retry", f"{type(e).__name__}: {e}", 1)
-
-
-async def _retry(args: argparse.Namespace) -> int:
-    store = SqliteStore(args.db)
-    await store.open()
-    try:
-        keys = await store.find_sessions(turn_id=args.turn)
-    finally:
-        await store.close()
-    if args.session:
-        keys = [k for k in keys if str(k) == args.session]
-    if not keys:
-        raise LookupError(f"no session of {args.db} has a turn {args.turn!r}")
-    if len(keys) > 1:
-        raise LookupError(f"turn {args.turn!r} is in {len(keys)} sessions "
-                          f"({', '.join(map(str, keys))}); name one with --session AGENT/ID")
-    (key,) = keys
-    agent = load_agent(args.app) if args.app else Agent(key.agent)
-    if agent.name != key.agent:
-        raise ConfigurationError(f"{args.app} is agent {agent.name!r}; the turn is {key}'s")
-    model = resolve_model(args.model) if args.model else None
-    if args.app and agent.model is None and model is None:
-        raise ConfigurationError(f"{args.app}'s agent.py names no model: pass --model")
-    async with Runtime([agent], SqliteStore(args.db), model, drive=args.app is not None) as rt:
-        session = rt.session(key.agent, key.session)
-        await session.retry(args.turn)
-        if args.app is None:
-            print(f"turn {args.turn} of {key} re-opened; the app's next worker drives it "
-                  "(Runtime.recover())")
-            return 0
-        result = await session.result(args.turn)
-    print(f"turn {args.turn} of {key}: {result.status}"
-          + (f": {result.text}" if result.text else "")
-          + (f": {result.error}" if result.error else ""))
-    return 0 if result.status == "completed" else 1
+    return _run("sessions retry", lambda: asyncio.run(retry(args)))
 
 
 def _worker(args: argparse.Namespace) -> int:
-    try:
-        return asyncio.run(_work(args))
-    except (StoreError, ConfigurationError, ValueError) as e:
-        return _fail("worker", str(e), 2)
+    return _run("worker", lambda: asyncio.run(_work(args)))
 
 
 async def _work(args: argparse.Namespace) -> int:
@@ -502,211 +450,117 @@ async def _work(args: argparse.Namespace) -> int:
     model = resolve_model(args.model) if args.model else None
     if agent.model is None and model is None:
         raise ConfigurationError(f"{args.app}'s agent.py names no model: pass --model")
-    store = _store(args.store, lease_ttl=args.lease_ttl)
+    store = store_from_spec(args.store, lease_ttl=args.lease_ttl)
     async with Runtime([agent], store, model) as rt:
-        where = args.store if isinstance(store, SqliteStore) else repr(store)  # no password
-        print(f"worker of agent {agent.name!r} on {where}: driving queued turns", flush=True)
+        print(f"worker of agent {agent.name!r} on {where(args.store, store)}: driving queued "
+              "turns", flush=True)
         await rt.work(poll_interval=args.poll_interval, max_sessions=args.max_sessions)
     return 0
-
-
-def _store(spec: str, *, lease_ttl: float = 15.0) -> SessionStore:
-    """A URL or a libpq "key=value" string: PostgreSQL. Anything else is a SQLite file."""
-    if spec.startswith(("postgresql://", "postgres://")) or "=" in spec:
-        from .stores.postgres import PostgresStore  # psycopg loads only when asked for
-
-        return PostgresStore(spec, lease_ttl=lease_ttl)
-    return SqliteStore(spec)
 
 
 DEV_MODE_HINT = ("to authenticate callers, define authenticate(request) in the app folder's "
                  "agent.py or pass --auth MODULE:FUNCTION")
 
 
-def _session_key(text: str) -> tuple[str, str]:
-    agent, sep, session = text.partition("/")
-    if not sep or not agent or not session:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected AGENT/ID")
-    return agent, session
-
-
 def _serve(args: argparse.Namespace) -> int:
+    return _run("serve", lambda: _serving(args))
+
+
+def _serving(args: argparse.Namespace) -> int:
     from .server import is_loopback
     from .server.run import loop_factory, serve  # uvicorn and Starlette: this command only
 
-    try:
-        app = load_app(args.app)
-        authenticate = load_callable(args.auth) if args.auth else app.authenticate
-        if authenticate is None and not is_loopback(args.host):
-            raise ConfigurationError(
-                f"development mode (no authentication) serves loopback only, not "
-                f"{args.host!r}: {DEV_MODE_HINT}")
-        agent, runtime = _app_runtime(args, app.agent)
+    if args.slack:
+        print(f"{PROG} serve: --slack is deprecated; use --channel slack", file=sys.stderr)
+    app = load_app(args.app)
+    authenticate = load_callable(args.auth) if args.auth else app.authenticate
+    if authenticate is None and not is_loopback(args.host):
+        raise ConfigurationError(
+            f"development mode (no authentication) serves loopback only, not "
+            f"{args.host!r}: {DEV_MODE_HINT}")
+    names = [*(args.channel or []), *(["slack"] if args.slack else [])]
+    channels = [channel_from_env(n, factories=app.channels) for n in dict.fromkeys(names)]
+    agent, runtime, where_ = _app_runtime(args, app.agent)
+    drives = "" if args.drive else "; not driving: 'durable-turns worker' processes do"
+    auth = (f"authentication: {args.auth or f'{args.app}/agent.py:authenticate'}"
+            if authenticate is not None else
+            f"development mode: 'by' comes from request bodies; {DEV_MODE_HINT}")
 
-        where = args.db if args.store is None else (
-            args.store if isinstance(runtime.store, SqliteStore) else repr(runtime.store))
-        drives = "" if args.drive else "; not driving: 'durable-turns worker' processes do"
+    def ready(url: str) -> None:
+        print(f"serving agent {agent.name!r} at {url}/agents/{agent.name}/sessions "
+              f"(store {where_}{drives}); SIGTERM or Ctrl-C stops", flush=True)
+        print(auth, flush=True)
 
-        auth = (f"authentication: {args.auth or f'{args.app}/agent.py:authenticate'}"
-                if authenticate is not None else
-                f"development mode: 'by' comes from request bodies; {DEV_MODE_HINT}")
-
-        def ready(url: str) -> None:
-            print(f"serving agent {agent.name!r} at {url}/agents/{agent.name}/sessions "
-                  f"(store {where}{drives}); SIGTERM or Ctrl-C stops", flush=True)
-            print(auth, flush=True)
-
-        channels = [_slack_from_env()] if args.slack else []
-        with asyncio.Runner(loop_factory=loop_factory()) as runner:  # uvloop, as uvicorn
-            runner.run(serve(runtime, host=args.host, port=args.port, on_ready=ready,
-                             authenticate=authenticate, channels=channels))
-    except (StoreError, ConfigurationError) as e:
-        return _fail("serve", str(e), 2)
+    with asyncio.Runner(loop_factory=loop_factory()) as runner:  # uvloop, as uvicorn
+        runner.run(serve(runtime, host=args.host, port=args.port, on_ready=ready,
+                         authenticate=authenticate, channels=channels))
     return 0
 
 
-def _slack_from_env(*, need_secret: bool = True) -> Any:
-    try:
-        from .channels.slack import slack_channel
-    except ImportError as e:
-        raise ConfigurationError(str(e)) from None
-    token = os.environ.get("SLACK_BOT_TOKEN")
-    secret = os.environ.get("SLACK_SIGNING_SECRET") or ("" if need_secret else "unused")
-    if not token or not secret:
-        raise ConfigurationError("the Slack channel needs SLACK_BOT_TOKEN and "
-                                 "SLACK_SIGNING_SECRET in the environment")
-    return slack_channel(signing_secret=secret, bot_token=token,
-                         base_url=os.environ.get("SLACK_API_URL") or None)
-
-
 def _receive(args: argparse.Namespace) -> int:
+    return _run("receive", lambda: _receiving(args), unknown=lambda e: (
+        f"the delivery failed ({type(e).__name__}: {e}); run the same command again (with "
+        "--turn-id) to deliver it"))
+
+
+def _receiving(args: argparse.Namespace) -> int:
     from .channels import mount_agent, receive, recover_deliveries
     from .inbound import Trigger
 
-    try:
-        slack = _slack_from_env(need_secret=False)
-        agent, runtime = _app_runtime(args)
-        check_surfaces(agent, [slack.name])
+    app = load_app(args.app)
+    channel = channel_from_env(args.channel, factories=app.channels)
+    agent, runtime, _where = _app_runtime(args, app.agent)
+    check_surfaces(agent, [channel.name])
 
-        async def run() -> dict[str, Any]:
-            async with runtime:
-                await runtime.recover()
-                ctx = mount_agent(agent, runtime)
-                await recover_deliveries(slack, ctx)
-                result = await receive(
-                    slack, ctx, seed=args.seed, target={"channel_id": args.target},
-                    trigger=Trigger(kind=args.kind, by=args.by), session=args.session,
-                    turn_id=args.turn_id)
-                return {"turn_id": result.turn_id, "status": str(result.status),
-                        "text": result.text, "error": result.error}
+    async def run() -> TurnResult:
+        async with runtime:
+            await runtime.recover()
+            ctx = mount_agent(agent, runtime)
+            await recover_deliveries(channel, ctx)
+            return await receive(
+                channel, ctx, seed=args.seed, target={"channel_id": args.target},
+                trigger=Trigger(kind=args.kind, by=args.by), session=args.session,
+                turn_id=args.turn_id)
 
-        out = asyncio.run(run())
-    except (StoreError, ConfigurationError, ValueError) as e:
-        return _fail("receive", str(e), 2)
-    except Exception as e:
-        return _fail("receive", f"the delivery failed ({type(e).__name__}: {e}); run the "
-                                "same command again (with --turn-id) to deliver it", 1)
-    print(json.dumps(out), flush=True)
-    return 0 if out["status"] in ("completed", "suspended") else 1
+    result = asyncio.run(run())
+    print(json.dumps(result.to_dict()), flush=True)
+    return 0 if result.status in ("completed", "suspended") else 1
 
 
 def _app_runtime(args: argparse.Namespace,
-                 agent: Agent | None = None) -> tuple[Agent, Runtime]:
+                 agent: Agent | None = None) -> tuple[Agent, Runtime, str]:
+    """The app's agent, a runtime on ``--db`` or ``--store``, and how to name the store."""
     agent = agent or load_agent(args.app)
     model = resolve_model(args.model) if args.model else None
     if agent.model is None and model is None:
         raise ConfigurationError(f"{args.app}'s agent.py names no model: pass --model")
     spec = getattr(args, "store", None)
-    store = _store(spec) if spec else SqliteStore(args.db)
-    return agent, Runtime([agent], store, model, drive=getattr(args, "drive", True))
+    store = store_from_spec(spec) if spec else SqliteStore(args.db)
+    runtime = Runtime([agent], store, model, drive=getattr(args, "drive", True))
+    return agent, runtime, where(spec, store) if spec else str(args.db)
 
 
 def _chat(args: argparse.Namespace) -> int:
-    from .channels import mount_agent
-    from .channels.repl import SOURCE, chat
-
     user = args.user or _os_user()
     if user is None:
         return _fail("chat", "who is typing? $USER is not set: pass --user", 2)
-    try:
-        agent, runtime = _app_runtime(args)
-        check_surfaces(agent, [SOURCE])
+    return _run("chat", lambda: _chatting(args, user))
 
-        async def run() -> None:
-            async with runtime:
-                await runtime.recover()
-                await chat(mount_agent(agent, runtime), session=args.session, user=user)
 
-        asyncio.run(run())
-    except (StoreError, ConfigurationError) as e:
-        return _fail("chat", str(e), 2)
+def _chatting(args: argparse.Namespace, user: str) -> int:
+    from .channels import mount_agent
+    from .channels.repl import SOURCE, chat
+
+    agent, runtime, _where = _app_runtime(args)
+    check_surfaces(agent, [SOURCE])
+
+    async def run() -> None:
+        async with runtime:
+            await runtime.recover()
+            await chat(mount_agent(agent, runtime), session=args.session, user=user)
+
+    asyncio.run(run())
     return 0
-
-
-def _sessions(args: argparse.Namespace) -> int:
-    if not args.db.exists():
-        return _fail(f"sessions {args.action}", f"{args.db} does not exist", 2)
-    try:
-        return asyncio.run(_session_action(args))
-    except (StoreError, ConfigurationError, LookupError, ValueError) as e:
-        return _fail(f"sessions {args.action}", str(e), 2)
-    except DurableTurnsError as e:
-        return _fail(f"sessions {args.action}", f"{type(e).__name__}: {e}", 1)
-
-
-async def _session_action(args: argparse.Namespace) -> int:
-    if args.action == "list":
-        store = SqliteStore(args.db)
-        await store.open()
-        try:
-            agents = [args.agent] if args.agent else sorted(
-                {k.agent for k in await store.find_sessions()})
-            for name in agents:
-                for key in await store.list_sessions(name):
-                    info = await store.session_info(key)
-                    print(f"{key}\t{info.status if info else 'new'}\t"
-                          f"generation {info.generation if info else 0}")
-        finally:
-            await store.close()
-        return 0
-    agent, session_id = args.session
-    # A reset runs on the session's chain, so this runtime drives it; the model is never
-    # asked (the turns the reset cancels stop before their next model call).
-    rt = Runtime([Agent(agent)], SqliteStore(args.db), scripted([]), lease_timeout=LEASE_WAIT)
-    async with rt:
-        session = rt.session(agent, session_id)
-        if await rt.store.session_info(session.key) is None:
-            raise LookupError(f"{args.db} has no session {session.key}")
-        if args.action == "cancel":
-            ids = await session.cancel(args.turn, reason=args.reason)
-            print(f"cancel requested for {', '.join(ids)}" if ids else "no unfinished turn")
-        elif args.action == "reset":
-            done = await session.reset()
-            print(f"{session.key} reset: history archived as {done.previous_session}, "
-                  f"generation {done.generation}")
-        else:
-            _show(session.key, await rt.store.session_info(session.key),
-                  await session.pending(), await rt.store.turns(session.key),
-                  await session.transcript())
-        await rt.idle()
-    return 0
-
-
-def _show(key: SessionKey, info: SessionInfo | None, pending: InputRequest | None,
-          turns: list[TurnRecord], transcript: list[Message]) -> None:
-    print(f"{key}: {info.status if info else 'new'}, generation "
-          f"{info.generation if info else 0}")
-    if pending is not None:
-        print(f"parked: turn {pending.turn_id} waits for input {pending.id!r}: "
-              f"{pending.prompt}")
-    for t in turns:
-        if t.kind == "turn":
-            print(f"turn {t.turn_id}: {t.status}"
-                  + "".join(f" — {v}" for v in (t.text, t.error, t.reason) if v))
-    for m in transcript:
-        calls = ", ".join(f"{c.name}({json.dumps(c.input)})" for c in m.tool_calls)
-        body = m.text or calls or json.dumps(m.result)
-        print(f"  {m.role:<9} {body}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -23,9 +23,15 @@ Failures (subclasses of ``Exception``, names ending in ``Error``)::
 
 Control-flow signals (subclasses of ``BaseException``, so a tool's ``except Exception``
 cannot swallow them): :class:`Parked` and :class:`Cancelled`.
+
+How hosts answer them is one table, :data:`ERRORS` (looked up with :func:`error_kind`): the
+HTTP status the server answers with and the exit status of the command line, for these and
+for the builtins hosts meet (``ValueError``, ``LookupError``, ``TimeoutError``).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 
 class DurableTurnsError(Exception):
@@ -264,3 +270,55 @@ class Cancelled(BaseException):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+# -- how hosts answer them -------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class ErrorKind:
+    """How a host answers one kind of exception."""
+
+    status: int
+    """The HTTP status. A 5xx is answered without the exception's message (it may name a
+    database or a file); the error goes to the server's log."""
+    exit_code: int
+    """The command line's exit status: 2 bad input (what the caller gave must change), 1 the
+    command ran and failed."""
+
+
+ERRORS: tuple[tuple[type[BaseException], ErrorKind], ...] = (
+    (InvalidInputError, ErrorKind(422, 2)),
+    (UnknownAgentError, ErrorKind(404, 2)),
+    (UnknownTurnError, ErrorKind(404, 2)),
+    (ResumeAuthorizationError, ErrorKind(403, 2)),
+    (ResumeConflictError, ErrorKind(409, 2)),
+    (SessionBusyError, ErrorKind(409, 1)),
+    (TurnConflictError, ErrorKind(409, 1)),
+    (TurnSuspendedError, ErrorKind(409, 1)),
+    (StoreError, ErrorKind(503, 2)),
+    (LeaseTimeoutError, ErrorKind(503, 1)),
+    (ConfigurationError, ErrorKind(500, 2)),
+    (TimeoutError, ErrorKind(504, 1)),
+    (LookupError, ErrorKind(404, 2)),
+    (ValueError, ErrorKind(400, 2)),
+    (DurableTurnsError, ErrorKind(500, 1)),
+)
+"""Each exception class hosts answer, with its :class:`ErrorKind`; a subclass comes before
+its bases (``InvalidInputError`` is a ``ValueError``, ``UnknownTurnError`` a
+``LookupError``), so the first entry that matches is the one."""
+
+
+def error_kind(exc: BaseException) -> ErrorKind | None:
+    """How hosts answer ``exc``: the first entry of :data:`ERRORS` it is an instance of.
+
+    Args:
+        exc: the exception a request or a command raised.
+
+    Returns:
+        Its kind, or ``None`` for an exception the table does not know (a bug, or a
+        foreign failure such as an SDK's): the server answers 500, the CLI lets it show.
+    """
+    for cls, kind in ERRORS:
+        if isinstance(exc, cls):
+            return kind
+    return None

@@ -85,8 +85,9 @@ LAYERS: tuple[Layer, ...] = (
     ),
     Layer(
         "composition",
-        "the CLI (the only asyncio.run), the package's re-exports, this table",
-        ("cli", "__init__", "layers"),
+        "the CLI (the only asyncio.run) and its sessions commands, the package's "
+        "re-exports, this table",
+        ("cli", "cli_sessions", "__init__", "layers"),
     ),
 )
 """Bottom first: a module may import from its own layer and the layers before it."""

@@ -7,8 +7,8 @@
       instructions.slack.md    the overlay for turns whose event source is "slack"
                                (appended; a ``surfaces`` entry in agent.py may change that)
       agent.py                 name, surfaces, authorize_answer, model, mcp_servers,
-                               authenticate (all optional; ``authenticate`` is for
-                               ``serve``, F12)
+                               authenticate, channels (all optional; ``authenticate`` and
+                               ``channels`` are for ``serve`` and ``receive``)
       tools/*.py               one Tool per module: a @tool function or `tool = Tool(…)`
 
 Every mistake is an assembly error (:class:`~durable_turns.errors.ConfigurationError`) that
@@ -20,6 +20,10 @@ a streamable-HTTP URL, an ``mcp.StdioServerParameters``, or a mapping with ``url
 ``command`` (and ``args``, ``env``, ``cwd``) plus :func:`durable_turns.mcp.mcp_tools`'s options
 (``name``, ``prefix``, ``include``, ``timeout``, ``retries``, ``retry_delay``). Their tool lists
 are read when the folder is loaded.
+
+``channels`` in ``agent.py`` maps a channel's name to a factory, ``factory(env) -> Channel``
+(:data:`durable_turns.channels.ChannelFactory`): ``durable-turns serve --channel NAME`` and
+``receive --channel NAME`` find the app's own channels there before the built-in ones.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import importlib
 import importlib.util
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -87,6 +91,9 @@ class App:
     authenticate: Callable[..., Any] | None = None
     """``authenticate(request)`` from agent.py: the caller's principal, or ``None`` to
     refuse (F12); ``None`` when agent.py defines none."""
+    channels: Mapping[str, Callable[..., Any]] = field(default_factory=dict)
+    """agent.py's ``channels``: the app's own channels by name, each a factory
+    ``factory(env) -> Channel`` (``durable_turns.channels.channel_from_env(…, factories=…)``)."""
 
 
 def load_agent(path: str | Path) -> Agent:
@@ -99,7 +106,8 @@ def load_agent(path: str | Path) -> Agent:
 
 
 def load_app(path: str | Path) -> App:
-    """Assemble the app folder ``path``: its agent, and agent.py's ``authenticate``.
+    """Assemble the app folder ``path``: its agent, and agent.py's ``authenticate`` and
+    ``channels``.
 
     Raises:
         ConfigurationError: naming the file that is wrong or missing.
@@ -147,6 +155,11 @@ def load_app(path: str | Path) -> App:
     if authenticate is not None and not callable(authenticate):
         raise ConfigurationError(
             f"{root / 'agent.py'}: authenticate must be a function of the request")
+    channels = settings.get("channels") or {}
+    if not isinstance(channels, Mapping) or not all(
+            isinstance(k, str) and callable(v) for k, v in channels.items()):
+        raise ConfigurationError(f"{root / 'agent.py'}: channels must map names to factories, "
+                                 "factory(env) -> Channel")
     agent = Agent(
         name=settings.get("name") or root.name,
         instructions=base.read_text(),
@@ -155,7 +168,7 @@ def load_app(path: str | Path) -> App:
         surfaces=surfaces,
         authorize_answer=settings.get("authorize_answer"),
     )
-    return App(agent, authenticate)
+    return App(agent, authenticate, dict(channels))
 
 
 def load_callable(spec: str) -> Callable[..., Any]:

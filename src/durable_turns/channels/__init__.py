@@ -1,346 +1,38 @@
-"""Channels: the seam every host of an agent is built on (F12).
+"""Channels: what puts an agent on a platform, and the seam every host is built on.
 
-:func:`mount_agent` gives a :class:`ChannelContext`: start a turn and stream its events to
-where it ends or parks, answer a parked turn and stream what follows, reset a session. The
-HTTP host (``durable_turns.server``) and the chat REPL are thin layers over it; a channel
-never drives a turn itself, so a turn goes on when its stream's reader leaves.
+- :mod:`.contract`: the :class:`Channel` Protocol a platform implements (its routes, its
+  start and stop, its recovery, ``deliver`` for F9) and :class:`Deliverer`, the part
+  ``receive()`` needs.
+- :mod:`.context`: :func:`mount_agent` gives a :class:`ChannelContext` (start a turn and
+  stream it, answer a park, reset a session); the HTTP host and the REPL use it too.
+- :mod:`.delivery`: ``receive()`` runs a turn nobody typed and delivers it (F9), and
+  :func:`recover_deliveries` makes what a crash left owed.
+- :mod:`.threads`: the delivery of turns into chat threads, shared by platforms that have
+  them; a platform implements a few calls (:class:`~.threads.ThreadPlatform`).
+- :mod:`.registry`: channels found by name (:func:`channel_from_env`).
+- :mod:`.slack` (the ``slack`` extra), :mod:`.repl` (``durable-turns chat``).
 
-Built on the runtime's public API only: ``Runtime.subscribe`` (stored events after a cursor,
-then live ones) and the :class:`~durable_turns.AgentSession` façade.
+Importing this package imports no web framework or SDK: a channel's own module does.
 """
 
 from __future__ import annotations
 
-import logging
-import uuid
-from collections.abc import AsyncIterable, AsyncIterator, Mapping
-from typing import Any, Protocol
+from .context import ChannelContext, TurnStream, mount_agent
+from .contract import Channel, Deliverer
+from .delivery import DELIVERED, deliver_owed, receive, recover_deliveries
+from .registry import BUILTIN_CHANNELS, ChannelFactory, channel_from_env
 
-from ..agent import Agent
-from ..errors import ConfigurationError
-from ..events import TurnEvent
-from ..hitl import Grant
-from ..inbound import InboundEvent, Trigger
-from ..records import SessionKey, TurnResult, TurnStatus
-from ..runtime import Runtime
-from ..sessions import AgentSession, ResetResult
-from ..stores import Subscription
-
-__all__ = ["ChannelContext", "Deliverer", "TurnStream", "mount_agent", "receive",
-           "recover_deliveries"]
-
-log = logging.getLogger("durable_turns")
-
-
-class ChannelContext:
-    """One agent mounted on a runtime: what a channel calls to run, answer and reset turns.
-
-    Args:
-        agent: the agent (the runtime must have it, under its name).
-        runtime: the runtime that accepts and drives its turns.
-    """
-
-    def __init__(self, agent: Agent, runtime: Runtime) -> None:
-        if runtime.agents.get(agent.name) is not agent:
-            raise ConfigurationError(
-                f"agent {agent.name!r} is not this runtime's; pass it to Runtime([...]) first")
-        self.agent = agent
-        self.runtime = runtime
-
-    def session(self, session: str) -> AgentSession:
-        """The session ``session`` of this agent.
-
-        Raises:
-            ValueError: an empty session id.
-        """
-        return self.runtime.session(self.agent.name, session)
-
-    async def open_turn(self, text: str, *, session: str, replace: bool = False,
-                        event: InboundEvent | None = None, turn_id: str | None = None,
-                        trigger: Trigger | None = None) -> TurnStream:
-        """Start a turn and return its stream (for a host that must answer an error before
-        it streams). The turn is durable when this returns.
-
-        Raises:
-            SessionBusyError: the session is parked on another turn.
-            TurnConflictError: ``turn_id`` was accepted with other text.
-            ValueError: empty text or session id.
-        """
-        s = self.session(session)
-        sub = self.runtime.subscribe(s.key)
-        try:
-            await sub.ready()
-            started = await s.start(text, turn_id=turn_id, event=event, replace=replace,
-                                    trigger=trigger)
-            if not started.new:
-                sub.close()
-                sub = self.runtime.subscribe(s.key, 0)
-                await sub.ready()
-        except BaseException:
-            sub.close()
-            raise
-        return TurnStream(s, started.turn_id, sub, fresh=started.new)
-
-    async def run_stream(self, text: str, *, session: str, replace: bool = False,
-                         event: InboundEvent | None = None, turn_id: str | None = None,
-                         trigger: Trigger | None = None) -> AsyncIterator[TurnEvent]:
-        """Start a turn and yield its events, ending with its terminal event or
-        ``input.requested``. With ``trigger`` the turn is one nobody typed (F9): its opening
-        message has role ``trigger``, attributed to ``trigger.by``.
-
-        The turn is durable before the first event is yielded, and it runs on when the
-        caller stops reading. A redelivered ``turn_id`` yields the turn's logged events,
-        then live ones, to the same end.
-
-        Raises:
-            SessionBusyError: the session is parked on another turn.
-            TurnConflictError: ``turn_id`` was accepted with other text.
-            ValueError: empty text or session id.
-        """
-        stream = await self.open_turn(text, session=session, replace=replace, event=event,
-                                      turn_id=turn_id, trigger=trigger)
-        async with stream:
-            async for e in stream:
-                yield e
-
-    async def open_resume(self, turn_id: str, input_id: str, value: Any, *, session: str,
-                          by: str | None = None, granted: Grant | None = None) -> TurnStream:
-        """Answer a parked turn and return the stream of what follows (see
-        :meth:`resume_stream`). The answer is stored when this returns."""
-        s = self.session(session)
-        sub = self.runtime.subscribe(s.key)
-        try:
-            await sub.ready()
-            after = sub.cursor or 0
-            await s.resume(turn_id, input_id, value, by=by, granted=granted)
-            found = await s.runtime.store.turns(s.key, turn_id=turn_id)
-            if found and found[0].status.ended:
-                # It may have ended before we subscribed (a repeated answer): then the
-                # stream is its last terminal event.
-                ends = [e for e in await s.events(0)
-                        if e.turn_id == turn_id and e.ends_turn]
-                if ends and ends[-1].seq <= after:
-                    sub.close()
-                    return TurnStream(s, turn_id, None, fresh=True, done=ends[-1])
-        except BaseException:
-            sub.close()
-            raise
-        return TurnStream(s, turn_id, sub, fresh=True)
-
-    async def resume_stream(self, turn_id: str, input_id: str, value: Any, *, session: str,
-                            by: str | None = None,
-                            granted: Grant | None = None) -> AsyncIterator[TurnEvent]:
-        """Answer a parked turn (``AgentSession.resume``) and yield the turn's events from
-        there to its end or its next park.
-
-        The answer is stored before the first event is yielded. The same answer by the same
-        resumer again is one answer: the stream then shows where the turn stands.
-
-        Raises:
-            ResumeConflictError: not parked on that input, or another answer was given.
-            ResumeAuthorizationError: ``by`` may not answer it.
-            InvalidInputError: ``value`` does not fit the request's schema.
-        """
-        stream = await self.open_resume(turn_id, input_id, value, session=session, by=by,
-                                        granted=granted)
-        async with stream:
-            async for e in stream:
-                yield e
-
-    async def reset_session(self, *, session: str) -> ResetResult:
-        """Reset a session (F8): cancel its unfinished turns, archive its history."""
-        return await self.session(session).reset()
-
-
-def mount_agent(agent: Agent, runtime: Runtime) -> ChannelContext:
-    """Mount ``agent`` (one of ``runtime``'s agents) for a channel.
-
-    Raises:
-        ConfigurationError: the runtime does not have this agent.
-    """
-    return ChannelContext(agent, runtime)
-
-
-class TurnStream:
-    """One turn's events, to its end or its park: ``async for event in stream``.
-
-    Close it (or use ``async with``) when done; closing stops the reading, not the turn.
-    """
-
-    def __init__(self, session: AgentSession, turn_id: str, sub: Subscription | None, *,
-                 fresh: bool, done: TurnEvent | None = None) -> None:
-        self.session = session
-        self.turn_id = turn_id
-        """The turn streamed."""
-        self._sub = sub
-        self._fresh = fresh
-        self._done = done
-
-    def __aiter__(self) -> AsyncIterator[TurnEvent]:
-        return self._events()
-
-    async def _events(self) -> AsyncIterator[TurnEvent]:
-        # A fresh subscription starts after everything the turn had done, so its first
-        # terminal event is the end. A replay from the start of the log also holds the turn's
-        # earlier parks: it ends at the last terminal event logged if the turn has ended, else
-        # at the first one after it.
-        if self._done is not None:
-            yield self._done
-            return
-        if self._sub is None:
-            return
-        last_end = -1
-        if not self._fresh:
-            last_end, ended = await _where_it_stands(self.session, self.turn_id)
-            if not ended:
-                last_end += 1  # an earlier park, answered since: not this stream's end
-        async for e in self._sub:
-            if e.turn_id != self.turn_id:
-                continue
-            yield e
-            if e.ends_turn and e.seq >= last_end:
-                return
-
-    def close(self) -> None:
-        if self._sub is not None:
-            self._sub.close()
-
-    async def __aenter__(self) -> TurnStream:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        self.close()
-
-
-async def _where_it_stands(s: AgentSession, turn_id: str) -> tuple[int, bool]:
-    """The seq of the turn's last logged terminal event, and whether the turn has ended; read
-    until both agree (a terminal event may commit between the two reads)."""
-    key: SessionKey = s.key
-    while True:
-        before = _last_end(await s.events(0), turn_id)
-        found = await s.runtime.store.turns(key, turn_id=turn_id)
-        status = found[0].status if found else TurnStatus.QUEUED
-        if _last_end(await s.events(max(before, 0)), turn_id) == -1:
-            return before, status.ended
-
-
-def _last_end(events: list[TurnEvent], turn_id: str) -> int:
-    seqs = [e.seq for e in events if e.turn_id == turn_id and e.ends_turn]
-    return max(seqs, default=-1)
-
-
-# -- F9: turns nobody typed ----------------------------------------------------------------
-
-DELIVERED = "delivered"
-"""The name ``receive()`` keeps its delivery step under, on the turn's chain entry."""
-
-
-class Deliverer(Protocol):
-    """A channel that can render a turn nobody in it started (F9)."""
-
-    name: str
-    """The channel's event source (``"slack"``)."""
-
-    async def deliver(self, target: Mapping[str, Any],
-                      events: AsyncIterable[TurnEvent]) -> Any:
-        """Render one turn's events (to its end or park) at ``target``; returns a JSON-able
-        receipt (stored with the turn). Raising leaves the delivery to be retried."""
-        ...
-
-
-async def receive(channel: Deliverer, ctx: ChannelContext, *, seed: str,
-                  target: Mapping[str, Any], trigger: Trigger | None = None,
-                  session: str | None = None, turn_id: str | None = None) -> TurnResult:
-    """Run a turn nobody typed (a schedule, a webhook) and deliver it through ``channel`` (F9).
-
-    The seed is stored as a ``trigger`` message attributed to ``trigger.by``; the turn runs
-    durably (to its end or its park); then the delivery runs as a step of its own, keyed by
-    the turn and stored with it (name ``"delivered"``): at least once, never twice after it
-    was stored. A crash between the turn's end and the delivery delivers on recovery
-    (:func:`recover_deliveries`, or ``receive`` again with the same ``turn_id``).
-
-    Args:
-        channel: renders the turn (``deliver(target, events)``), e.g. the Slack channel.
-        ctx: the mounted agent (``mount_agent(agent, runtime)``).
-        seed: the text that opens the turn.
-        target: where the channel delivers (Slack: ``{"channel_id": "C…"}``).
-        trigger: who started it (default ``Trigger(kind="proactive", by="system")``).
-        session: the session (default ``"<kind>:<by>"``).
-        turn_id: the turn's id (default: new); a scheduler that may fire twice passes one.
-
-    Returns:
-        The turn's result.
-
-    Raises:
-        ConfigurationError: the channel has no ``deliver()``, or ``ctx`` no ``run_stream``.
-        ValueError: an empty seed.
-        Exception: whatever the channel's ``deliver`` raised (the delivery stays owed).
-    """
-    if not callable(getattr(channel, "deliver", None)):
-        raise ConfigurationError(
-            f"channel {type(channel).__name__} has no deliver(target, events): it cannot "
-            "render a turn nobody in it started")
-    if not callable(getattr(ctx, "run_stream", None)):
-        raise ConfigurationError(f"{type(ctx).__name__} has no run_stream: mount the agent "
-                                 "with mount_agent(agent, runtime)")
-    trigger = trigger or Trigger()
-    name = str(getattr(channel, "name", type(channel).__name__))
-    session = session or f"{trigger.kind}:{trigger.by}"
-    turn_id = turn_id or uuid.uuid4().hex
-    event = InboundEvent(name, None, seed,
-                         meta={"deliver": {"channel": name, "target": dict(target)}})
-    async for _e in ctx.run_stream(seed, session=session, event=event, turn_id=turn_id,
-                                   trigger=trigger):
-        pass
-    s = ctx.session(session)
-    await deliver_owed(channel, s, turn_id)
-    return await s.result(turn_id)
-
-
-async def deliver_owed(channel: Deliverer, s: AgentSession, turn_id: str) -> bool:
-    """Deliver an ended ``receive()`` turn unless its delivery is stored; True if it ran.
-
-    Raises:
-        Exception: whatever ``deliver`` raised (nothing is stored; the delivery stays owed).
-    """
-    store = s.runtime.store
-    found = await store.turns(s.key, turn_id=turn_id)
-    if not found or not found[0].status.ended:
-        return False
-    rec = found[0]
-    target = ((rec.event or {}).get("meta") or {}).get("deliver", {}).get("target")
-    events = [e for e in await store.read_events(s.key, turn_id=turn_id)]
-    ends = [e for e in events if e.ends_turn]
-    if target is None or not ends:
-        return False
-    step = f"{turn_id}@{ends[-1].seq}"  # one delivery per end (a park, then the turn's end)
-    if ((rec.data or {}).get(DELIVERED) or {}).get("step") == step:
-        return False
-
-    async def replay() -> AsyncIterator[TurnEvent]:
-        for e in events:
-            yield e
-
-    receipt = await channel.deliver(target, replay())
-    await store.set_turn_data(s.key, turn_id, DELIVERED, {"step": step, "receipt": receipt})
-    return True
-
-
-async def recover_deliveries(channel: Deliverer, ctx: ChannelContext) -> int:
-    """Deliver every ended ``receive()`` turn of ``ctx``'s agent for ``channel`` whose
-    delivery is not stored (a crash came between the turn's end and its delivery). Returns
-    how many it delivered; a failing one is logged and left owed."""
-    await ctx.runtime.open()
-    store = ctx.runtime.store
-    name = str(getattr(channel, "name", type(channel).__name__))
-    n = 0
-    for key in await store.list_sessions(ctx.agent.name):
-        for t in await store.turns(key):
-            spec = ((t.event or {}).get("meta") or {}).get("deliver") or {}
-            if t.kind != "turn" or spec.get("channel") != name or not t.status.ended:
-                continue
-            try:
-                n += await deliver_owed(channel, ctx.session(key.session), t.turn_id)
-            except Exception:
-                log.exception("delivering turn %s of %s failed; it stays owed", t.turn_id, key)
-    return n
+__all__ = [
+    "BUILTIN_CHANNELS",
+    "DELIVERED",
+    "Channel",
+    "ChannelContext",
+    "ChannelFactory",
+    "Deliverer",
+    "TurnStream",
+    "channel_from_env",
+    "deliver_owed",
+    "mount_agent",
+    "receive",
+    "recover_deliveries",
+]

@@ -13,10 +13,21 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from ..errors import DurableTurnsError, InvalidInputError, ResumeAuthorizationError
-from ..events import TurnEvent
+from ..events import (
+    ActionCompleted,
+    ActionRequested,
+    InputRequested,
+    MessageCompleted,
+    MessageDelta,
+    MessageRetry,
+    TurnCancelled,
+    TurnEvent,
+    TurnFailed,
+    TurnStarted,
+)
 from ..inbound import InboundEvent
 from ..records import InputRequest
-from . import ChannelContext, TurnStream
+from .context import ChannelContext, TurnStream
 
 PROMPT = "you> "
 SOURCE = "cli"
@@ -83,27 +94,26 @@ async def _render(events: AsyncIterator[TurnEvent], out: Write) -> InputRequest 
     open_line = False  # an "agent> " line is being written
     streamed = False
     async for e in events:
-        d = e.to_dict()
         if e.child is not None:  # a subagent's work, nested under the call that runs it
             if open_line:
                 out("\n")
                 open_line = False
-            _nested(e.child.get("agent", "?"), d, out)
-        elif e.type == "turn.started":
+            _nested(e.child.get("agent", "?"), e, out)
+        elif isinstance(e, TurnStarted):
             out("agent> ")
             open_line, streamed = True, False
-        elif e.type == "message.delta":
+        elif isinstance(e, MessageDelta):
             if not open_line:
                 out("agent> ")
                 open_line = True
-            out(d["text"])
+            out(e.text)
             streamed = True
-        elif e.type == "message.retry":
-            out(f"\n  (the model failed, retrying: {d['error']})\nagent> ")
+        elif isinstance(e, MessageRetry):
+            out(f"\n  (the model failed, retrying: {e.error})\nagent> ")
             streamed = False
-        elif e.type == "message.completed":
-            if d["text"] and not streamed:  # replayed, or streamed by another process
-                out(("" if open_line else "agent> ") + d["text"])
+        elif isinstance(e, MessageCompleted):
+            if e.text and not streamed:  # replayed, or streamed by another process
+                out(("" if open_line else "agent> ") + e.text)
                 open_line = True
             if open_line:
                 out("\n")
@@ -112,33 +122,38 @@ async def _render(events: AsyncIterator[TurnEvent], out: Write) -> InputRequest 
             if open_line:
                 out("\n")
                 open_line = False
-            if e.type == "action.requested":
-                call = d["call"]
-                out(f"  → {call['name']} {json.dumps(call['input'])}\n")
-            elif e.type == "action.completed":
-                mark = "✗" if d["error"] else "✓"
-                out(f"  {mark} {d['call']['name']}: {json.dumps(d['result'])[:200]}\n")
-            elif e.type == "input.requested":
-                return InputRequest.from_dict(d["request"])
-            elif e.type == "turn.failed":
-                out(f"! the turn failed: {d['error']}\n")
-            elif e.type == "turn.cancelled":
-                out(f"(turn cancelled: {d['reason']})\n")
+            call = _call_line(e)
+            if call is not None:
+                out(f"  {call}\n")
+            elif isinstance(e, InputRequested):
+                return e.request
+            elif isinstance(e, TurnFailed):
+                out(f"! the turn failed: {e.error}\n")
+            elif isinstance(e, TurnCancelled):
+                out(f"(turn cancelled: {e.reason})\n")
     return None
 
 
-def _nested(agent: str, d: dict[str, Any], out: Write) -> None:
+def _nested(agent: str, e: TurnEvent, out: Write) -> None:
     """One line for a subagent's event (its question is asked as the parent's, after)."""
-    kind = d["type"]
-    if kind == "message.completed" and d["text"]:
-        out(f"    [{agent}] {d['text']}\n")
-    elif kind == "action.requested":
-        out(f"    [{agent}] → {d['call']['name']} {json.dumps(d['call']['input'])}\n")
-    elif kind == "action.completed":
-        mark = "✗" if d["error"] else "✓"
-        out(f"    [{agent}] {mark} {d['call']['name']}: {json.dumps(d['result'])[:200]}\n")
-    elif kind in ("turn.failed", "turn.cancelled"):
-        out(f"    [{agent}] {kind.split('.')[1]}: {d.get('error') or d.get('reason')}\n")
+    call = _call_line(e)
+    if isinstance(e, MessageCompleted) and e.text:
+        out(f"    [{agent}] {e.text}\n")
+    elif call is not None:
+        out(f"    [{agent}] {call}\n")
+    elif isinstance(e, TurnFailed):
+        out(f"    [{agent}] failed: {e.error}\n")
+    elif isinstance(e, TurnCancelled):
+        out(f"    [{agent}] cancelled: {e.reason}\n")
+
+
+def _call_line(e: TurnEvent) -> str | None:
+    """A tool call's line: what it was asked, or what it answered (``None``: no call)."""
+    if isinstance(e, ActionRequested):
+        return f"→ {e.call.name} {json.dumps(e.call.input)}"
+    if isinstance(e, ActionCompleted):
+        return f"{'✗' if e.error else '✓'} {e.call.name}: {json.dumps(e.result)[:200]}"
+    return None
 
 
 def _ask(request: InputRequest, read: Read, out: Write) -> Any:

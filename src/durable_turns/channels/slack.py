@@ -13,14 +13,14 @@ an ``event_id``, and the ``message`` twin of an ``app_mention``, carry the same 
 ts)``, so they are one turn. The turn is durable before the request is acknowledged; the
 reply is delivered in the background.
 
-Outbound, each turn's reply streams into the thread (``chat.startStream`` /
-``appendStream`` / ``stopStream``, the tool timeline as ``task_update`` chunks; rendered by
-``slack_thread.ThreadReply``). What was
-delivered is stored on the turn's chain entry (``SessionStore.set_turn_data``, name
-``"slack"``): the stream's message ts, the event seq delivered up to, the approval prompts
-posted. After a restart a half-streamed reply is finished with ``chat.update``, and a click
-on a prompt posted before the restart resumes the turn (the button carries the routing; the
-clicker's id comes from the signed payload).
+Outbound, each turn's reply streams into the thread: the delivery is
+:mod:`durable_turns.channels.threads`' (shared by platforms with threads), the Slack calls
+``slack_thread.SlackThreads`` (``chat.startStream`` / ``appendStream`` / ``stopStream``, the
+tool timeline as ``task_update`` chunks). What was delivered is stored on the turn's chain
+entry (``AgentSession.set_turn_data``, name ``"slack"``): the stream's message ts, the event
+seq delivered up to, the approval prompts posted. After a restart a half-streamed reply is
+finished with ``chat.update``, and a click on a prompt posted before the restart resumes the
+turn (the button carries the routing; the clicker's id comes from the signed payload).
 
 One process should serve ``/slack/*`` (workers that drive turns may be many): deliveries
 are deduplicated within the serving process.
@@ -28,7 +28,6 @@ are deduplicated within the serving process.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import re
@@ -59,32 +58,19 @@ from ..errors import (
     SessionBusyError,
     TurnConflictError,
 )
-from ..events import TurnEvent
+from ..events import InputRequested, TurnEvent
 from ..inbound import InboundEvent
-from ..records import SessionKey
 from ..runtime import Runtime
-from ..sessions import AgentSession
-from ..stores import Subscription
-from . import ChannelContext, deliver_owed, mount_agent, recover_deliveries
-from .slack_thread import (
-    APPROVE,
-    DENY,
-    LIVE,
-    SUPERSEDED,
-    ThreadReply,
-    outcome,
-    prompt_blocks,
-    reply_state,
-    turn_meta,
-)
+from .context import ChannelContext, mount_agent
+from .slack_thread import APPROVE, DENY, SlackThreads, prompt_blocks
+from .threads import STREAM_IDLE, SUPERSEDED, ThreadDeliveries, outcome
 
 log = logging.getLogger("durable_turns.slack")
 
 MAX_BODY = 1 << 20
 """The largest request body read (1 MiB); Slack's are far smaller."""
-STREAM_IDLE = 20.0
-"""Seconds without anything to append after which a reply's stream is stopped (a long tool):
-Slack ends a stream whose appends stop, so the rest of the reply goes in a new one."""
+
+
 def slack_channel(*, signing_secret: str, bot_token: str, agent: str | None = None,
                   replace_in_flight: bool = False, base_url: str | None = None,
                   stream_idle: float = STREAM_IDLE, rate_limit_retries: int = 3,
@@ -114,8 +100,26 @@ def slack_channel(*, signing_secret: str, bot_token: str, agent: str | None = No
                         clock=clock)
 
 
+def slack_from_env(env: Mapping[str, str]) -> SlackChannel:
+    """The Slack channel of ``durable-turns serve --channel slack`` and ``receive``:
+    ``SLACK_BOT_TOKEN``, ``SLACK_SIGNING_SECRET`` (needed to serve Slack's requests, not to
+    deliver) and ``SLACK_API_URL`` (optional) from ``env``.
+
+    Raises:
+        ConfigurationError: no ``SLACK_BOT_TOKEN``.
+    """
+    token = env.get("SLACK_BOT_TOKEN")
+    if not token:
+        raise ConfigurationError("the Slack channel needs SLACK_BOT_TOKEN (and, to serve "
+                                 "Slack's requests, SLACK_SIGNING_SECRET) in the environment")
+    return SlackChannel(env.get("SLACK_SIGNING_SECRET") or None, token, agent=None,
+                        replace_in_flight=False, base_url=env.get("SLACK_API_URL") or None,
+                        stream_idle=STREAM_IDLE, rate_limit_retries=3, clock=None)
+
+
 class SlackChannel:
-    """A Slack app's two request URLs, the thread replies, and ``deliver()`` for F9.
+    """A Slack app's two request URLs, the thread replies, and ``deliver()`` for F9: a
+    :class:`~durable_turns.channels.Channel`.
 
     Make one with :func:`slack_channel`.
     """
@@ -123,38 +127,47 @@ class SlackChannel:
     name = "slack"
     """The event source of its turns (it selects ``surfaces={"slack": …}``, F10)."""
 
-    def __init__(self, signing_secret: str, bot_token: str, *, agent: str | None,
+    def __init__(self, signing_secret: str | None, bot_token: str, *, agent: str | None,
                  replace_in_flight: bool, base_url: str | None, stream_idle: float,
                  rate_limit_retries: int, clock: Any) -> None:
         kw: dict[str, Any] = {} if clock is None else {"clock": clock}
-        self.verifier = SignatureVerifier(signing_secret, **kw)
+        # No secret: a channel that only delivers (receive); mount() refuses to serve.
+        self.verifier = SignatureVerifier(signing_secret, **kw) if signing_secret else None
         self.client = AsyncWebClient(token=bot_token,
                                      base_url=base_url or "https://slack.com/api/")
         self.client.retry_handlers.append(
             AsyncRateLimitErrorRetryHandler(max_retry_count=rate_limit_retries))
         self.agent = agent
         self.replace_in_flight = replace_in_flight
-        self.stream_idle = stream_idle
+        self.threads = ThreadDeliveries(self, SlackThreads(self.client),
+                                        stream_idle=stream_idle, log=log)
+        """The replies this process delivers (one task per turn)."""
         self._ctx: ChannelContext | None = None
-        self._tasks: dict[tuple[SessionKey, str], asyncio.Task[None]] = {}
         self._recovered = False
 
-    # -- mounting --------------------------------------------------------------------------
+    # -- the channel's lifecycle -----------------------------------------------------------
 
     def mount(self, runtime: Runtime) -> list[BaseRoute]:
-        """Bind the channel to ``runtime``'s agent; returns its routes (``create_app`` calls
-        it).
+        """Bind the channel to ``runtime``'s agent; returns its routes, ``POST /slack/events``
+        and ``POST /slack/actions`` (``create_app`` calls it).
 
         Raises:
-            ConfigurationError: ``agent`` is not the runtime's, or none was named and the
-                runtime has more than one.
+            ConfigurationError: no signing secret, ``agent`` is not the runtime's, or none
+                was named and the runtime has more than one.
         """
+        if self.verifier is None:
+            raise ConfigurationError("serving Slack's requests needs its signing secret "
+                                     "(SLACK_SIGNING_SECRET)")
         self._ctx = self.context(runtime)
         return [Route("/slack/events", self.events, methods=["POST"]),
                 Route("/slack/actions", self.actions, methods=["POST"])]
 
     def context(self, runtime: Runtime) -> ChannelContext:
-        """The :class:`ChannelContext` of the agent that answers on ``runtime``."""
+        """The :class:`ChannelContext` of the agent that answers on ``runtime``.
+
+        Raises:
+            ConfigurationError: as :meth:`mount`.
+        """
         name = self.agent
         if name is None:
             if len(runtime.agents) != 1:
@@ -169,38 +182,51 @@ class SlackChannel:
 
     @property
     def ctx(self) -> ChannelContext:
+        """The mounted agent.
+
+        Raises:
+            ConfigurationError: not mounted yet.
+        """
         if self._ctx is None:
             raise ConfigurationError("the Slack channel is not mounted: pass it to "
                                      "create_app(runtime, channels=[slack])")
         return self._ctx
 
+    async def start(self) -> None:
+        """Nothing runs in the background until a turn is delivered: checks it is mounted.
+
+        Raises:
+            ConfigurationError: not mounted.
+        """
+        if self._ctx is None:
+            raise ConfigurationError("the Slack channel starts once mounted: pass it to "
+                                     "create_app(runtime, channels=[slack])")
+
     async def recover(self) -> int:
         """Finish what a stopped process left undelivered: replies of Slack turns (a
         half-streamed one is completed with ``chat.update``) and ``receive()`` turns whose
-        delivery did not happen. Run at start, after ``Runtime.recover()``; the first request
-        runs it too. Returns how many turns it took up."""
+        delivery did not happen. Run at start, after ``Runtime.recover()``; a request that
+        arrives before (an app served without its lifespan) runs it. Returns how many turns
+        it took up; their deliveries go on in the background."""
         self._recovered = True
-        ctx = self.ctx
-        await ctx.runtime.open()
-        store = ctx.runtime.store
-        n = 0
-        for key in await store.list_sessions(ctx.agent.name):
-            if not key.session.startswith("slack:"):
-                continue
-            for t in await store.turns(key):
-                if (t.kind == "turn" and turn_meta(t).get("thread_ts")
-                        and not reply_state(t).get("done")):
-                    self.follow(key, t.turn_id)
-                    n += 1
-        n += await recover_deliveries(self, ctx)
-        return n
+        return await self.threads.recover(self.ctx)
 
-    def _recover_once(self) -> None:
-        # In the background: a request is acknowledged within Slack's 3 s however much a
-        # stopped process left undelivered (recover() failing is logged by _done).
+    async def stop(self) -> None:
+        """Let deliveries finish for a few seconds, then end them (recovery goes on)."""
+        await self.threads.stop()
+
+    async def idle(self) -> None:
+        """Wait until this process delivers nothing (tests, orderly shutdown)."""
+        await self.threads.idle()
+
+    async def _ready(self) -> None:
+        # A request that arrives outside a lifespan (an app driven directly) opens the
+        # runtime as the API routes do, and runs the recovery the lifespan would have, in
+        # the background: Slack wants its answer within 3 s.
+        await self.ctx.runtime.open()
         if not self._recovered:
             self._recovered = True
-            self._spawn(self.recover())
+            self.threads.spawn(self.recover())
 
     # -- inbound: the Events API -----------------------------------------------------------
 
@@ -211,7 +237,8 @@ class SlackChannel:
             if len(raw) > MAX_BODY:
                 return _refuse(413, "the body is too large")
         body = bytes(raw)
-        if not self.verifier.is_valid_request(body, dict(request.headers)):
+        if self.verifier is None or not self.verifier.is_valid_request(body,
+                                                                       dict(request.headers)):
             return _refuse(401, "invalid or stale Slack signature")
         return body
 
@@ -230,14 +257,14 @@ class SlackChannel:
         kind = envelope.get("type")
         if kind == "url_verification":
             return JSONResponse({"challenge": envelope.get("challenge")})
-        self._recover_once()
-        if kind == "event_callback" and isinstance(envelope.get("event"), dict):
-            try:
+        try:
+            await self._ready()
+            if kind == "event_callback" and isinstance(envelope.get("event"), dict):
                 await self._on_event(envelope)
-            except Exception:
-                log.exception("slack: event %s failed", envelope.get("event_id"))
-                # Slack resends it (the turn id dedupes whatever was stored).
-                return _refuse(500, "the event could not be stored; resend it")
+        except Exception:
+            log.exception("slack: event %s failed", envelope.get("event_id"))
+            # Slack resends it (the turn id dedupes whatever was stored).
+            return _refuse(500, "the event could not be stored; resend it")
         return Response(status_code=200)
 
     async def _on_event(self, envelope: dict[str, Any]) -> None:
@@ -253,14 +280,11 @@ class SlackChannel:
         channel, ts, user = str(event.get("channel")), str(event.get("ts")), str(event["user"])
         team = str(event.get("team") or envelope.get("team_id") or "")
         thread = str(event.get("thread_ts") or ts)
-        session = f"slack:{team}:{channel}:{thread}"
-        ctx = self.ctx
-        key = ctx.session(session).key
+        s = self.ctx.session(f"slack:{team}:{channel}:{thread}")
         if event["type"] == "message":
             in_thread = event.get("thread_ts") not in (None, ts)
             is_dm = event.get("channel_type") == "im"
-            if not is_dm and not (in_thread and
-                                  await ctx.runtime.store.session_info(key) is not None):
+            if not is_dm and not (in_thread and (await s.summary()).exists):
                 return  # not a thread the bot is in
         text = _strip_mentions(str(event.get("text") or ""), bots)
         if not text:
@@ -269,29 +293,14 @@ class SlackChannel:
             "slack", {"id": user, "attested": True}, text, raw=envelope,
             meta={"team": team, "channel": channel, "thread_ts": thread, "ts": ts,
                   "event_id": envelope.get("event_id")})
-        turn_id = f"slack:{channel}:{ts}"
-        # Subscribed before the turn starts: its live text is not stored, so a reader that
-        # comes later misses it.
-        sub = ctx.runtime.subscribe(key)
+        # (Once the store keeps an outbox, the turn is accepted with deliver="slack".)
         try:
-            await sub.ready()
-            await ctx.session(session).start(text, turn_id=turn_id, event=inbound,
-                                             replace=self.replace_in_flight)
+            await self.threads.start_turn(s, text, turn_id=f"slack:{channel}:{ts}",
+                                          event=inbound, replace=self.replace_in_flight)
         except SessionBusyError:
-            sub.close()
-            self._spawn(self._busy_notice(channel, thread, user))
-            return
+            self.threads.spawn(self._busy_notice(channel, thread, user))
         except TurnConflictError:
-            sub.close()
-            return  # the same (channel, ts) stored with other text: one message, one turn
-        except BaseException:
-            sub.close()
-            raise
-        self.follow(key, turn_id, sub)
-
-    async def _deliver_rest(self, s: AgentSession, turn_id: str) -> None:
-        await s.result(turn_id)
-        await deliver_owed(self, s, turn_id)
+            pass  # the same (channel, ts) stored with other text: one message, one turn
 
     async def _busy_notice(self, channel: str, thread: str, user: str) -> None:
         await self.client.chat_postEphemeral(
@@ -316,40 +325,21 @@ class SlackChannel:
             response_url = str(payload["response_url"])
         except (KeyError, IndexError, TypeError, ValueError, UnicodeDecodeError):
             return _refuse(400, "not a durable_turns button click")
-        self._recover_once()
-        prompt = _prompt_text(payload)
-        self._spawn(self._answer(session, turn_id, input_id, answer, clicker, response_url,
-                                 prompt))
-        return Response(status_code=200)
-
-    async def _resume(self, session: str, turn_id: str, input_id: str, answer: bool,
-                      clicker: str, hook: AsyncWebhookClient, prompt: str) -> None:
-        s = self.ctx.session(session)
-        sub = self.ctx.runtime.subscribe(s.key)
         try:
-            await sub.ready()
-            await s.resume(turn_id, input_id, answer, by=clicker)
-            found = await self.ctx.runtime.store.turns(s.key, turn_id=turn_id)
-        except BaseException:
-            sub.close()
-            raise
-        if found and "deliver" in turn_meta(found[0]):
-            # A receive() turn (F9): what follows the answer is delivered the same way.
-            sub.close()
-            self._spawn(self._deliver_rest(s, turn_id))
-        else:
-            self.follow(s.key, turn_id, sub)
-        verdict = f"{'Approved' if answer else 'Denied'} by <@{clicker}>"
-        await hook.send(replace_original=True, text=f"{prompt}\n{verdict}", blocks=[
-            {"type": "section", "text": {"type": "mrkdwn", "text": prompt}},
-            {"type": "context", "elements": [{"type": "mrkdwn", "text": verdict}]},
-        ])
+            await self._ready()
+        except Exception:
+            log.exception("slack: the click on %s of %s could not be taken", input_id, turn_id)
+            return _refuse(500, "the click could not be taken; try again")
+        self.threads.spawn(self._answer(session, turn_id, input_id, answer, clicker,
+                                        response_url, _prompt_text(payload)))
+        return Response(status_code=200)
 
     async def _answer(self, session: str, turn_id: str, input_id: str, answer: bool,
                       clicker: str, response_url: str, prompt: str) -> None:
         hook = AsyncWebhookClient(response_url)
         try:
-            await self._resume(session, turn_id, input_id, answer, clicker, hook, prompt)
+            await self.threads.answer(self.ctx.session(session), turn_id, input_id, answer,
+                                      by=clicker)
         except ResumeAuthorizationError:
             await hook.send(response_type="ephemeral", replace_original=False,
                             text="You can't answer this request; it is for someone else.")
@@ -357,94 +347,12 @@ class SlackChannel:
         except ResumeConflictError as e:
             await hook.send(response_type="ephemeral", replace_original=False,
                             text=f"This request can't take that answer any more: {e}")
-
-    # -- outbound: a turn's reply in its thread --------------------------------------------
-
-    def follow(self, key: SessionKey, turn_id: str, sub: Subscription | None = None) -> None:
-        """Deliver the turn's reply (from where its stored state says) unless this process
-        is delivering it already. ``sub``: a subscription to the session made before the
-        turn was started or resumed (so its live text is seen); closed here if not used."""
-        task = self._tasks.get((key, turn_id))
-        if task is not None and not task.done():
-            if sub is None:
-                return
-            # A click while the reply to the click before is still being written (calls of
-            # a parallel batch that parked at once, F15): follow again once it ends, from
-            # this subscription (made before this answer was stored, so nothing is missed).
-            task = asyncio.get_running_loop().create_task(
-                self._follow_after(task, key, turn_id, sub))
-        else:
-            task = asyncio.get_running_loop().create_task(self._follow(key, turn_id, sub))
-        self._tasks[(key, turn_id)] = task
-        task.add_done_callback(lambda t: self._done(key, turn_id, t))
-
-    async def _follow_after(self, before: asyncio.Task[None], key: SessionKey, turn_id: str,
-                            sub: Subscription) -> None:
-        try:
-            await asyncio.wait({before})
-        except BaseException:
-            sub.close()
-            raise
-        await self._follow(key, turn_id, sub)
-
-    def _done(self, key: SessionKey, turn_id: str, task: asyncio.Task[None]) -> None:
-        if self._tasks.get((key, turn_id)) is task:
-            del self._tasks[(key, turn_id)]
-        if not task.cancelled() and task.exception() is not None:
-            log.error("slack: delivering turn %s of %s failed", turn_id, key,
-                      exc_info=task.exception())
-
-    def _spawn(self, work: Any) -> None:
-        task = asyncio.get_running_loop().create_task(work)
-        key = (SessionKey("_", "_"), str(id(task)))
-        self._tasks[key] = task
-        task.add_done_callback(lambda t: self._done(key[0], key[1], t))
-
-    async def idle(self) -> None:
-        """Wait until this process delivers nothing (tests, orderly shutdown)."""
-        while self._tasks:
-            await asyncio.gather(*list(self._tasks.values()), return_exceptions=True)
-
-    async def _follow(self, key: SessionKey, turn_id: str, sub: Subscription | None) -> None:
-        rt = self.ctx.runtime
-        try:
-            (rec,) = await rt.store.turns(key, turn_id=turn_id) or (None,)
-        except BaseException:
-            if sub is not None:
-                sub.close()
-            raise
-        state = reply_state(rec) if rec is not None else {}
-        if rec is None or state.get("done") or (
-                rec.request is not None and rec.request.id in (state.get("prompts") or {})
-                and (sub is None or rec.status == "suspended")):
-            # Delivered, or parked with its prompt posted (a click follows it again).
-            if sub is not None:
-                sub.close()
             return
-        reply = ThreadReply(self.client, rt.store, key, rec)
-        if sub is None:
-            sub = rt.subscribe(key, reply.seq)
-        events = aiter(sub)
-        waiting: asyncio.Future[TurnEvent] | None = None
-        try:
-            await sub.ready()
-            while True:
-                # Never cancel the pending read (that would end the subscription's
-                # generator): wait on it, and pause the stream when it takes long.
-                waiting = asyncio.ensure_future(anext(events))
-                done, _ = await asyncio.wait({waiting}, timeout=self.stream_idle)
-                if not done:
-                    await reply.pause()
-                e = await waiting
-                waiting = None
-                if e.turn_id != turn_id or (e.type not in LIVE and e.seq <= reply.seq):
-                    continue
-                if await reply.on(e):
-                    return
-        finally:
-            if waiting is not None:
-                waiting.cancel()
-            sub.close()
+        verdict = f"{'Approved' if answer else 'Denied'} by <@{clicker}>"
+        await hook.send(replace_original=True, text=f"{prompt}\n{verdict}", blocks=[
+            {"type": "section", "text": {"type": "mrkdwn", "text": prompt}},
+            {"type": "context", "elements": [{"type": "mrkdwn", "text": verdict}]},
+        ])
 
     # -- F9: deliver a turn nobody in Slack started ----------------------------------------
 
@@ -456,7 +364,7 @@ class SlackChannel:
         prompt with Approve / Deny buttons. Returns ``{"channel", "ts"}`` of the post.
 
         Raises:
-            ValueError: no ``channel_id`` in ``target``.
+            ValueError: no ``channel_id`` in ``target``, or the events hold no end.
             SlackApiError: Slack refused the post (after its 429 retries).
         """
         channel = target.get("channel_id")
@@ -469,16 +377,14 @@ class SlackChannel:
                 last = e
         if last is None:
             raise ValueError("the turn has not ended: nothing to deliver")
-        if last.type == "input.requested":
-            req = last.to_dict()["request"]
-            text, blocks = req["prompt"], prompt_blocks(last.session, last.turn_id, req)
+        kw: dict[str, Any] = {"channel": channel}
+        if isinstance(last, InputRequested):
+            kw.update(text=last.request.prompt,
+                      blocks=prompt_blocks(last.session, last.turn_id, last.request))
         else:
-            text, blocks = outcome(last), None
-        kw: dict[str, Any] = {"channel": channel, "text": text}
+            kw.update(text=outcome(last))
         if thread:
             kw["thread_ts"] = thread
-        if blocks:
-            kw["blocks"] = blocks
         posted = await self.client.chat_postMessage(**kw)
         return {"channel": posted["channel"], "ts": posted["ts"]}
 
@@ -506,4 +412,4 @@ def _refuse(status: int, message: str) -> Response:
                         status_code=status, headers=headers)
 
 
-__all__ = ["APPROVE", "DENY", "SUPERSEDED", "SlackChannel", "slack_channel"]
+__all__ = ["APPROVE", "DENY", "SUPERSEDED", "SlackChannel", "slack_channel", "slack_from_env"]

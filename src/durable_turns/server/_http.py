@@ -17,15 +17,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from ..errors import (
-    InvalidInputError,
-    ResumeAuthorizationError,
-    ResumeConflictError,
-    SessionBusyError,
-    TurnConflictError,
-    UnknownAgentError,
-    UnknownTurnError,
-)
+from ..errors import error_kind
 from ..events import TurnEvent
 
 log = logging.getLogger("durable_turns.server")
@@ -50,27 +42,27 @@ class HttpError(Exception):
         self.message = message
 
 
-_STATUS: list[tuple[type[BaseException], int]] = [
-    (UnknownAgentError, 404),
-    (UnknownTurnError, 404),
-    (ResumeAuthorizationError, 403),
-    (ResumeConflictError, 409),
-    (SessionBusyError, 409),
-    (TurnConflictError, 409),
-    (InvalidInputError, 422),
-    (ValueError, 400),
-]
+_UNAVAILABLE = {
+    503: ("Unavailable", "the service cannot answer now (its store is away, or another "
+                         "process holds the session); retry later"),
+    504: ("Timeout", "the server gave up waiting; retry later"),
+}
+"""What a 5xx says in place of its exception's message (which may name a database)."""
 
 
 def error_response(exc: BaseException) -> JSONResponse:
-    """The JSON answer for ``exc``: its F12 status, or 500 without its details."""
+    """The JSON answer for ``exc``: its status from ``errors.ERRORS``, the message of a 4xx;
+    a 5xx says only what kind of failure it was (the error goes to the log)."""
     if isinstance(exc, HttpError):
         return _error(exc.status, exc.type, exc.message)
-    for cls, status in _STATUS:
-        if isinstance(exc, cls):
-            return _error(status, type(exc).__name__, str(exc))
-    log.error("request failed", exc_info=exc)
-    return _error(500, "InternalError", "the server failed; the error is in its log")
+    kind = error_kind(exc)
+    if kind is not None and kind.status < 500:
+        return _error(kind.status, type(exc).__name__, str(exc))
+    status = kind.status if kind is not None else 500
+    log.error("request failed (%d)", status, exc_info=exc)
+    type_, message = _UNAVAILABLE.get(
+        status, ("InternalError", "the server failed; the error is in its log"))
+    return _error(status, type_, message)
 
 
 def _error(status: int, type_: str, message: str) -> JSONResponse:

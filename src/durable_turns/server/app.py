@@ -7,7 +7,7 @@ when the client that started it leaves.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -18,12 +18,12 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from ..agent import check_surfaces
-from ..channels import ChannelContext, TurnStream, mount_agent
-from ..errors import ResumeAuthorizationError, ResumeConflictError
+from ..channels import Channel, ChannelContext, TurnStream, mount_agent
+from ..errors import ConfigurationError, ResumeAuthorizationError, ResumeConflictError
 from ..events import TurnEvent
 from ..hitl import Grant
 from ..inbound import InboundEvent
-from ..records import TurnRecord, TurnResult
+from ..records import TurnRecord
 from ..runtime import Runtime
 from ..sessions import AgentSession, grant_answer
 from ._http import (
@@ -37,6 +37,7 @@ from ._http import (
 )
 from .console import console_routes
 from .fanout import HEADERS, MAX_BACKLOG, EventStreamApp, FrameCache, Outbox, Pacer, Streams
+from .lifespan import GRACE, host_lifespan
 from .openapi import openapi
 from .timeline import last_activity
 
@@ -90,43 +91,60 @@ BODIES: dict[str, type[BaseModel]] = {
 
 
 def create_app(runtime: Runtime, authenticate: Authenticate | None = None,
-               channels: Iterable[BaseRoute | Any] = (), *, ping: float = PING,
-               max_backlog: int = MAX_BACKLOG) -> Starlette:
+               channels: Sequence[Channel] = (), *, routes: Sequence[BaseRoute] = (),
+               ping: float = PING, max_backlog: int = MAX_BACKLOG,
+               grace: float = GRACE) -> Starlette:
     """The HTTP/SSE host of ``runtime``'s agents (F12), as a Starlette (ASGI) app.
 
+    Its lifespan (run by uvicorn and any ASGI server that runs lifespans) opens the
+    runtime, recovers its unfinished turns (when it drives), starts each channel and runs
+    its ``recover()``; at shutdown it ends the open event streams, gives running turns
+    ``grace`` seconds, stops the channels and closes the runtime. Without a lifespan (the
+    app driven directly, ``httpx.ASGITransport``) the first request opens the runtime, and
+    closing it is the caller's.
+
     Args:
-        runtime: the runtime whose agents it serves (opened on the first request; close it
-            yourself).
+        runtime: the runtime whose agents it serves.
         authenticate: ``authenticate(request)`` (sync or async) → the caller's principal,
             whose ``id`` (key or attribute) is the speaker and the resumer; ``None`` or an
             exception refuses (401). Without it the host is in development mode: ``by``
             comes from the body, and requests that did not arrive on loopback are refused.
-        channels: more routes to serve beside the API: routes, or channels with a
-            ``mount(runtime)`` that returns their routes (the Slack channel's webhooks). A
-            channel checks its own requests (Slack: signatures), not ``authenticate``. A
-            channel's ``name`` is the source of its turns: an agent's policy for a source
-            neither it nor the API (``"http"``) emits is logged as a warning.
+        channels: the platforms it serves beside the API (:class:`~durable_turns.channels.
+            Channel`; their ``mount(runtime)`` gives their routes). A channel checks its own
+            requests (Slack: signatures), not ``authenticate``. A channel's ``name`` is the
+            source of its turns: an agent's policy for a source neither it nor the API
+            (``"http"``) emits is logged as a warning.
+        routes: more Starlette routes to serve beside the API.
         ping: seconds between keep-alive comments on an idle event stream.
         max_backlog: bytes of events a ``GET …/events`` client may leave unread before it
             is cut off (it reconnects with ``Last-Event-ID`` and loses nothing durable).
+        grace: seconds the lifespan's shutdown waits for running turns.
 
     Returns:
-        The app. ``app.state.end_streams()`` ends every open ``GET …/events`` stream:
-        ``serve`` calls it on SIGTERM; under a server of your own, call it when shutting
-        down, or the server's graceful shutdown waits for those clients to leave.
+        The app. ``app.state.end_streams()`` ends every open ``GET …/events`` stream (the
+        lifespan's shutdown and ``serve``'s SIGTERM call it).
+
+    Raises:
+        ConfigurationError: a channel that is no :class:`~durable_turns.channels.Channel`,
+            two with one name, or one that cannot serve this runtime.
     """
-    routes: list[BaseRoute] = []
+    mounted: list[BaseRoute] = []
     sources = {SOURCE}
     for ch in channels:
-        mount = getattr(ch, "mount", None)
-        if callable(mount):
-            routes.extend(mount(runtime))
-            sources.add(str(getattr(ch, "name", type(ch).__name__)))
-        else:
-            routes.append(ch)
+        if not isinstance(ch, Channel):
+            raise ConfigurationError(
+                f"{type(ch).__name__} is not a Channel (name, mount, start, recover, stop, "
+                "deliver); pass plain routes as routes=[…]")
+        if ch.name in sources:
+            raise ConfigurationError(f"two channels (or a channel and the API) named "
+                                     f"{ch.name!r}")
+        mounted.extend(ch.mount(runtime))
+        sources.add(ch.name)
     for agent in runtime.agents.values():
         check_surfaces(agent, sources)
-    return _Host(runtime, authenticate, ping, max_backlog).app(routes)
+    host = _Host(runtime, authenticate, ping, max_backlog)
+    lifespan = host_lifespan(runtime, list(channels), host.streams.end_all, grace=grace)
+    return host.app([*mounted, *routes], lifespan)
 
 
 class _Host:
@@ -144,7 +162,7 @@ class _Host:
         self.mounted: dict[str, ChannelContext] = {
             name: mount_agent(agent, runtime) for name, agent in runtime.agents.items()}
 
-    def app(self, extra: Sequence[BaseRoute]) -> Starlette:
+    def app(self, extra: Sequence[BaseRoute], lifespan: Any) -> Starlette:
         base = "/agents/{agent}/sessions/{session}"
         routes: list[BaseRoute] = [
             Route("/openapi.json", self.openapi, methods=["GET"]),
@@ -160,7 +178,7 @@ class _Host:
             *console_routes(self.rt, self.guard, self.authenticate is None),
             *extra,
         ]
-        app = EventStreamApp(routes=routes, exception_handlers={
+        app = EventStreamApp(routes=routes, lifespan=lifespan, exception_handlers={
             404: self.not_found, 405: self.not_allowed})
         app.state.end_streams = self.streams.end_all
         return app
@@ -208,7 +226,7 @@ class _Host:
 
     async def known_session(self, request: Request) -> AgentSession:
         s = self.session(request)
-        if await self.rt.store.session_info(s.key) is None:
+        if not (await s.summary()).exists:
             raise HttpError(404, "UnknownSession", f"no session {s.key}")
         return s
 
@@ -233,35 +251,29 @@ class _Host:
         agent = request.path_params["agent"]
         self.rt.key(agent, "_")
         out = []
-        for key in await self.rt.store.list_sessions(agent):
-            info = await self.rt.store.session_info(key)
-            out.append({"session": key.session, "status": info.status if info else "new",
-                        "generation": info.generation if info else 0,
-                        "last_activity": await last_activity(self.rt.store, key)})
+        for found in await self.rt.queries.sessions(agent):
+            s = self.rt.session(agent, found.key.session)
+            out.append({"session": found.key.session, "status": found.status,
+                        "generation": found.generation,
+                        "last_activity": await last_activity(s)})
         return JSONResponse({"sessions": out})
 
     async def inbox(self, request: Request) -> Response:
         agent = request.path_params["agent"]
         self.rt.key(agent, "_")
-        out = []
-        for key in await self.rt.store.find_sessions("parked"):
-            if key.agent == agent:
-                pending = await self.rt.session(agent, key.session).pending()
-                if pending is not None:
-                    out.append({"session": key.session, "request": pending.to_dict()})
-        return JSONResponse({"pending": out})
+        return JSONResponse({"pending": [
+            {"session": found.key.session, "request": found.pending.to_dict()}
+            for found in await self.rt.queries.inbox(agent) if found.pending is not None]})
 
     async def show(self, request: Request) -> Response:
-        s = await self.known_session(request)
-        info = await self.rt.store.session_info(s.key)
-        pending = await s.pending()
+        s = self.session(request)
+        found = await s.summary()
+        if not found.exists:
+            raise HttpError(404, "UnknownSession", f"no session {s.key}")
         return JSONResponse({
-            "agent": s.key.agent, "session": s.key.session,
-            "status": info.status if info else "new",
-            "generation": info.generation if info else 0,
+            **found.to_dict(),
             "transcript": [_message(m) for m in await s.transcript()],
-            "pending": pending.to_dict() if pending else None,
-            "turns": [_turn(t) for t in await self.rt.store.turns(s.key) if t.kind == "turn"],
+            "turns": [_turn(t) for t in await s.chain() if t.kind == "turn"],
         })
 
     async def _start(self, request: Request) -> TurnStream:
@@ -286,7 +298,7 @@ class _Host:
             return self.sse(aiter(stream), stream.close, {"X-Turn-Id": stream.turn_id})
         stream.close()
         result = await stream.session.result(stream.turn_id)
-        return JSONResponse(_result(result))
+        return JSONResponse(result.to_dict())
 
     async def resume(self, request: Request) -> Response:
         body = await read_body(request, ResumeBody)
@@ -300,7 +312,7 @@ class _Host:
             return self.sse(aiter(stream), stream.close)
         stream.close()
         result = await s.result(body.turn_id)
-        return JSONResponse(_result(result))
+        return JSONResponse(result.to_dict())
 
     async def _grant(self, s: AgentSession, body: ResumeBody, by: str | None,
                      principal: Any) -> Grant | None:
@@ -377,13 +389,7 @@ def _message(m: Any) -> dict[str, Any]:
 
 
 def _turn(t: TurnRecord) -> dict[str, Any]:
-    return {**_result(t.result), "opening": t.opening.text if t.opening else None}
-
-
-def _result(r: TurnResult) -> dict[str, Any]:
-    return {"turn_id": r.turn_id, "status": str(r.status), "text": r.text,
-            "request": r.request.to_dict() if r.request else None, "error": r.error,
-            "reason": r.reason}
+    return {**t.result.to_dict(), "opening": t.opening.text if t.opening else None}
 
 
 __all__ = ["PING", "create_app"]

@@ -68,14 +68,8 @@ def console_routes(runtime: Runtime, guard: Callable[[Handler], Handler],
         if last is not None and not (last.isascii() and last.isdigit() and int(last) > 0):
             raise HttpError(400, "MalformedQuery", f"last is a number of turns above 0, "
                                                    f"not {last!r}")
-        snapshot = await read_timeline(runtime.store, s.key,
-                                       last=int(last) if last is not None else None)
-        pending = await s.pending()
-        info = await runtime.store.session_info(s.key)
-        return JSONResponse({
-            "agent": s.key.agent, "session": s.key.session,
-            "status": info.status if info else "new", "generation": info.generation if info else 0,
-            "pending": pending.to_dict() if pending else None, **snapshot})
+        snapshot = await read_timeline(s, last=int(last) if last is not None else None)
+        return JSONResponse({**(await s.summary()).to_dict(), **snapshot})
 
     return [
         Route("/", guard(page), methods=["GET"]),

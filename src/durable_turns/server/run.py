@@ -7,19 +7,17 @@ import logging
 import signal
 from collections.abc import Callable, Sequence
 from types import FrameType
-from typing import Any
 
 import uvicorn
 
+from ..channels import Channel
 from ..errors import ConfigurationError
 from ..runtime import Runtime
 from ._http import Authenticate, is_loopback
 from .app import create_app
+from .lifespan import GRACE
 
 log = logging.getLogger("durable_turns.server")
-
-GRACE = 10.0
-"""Seconds a shutdown waits for open streams to close and running turns to end."""
 
 
 def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -55,59 +53,54 @@ class _Server(uvicorn.Server):
 async def serve(runtime: Runtime, *, host: str = "127.0.0.1", port: int = 8000,
                 authenticate: Authenticate | None = None, grace: float = GRACE,
                 on_ready: Callable[[str], None] | None = None,
-                channels: Sequence[Any] = ()) -> None:
-    """Recover the store's unfinished turns, then serve until SIGTERM or SIGINT.
+                channels: Sequence[Channel] = ()) -> None:
+    """Serve ``create_app(runtime, authenticate, channels)`` with uvicorn until SIGTERM or
+    SIGINT.
 
-    On the signal the server stops accepting, closes its event streams, waits up to ``grace``
-    seconds for running turns to end (each step commits or, cut short, is replayed by the
-    next ``recover()``), then closes the runtime.
+    The app's lifespan does the rest: at start it recovers the store's unfinished turns and
+    each channel's undelivered ones; on the signal the server stops accepting, its event
+    streams are closed, running turns get ``grace`` seconds to end (each step commits or,
+    cut short, is replayed by the next ``recover()``), the channels stop and the runtime
+    closes.
 
     Args:
         on_ready: called with the base URL once the server listens.
-        channels: channels to mount (``create_app(channels=…)``); each one's ``recover()``
-            runs after the runtime's, before the server listens (the Slack channel finishes
-            replies a stopped process left undelivered).
+        channels: the channels to serve (``create_app(channels=…)``).
 
     Raises:
         ConfigurationError: no ``authenticate`` (development mode) and ``host`` is not
-            loopback.
+            loopback, or a channel that cannot serve this runtime.
+        StoreError: the store cannot be opened (before the port is bound).
+        Exception: whatever the lifespan's start raised (a channel's ``start``).
     """
     if authenticate is None and not is_loopback(host):
         raise ConfigurationError(
             f"development mode (no authenticate) serves loopback only, not {host!r}: "
             "bind 127.0.0.1, or pass authenticate=… to create_app")
+    app = create_app(runtime, authenticate, channels, grace=grace)
+    # Opened here first, so that a store that cannot be opened is this call's error, before
+    # the port is bound, rather than a line in uvicorn's log (the lifespan's open is then a
+    # no-op).
+    await runtime.open()
     stopped: list[int] = []
     # uvicorn re-raises the signal it caught once it has shut down; these handlers take it,
     # so the runtime closes in order instead of the process dying with the signal.
     previous = {sig: signal.signal(sig, lambda s, _f: stopped.append(s))
                 for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        async with runtime:
-            recovered = await runtime.recover()
-            if recovered:
-                log.warning("recovering %d session(s) with unfinished turns", len(recovered))
-            app = create_app(runtime, authenticate, channels)
-            for ch in channels:
-                if callable(getattr(ch, "recover", None)):
-                    await ch.recover()
-            config = uvicorn.Config(app, host=host, port=port,
-                                    lifespan="off", timeout_graceful_shutdown=int(grace) or 1,
-                                    log_level="info")
-            server = _Server(config, app.state.end_streams, asyncio.get_running_loop())
-            task = asyncio.create_task(server.serve())
-            while not server.started and not task.done():  # uvicorn has no event for it
-                await asyncio.sleep(0.01)
-            if server.started and on_ready is not None:
-                on_ready(f"http://{host}:{port}")
-            await task
-            try:
-                # Not asyncio.wait_for: on Python 3.11 it can swallow a cancellation that
-                # comes as the wait ends.
-                async with asyncio.timeout(grace):
-                    await runtime.idle()
-            except TimeoutError:
-                log.warning("turns still running after %ss; they replay on the next start",
-                            grace)
+        config = uvicorn.Config(app, host=host, port=port, lifespan="on",
+                                timeout_graceful_shutdown=int(grace) or 1, log_level="info")
+        server = _Server(config, app.state.end_streams, asyncio.get_running_loop())
+        task = asyncio.create_task(server.serve())
+        while not server.started and not task.done():  # uvicorn has no event for it
+            await asyncio.sleep(0.01)
+        if server.started and on_ready is not None:
+            on_ready(f"http://{host}:{port}")
+        await task
+        failed = getattr(app.state, "lifespan_error", None)
+        if failed is not None:
+            raise failed
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        await runtime.close()  # a no-op once the lifespan closed it

@@ -8,8 +8,9 @@ commit to its ``message.completed``; a tool row to its ``action.completed`` (or 
 the answer was accepted); a tool that parked runs again, from the answer, as a row of its own.
 
 :func:`timeline` is pure (records in, JSON values out); :func:`read_timeline` reads what it
-needs from a store. The snapshot carries ``seq``, the newest event it saw: a client that
-follows the session's ``/events?after=<seq>`` misses nothing and sees nothing twice.
+needs through the session's :class:`~durable_turns.AgentSession`. The snapshot carries
+``seq``, the newest event it saw: a client that follows the session's
+``/events?after=<seq>`` misses nothing and sees nothing twice.
 """
 
 from __future__ import annotations
@@ -17,10 +18,21 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..events import TurnEvent
+from ..channels.context import turn_events
+from ..events import (
+    ActionCompleted,
+    ActionRequested,
+    InputRequested,
+    MessageCompleted,
+    TurnCancelled,
+    TurnCompleted,
+    TurnEvent,
+    TurnFailed,
+    TurnStarted,
+)
 from ..messages import Message
-from ..records import SessionKey, TurnRecord, TurnStatus
-from ..stores import SessionStore
+from ..records import TurnRecord, TurnStatus
+from ..sessions import AgentSession
 
 Row = dict[str, Any]
 
@@ -42,11 +54,10 @@ def _thinking(m: Message | None) -> list[str]:
     return out
 
 
-def _tool_status(e: TurnEvent) -> str:
-    error = getattr(e, "error", None)
-    if error is not None:
-        return "failed" if str(error).startswith("turn failed:") else "error"
-    if getattr(e, "result", None) == {"cancelled": True}:
+def _tool_status(e: ActionCompleted) -> str:
+    if e.error is not None:
+        return "failed" if e.error.startswith("turn failed:") else "error"
+    if e.result == {"cancelled": True}:
         return "cancelled"
     return "done"
 
@@ -77,17 +88,30 @@ class _Turn:
 
     def apply(self, e: TurnEvent) -> None:
         at = e.at
-        step = getattr(self, "on_" + e.type.replace(".", "_"), None)
-        if step is not None:
-            at = step(e) or at
-        self.blamed = e.type == "action.completed" and _tool_status(e) == "failed"
+        if isinstance(e, TurnStarted):
+            self.on_turn_started(e)
+        elif isinstance(e, MessageCompleted):
+            self.on_message_completed(e)
+        elif isinstance(e, ActionRequested):
+            self.on_action_requested(e)
+        elif isinstance(e, ActionCompleted):
+            self.on_action_completed(e)
+        elif isinstance(e, InputRequested):
+            at = self.on_input_requested(e) or at
+        elif isinstance(e, TurnCompleted):
+            self.on_turn_completed(e)
+        elif isinstance(e, TurnFailed):
+            self.on_turn_failed(e)
+        elif isinstance(e, TurnCancelled):
+            self.on_turn_cancelled(e)
+        self.blamed = isinstance(e, ActionCompleted) and _tool_status(e) == "failed"
         if at is not None and (self.cursor is None or at > self.cursor):
             self.cursor = at
 
-    def on_turn_started(self, e: TurnEvent) -> None:
+    def on_turn_started(self, e: TurnStarted) -> None:
         self.started_at, self.status = e.at, "running"
 
-    def on_message_completed(self, e: Any) -> None:
+    def on_message_completed(self, e: MessageCompleted) -> None:
         n, m = self.assistant[self.models] if self.models < len(self.assistant) else (None, None)
         self.models += 1
         for k, v in e.usage.items():
@@ -100,7 +124,7 @@ class _Turn:
                "stop_reason": e.stop_reason, "usage": dict(e.usage), "thinking": _thinking(m)}
         self.rows.append(row)
 
-    def on_action_requested(self, e: Any) -> None:
+    def on_action_requested(self, e: ActionRequested) -> None:
         n = self.n
         row = {"kind": "tool", "id": f"tool:{n}:{e.call.id}" if n is not None else None,
                "name": e.call.name, "call_id": e.call.id, "input": e.call.input,
@@ -109,7 +133,7 @@ class _Turn:
         self.rows.append(row)
         self.open[e.call.id] = row
 
-    def on_action_completed(self, e: Any) -> None:
+    def on_action_completed(self, e: ActionCompleted) -> None:
         row = self.open.pop(e.call.id, None)
         if row is None:  # it parked before: the run after the answer is a row of its own
             parked = next((r for r in self.rows if r.get("call_id") == e.call.id), None)
@@ -120,7 +144,7 @@ class _Turn:
         row.update(status=_tool_status(e), started_at=self.cursor, ended_at=e.at,
                    result=e.result, error=e.error)
 
-    def on_input_requested(self, e: Any) -> float | None:
+    def on_input_requested(self, e: InputRequested) -> float | None:
         request = e.request
         tool = self.open.pop(request.call_id, None)
         if tool is not None:
@@ -140,17 +164,17 @@ class _Turn:
         self.status = "running"
         return at if isinstance(at, int | float) else None
 
-    def on_turn_completed(self, e: Any) -> None:
+    def on_turn_completed(self, e: TurnCompleted) -> None:
         self.status, self.ended_at, self.text = "completed", e.at, e.text
 
-    def on_turn_failed(self, e: Any) -> None:
+    def on_turn_failed(self, e: TurnFailed) -> None:
         self.status, self.ended_at, self.error = "failed", e.at, e.error
         if not self.blamed:
             # No owed call took the blame: the model step was what failed.
             self.rows.append({"kind": "model", "id": None, "status": "failed",
                               "started_at": self.cursor, "ended_at": e.at, "error": e.error})
 
-    def on_turn_cancelled(self, e: Any) -> None:
+    def on_turn_cancelled(self, e: TurnCancelled) -> None:
         self.status, self.ended_at, self.reason = "cancelled", e.at, e.reason
 
     def _insert_after(self, row: Row, where: Any) -> None:
@@ -222,41 +246,39 @@ def timeline(chain: Sequence[TurnRecord], events: Sequence[TurnEvent],
             "turns": [t.result() for t in turns.values()]}
 
 
-async def read_timeline(store: SessionStore, key: SessionKey, *, last: int | None = None
-                        ) -> dict[str, Any]:
-    """:func:`timeline` of a session (its ``last`` turns only, if given), read from ``store``
-    in the order it needs.
+async def read_timeline(session: AgentSession, *, last: int | None = None) -> dict[str, Any]:
+    """:func:`timeline` of a session (its ``last`` turns only, if given), read in the order
+    it needs.
 
-    With ``last``, only the events from the first of those turns on are read: a console
-    showing the end of a long session does not read all of it.
+    With ``last``, only the events from the first of those turns on are kept: a console
+    showing the end of a long session is sent only that.
     """
     since = None
     events: list[TurnEvent] | None = None
     if last is not None:
-        live = live_turns(await store.turns(key))
+        live = live_turns(await session.chain())
         if len(live) > last:
             first = live[len(live) - last]
             since = first.ordinal
-            head = await store.read_events(key, turn_id=first.turn_id)
+            head = await turn_events(session, first.turn_id)
             if head:  # one read from there on: no event between two reads goes missing
-                events = await store.read_events(key, after_seq=head[0].seq - 1)
+                events = await session.events(head[0].seq - 1)
     if events is None:
-        events = await store.read_events(key)
+        events = await session.events()
     # Read after the events: a turn accepted meanwhile is in the chain with its events.
-    chain = await store.turns(key)
-    transcript = await store.read_messages(key)
+    chain = await session.chain()
+    transcript = await session.transcript()
     return timeline(chain, events, transcript, since=since)
 
 
-async def last_activity(store: SessionStore, key: SessionKey) -> float | None:
+async def last_activity(session: AgentSession) -> float | None:
     """When the session last did something: its latest turn's newest event, or the latest
     answer to a park, whichever is later (``None`` if neither has a time)."""
-    chain = await store.turns(key)
+    chain = await session.chain()
     times: list[float] = []
     latest = next((t for t in reversed(chain) if t.kind == "turn"), None)
     if latest is not None:
-        times += [e.at for e in await store.read_events(key, turn_id=latest.turn_id)
-                  if e.at is not None]
+        times += [e.at for e in await turn_events(session, latest.turn_id) if e.at is not None]
     answer = next((t for t in reversed(chain) if t.kind == "resume"), None)
     if answer is not None and isinstance((answer.args or {}).get("at"), int | float):
         times.append(float((answer.args or {})["at"]))

@@ -1,0 +1,226 @@
+"""``durable-turns sessions …``: list, show, cancel, reset and retry the sessions of a store,
+SQLite or PostgreSQL; and where the command line's stores come from (:func:`store_from_spec`).
+
+Every read goes through ``Runtime.queries`` and :class:`~durable_turns.AgentSession`; the
+commands raise, and ``durable_turns.cli`` turns what they raise into a message and an exit
+status (``errors.ERRORS``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+from .agent import Agent
+from .errors import ConfigurationError
+from .loader import load_agent
+from .messages import Message
+from .models.resolve import resolve_model
+from .models.scripted import scripted
+from .records import SessionSummary, TurnRecord
+from .runtime import Runtime
+from .stores import SessionStore
+from .stores.sqlite import SqliteStore
+
+LEASE_WAIT = 30.0
+"""How long a ``sessions`` command waits for a process that drives the session."""
+SESSION_ACTIONS = {
+    "list": "list the store's sessions, newest first per agent, with status",
+    "show": "print a session's status, park, turns and transcript",
+    "cancel": "request cancellation of a session's turn (or of every unfinished one)",
+    "reset": "archive a session's history and start it over (F8)",
+}
+Command = Callable[[argparse.Namespace], int]
+
+
+def add_session_commands(sessions: argparse.ArgumentParser, *, run_action: Command,
+                         run_retry: Command) -> None:
+    """The subcommands of ``durable-turns sessions``.
+
+    Args:
+        sessions: the ``sessions`` parser.
+        run_action: runs ``list``, ``show``, ``cancel`` and ``reset`` (the CLI's wrapper of
+            :func:`session_action`).
+        run_retry: runs ``retry`` (the CLI's wrapper of :func:`retry`).
+    """
+    commands = sessions.add_subparsers(dest="action", metavar="ACTION", required=True)
+    again = commands.add_parser(
+        "retry", help="re-open a failed turn where it failed",
+        description="Re-open a failed turn at its failed step: finished steps stay, a failed "
+                    "model call is asked again. With APP_DIR the app's agent drives it to its "
+                    "end here; without, it is queued for the app's next worker "
+                    "(Runtime.recover()).")
+    again.add_argument("app", nargs="?", type=Path, metavar="APP_DIR",
+                       help="the app folder whose agent drives the turn")
+    _store_options(again)
+    again.add_argument("--turn", required=True, metavar="TURN", help="the failed turn's id")
+    again.add_argument("--session", metavar="AGENT/ID",
+                       help="the turn's session, if two sessions have a turn of that id")
+    again.add_argument("--model", metavar="PROVIDER:NAME",
+                       help="the model, when the app's agent.py names none")
+    again.set_defaults(run=run_retry)
+    for name, summary in SESSION_ACTIONS.items():
+        cmd = commands.add_parser(name, help=summary, description=summary + ".")
+        if name != "list":
+            cmd.add_argument("session", metavar="AGENT/ID", type=_session_key,
+                             help="the session, as agent/session")
+        else:
+            cmd.add_argument("--agent", metavar="NAME", help="only this agent's sessions")
+        _store_options(cmd)
+        if name == "cancel":
+            cmd.add_argument("--turn", metavar="TURN",
+                             help="the turn to cancel (default: every unfinished one)")
+            cmd.add_argument("--reason", default="cancelled by request", help="why")
+        cmd.set_defaults(run=run_action)
+
+
+def _store_options(cmd: argparse.ArgumentParser) -> None:
+    where_ = cmd.add_mutually_exclusive_group(required=True)
+    where_.add_argument("--db", type=Path, metavar="PATH", help="the SQLite file")
+    where_.add_argument("--store", "--dsn", dest="store", metavar="DSN_OR_PATH",
+                        help="postgresql://… or 'host=… dbname=…' (PostgreSQL, extra "
+                             "'postgres'), or a SQLite file")
+
+
+def _session_key(text: str) -> tuple[str, str]:
+    agent, sep, session = text.partition("/")
+    if not sep or not agent or not session:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected AGENT/ID")
+    return agent, session
+
+
+def store_from_spec(spec: str, *, lease_ttl: float = 15.0) -> SessionStore:
+    """The store ``spec`` names: a URL (``postgresql://…``) or a libpq ``key=value`` string
+    is PostgreSQL (the ``postgres`` extra), anything else a SQLite file.
+
+    Args:
+        lease_ttl: PostgreSQL: how long a dead holder's sessions wait for takeover.
+    """
+    if spec.startswith(("postgresql://", "postgres://")) or "=" in spec:
+        from .stores.postgres import PostgresStore  # psycopg loads only when asked for
+
+        return PostgresStore(spec, lease_ttl=lease_ttl)
+    return SqliteStore(spec)
+
+
+def where(spec: str, store: SessionStore) -> str:
+    """How messages name the store: a SQLite file by its path, PostgreSQL by the store's
+    ``repr`` (which leaves the password out)."""
+    return spec if isinstance(store, SqliteStore) else repr(store)
+
+
+def _store(args: argparse.Namespace) -> tuple[Callable[[], SessionStore], str]:
+    """The store a ``sessions`` command names (``--db PATH``, or ``--store``/``--dsn``): a
+    maker of it (each runtime opens its own) and how messages name it. The commands manage
+    sessions that exist, so a SQLite file that does not is bad input.
+
+    Raises:
+        LookupError: a SQLite file that does not exist.
+    """
+    if args.store is None:
+        path: Path = args.db
+        if not path.exists():
+            raise LookupError(f"{path} does not exist")
+        return (lambda: SqliteStore(path)), str(path)
+    spec: str = args.store
+    store = store_from_spec(spec)
+    if isinstance(store, SqliteStore) and not Path(spec).exists():
+        raise LookupError(f"{spec} does not exist")
+    return (lambda: store_from_spec(spec)), where(spec, store)
+
+
+async def session_action(args: argparse.Namespace) -> int:
+    """``sessions list|show|cancel|reset``; returns the exit status.
+
+    Raises:
+        LookupError: the store or the session does not exist.
+        StoreError: the store cannot be opened.
+    """
+    make, named = _store(args)
+    if args.action == "list":
+        async with Runtime([], make(), drive=False) as rt:
+            agents = [args.agent] if args.agent else await rt.queries.agents()
+            for name in agents:
+                for found in await rt.queries.sessions(name):
+                    print(f"{found.key}\t{found.status}\tgeneration {found.generation}")
+        return 0
+    agent, session_id = args.session
+    # A reset runs on the session's chain, so this runtime drives it; the model is never
+    # asked (the turns the reset cancels stop before their next model call).
+    async with Runtime([Agent(agent)], make(), scripted([]), lease_timeout=LEASE_WAIT) as rt:
+        session = rt.session(agent, session_id)
+        summary = await session.summary()
+        if not summary.exists:
+            raise LookupError(f"{named} has no session {session.key}")
+        if args.action == "cancel":
+            ids = await session.cancel(args.turn, reason=args.reason)
+            print(f"cancel requested for {', '.join(ids)}" if ids else "no unfinished turn")
+        elif args.action == "reset":
+            done = await session.reset()
+            print(f"{session.key} reset: history archived as {done.previous_session}, "
+                  f"generation {done.generation}")
+        else:
+            _show(summary, await session.chain(), await session.transcript())
+        await rt.idle()
+    return 0
+
+
+async def retry(args: argparse.Namespace) -> int:
+    """``sessions retry``; returns the exit status (0 re-opened, or driven to completion).
+
+    Raises:
+        LookupError: the store does not exist, no session or two have the turn.
+        ConfigurationError: the app folder is another agent's, or names no model.
+        TurnConflictError: the turn did not fail, or a later turn ran after it.
+    """
+    make, named = _store(args)
+    async with Runtime([], make(), drive=False) as probe:
+        keys = await probe.queries.find_turn(args.turn)
+    if args.session:
+        keys = [k for k in keys if str(k) == args.session]
+    if not keys:
+        raise LookupError(f"no session of {named} has a turn {args.turn!r}")
+    if len(keys) > 1:
+        raise LookupError(f"turn {args.turn!r} is in {len(keys)} sessions "
+                          f"({', '.join(map(str, keys))}); name one with --session AGENT/ID")
+    (key,) = keys
+    agent = load_agent(args.app) if args.app else Agent(key.agent)
+    if agent.name != key.agent:
+        raise ConfigurationError(f"{args.app} is agent {agent.name!r}; the turn is {key}'s")
+    model = resolve_model(args.model) if args.model else None
+    if args.app and agent.model is None and model is None:
+        raise ConfigurationError(f"{args.app}'s agent.py names no model: pass --model")
+    async with Runtime([agent], make(), model, drive=args.app is not None) as rt:
+        session = rt.session(key.agent, key.session)
+        await session.retry(args.turn)
+        if args.app is None:
+            print(f"turn {args.turn} of {key} re-opened; the app's next worker drives it "
+                  "(Runtime.recover())")
+            return 0
+        result = await session.result(args.turn)
+    print(f"turn {args.turn} of {key}: {result.status}"
+          + (f": {result.text}" if result.text else "")
+          + (f": {result.error}" if result.error else ""))
+    return 0 if result.status == "completed" else 1
+
+
+def _show(summary: SessionSummary, chain: list[TurnRecord], transcript: list[Message]) -> None:
+    print(f"{summary.key}: {summary.status}, generation {summary.generation}")
+    pending = summary.pending
+    if pending is not None:
+        print(f"parked: turn {pending.turn_id} waits for input {pending.id!r}: "
+              f"{pending.prompt}")
+    for t in chain:
+        if t.kind == "turn":
+            print(f"turn {t.turn_id}: {t.status}"
+                  + "".join(f" — {v}" for v in (t.text, t.error, t.reason) if v))
+    for m in transcript:
+        calls = ", ".join(f"{c.name}({json.dumps(c.input)})" for c in m.tool_calls)
+        body = m.text or calls or json.dumps(m.result)
+        print(f"  {m.role:<9} {body}")
+
+
+__all__ = ["LEASE_WAIT", "SESSION_ACTIONS", "Command", "add_session_commands", "retry",
+           "session_action", "store_from_spec", "where"]

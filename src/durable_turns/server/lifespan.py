@@ -1,0 +1,94 @@
+"""The host's lifespan: what an ASGI server runs as the app starts and as it stops.
+
+Starting, it opens the runtime, replays its unfinished turns (``Runtime.recover()``, when
+the runtime drives), starts each channel and lets it recover what a stopped process left
+undelivered. Stopping, it ends the open event streams, gives running turns ``grace``
+seconds, stops the channels and closes the runtime. So ``uvicorn module:app`` (or any ASGI
+server that runs lifespans) serves as ``durable-turns serve`` does; a request that arrives
+without a lifespan (an app driven directly) opens the runtime itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+from ..channels import Channel
+from ..runtime import Runtime
+
+log = logging.getLogger("durable_turns.server")
+
+GRACE = 10.0
+"""Seconds a shutdown waits for running turns to end (and then for channels to stop)."""
+
+Lifespan = Callable[[Any], contextlib.AbstractAsyncContextManager[None]]
+
+
+def host_lifespan(runtime: Runtime, channels: Sequence[Channel], end_streams: Callable[[], None],
+                  *, grace: float = GRACE) -> Lifespan:
+    """The lifespan of a host of ``runtime`` with ``channels`` (``create_app`` makes it).
+
+    Args:
+        end_streams: ends every open ``GET …/events`` stream.
+        grace: seconds the shutdown waits for running turns, and then for each channel.
+
+    Returns:
+        A Starlette lifespan: ``lifespan(app)`` is an async context manager. A failure as it
+        starts is also kept as ``app.state.lifespan_error`` (an ASGI server logs it and
+        exits; ``serve`` raises it).
+    """
+
+    @asynccontextmanager
+    async def lifespan(app: Any) -> AsyncIterator[None]:
+        started: list[Channel] = []
+        try:
+            await runtime.open()
+            if runtime.drive:
+                recovered = await runtime.recover()
+                if recovered:
+                    log.warning("recovering %d session(s) with unfinished turns",
+                                len(recovered))
+            for ch in channels:
+                await ch.start()
+                started.append(ch)
+            for ch in channels:
+                taken = await ch.recover()
+                if taken:
+                    log.warning("channel %s: taking up %d undelivered turn(s)", ch.name, taken)
+        except BaseException as e:
+            app.state.lifespan_error = e
+            await _stop(runtime, started, grace)
+            raise
+        try:
+            yield
+        finally:
+            end_streams()
+            if runtime.drive:
+                try:
+                    # Not asyncio.wait_for: on Python 3.11 it can swallow a cancellation that
+                    # comes as the wait ends.
+                    async with asyncio.timeout(grace):
+                        await runtime.idle()
+                except TimeoutError:
+                    log.warning("turns still running after %ss; they replay on the next start",
+                                grace)
+            await _stop(runtime, started, grace)
+
+    return lifespan
+
+
+async def _stop(runtime: Runtime, channels: Sequence[Channel], grace: float) -> None:
+    for ch in reversed(channels):
+        try:
+            async with asyncio.timeout(grace):
+                await ch.stop()
+        except Exception:  # one channel failing to stop must not keep the store open
+            log.exception("channel %s did not stop cleanly", ch.name)
+    await runtime.close()
+
+
+__all__ = ["GRACE", "Lifespan", "host_lifespan"]
