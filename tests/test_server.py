@@ -340,8 +340,9 @@ async def test_resume_answerers(host: Host) -> None:
     r = await host.client.post(url, json={**answer, "by": "mallory"})
     assert r.status_code == 403
     r = await host.client.post(url, json={**answer, "by": "boom"})
-    assert r.status_code == 500 and "Traceback" not in r.text
-    assert r.json()["error"]["type"] == "AuthorizeAnswerFailed"
+    assert r.status_code == 503 and "Traceback" not in r.text
+    assert r.json()["error"]["type"] == "AuthorizeAnswerError"
+    assert "retry later" in r.json()["error"]["message"]
     assert await host.rt.session("desk", "sp").pending() is not None  # nothing was applied
     r = await host.client.post(url, json={**answer, "by": "boss"})
     assert r.status_code == 200 and r.json()["status"] == "completed"

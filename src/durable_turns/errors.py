@@ -280,10 +280,13 @@ class ErrorKind:
 
     status: int
     """The HTTP status. A 5xx is answered without the exception's message (it may name a
-    database or a file); the error goes to the server's log."""
+    database or a file), unless :attr:`said`; the error goes to the server's log."""
     exit_code: int
     """The command line's exit status: 2 bad input (what the caller gave must change), 1 the
     command ran and failed."""
+    said: bool = False
+    """A 5xx whose message is ours alone (it names nothing of the machine): it is answered
+    with its type and message."""
 
 
 ERRORS: tuple[tuple[type[BaseException], ErrorKind], ...] = (
@@ -296,6 +299,7 @@ ERRORS: tuple[tuple[type[BaseException], ErrorKind], ...] = (
     (TurnConflictError, ErrorKind(409, 1)),
     (TurnSuspendedError, ErrorKind(409, 1)),
     (StoreError, ErrorKind(503, 2)),
+    (AuthorizeAnswerError, ErrorKind(503, 1, said=True)),
     (LeaseTimeoutError, ErrorKind(503, 1)),
     (ConfigurationError, ErrorKind(500, 2)),
     (TimeoutError, ErrorKind(504, 1)),

@@ -274,7 +274,8 @@ class AgentSession:
         return (await self.summary()).pending
 
     async def resume(self, turn_id: str, input_id: str, value: Any, *, by: str | None = None,
-                     granted: Grant | None = None, principal: Any = None) -> None:
+                     granted: Grant | None = None, authorize: bool = False,
+                     principal: Any = None) -> None:
         """Answer the parked turn's input request and set the turn going again (F6).
 
         The answer is stored as step ``input:<turn_id>:<input_id>`` (a command on the chain,
@@ -285,9 +286,9 @@ class AgentSession:
         Args:
             by: the resumer's *verified* identity (e.g. a signature-checked Slack user id).
             granted: for a ``{policy, scope}`` request, the grant from :func:`grant_answer`.
-            principal: instead of ``granted``: the resumer's principal (what a host's
-                ``authenticate`` returned); for a ``{policy, scope}`` request the agent's
-                ``authorize_answer`` is asked with it (as :func:`grant_answer` does).
+            authorize: instead of ``granted``: for a ``{policy, scope}`` request, ask the
+                agent's ``authorize_answer`` here (as :func:`grant_answer` does), with
+                ``principal`` (what a host's ``authenticate`` returned for the resumer).
 
         Raises:
             ResumeConflictError: wrong turn, wrong input id, not parked, a reset pending, or
@@ -304,7 +305,7 @@ class AgentSession:
         if earlier is not None:
             return await self._repeated(earlier, resume)
         request = resume.request(self.key, await self._pending())
-        if granted is None and principal is not None and "policy" in (request.answerers or {}):
+        if granted is None and authorize and "policy" in (request.answerers or {}):
             granted = await _decided(self, request, by, principal)
         if request.child is not None:
             # A subagent asked: the answer goes to the exact child, which enforces its own
@@ -385,10 +386,13 @@ class AgentSession:
         """``new``, ``idle``, ``running`` or ``suspended``."""
         return (await self.summary()).status
 
-    async def events(self, after_seq: int = 0) -> list[TurnEvent]:
-        """The session's logged events after ``after_seq`` (every type but deltas)."""
+    async def events(self, after_seq: int = 0, *,
+                     turn_id: str | None = None) -> list[TurnEvent]:
+        """The session's logged events after ``after_seq`` (every type but deltas), in
+        order; with ``turn_id``, only that turn's (the store reads only those)."""
         await self.runtime.open()
-        return await self.runtime.store.read_events(self.key, after_seq=after_seq)
+        return await self.runtime.store.read_events(self.key, after_seq=after_seq,
+                                                    turn_id=turn_id)
 
 
 async def grant_answer(

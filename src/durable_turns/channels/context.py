@@ -97,7 +97,8 @@ class ChannelContext:
                 yield e
 
     async def open_resume(self, turn_id: str, input_id: str, value: Any, *, session: str,
-                          by: str | None = None, granted: Grant | None = None) -> TurnStream:
+                          by: str | None = None, granted: Grant | None = None,
+                          authorize: bool = False, principal: Any = None) -> TurnStream:
         """Answer a parked turn and return the stream of what follows (see
         :meth:`resume_stream`). The answer is stored when this returns."""
         s = self.session(session)
@@ -105,12 +106,13 @@ class ChannelContext:
         try:
             await sub.ready()
             after = sub.cursor or 0
-            await s.resume(turn_id, input_id, value, by=by, granted=granted)
+            await s.resume(turn_id, input_id, value, by=by, granted=granted,
+                           authorize=authorize, principal=principal)
             rec = await s.entry(turn_id)
             if rec is not None and rec.status.ended:
                 # It may have ended before we subscribed (a repeated answer): then the
                 # stream is its last terminal event.
-                ends = [e for e in await turn_events(s, turn_id) if e.ends_turn]
+                ends = [e for e in await s.events(turn_id=turn_id) if e.ends_turn]
                 if ends and ends[-1].seq <= after:
                     sub.close()
                     return TurnStream(s, turn_id, None, fresh=True, done=ends[-1])
@@ -208,10 +210,10 @@ async def _where_it_stands(s: AgentSession, turn_id: str) -> tuple[int, bool]:
     """The seq of the turn's last logged terminal event, and whether the turn has ended; read
     until both agree (a terminal event may commit between the two reads)."""
     while True:
-        before = _last_end(await turn_events(s, turn_id))
+        before = _last_end(await s.events(turn_id=turn_id))
         rec = await s.entry(turn_id)
         status = rec.status if rec is not None else TurnStatus.QUEUED
-        if _last_end(await turn_events(s, turn_id, max(before, 0))) == -1:
+        if _last_end(await s.events(max(before, 0), turn_id=turn_id)) == -1:
             return before, status.ended
 
 
@@ -219,13 +221,4 @@ def _last_end(events: list[TurnEvent]) -> int:
     return max((e.seq for e in events if e.ends_turn), default=-1)
 
 
-async def turn_events(s: AgentSession, turn_id: str, after_seq: int = 0) -> list[TurnEvent]:
-    """One turn's logged events after ``after_seq``, in order.
-
-    Reads the session's events and keeps the turn's: the one place that does, until
-    ``AgentSession.events`` takes a turn id and the store reads only the turn's.
-    """
-    return [e for e in await s.events(after_seq) if e.turn_id == turn_id]
-
-
-__all__ = ["ChannelContext", "TurnStream", "mount_agent", "turn_events"]
+__all__ = ["ChannelContext", "TurnStream", "mount_agent"]

@@ -18,7 +18,7 @@ from ..events import TurnEvent
 from ..inbound import InboundEvent, Trigger
 from ..records import TurnRecord, TurnResult
 from ..sessions import AgentSession
-from .context import ChannelContext, turn_events
+from .context import ChannelContext
 from .contract import Deliverer
 
 log = logging.getLogger("durable_turns")
@@ -103,7 +103,7 @@ async def deliver_owed(channel: Deliverer, s: AgentSession, turn_id: str) -> boo
     if rec is None or not rec.status.ended:
         return False
     target = delivery_target(rec)
-    events = await turn_events(s, turn_id)
+    events = await s.events(turn_id=turn_id)
     ends = [e for e in events if e.ends_turn]
     if target is None or not ends:
         return False

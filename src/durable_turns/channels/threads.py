@@ -45,7 +45,7 @@ from ..inbound import InboundEvent
 from ..records import InputRequest, SessionKey, TurnRecord, TurnStatus
 from ..sessions import AgentSession
 from ..stores import Subscription
-from .context import ChannelContext, turn_events
+from .context import ChannelContext
 from .contract import Deliverer
 from .delivery import deliver_when_settled, delivery_settled, delivery_target
 
@@ -271,8 +271,8 @@ class ThreadReply:
     async def _finish(self, end: TurnEvent) -> None:
         note = closing(end)
         if self.stale is not None:
-            events = [e for e in await turn_events(self.session, self.thread.turn_id,
-                                                   int(self.stale.get("after", 0)))
+            after = int(self.stale.get("after", 0))
+            events = [e for e in await self.session.events(after, turn_id=self.thread.turn_id)
                       if e.seq <= end.seq]
             text = render(events) or note or "(no reply)"
             await self.platform.update(self.thread, str(self.stale["ts"]), text)

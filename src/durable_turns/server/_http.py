@@ -56,7 +56,7 @@ def error_response(exc: BaseException) -> JSONResponse:
     if isinstance(exc, HttpError):
         return _error(exc.status, exc.type, exc.message)
     kind = error_kind(exc)
-    if kind is not None and kind.status < 500:
+    if kind is not None and (kind.status < 500 or kind.said):
         return _error(kind.status, type(exc).__name__, str(exc))
     status = kind.status if kind is not None else 500
     log.error("request failed (%d)", status, exc_info=exc)

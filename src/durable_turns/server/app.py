@@ -19,13 +19,12 @@ from starlette.routing import BaseRoute, Route
 
 from ..agent import check_surfaces
 from ..channels import Channel, ChannelContext, TurnStream, mount_agent
-from ..errors import ConfigurationError, ResumeAuthorizationError, ResumeConflictError
+from ..errors import ConfigurationError
 from ..events import TurnEvent
-from ..hitl import Grant
 from ..inbound import InboundEvent
 from ..records import TurnRecord
 from ..runtime import Runtime
-from ..sessions import AgentSession, grant_answer
+from ..sessions import AgentSession
 from ._http import (
     Authenticate,
     HttpError,
@@ -305,32 +304,16 @@ class _Host:
         ch = self.channel(request)
         s = self.session(request)
         by, principal = self.by(request, body.by)
-        granted = await self._grant(s, body, by, principal)
+        # A policy-restricted request is decided by the agent's authorize_answer, with the
+        # principal, inside resume(): one check of a resume, wherever it comes from.
         stream = await ch.open_resume(body.turn_id, body.input_id, body.value,
-                                      session=s.key.session, by=by, granted=granted)
+                                      session=s.key.session, by=by, authorize=True,
+                                      principal=principal)
         if "text/event-stream" in request.headers.get("accept", ""):
             return self.sse(aiter(stream), stream.close)
         stream.close()
         result = await s.result(body.turn_id)
         return JSONResponse(result.to_dict())
-
-    async def _grant(self, s: AgentSession, body: ResumeBody, by: str | None,
-                     principal: Any) -> Grant | None:
-        pending = await s.pending()
-        if pending is None or pending.turn_id != body.turn_id or pending.id != body.input_id:
-            return None
-        if "policy" not in (pending.answerers or {}):
-            return None
-        try:
-            return await grant_answer(s, {"turn_id": body.turn_id, "input_id": body.input_id,
-                                          "by": by, "principal": principal})
-        except (ResumeAuthorizationError, ResumeConflictError):
-            raise
-        except Exception as e:
-            # F6: the app's decision failed; nothing was applied and the caller may retry.
-            raise HttpError(500, "AuthorizeAnswerFailed",
-                            f"authorize_answer failed ({type(e).__name__}); nothing was "
-                            "applied, retry later") from e
 
     async def cancel(self, request: Request) -> Response:
         body = await read_body(request, CancelBody)

@@ -18,7 +18,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..channels.context import turn_events
 from ..events import (
     ActionCompleted,
     ActionRequested,
@@ -260,7 +259,7 @@ async def read_timeline(session: AgentSession, *, last: int | None = None) -> di
         if len(live) > last:
             first = live[len(live) - last]
             since = first.ordinal
-            head = await turn_events(session, first.turn_id)
+            head = await session.events(turn_id=first.turn_id)
             if head:  # one read from there on: no event between two reads goes missing
                 events = await session.events(head[0].seq - 1)
     if events is None:
@@ -278,7 +277,8 @@ async def last_activity(session: AgentSession) -> float | None:
     times: list[float] = []
     latest = next((t for t in reversed(chain) if t.kind == "turn"), None)
     if latest is not None:
-        times += [e.at for e in await turn_events(session, latest.turn_id) if e.at is not None]
+        times += [e.at for e in await session.events(turn_id=latest.turn_id)
+                  if e.at is not None]
     answer = next((t for t in reversed(chain) if t.kind == "resume"), None)
     if answer is not None and isinstance((answer.args or {}).get("at"), int | float):
         times.append(float((answer.args or {})["at"]))
