@@ -110,6 +110,18 @@ class InputRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class SessionSummary:
+    """A session as a host lists it (``SessionStore.session_summaries``): its row and the
+    request it is parked on."""
+
+    key: SessionKey
+    status: SessionStatus
+    generation: int
+    pending: InputRequest | None = None
+    """The request of the session's parked turn (suspended, no cancel), or ``None``."""
+
+
+@dataclass(frozen=True, slots=True)
 class TurnResult:
     """How a turn ended, or where it parked: the one record of a turn's outcome.
 
@@ -166,6 +178,9 @@ class TurnRecord:
     """State its owners keep on the entry, one name each (``trace``, a channel's delivery
     state, a reset's archived generation), written one name at a time and never replaced
     whole (``SessionStore.set_turn_data``, ``Transaction.set_turn_data``)."""
+    deliver: str | None = None
+    """The channel (by name) that owes this entry a delivery, until the delivery is settled
+    (``SessionStore.settle_delivery``); then, and for an entry nobody owes one, ``None``."""
 
     @property
     def result(self) -> TurnResult:
@@ -204,6 +219,10 @@ class NewEntry:
     supersede: str | None = None
     """Ask every queued or running turn of the session to cancel, with this reason
     (``replace=True``); a reset always supersedes (reason ``reset``)."""
+    deliver: str | None = None
+    """The channel (by name) that owes the turn a delivery: set when a channel accepts it,
+    read back as ``TurnRecord.deliver`` and listed by ``SessionStore.owed_deliveries``
+    until settled."""
 
 
 def encode_entry(entry: NewEntry) -> str:
