@@ -99,7 +99,7 @@ from durable_turns import (
     scripted,
     tool,
 )
-from durable_turns.stores.sqlite import MIGRATIONS, TRANSCRIPT_CHUNK
+from durable_turns.stores.sqlite import CREATE, TRANSCRIPT_CHUNK
 
 AGENT = "bench"
 OPENING = "run the counter tool ten times, one call after the other"
@@ -326,8 +326,8 @@ class Floor:
         self.conn = c = sqlite3.connect(db, isolation_level=None)
         c.execute("PRAGMA journal_mode = WAL")
         c.execute("PRAGMA synchronous = NORMAL")
-        for ddl in MIGRATIONS:
-            c.executescript(ddl)
+        for ddl in CREATE:  # the engine's own schema, rendered for SQLite
+            c.execute(ddl)
         c.execute(EFFECTS_DDL)
         self.calls = calls
         self.name = tool_name(tool_kind)

@@ -107,8 +107,6 @@ KNOWN = {
               "of durable_turns.model; the engine split imports model.py",
     "runtime": "runtime.py imports the Model seam from the models package (adapters) instead "
                "of durable_turns.model; the engine split imports model.py",
-    "stores": "the store seam imports its implementation stores._feed (SessionStore.subscribe "
-              "returns _feed's Subscription); the stores rewrite moves it",
 }
 """Modules that import above their layer today, each with the edge and what removes it."""
 

@@ -1,4 +1,5 @@
-"""A store's event feed: per-session topics that fan stored events out to subscribers.
+"""A store's event feed: per-session topics that fan stored events out to subscribers (part
+of the public store kit: a new backend makes one and tells it what it learns).
 
 Every store owns one :class:`Feed`. It learns of new events in two ways:
 
@@ -26,17 +27,19 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from ..events import TurnEvent
+from . import Watcher
 
 if TYPE_CHECKING:
     from ..records import SessionKey
 
+__all__ = ["Feed", "Newest", "ReadAfter", "Subscription"]
+
 log = logging.getLogger("durable_turns")
 
-Watcher = Callable[[list[TurnEvent] | None], None]
-"""Told of this process's committed events (a list), or that something may have changed
-elsewhere (``None``)."""
 ReadAfter = Callable[["SessionKey", int], Awaitable[list[TurnEvent]]]
+"""Reads a session's stored events after a seq, in order."""
 Newest = Callable[["SessionKey"], Awaitable[int]]
+"""Reads a session's newest stored seq (0 when none)."""
 
 
 class _Topic:
@@ -398,16 +401,3 @@ class Subscription:
 
     async def __aexit__(self, *exc: object) -> None:
         self.close()
-
-
-class FeedStore:
-    """The event-feed half of the store seam, for a store that keeps a :class:`Feed` in
-    ``self._feed``."""
-
-    _feed: Feed
-
-    def subscribe(self, key: SessionKey, after_seq: int | None = None) -> Subscription:
-        return self._feed.subscribe(key, after_seq)
-
-    def watch(self, key: SessionKey | None, watcher: Watcher) -> Callable[[], None]:
-        return self._feed.watch(key, watcher)
