@@ -42,7 +42,8 @@ LAYERS: tuple[Layer, ...] = (
     ),
     Layer(
         "seams",
-        "the Model and SessionStore Protocols, each with its contract",
+        "the Model Protocol and the store's (its write path and its queries), each with its "
+        "contract",
         ("model", "stores"),
     ),
     Layer(
