@@ -72,6 +72,7 @@ LAYERS: tuple[Layer, ...] = (
             "stores.sqlite",
             "stores._sqlite_files",
             "stores.postgres",
+            "stores._postgres_leases",
             "stores._postgres_listen",
             "stores.registry",
             "mcp",

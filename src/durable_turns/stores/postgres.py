@@ -15,13 +15,9 @@ the SQL kit (``stores.sql``), which writes its statements, its write path and it
   default the lease TTL): a worker paused inside a local tool has its transaction ended by
   the server, so its row locks in the application's tables never block the worker that
   takes the session over (and its step can never commit: its connection is gone).
-- The lease is a row lease: ``sessions.lease_until`` (database time, so the workers' clocks
-  never matter) and ``sessions.lease_owner`` (``host:pid``), the dialect's own columns.
-  ``claim()`` takes a free or expired lease, whoever held it, and bumps ``sessions.epoch``;
-  ``claim_ready()`` does the same for many sessions in one statement (``FOR UPDATE SKIP
-  LOCKED``: workers claiming together never wait on each other and never get the same
-  session). A heartbeat renews a lease every ``lease_ttl / 3`` seconds while held; a crashed
-  or paused holder loses it ``lease_ttl`` seconds after its last heartbeat. Every step commit
+- The lease is a row lease with a TTL, renewed by heartbeats (``_postgres_leases``); its
+  columns (``sessions.lease_until``, ``sessions.lease_owner``) are the dialect's own. Every
+  step commit
   locks the session row and checks the epoch in its own transaction: a holder that was taken
   over gets :class:`~durable_turns.errors.LeaseLostError` and nothing of its step, local
   tools' writes included, is committed.
@@ -40,7 +36,7 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import AsyncIterator, Callable, Collection
+from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
 import psycopg
@@ -51,20 +47,17 @@ from psycopg_pool import ConnectionPool
 from ..errors import StoreError
 from ..records import SessionKey
 from . import StoreCapabilities
+from ._postgres_leases import Beat, RowLeases
 from ._postgres_listen import CHANNEL, LISTENER_NAME, listen, notify
 from .feed import Feed
-from .kit import Worker, retry_until
+from .kit import Worker
 from .sql import (
-    LAST_ROW,
-    NEEDS_DRIVING,
     SCHEMA_VERSION,
     Column,
-    Grant,
     Index,
     SqlLease,
     SqlStore,
     Syntax,
-    counters,
     create_statements,
     migrate,
 )
@@ -100,39 +93,6 @@ CREATE: tuple[str, ...] = tuple(create_statements(SYNTAX))
 """The statements that create a new store's tables and indexes."""
 
 _MIGRATION_LOCK = 0x44545552  # "DTUR": the advisory lock key around migrations
-_TRY_LEASE = (
-    "UPDATE sessions SET lease_until = clock_timestamp() + make_interval(secs => %s), "
-    "lease_owner = %s "
-    "WHERE sid = %s AND (lease_until IS NULL OR lease_until < clock_timestamp()) RETURNING sid")
-_RENEW = ("UPDATE sessions SET lease_until = clock_timestamp() + make_interval(secs => %s) "
-          "WHERE sid = %s AND epoch = %s RETURNING sid")
-_RELEASE = ("UPDATE sessions SET lease_until = NULL, lease_owner = NULL "
-            "WHERE sid = %s AND epoch = %s")
-# Sessions of these agents with work and a free or expired lease, claimed in one statement.
-# SKIP LOCKED: a row another worker is claiming (or a step is committing) is passed over,
-# never waited for; READ COMMITTED re-checks the lease condition on the row it locks, so two
-# workers never both get a session.
-_CLAIM_READY = f"""
-WITH ready AS (
-    SELECT s.sid FROM sessions s
-    WHERE s.agent = ANY(%(agents)s)
-      AND (s.lease_until IS NULL OR s.lease_until < clock_timestamp())
-      AND EXISTS (SELECT 1 FROM turns t WHERE t.sid = s.sid AND {NEEDS_DRIVING})
-    ORDER BY s.sid
-    LIMIT %(limit)s
-    FOR UPDATE OF s SKIP LOCKED
-), claimed AS (
-    UPDATE sessions s
-    SET epoch = s.epoch + 1, lease_owner = %(owner)s,
-        lease_until = clock_timestamp() + make_interval(secs => %(ttl)s)
-    FROM ready WHERE s.sid = ready.sid
-    RETURNING s.sid, s.agent, s.session, s.epoch, s.generation
-)
-SELECT c.sid, c.agent, c.session, c.epoch, c.generation, l.seq, l.gen, l.n
-FROM claimed c LEFT JOIN LATERAL ({LAST_ROW.format("c.sid")}) l ON true ORDER BY c.sid
-"""
-
-
 def _idle(c: psycopg.Connection[Any]) -> bool:
     return c.info.transaction_status == pq.TransactionStatus.IDLE
 
@@ -228,100 +188,6 @@ class _Link:
             self._dialect.give_lane(lane)
 
 
-class _Beat:
-    """A lease's heartbeat (its ``Grant.hold``)."""
-
-    def __init__(self) -> None:
-        self.task: asyncio.Task[None] | None = None
-        self.lost = False
-        """Set when a heartbeat found the lease taken over (commits are refused anyway)."""
-
-
-class _RowLeases:
-    """Row leases with a TTL, renewed by heartbeats (``Leases``); see the module docstring."""
-
-    def __init__(self, dialect: PostgresDialect) -> None:
-        self._d = dialect
-        self.held: dict[_Beat, tuple[int, int]] = {}
-        """The heartbeats running, with their lease's ``(sid, epoch)``."""
-
-    def _grant(self, key: SessionKey, sid: int, epoch: int, gen: int, seq: int,
-               count: int) -> Grant:
-        beat = _Beat()
-        self.held[beat] = (sid, epoch)
-        beat.task = asyncio.ensure_future(self._heartbeat(key, beat, sid, epoch))
-        return Grant(sid, epoch, gen, seq, count, beat)
-
-    async def claim(self, store: SqlStore, key: SessionKey, timeout: float | None) -> Grant:
-        d, st = self._d, store.statements
-
-        def try_claim(c: Any) -> tuple[int, int, int, int, int] | None:
-            sid = st.sid(c, key, create=True)
-            if c.execute(_TRY_LEASE, (d.lease_ttl, d.owner, sid)).fetchone() is None:
-                return None
-            return st.claim(c, key)
-
-        async def attempt() -> tuple[int, int, int, int, int] | None:
-            return await d.run_lease_job(lambda c: store.in_transaction(c, try_claim))
-
-        sid, epoch, gen, seq, count = await retry_until(attempt, key, timeout,
-                                                        first_pause=0.005)
-        return self._grant(key, sid, epoch, gen, seq, count)
-
-    async def claim_ready(self, store: SqlStore, agents: Collection[str],
-                          limit: int) -> list[tuple[SessionKey, Grant]]:
-        if limit <= 0 or not agents:
-            return []
-        d = self._d
-        params = {"agents": list(agents), "limit": limit, "owner": d.owner, "ttl": d.lease_ttl}
-        rows = await d.run_lease_job(lambda c: c.execute(_CLAIM_READY, params).fetchall())
-        out = []
-        for sid, agent, session, epoch, gen, seq, last_gen, n in rows:
-            key = SessionKey(agent, session)
-            last = counters(None if seq is None else (seq, last_gen, n), gen)
-            out.append((key, self._grant(key, sid, epoch, gen, *last)))
-        return out
-
-    async def _heartbeat(self, key: SessionKey, beat: _Beat, sid: int, epoch: int) -> None:
-        d = self._d
-        every = d.lease_ttl / 3
-        def renew(c: Any) -> Any:
-            return c.execute(_RENEW, (d.lease_ttl, sid, epoch)).fetchone()
-
-        while d.is_open:
-            await asyncio.sleep(every)
-            try:
-                row = await d.run_lease_job(renew)
-            except StoreError as e:
-                log.warning("heartbeat of %s failed (retrying): %s", key, e)
-                continue
-            if row is None:
-                beat.lost = True
-                return
-
-    async def stop(self, beat: _Beat) -> bool:
-        """Stop renewing a lease (it then expires); whether it was still beating."""
-        self.held.pop(beat, None)
-        task, beat.task = beat.task, None
-        if task is None:
-            return False
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-        return True
-
-    async def release(self, store: SqlStore, lease: SqlLease) -> None:
-        beat: _Beat = lease.hold
-        if not await self.stop(beat) or beat.lost:
-            return
-        d, sid, epoch = self._d, lease.sid, lease.epoch
-        try:
-            await d.run_lease_job(lambda c: c.execute(_RELEASE, (sid, epoch)))
-        except StoreError as e:  # the lease expires on its own
-            log.warning("release of %s failed (it expires in %ss): %s", lease.key,
-                        d.lease_ttl, e)
-
-
 class PostgresDialect:
     """PostgreSQL's dialect of the SQL kit (``Dialect``); see the module's docstring.
 
@@ -341,7 +207,7 @@ class PostgresDialect:
             paramstyle="format")
         self.owner = f"{socket.gethostname()}:{os.getpid()}"
         self.origin = uuid.uuid4().hex[:16]
-        self.leases = _RowLeases(self)
+        self.leases = RowLeases(self)
         self._pool_size = pool_size
         self._connect_timeout = connect_timeout
         self._pools: list[ConnectionPool[psycopg.Connection[Any]]] = []
@@ -637,5 +503,5 @@ class PostgresStore(SqlStore):
         Returns:
             Whether it was still beating.
         """
-        beat: _Beat = lease.hold
+        beat: Beat = lease.hold
         return await self.dialect.leases.stop(beat)
