@@ -23,39 +23,26 @@ import json
 import sys
 from pathlib import Path
 
-from durable_turns import Agent, Runtime, SqliteStore, scripted
+from durable_turns import Runtime, SqliteStore
 from durable_turns.records import SessionKey
-from v2_store import SESSIONS, dump, look, refund, reply
+from v2_store import SESSIONS, dump, write_sessions
 
 HERE = Path(__file__).parent / "fixtures"
 V4_SESSIONS = [*SESSIONS, SessionKey("ops", "s4")]
+
+
+async def long_session(rt: Runtime) -> None:
+    """``ops/s4``: twelve turns of two tool calls each."""
+    s4 = rt.session("ops", "s4")
+    for k in range(12):
+        assert (await s4.turn(f"look {k}", turn_id=f"l{k}")).status == "completed"
 
 
 async def main() -> None:
     db = HERE / "v4_store.sqlite"
     for p in (db, Path(f"{db}-wal"), Path(f"{db}-shm"), Path(f"{db}-lease")):
         p.unlink(missing_ok=True)
-    agent = Agent("ops", "You run ops.", [look, refund])
-    par = Agent("ops", "You run ops.", [look, refund], parallel_tools=True)
-    async with Runtime([agent], SqliteStore(db), scripted(reply)) as rt:
-        s1 = rt.session("ops", "s1")
-        assert (await s1.turn("look these up", turn_id="t1")).status == "completed"
-        await s1.start("refund 42", turn_id="t2")
-        r = await s1.result("t2")
-        assert r.status == "suspended" and r.request is not None
-        await s1.resume("t2", r.request.id, True)
-        assert (await s1.result("t2")).status == "completed"
-        await s1.reset()
-        assert (await s1.turn("hello again", turn_id="t3")).status == "completed"
-        s3 = rt.session("ops", "s3")
-        await s3.start("refund 7", turn_id="p1")
-        assert (await s3.result("p1")).status == "suspended"
-        s4 = rt.session("ops", "s4")
-        for k in range(12):
-            assert (await s4.turn(f"look {k}", turn_id=f"l{k}")).status == "completed"
-    async with Runtime([par], SqliteStore(db), scripted(reply)) as rt:
-        s2 = rt.session("ops", "s2")
-        assert (await s2.turn("batch of three", turn_id="b1")).status == "completed"
+    await write_sessions(db, long_session)
     store = SqliteStore(db)
     await store.open()
     try:

@@ -30,6 +30,7 @@ from ..errors import StoreError
 from ..records import SessionKey
 from . import StoreCapabilities
 from .feed import Feed
+from .kit import LockHold
 from .sql import LocalLeases, SqlStore, migrate
 from .sqlite import SYNTAX
 
@@ -70,32 +71,25 @@ class _Link:
 
     def __init__(self, dialect: MemoryDialect) -> None:
         self._dialect = dialect
-        self._locked = False
+        self._hold = LockHold(dialect.write_lock)
 
     def connection(self) -> sqlite3.Connection:
         return self._dialect.conn
 
-    async def _lock(self) -> None:
-        if not self._locked:
-            await self._dialect.write_lock.acquire()
-            self._locked = True
-
     async def run_local(self, job: Callable[[Any], T]) -> T:
-        await self._lock()
+        await self._hold.take()
         return job(self._dialect.conn)
 
     async def commit(self, job: Callable[[Any], None], *, began: bool,
                      waiting: Callable[[Any], None] | None = None) -> None:
-        await self._lock()
+        await self._hold.take()
         _run(job, self._dialect.conn)
 
     async def rollback(self, job: Callable[[Any], None]) -> None:
         job(self._dialect.conn)
 
     async def end(self) -> None:
-        if self._locked:
-            self._locked = False
-            self._dialect.write_lock.release()
+        self._hold.give_back()
 
 
 class MemoryDialect:

@@ -47,13 +47,13 @@ from ..records import SessionKey
 from . import StoreCapabilities
 from ._sqlite_files import FileLocks, busy, connect, open_writer
 from .feed import Feed
+from .kit import LockHold, Worker
 
 # Re-exported: the fewest messages a ``log_transcript`` row holds, the most log rows a
 # commit copies into it.
 from .sql import TRANSCRIPT_CHUNK as TRANSCRIPT_CHUNK
 from .sql import TRANSCRIPT_COPY_ROWS as TRANSCRIPT_COPY_ROWS
 from .sql import LocalLeases, SqlStore, Syntax, create_statements
-from .worker import Worker
 
 __all__ = ["CREATE", "SYNTAX", "SqliteStore"]
 
@@ -95,24 +95,19 @@ class _Link:
     def __init__(self, dialect: SqliteDialect) -> None:
         self._dialect = dialect
         self._conn = dialect.writer()
-        self._locked = False
+        self._hold = LockHold(dialect.write_lock)
 
     def connection(self) -> sqlite3.Connection:
         return self._conn
 
-    async def _lock(self) -> None:
-        if not self._locked:
-            await self._dialect.write_lock.acquire()
-            self._locked = True
-
     async def run_local(self, job: Callable[[Any], T]) -> T:
-        await self._lock()
+        await self._hold.take()
         c = self._conn
         return await self._dialect.on_writer_thread(lambda: job(c), linger=LOCAL_LINGER)
 
     async def commit(self, job: Callable[[Any], None], *, began: bool,
                      waiting: Callable[[Any], None] | None = None) -> None:
-        await self._lock()
+        await self._hold.take()
         c, d = self._conn, self._dialect
         await d.run_write(lambda: job(c), began=began,
                           waiting=None if waiting is None else lambda: waiting(c))
@@ -123,9 +118,7 @@ class _Link:
             job(self._conn)
 
     async def end(self) -> None:
-        if self._locked:
-            self._locked = False
-            self._dialect.write_lock.release()
+        self._hold.give_back()
 
 
 class SqliteDialect:
