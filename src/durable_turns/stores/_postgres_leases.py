@@ -33,9 +33,13 @@ class LeaseHost(Protocol):
     owner: str
 
     @property
-    def is_open(self) -> bool: ...
+    def is_open(self) -> bool:
+        """Whether the store is open (heartbeats stop when it closes)."""
+        ...
 
-    async def run_lease_job(self, job: Callable[[Any], T]) -> T: ...
+    async def run_lease_job(self, job: Callable[[Any], T]) -> T:
+        """Run ``job`` on a connection of the leases' own pool."""
+        ...
 
 
 _TRY_LEASE = (
@@ -96,6 +100,8 @@ class RowLeases:
         return Grant(sid, epoch, gen, seq, count, beat)
 
     async def claim(self, store: SqlStore, key: SessionKey, timeout: float | None) -> Grant:
+        """``Leases.claim``: take a free or expired row lease and raise the epoch, in one
+        transaction."""
         d, st = self._d, store.statements
 
         def try_claim(c: Any) -> tuple[int, int, int, int, int] | None:
@@ -113,6 +119,7 @@ class RowLeases:
 
     async def claim_ready(self, store: SqlStore, agents: Collection[str],
                           limit: int) -> list[tuple[SessionKey, Grant]]:
+        """``Leases.claim_ready``: one ``FOR UPDATE SKIP LOCKED`` statement."""
         if limit <= 0 or not agents:
             return []
         d = self._d
@@ -154,6 +161,7 @@ class RowLeases:
         return True
 
     async def release(self, store: SqlStore, lease: SqlLease) -> None:
+        """``Leases.release``: stop the heartbeat, then free the row (unless the lease was lost)."""
         beat: Beat = lease.hold
         if not await self.stop(beat) or beat.lost:
             return

@@ -138,9 +138,13 @@ class Feed:
     # -- subscribers and watchers ----------------------------------------------------------
 
     def subscribe(self, key: SessionKey, after_seq: int | None) -> Subscription:
+        """A :class:`Subscription` of ``key``'s events after ``after_seq``
+        (``TurnStore.subscribe``)."""
         return Subscription(self, key, after_seq)
 
     def watch(self, key: SessionKey | None, watcher: Watcher) -> Callable[[], None]:
+        """Watch ``key`` (``None``: every session); returns the function that stops it
+        (``TurnStore.watch``)."""
         if key is None:
             first = not self.active
             self._everyone.append(watcher)
@@ -385,6 +389,7 @@ class Subscription:
         self._on_close.append(fn)
 
     def close(self) -> None:
+        """End the subscription: its iteration ends, its close callbacks run."""
         if not self._closed:
             self._closed = True
             self._wake.set()
@@ -393,6 +398,7 @@ class Subscription:
                 fn()
 
     async def aclose(self) -> None:
+        """:meth:`close`, awaitable."""
         self.close()
 
     async def __aenter__(self) -> Subscription:

@@ -111,35 +111,45 @@ class MemoryDialect:
         self.leases = LocalLeases(_ProcessLocks())
 
     async def open(self, store: SqlStore) -> None:
+        """``Dialect.open``."""
         return None
 
     async def close(self) -> None:
+        """``Dialect.close``."""
         return None
 
     def unwrap(self) -> sqlite3.Connection:
+        """``Dialect.unwrap``."""
         return self.conn
 
     async def read(self, job: Callable[[Any], T]) -> T:
+        """``Dialect.read``."""
         return _run(job, self.conn)
 
     async def write(self, job: Callable[[Any], T], *,
                     waiting: Callable[[Any], T] | None = None) -> T:
+        """``Dialect.write``."""
         async with self.write_lock:
             return _run(job, self.conn)
 
     def step(self) -> _Link:
+        """``Dialect.step``."""
         return _Link(self)
 
     def in_transaction(self, c: Any) -> bool:
+        """``Dialect.in_transaction``."""
         return bool(c.in_transaction)
 
     def lost(self, c: Any) -> bool:
+        """``Dialect.lost``."""
         return False
 
     def notify(self, c: Any, key: SessionKey, seq: int | None) -> None:
+        """``Dialect.notify``."""
         return None  # nobody else to tell
 
     def listen(self, feed: Feed) -> None:
+        """``Dialect.listen``."""
         return None  # every commit is this process's: the store publishes it
 
 

@@ -257,6 +257,7 @@ class PostgresDialect:
         return pool
 
     async def open(self, store: SqlStore) -> None:
+        """``Dialect.open``."""
         if self._leases_lane is not None:
             return
         leases_pool = self._pool("durable-turns-leases", 1)
@@ -309,6 +310,7 @@ class PostgresDialect:
             c.execute("UPDATE durable_turns_schema SET version = %s", (SCHEMA_VERSION,))
 
     async def close(self) -> None:
+        """``Dialect.close``."""
         if self._listener is not None:
             self._listener.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -340,6 +342,7 @@ class PostgresDialect:
             lane.worker.stop()
 
     def unwrap(self) -> psycopg.Connection[Any]:
+        """``Dialect.unwrap``."""
         if self._inspect is None:
             raise StoreError(f"{self!r} is not open; await store.open()")
         return self._inspect
@@ -401,6 +404,7 @@ class PostgresDialect:
                              f"{self._connect_timeout}s ({self!r}): {e}") from e
 
     async def read(self, job: Callable[[Any], T]) -> T:
+        """``Dialect.read``."""
         async with self._lane() as lane:
             try:
                 out: T = await lane.worker.run(lambda: lane.once(job))
@@ -414,23 +418,29 @@ class PostgresDialect:
 
     async def write(self, job: Callable[[Any], T], *,
                     waiting: Callable[[Any], T] | None = None) -> T:
+        """``Dialect.write``."""
         async with self._lane() as lane:
             out: T = await self.guard(lane.worker.run(lambda: lane.once(job)))
             return out
 
     def step(self) -> _Link:
+        """``Dialect.step``."""
         return _Link(self)
 
     def in_transaction(self, c: Any) -> bool:
+        """``Dialect.in_transaction``."""
         return not c.closed and not c.broken and not _idle(c)
 
     def lost(self, c: Any) -> bool:
+        """``Dialect.lost``."""
         return bool(c.broken or c.closed)
 
     def notify(self, c: Any, key: SessionKey, seq: int | None) -> None:
+        """``Dialect.notify``."""
         notify(c, self.origin, key, seq)
 
     def listen(self, feed: Feed) -> None:
+        """``Dialect.listen``."""
         if self._listener is None or self._listener.done():
             self._listener = asyncio.ensure_future(listen(
                 feed, self.dsn, self._connect_args(), self.origin, self.poll_interval,

@@ -178,6 +178,7 @@ class SqliteDialect:
     # -- opening ---------------------------------------------------------------------------
 
     async def open(self, store: SqlStore) -> None:
+        """``Dialect.open``."""
         self._feed = store.feed
         if self._writer is not None:
             return
@@ -219,6 +220,7 @@ class SqliteDialect:
                            busy_timeout=self._busy_timeout, wait=wait)
 
     async def close(self) -> None:
+        """``Dialect.close``."""
         if self._checkpointing is not None:
             with contextlib.suppress(Exception):  # a failed checkpoint: the file is whole
                 await self._checkpointing  # it ends its jobs with the store open
@@ -257,6 +259,7 @@ class SqliteDialect:
             self._slow_reader = None
 
     def unwrap(self) -> sqlite3.Connection:
+        """``Dialect.unwrap``."""
         return self.writer()
 
     # -- the loop and the threads ----------------------------------------------------------
@@ -299,6 +302,7 @@ class SqliteDialect:
 
     async def write(self, job: Callable[[Any], T], *,
                     waiting: Callable[[Any], T] | None = None) -> T:
+        """``Dialect.write``."""
         c = self.writer()
         async with self.write_lock:
             out = await self.run_write(lambda: job(c),
@@ -307,6 +311,7 @@ class SqliteDialect:
         return out
 
     def step(self) -> _Link:
+        """``Dialect.step``."""
         return _Link(self)
 
     def committed(self) -> None:
@@ -342,6 +347,7 @@ class SqliteDialect:
         return 0
 
     async def read(self, job: Callable[[Any], T]) -> T:
+        """``Dialect.read``."""
         reader = self._reader
         if reader is None:
             raise StoreError(f"{self!r} is not open; await store.open()")
@@ -364,17 +370,21 @@ class SqliteDialect:
         return self._slow_reader
 
     def in_transaction(self, c: Any) -> bool:
+        """``Dialect.in_transaction``."""
         return bool(c.in_transaction)
 
     def lost(self, c: Any) -> bool:
+        """``Dialect.lost``."""
         return False  # a file does not go away under an open connection
 
     def notify(self, c: Any, key: SessionKey, seq: int | None) -> None:
+        """``Dialect.notify``."""
         return None  # other processes look (PRAGMA data_version)
 
     # -- the wake-ups ----------------------------------------------------------------------
 
     def listen(self, feed: Feed) -> None:
+        """``Dialect.listen``."""
         self._feed = feed
         if self._detector is None or self._detector.done():
             self._detector = asyncio.ensure_future(self._detect(feed))

@@ -21,6 +21,7 @@ from .helpers import KEY, event_ids, get_turn, opening
 
 
 async def check_enqueue_is_durable_and_idempotent(store: SessionStore) -> None:
+    """Accepted entries are durable and in order; an id accepted again is returned as it is."""
     assert await store.session_info(KEY) is None
     t1, new1 = await store.enqueue(KEY, NewEntry("t1", opening("t1"), event={"source": "x"}))
     t2, new2 = await store.enqueue(KEY, NewEntry("t2", opening("t2")))
@@ -39,6 +40,7 @@ async def check_enqueue_is_durable_and_idempotent(store: SessionStore) -> None:
 
 
 async def check_cancel_requests_are_durable(store: SessionStore) -> None:
+    """A cancel is asked of unfinished turns once each, durably, with or without a lease."""
     await store.enqueue(KEY, NewEntry("t1", opening("t1")))
     await store.enqueue(KEY, NewEntry("t2", opening("t2")))
     assert await store.request_cancel(KEY, "t1", "stop") == ["t1"]
@@ -53,6 +55,8 @@ async def check_cancel_requests_are_durable(store: SessionStore) -> None:
 
 
 async def check_turn_data_is_set_without_a_lease(store: SessionStore) -> None:
+    """A name of a turn's data is set without a lease (only_new: a compare-and-set), and the
+    engine's commit keeps it."""
     await store.enqueue(KEY, NewEntry("t1", opening("t1")))
     lease = await store.claim(KEY)  # a driver holds the session: channel state needs no lease
     assert await store.set_turn_data(KEY, "t1", "stream", {"ts": "1.1"}) == {"ts": "1.1"}
@@ -115,6 +119,7 @@ async def check_a_cancel_withdraws_a_park(store: SessionStore) -> None:
 
 
 async def check_parked_session_refuses_other_turns(store: SessionStore) -> None:
+    """A parked session refuses new turns and lists as parked, not as work for a driver."""
     await store.enqueue(KEY, NewEntry("t1", opening("t1")))
     lease = await store.claim(KEY)
     async with lease.transaction() as tx:
@@ -135,6 +140,8 @@ async def check_parked_session_refuses_other_turns(store: SessionStore) -> None:
 
 
 async def check_supersede_cancels_unfinished_turns_but_not_a_park(store: SessionStore) -> None:
+    """A superseding entry asks the queued and running turns to cancel, never a parked one;
+    commands are accepted while parked."""
     await store.enqueue(KEY, NewEntry("t1", opening("t1")))
     await store.enqueue(KEY, NewEntry("t2", opening("t2")))
     await store.enqueue(KEY, NewEntry("t3", opening("t3"), supersede="superseded by turn t3"))

@@ -37,6 +37,7 @@ async def step_result(store: SessionStore, key: SessionKey,
 
 
 async def commit_events(store: SessionStore, key: SessionKey, turn_id: str, n: int) -> None:
+    """Commit ``n`` ``turn.started`` events of a turn under a lease of their own."""
     lease = await store.claim(key)
     try:
         async with lease.transaction() as tx:

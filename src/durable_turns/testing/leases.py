@@ -22,6 +22,8 @@ from .helpers import KEY, commit_events, event_ids, opening
 
 
 async def check_lease_is_exclusive(store: SessionStore) -> None:
+    """One holder per session at a time; other sessions are free; a released lease is claimed
+    again."""
     lease = await store.claim(KEY)
     try:
         await store.claim(KEY, timeout=0.05)
@@ -37,6 +39,7 @@ async def check_lease_is_exclusive(store: SessionStore) -> None:
 
 
 async def check_two_holders_contend_for_one_session(store: SessionStore) -> None:
+    """A claim that waits gets the session once its holder releases it, with a higher epoch."""
     order: list[str] = []
     first = await store.claim(KEY)
 
@@ -59,6 +62,7 @@ async def check_two_holders_contend_for_one_session(store: SessionStore) -> None
 
 
 async def check_ready_sessions_are_claimed_once(store: SessionStore) -> None:
+    """claim_ready claims sessions with work and a free lease, each by one claimer only."""
     other, parked = SessionKey("agent", "s2"), SessionKey("agent", "parked")
     foreign = SessionKey("another", "s1")
     assert list(await store.claim_ready(["agent"])) == []
@@ -92,6 +96,8 @@ async def check_ready_sessions_are_claimed_once(store: SessionStore) -> None:
 
 
 async def check_subscribe_replays_then_goes_live(store: SessionStore) -> None:
+    """A subscription replays the stored events after its cursor, then live ones: no gap, no
+    duplicate."""
     await commit_events(store, KEY, "t1", 3)
     got: list[TurnEvent] = []
     live: list[TurnEvent] = []
@@ -116,6 +122,8 @@ async def check_subscribe_replays_then_goes_live(store: SessionStore) -> None:
 
 
 async def check_watchers_hear_commits_and_cancels(store: SessionStore) -> None:
+    """Watchers hear this process's commits (the events) and other changes (None) until they stop
+    watching."""
     await store.enqueue(KEY, NewEntry("t1", opening("t1")))
     heard: list[list[TurnEvent] | None] = []
     stop = store.watch(KEY, heard.append)

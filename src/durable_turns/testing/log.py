@@ -34,6 +34,8 @@ from .helpers import KEY, commit_events, event_ids, get_turn, grow, opening, ste
 
 
 async def check_transaction_commits_everything(store: SessionStore) -> None:
+    """A step's messages, checkpoints, events, turn and session status commit together, and a new
+    lease counts on from them."""
     await store.enqueue(KEY, NewEntry("t1", opening("t1")))
     lease = await store.claim(KEY)
     call = ToolCall("c1", "tool", {"a": 1})
@@ -150,6 +152,7 @@ async def check_every_write_reads_back_as_written(store: SessionStore) -> None:
 
 
 async def check_failed_transaction_writes_nothing(store: SessionStore) -> None:
+    """A transaction that raises writes nothing and leaves its lease's counters as they were."""
     await store.enqueue(KEY, NewEntry("t1", opening("t1")))
     lease = await store.claim(KEY)
     try:
@@ -169,6 +172,8 @@ async def check_failed_transaction_writes_nothing(store: SessionStore) -> None:
 
 
 async def check_a_stale_epoch_is_refused(store: SessionStore) -> None:
+    """A lease taken over (a stale epoch) commits nothing, in a full transaction or in the common
+    step."""
     await store.enqueue(KEY, NewEntry("t1", opening("t1")))
     stale = await store.claim(KEY)
     await stale.release()
@@ -206,6 +211,7 @@ async def check_a_stale_epoch_is_refused(store: SessionStore) -> None:
 
 
 async def check_reset_starts_a_new_generation(store: SessionStore) -> None:
+    """A reset archives the live generation (still readable) and cancels a stale park."""
     await store.enqueue(KEY, NewEntry("t1", opening("t1")))
     lease = await store.claim(KEY)
     async with lease.transaction() as tx:
@@ -271,6 +277,7 @@ async def check_a_long_transcript_reads_back_whole(store: SessionStore) -> None:
 
 
 async def check_events_are_read_by_turn(store: SessionStore) -> None:
+    """Events are read by turn and after a cursor."""
     await commit_events(store, KEY, "t1", 2)
     await commit_events(store, KEY, "t2", 1)
     await commit_events(store, KEY, "t1", 1)

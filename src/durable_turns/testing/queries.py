@@ -14,6 +14,7 @@ from .helpers import KEY, get_turn, opening
 
 
 async def check_sessions_are_found_by_turn_id(store: SessionStore) -> None:
+    """Sessions are found by the id of a turn (not of a command)."""
     other = SessionKey("agent", "s2")
     await store.enqueue(KEY, NewEntry("shared", opening("shared")))
     await store.enqueue(other, NewEntry("shared", opening("shared")))
@@ -27,6 +28,7 @@ async def check_sessions_are_found_by_turn_id(store: SessionStore) -> None:
 
 
 async def check_sessions_are_listed_newest_first(store: SessionStore) -> None:
+    """An agent's sessions are listed newest first; a reset keeps a session's place."""
     names = ["b", "a", "c"]
     for name in names:
         await store.enqueue(SessionKey("agent", name), NewEntry(f"t-{name}", opening(f"t-{name}")))

@@ -59,7 +59,9 @@ __all__ = [
 class Connection(Protocol):
     """What the statements need of a DB-API connection."""
 
-    def execute(self, sql: str, params: Any = ..., /) -> Any: ...
+    def execute(self, sql: str, params: Any = ..., /) -> Any:
+        """Run one statement; returns a cursor (``fetchone``, ``fetchall``, ``rowcount``)."""
+        ...
 
 
 _TURN_COLS = (
@@ -308,6 +310,7 @@ class Statements:
 
     def enqueue(self, c: Connection, key: SessionKey,
                 entry: NewEntry) -> tuple[TurnRecord, bool]:
+        """``SessionStore.enqueue``, in the caller's transaction (see :func:`check_enqueue`)."""
         sid = self.sid(c, key, create=True)
         row = c.execute(self._find_turn, (sid, entry.turn_id)).fetchone()
         if row is not None:
@@ -349,6 +352,7 @@ class Statements:
 
     def request_cancel(self, c: Connection, key: SessionKey, turn_id: str | None,
                        reason: str) -> list[str]:
+        """``SessionStore.request_cancel``, in the caller's transaction."""
         sid = self.sid(c, key, create=False)
         if sid is None:
             return []
@@ -380,6 +384,7 @@ class Statements:
         return value
 
     def cancel_of(self, c: Connection, sid: int, turn_id: str) -> str | None:
+        """``Lease.cancel_requested``: the cancel asked of an entry, if any."""
         row = c.execute(self._cancel_of, (sid, turn_id)).fetchone()
         return None if row is None else row[0]
 
@@ -401,6 +406,7 @@ class Statements:
         return [_turn(r) for r in rows]
 
     def session_info(self, c: Connection, key: SessionKey) -> SessionInfo | None:
+        """``SessionStore.session_info``."""
         row = c.execute(self._info, (key.agent, key.session)).fetchone()
         return None if row is None else SessionInfo(row[0], row[1])
 
@@ -448,6 +454,7 @@ class Statements:
 
     def read_steps(self, c: Connection, key: SessionKey, generation: int | None,
                    step_id: str | None) -> dict[str, StepRecord]:
+        """``SessionStore.read_steps``; a step looked up by id reads the partial index."""
         params = self._generation_params(key, generation)
         where = hint = ""
         if step_id is not None:
@@ -469,6 +476,7 @@ class Statements:
 
     def read_events(self, c: Connection, key: SessionKey, after_seq: int,
                     turn_id: str | None) -> list[TurnEvent]:
+        """``SessionStore.read_events``, rebuilt whole from their rows."""
         rows = c.execute(self.q(
             f"SELECT seq, turn_id, body, events FROM log WHERE sid = ({self._sid}) AND seq > ? "
             "AND events IS NOT NULL "
@@ -482,6 +490,7 @@ class Statements:
         return out
 
     def newest_seq(self, c: Connection, key: SessionKey) -> int:
+        """The session's newest event seq, 0 when none (where the feed starts)."""
         row = c.execute(self.q(
             f"SELECT coalesce(max(seq), 0) FROM log WHERE sid = ({self._sid})"
         ), (key.agent, key.session)).fetchone()
