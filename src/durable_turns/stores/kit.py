@@ -10,7 +10,7 @@
   :func:`supersede_reason`, :func:`updated_request`);
 - claim helpers: :func:`retry_until` (a claim that waits, backing off) and
   :func:`claim_found` (``claim_ready`` from a list of candidates and a claim that does not
-  wait); :class:`LockHold`, a step's hold on a store's write lock;
+  wait);
 - :class:`Worker` (from ``stores.worker``): a thread of its own for a driver that blocks.
 
 A SQL backend needs less than this: ``durable_turns.stores.sql`` uses the kit and leaves a
@@ -45,7 +45,6 @@ __all__ = [
     "BufferedTransaction",
     "Feed",
     "LeaseCounters",
-    "LockHold",
     "Subscription",
     "Worker",
     "Writes",
@@ -157,32 +156,6 @@ class BufferedTransaction:
         if self.writes.new_generation:
             self.lease.generation += 1
             self.lease.message_count = 0
-
-
-class LockHold:
-    """A step's hold on its store's write lock, where one write connection serves every
-    session: taken at the step's first use of the connection (a local tool or its commit),
-    kept until the commit ends, so nobody else's statement lands in the step's transaction.
-
-    Args:
-        lock: the store's write lock.
-    """
-
-    def __init__(self, lock: asyncio.Lock) -> None:
-        self._lock = lock
-        self._held = False
-
-    async def take(self) -> None:
-        """Take the lock, unless this hold has it already."""
-        if not self._held:
-            await self._lock.acquire()
-            self._held = True
-
-    def give_back(self) -> None:
-        """Release the lock, if this hold has it."""
-        if self._held:
-            self._held = False
-            self._lock.release()
 
 
 async def retry_until(attempt: Callable[[], Awaitable[T | None]], key: SessionKey,

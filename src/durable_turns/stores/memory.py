@@ -30,8 +30,7 @@ from ..errors import StoreError
 from ..records import SessionKey
 from . import StoreCapabilities
 from .feed import Feed
-from .kit import LockHold
-from .sql import LocalLeases, SqlStore, migrate
+from .sql import LocalLeases, SharedLink, SqlStore, migrate
 from .sqlite import SYNTAX
 
 __all__ = ["MemoryStore"]
@@ -63,33 +62,6 @@ def _run(job: Callable[[sqlite3.Connection], T], c: sqlite3.Connection) -> T:
         return job(c)
     except sqlite3.Error as e:
         raise StoreError(f"the memory store failed: {e}") from e
-
-
-class _Link:
-    """A step's link (``StepLink``): the one connection, under the store's write lock from the
-    step's first local tool or its commit to the end of its commit."""
-
-    def __init__(self, dialect: MemoryDialect) -> None:
-        self._dialect = dialect
-        self._hold = LockHold(dialect.write_lock)
-
-    def connection(self) -> sqlite3.Connection:
-        return self._dialect.conn
-
-    async def run_local(self, job: Callable[[Any], T]) -> T:
-        await self._hold.take()
-        return job(self._dialect.conn)
-
-    async def commit(self, job: Callable[[Any], None], *, began: bool,
-                     waiting: Callable[[Any], None] | None = None) -> None:
-        await self._hold.take()
-        _run(job, self._dialect.conn)
-
-    async def rollback(self, job: Callable[[Any], None]) -> None:
-        job(self._dialect.conn)
-
-    async def end(self) -> None:
-        self._hold.give_back()
 
 
 class MemoryDialect:
@@ -130,11 +102,27 @@ class MemoryDialect:
                     waiting: Callable[[Any], T] | None = None) -> T:
         """``Dialect.write``."""
         async with self.write_lock:
-            return _run(job, self.conn)
+            return await self.run_write(job)
 
-    def step(self) -> _Link:
+    def step(self) -> SharedLink:
         """``Dialect.step``."""
-        return _Link(self)
+        return SharedLink(self)
+
+    def writer(self) -> sqlite3.Connection:
+        """``SharedWriter.writer``."""
+        return self.conn
+
+    async def run_local_job(self, job: Callable[[Any], T]) -> T:
+        """``SharedWriter.run_local_job``: on the loop (no thread to hand it to)."""
+        return job(self.conn)
+
+    async def run_write(self, job: Callable[[Any], T], *, began: bool = False,
+                        waiting: Callable[[Any], T] | None = None) -> T:
+        """``SharedWriter.run_write``: at once (nothing else writes to this database)."""
+        return _run(job, self.conn)
+
+    def committed(self) -> None:
+        """``SharedWriter.committed``: nothing to keep up."""
 
     def in_transaction(self, c: Any) -> bool:
         """``Dialect.in_transaction``."""

@@ -155,15 +155,18 @@ class _Link:
 
     async def commit(self, job: Callable[[Any], None], *, began: bool,
                      waiting: Callable[[Any], None] | None = None) -> None:
-        lane = await self._take()
+        try:
+            lane = await self._take()
 
-        def commit() -> None:
-            try:
-                job(lane.connection())
-            finally:
-                lane.put_back()
+            def commit() -> None:
+                try:
+                    job(lane.connection())
+                finally:
+                    lane.put_back()
 
-        await self._dialect.guard(lane.worker.run(commit))
+            await self._dialect.guard(lane.worker.run(commit))
+        finally:
+            await self.end()
 
     async def rollback(self, job: Callable[[Any], None]) -> None:
         lane = self._lane
@@ -177,8 +180,11 @@ class _Link:
             finally:
                 lane.put_back()
 
-        with contextlib.suppress(StoreError):  # the error that got us here matters
-            await self._dialect.guard(lane.worker.run(rollback))
+        try:
+            with contextlib.suppress(StoreError):  # the error that got us here matters
+                await self._dialect.guard(lane.worker.run(rollback))
+        finally:
+            await self.end()
 
     async def end(self) -> None:
         lane, self._lane = self._lane, None

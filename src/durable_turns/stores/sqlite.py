@@ -47,13 +47,13 @@ from ..records import SessionKey
 from . import StoreCapabilities
 from ._sqlite_files import FileLocks, busy, connect, open_writer
 from .feed import Feed
-from .kit import LockHold, Worker
+from .kit import Worker
 
 # Re-exported: the fewest messages a ``log_transcript`` row holds, the most log rows a
 # commit copies into it.
 from .sql import TRANSCRIPT_CHUNK as TRANSCRIPT_CHUNK
 from .sql import TRANSCRIPT_COPY_ROWS as TRANSCRIPT_COPY_ROWS
-from .sql import LocalLeases, SqlStore, Syntax, create_statements
+from .sql import LocalLeases, SharedLink, SqlStore, Syntax, create_statements
 
 __all__ = ["CREATE", "SYNTAX", "SqliteStore"]
 
@@ -85,40 +85,6 @@ the loop: most local tools (a few row writes) end sooner, and the step then skip
 wake-up; a longer one delays other sessions by this much at most."""
 DETECTOR_LINGER = 2.0
 """Seconds the change detector keeps polling after the last subscriber or watcher left."""
-
-
-class _Link:
-    """A step's link (``StepLink``): the writer connection, from the step's first local tool
-    or its commit to the end of its commit, under the store's write lock (the writer
-    connection serves every session)."""
-
-    def __init__(self, dialect: SqliteDialect) -> None:
-        self._dialect = dialect
-        self._conn = dialect.writer()
-        self._hold = LockHold(dialect.write_lock)
-
-    def connection(self) -> sqlite3.Connection:
-        return self._conn
-
-    async def run_local(self, job: Callable[[Any], T]) -> T:
-        await self._hold.take()
-        c = self._conn
-        return await self._dialect.on_writer_thread(lambda: job(c), linger=LOCAL_LINGER)
-
-    async def commit(self, job: Callable[[Any], None], *, began: bool,
-                     waiting: Callable[[Any], None] | None = None) -> None:
-        await self._hold.take()
-        c, d = self._conn, self._dialect
-        await d.run_write(lambda: job(c), began=began,
-                          waiting=None if waiting is None else lambda: waiting(c))
-        d.committed()
-
-    async def rollback(self, job: Callable[[Any], None]) -> None:
-        with contextlib.suppress(sqlite3.Error):
-            job(self._conn)
-
-    async def end(self) -> None:
-        self._hold.give_back()
 
 
 class SqliteDialect:
@@ -264,9 +230,11 @@ class SqliteDialect:
 
     # -- the loop and the threads ----------------------------------------------------------
 
-    async def on_writer_thread(self, fn: Callable[[], T], *, linger: float = 0.0) -> T:
-        """Run ``fn`` on the writer thread, where the writer connection may wait for the lock
-        (the caller holds :attr:`write_lock`); ``linger``: see :meth:`Worker.run`."""
+    async def on_writer_thread(self, job: Callable[[sqlite3.Connection], T], *,
+                               linger: float = 0.0) -> T:
+        """Run ``job(writer connection)`` on the writer thread, where the connection may wait
+        for the lock (the caller holds :attr:`write_lock`); ``linger``: see
+        :meth:`Worker.run`."""
         writer = self.writer()
         pool = self._writer_thread()
         timeout = int(self._busy_timeout * 1000)
@@ -274,45 +242,48 @@ class SqliteDialect:
         def waiting() -> T:
             writer.execute(f"PRAGMA busy_timeout = {timeout}")
             try:
-                return fn()
+                return job(writer)
             finally:
                 writer.execute("PRAGMA busy_timeout = 0")
 
         return await pool.run(waiting, linger=linger)
 
-    async def run_write(self, fn: Callable[[], T], *, began: bool = False,
-                        waiting: Callable[[], T] | None = None) -> T:
-        """Run a write job (the caller holds :attr:`write_lock`): here if the database's write
-        lock is free, else on the writer thread, which waits for it (running ``waiting``
-        instead of ``fn`` when given). A job that ``began`` on the thread already holds the
-        lock and cannot be refused.
+    async def run_write(self, job: Callable[[sqlite3.Connection], T], *, began: bool = False,
+                        waiting: Callable[[sqlite3.Connection], T] | None = None) -> T:
+        """Run a write job on the writer connection (the caller holds :attr:`write_lock`):
+        here if the database's write lock is free, else on the writer thread, which waits for
+        it (running ``waiting`` instead of ``job`` when given). A job that ``began`` on the
+        thread already holds the lock and cannot be refused.
 
         Raises:
             StoreError: SQLite failed (what the job raises of its own propagates as it is).
         """
         try:
             try:
-                return fn()
+                return job(self.writer())
             except sqlite3.OperationalError as e:
                 if began or not busy(e):
                     raise
-            return await self.on_writer_thread(waiting or fn)
+            return await self.on_writer_thread(waiting or job)
         except sqlite3.Error as e:
             raise StoreError(f"write to {self.path} failed: {e}") from e
 
     async def write(self, job: Callable[[Any], T], *,
                     waiting: Callable[[Any], T] | None = None) -> T:
         """``Dialect.write``."""
-        c = self.writer()
+        self.writer()
         async with self.write_lock:
-            out = await self.run_write(lambda: job(c),
-                                       waiting=None if waiting is None else lambda: waiting(c))
+            out = await self.run_write(job, waiting=waiting)
         self.committed()
         return out
 
-    def step(self) -> _Link:
+    def step(self) -> SharedLink:
         """``Dialect.step``."""
-        return _Link(self)
+        return SharedLink(self)
+
+    async def run_local_job(self, job: Callable[[Any], T]) -> T:
+        """``SharedWriter.run_local_job``: on the writer thread, the loop lingering for it."""
+        return await self.on_writer_thread(job, linger=LOCAL_LINGER)
 
     def committed(self) -> None:
         """Count a commit; every ``CHECKPOINT_EVERY`` starts a WAL checkpoint, off the loop."""

@@ -24,7 +24,7 @@ then runs ``durable_turns.testing``'s conformance suite (every tier) against it.
 
 from __future__ import annotations
 
-from .local import RELEASED_KEPT, LocalLeases, Locks
+from .local import RELEASED_KEPT, LocalLeases, Locks, SharedLink, SharedWriter
 from .schema import (
     INDEXES,
     MIGRATIONS,
@@ -69,6 +69,8 @@ __all__ = [
     "LocalLeases",
     "Locks",
     "Migration",
+    "SharedLink",
+    "SharedWriter",
     "SqlLease",
     "SqlStore",
     "SqlTransaction",

@@ -1,4 +1,5 @@
-"""Leases for the SQL stores of one machine: a lock outside the database, then an epoch.
+"""What the SQL stores of one machine share: leases held by a lock outside the database,
+and the step link of a write connection that serves every session.
 
 A one-machine store holds a session by a lock that dies with its holder (an OS file lock;
 for a store of one process, a set in memory), so a crashed holder never blocks a replay and
@@ -12,12 +13,19 @@ once over its :class:`Locks`:
   epoch directly follows the released one (nobody wrote in between);
 - ``claim_ready`` claims, without waiting, sessions with work whose lock looks free
   (:func:`~durable_turns.stores.kit.claim_found`).
+
+Such a store writes through one connection, so a step holds the store's write lock
+(an ``asyncio.Lock``) from its first use of the connection (a local tool or its commit) to the
+end of its commit, and nobody else's statement lands in its transaction: :class:`SharedLink`
+is that ``StepLink``, over the dialect's :class:`SharedWriter`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
-from typing import TYPE_CHECKING, Any, Protocol
+import asyncio
+import contextlib
+from collections.abc import Callable, Collection, Iterable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from ...records import SessionKey
 from ..kit import claim_found, retry_until
@@ -26,7 +34,9 @@ from .store import Grant
 if TYPE_CHECKING:
     from .store import SqlLease, SqlStore
 
-__all__ = ["RELEASED_KEPT", "LocalLeases", "Locks"]
+__all__ = ["RELEASED_KEPT", "LocalLeases", "Locks", "SharedLink", "SharedWriter"]
+
+T = TypeVar("T")
 
 RELEASED_KEPT = 4096
 """Sessions whose counters a store keeps after its lease ends, for its next claim of them."""
@@ -113,3 +123,100 @@ class LocalLeases:
         self._released[lease.key] = (lease.sid, lease.epoch, lease.generation, lease.last_seq,
                                      lease.message_count)
         self._locks.give_back(lease.hold)
+
+
+class SharedWriter(Protocol):
+    """What :class:`SharedLink` needs of a dialect whose one write connection serves every
+    session."""
+
+    @property
+    def write_lock(self) -> asyncio.Lock:
+        """Held by whoever uses the write connection."""
+        ...
+
+    def writer(self) -> Any:
+        """The write connection.
+
+        Raises:
+            StoreError: the store is not open.
+        """
+        ...
+
+    async def run_local_job(self, job: Callable[[Any], T]) -> T:
+        """Run a local tool's job on the write connection (where user code may block)."""
+        ...
+
+    async def run_write(self, job: Callable[[Any], T], *, began: bool = False,
+                        waiting: Callable[[Any], T] | None = None) -> T:
+        """Run a write job on the write connection (see ``StepLink.commit``).
+
+        Raises:
+            StoreError: the database failed.
+        """
+        ...
+
+    def committed(self) -> None:
+        """A step committed (for the dialect's upkeep: checkpoints)."""
+        ...
+
+
+class SharedLink:
+    """The ``StepLink`` of a :class:`SharedWriter`: its write connection, under its write
+    lock from the step's first use of it to the end of its commit.
+
+    Args:
+        writer: the dialect.
+
+    Raises:
+        StoreError: the store is not open.
+    """
+
+    # One per step: no instance dict, and nothing else allocated with it.
+    __slots__ = ("_conn", "_held", "_writer")
+
+    def __init__(self, writer: SharedWriter) -> None:
+        self._writer = writer
+        self._conn = writer.writer()
+        self._held = False
+
+    def connection(self) -> Any:
+        """``StepLink.connection``."""
+        return self._conn
+
+    async def _take(self) -> None:
+        await self._writer.write_lock.acquire()
+        self._held = True
+
+    def _give_back(self) -> None:
+        if self._held:
+            self._held = False
+            self._writer.write_lock.release()
+
+    async def run_local(self, job: Callable[[Any], T]) -> T:
+        """``StepLink.run_local``."""
+        if not self._held:
+            await self._take()
+        return await self._writer.run_local_job(job)
+
+    async def commit(self, job: Callable[[Any], None], *, began: bool,
+                     waiting: Callable[[Any], None] | None = None) -> None:
+        """``StepLink.commit``."""
+        try:
+            if not self._held:
+                await self._take()
+            await self._writer.run_write(job, began=began, waiting=waiting)
+        finally:
+            self._give_back()
+        self._writer.committed()
+
+    async def rollback(self, job: Callable[[Any], None]) -> None:
+        """``StepLink.rollback``."""
+        try:
+            with contextlib.suppress(Exception):  # the error that got us here matters
+                job(self._conn)
+        finally:
+            self._give_back()
+
+    async def end(self) -> None:
+        """``StepLink.end``."""
+        self._give_back()

@@ -81,18 +81,20 @@ class StepLink(Protocol):
 
     async def commit(self, job: Callable[[Any], None], *, began: bool,
                      waiting: Callable[[Any], None] | None = None) -> None:
-        """Run the commit's job. ``began``: a local tool began the step's transaction (its
-        connection holds the database's write lock). ``waiting``: where ``job`` would wait
-        for another writer, run this instead, where waiting is fine."""
+        """Run the commit's job, then give back what the link holds (whatever happened).
+        ``began``: a local tool began the step's transaction (its connection holds the
+        database's write lock). ``waiting``: where ``job`` would wait for another writer, run
+        this instead, where waiting is fine."""
         ...
 
     async def rollback(self, job: Callable[[Any], None]) -> None:
-        """Run the rollback's job on the step's connection; its failure is not raised (the
-        error that led here matters)."""
+        """Run the rollback's job on the step's connection, then give back what the link
+        holds; the job's failure is not raised (the error that led here matters)."""
         ...
 
     async def end(self) -> None:
-        """Give back what the link holds (a connection, the write lock); always called."""
+        """Give back what the link holds (a connection, the write lock): for a step that
+        neither commits nor rolls back (it failed before anything began)."""
         ...
 
 
@@ -436,6 +438,7 @@ class SqlTransaction(BufferedTransaction):
         self._dialect = lease.store.dialect
         self._link = self._dialect.step()
         self._begun = False
+        self._fast = self._dialect.syntax.serialised
 
     def unwrap(self) -> Any:
         """``Transaction.unwrap``.
@@ -458,20 +461,18 @@ class SqlTransaction(BufferedTransaction):
 
     async def __aexit__(self, exc_type: object, exc: object, tb: object) -> None:
         link = self._link
-        try:
-            if exc_type is None:
-                if not self._begun and self._dialect.syntax.serialised \
-                        and Statements.one_row(self.writes):
-                    # One fenced statement, its own transaction; where it would wait for
-                    # another writer, the whole transaction instead.
-                    await link.commit(self._append, began=False, waiting=self._commit)
-                else:
-                    await link.commit(self._commit, began=self._begun)
-                self.committed()
-                self._store.feed.published(self.lease.key, self.writes.events)
-            elif self._begun:
-                await link.rollback(self._rollback)
-        finally:
+        if exc_type is None:
+            if self._fast and not self._begun and Statements.one_row(self.writes):
+                # One fenced statement, its own transaction; where it would wait for another
+                # writer, the whole transaction instead.
+                await link.commit(self._append, began=False, waiting=self._commit)
+            else:
+                await link.commit(self._commit, began=self._begun)
+            self.committed()
+            self._store.feed.published(self.lease.key, self.writes.events)
+        elif self._begun:
+            await link.rollback(self._rollback)
+        else:
             await link.end()
 
     # -- jobs, run by the link on the step's connection -----------------------------------
