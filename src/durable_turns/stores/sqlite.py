@@ -38,7 +38,7 @@ import asyncio
 import contextlib
 import os
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -281,9 +281,9 @@ class SqliteDialect:
         """``Dialect.step``."""
         return SharedLink(self)
 
-    async def run_local_job(self, job: Callable[[Any], T]) -> T:
+    def run_local_job(self, job: Callable[[Any], T]) -> Awaitable[T]:
         """``SharedWriter.run_local_job``: on the writer thread, the loop lingering for it."""
-        return await self.on_writer_thread(job, linger=LOCAL_LINGER)
+        return self.on_writer_thread(job, linger=LOCAL_LINGER)
 
     def committed(self) -> None:
         """Count a commit; every ``CHECKPOINT_EVERY`` starts a WAL checkpoint, off the loop."""
