@@ -17,7 +17,7 @@ from ..records import (
     TurnStatus,
 )
 from ..stores import SessionStore
-from .helpers import KEY, event_ids, get_turn, opening
+from .helpers import KEY, event_ids, get_turn, opening, park
 
 
 async def check_enqueue_is_durable_and_idempotent(store: SessionStore) -> None:
@@ -94,12 +94,7 @@ async def check_turn_data_of_two_writers_merges(store: SessionStore) -> None:
 async def check_a_cancel_withdraws_a_park(store: SessionStore) -> None:
     """A cancel reaches a parked turn: its request no longer stands (no inbox, no refusal of
     new turns) and the turn is work for a driver, which ends it; a supersede never does."""
-    await store.enqueue(KEY, NewEntry("p1", opening("p1")))
-    lease = await store.claim(KEY)
-    async with lease.transaction() as tx:
-        tx.set_turn(TurnResult("p1", TurnStatus.SUSPENDED, request=InputRequest("ok", "ok?")))
-        tx.set_status("suspended")
-    await lease.release()
+    await park(store, KEY, "p1")
     assert (await store.find_sessions("parked"), await store.find_sessions("unfinished")) == (
         [KEY], [])
     assert await store.claim_ready(["agent"]) == []
@@ -120,12 +115,7 @@ async def check_a_cancel_withdraws_a_park(store: SessionStore) -> None:
 
 async def check_parked_session_refuses_other_turns(store: SessionStore) -> None:
     """A parked session refuses new turns and lists as parked, not as work for a driver."""
-    await store.enqueue(KEY, NewEntry("t1", opening("t1")))
-    lease = await store.claim(KEY)
-    async with lease.transaction() as tx:
-        tx.set_turn(TurnResult("t1", TurnStatus.SUSPENDED, request=InputRequest("approve", "ok?")))
-        tx.set_status("suspended")
-    await lease.release()
+    await park(store, KEY, "t1", InputRequest("approve", "ok?"))
     try:
         await store.enqueue(KEY, NewEntry("t2", opening("t2")))
     except SessionBusyError:
@@ -151,11 +141,7 @@ async def check_supersede_cancels_unfinished_turns_but_not_a_park(store: Session
         assert rec is not None and rec.cancel == cancel, (turn_id, rec)
     # A parked turn is never superseded: a new turn is refused instead.
     other = SessionKey("agent", "parked")
-    await store.enqueue(other, NewEntry("p1", opening("p1")))
-    lease = await store.claim(other)
-    async with lease.transaction() as tx:
-        tx.set_turn(TurnResult("p1", TurnStatus.SUSPENDED, request=InputRequest("ok", "ok?")))
-    await lease.release()
+    await park(store, other, "p1")
     with contextlib.suppress(SessionBusyError):
         await store.enqueue(other, NewEntry("p2", opening("p2"), supersede="replace"))
         raise AssertionError("a parked session accepted a superseding turn")

@@ -6,7 +6,15 @@ from typing import Any
 
 from ..events import MessageCompleted, TurnCompleted, TurnStarted
 from ..messages import Message
-from ..records import NewEntry, SessionKey, StepResult, TurnRecord, TurnResult, TurnStatus
+from ..records import (
+    InputRequest,
+    NewEntry,
+    SessionKey,
+    StepResult,
+    TurnRecord,
+    TurnResult,
+    TurnStatus,
+)
 from ..stores import SessionStore
 
 KEY = SessionKey("agent", "s1")
@@ -21,6 +29,19 @@ def opening(turn_id: str, text: str = "hello") -> Message:
 def event_ids(turn_id: str) -> dict[str, Any]:
     """The ids an event of a turn of :data:`KEY` carries."""
     return {"agent": KEY.agent, "session": KEY.session, "turn_id": turn_id}
+
+
+async def park(store: SessionStore, key: SessionKey, turn_id: str,
+               request: InputRequest | None = None) -> None:
+    """Accept the turn ``turn_id`` (if new) and park it on ``request`` (default: ``ok?``), as a
+    driver would: the turn suspended and the session's status with it."""
+    await store.enqueue(key, NewEntry(turn_id, opening(turn_id)))
+    lease = await store.claim(key)
+    async with lease.transaction() as tx:
+        tx.set_turn(TurnResult(turn_id, TurnStatus.SUSPENDED,
+                               request=request or InputRequest("ok", "ok?")))
+        tx.set_status("suspended")
+    await lease.release()
 
 
 async def get_turn(store: SessionStore, key: SessionKey, turn_id: str) -> TurnRecord | None:

@@ -11,14 +11,11 @@ from ..events import (
     TurnStarted,
 )
 from ..records import (
-    InputRequest,
     NewEntry,
     SessionKey,
-    TurnResult,
-    TurnStatus,
 )
 from ..stores import SessionStore
-from .helpers import KEY, commit_events, event_ids, opening
+from .helpers import KEY, commit_events, event_ids, opening, park
 
 
 async def check_lease_is_exclusive(store: SessionStore) -> None:
@@ -66,12 +63,9 @@ async def check_ready_sessions_are_claimed_once(store: SessionStore) -> None:
     other, parked = SessionKey("agent", "s2"), SessionKey("agent", "parked")
     foreign = SessionKey("another", "s1")
     assert list(await store.claim_ready(["agent"])) == []
-    for key in (KEY, other, parked, foreign):
+    for key in (KEY, other, foreign):
         await store.enqueue(key, NewEntry("t1", opening("t1")))
-    lease = await store.claim(parked)
-    async with lease.transaction() as tx:
-        tx.set_turn(TurnResult("t1", TurnStatus.SUSPENDED, request=InputRequest("ok", "ok?")))
-    await lease.release()
+    await park(store, parked, "t1")
     held = await store.claim(KEY)
     # Two workers claiming at once share the ready sessions out, never one to both.
     first, second = await asyncio.gather(store.claim_ready(["agent"]),

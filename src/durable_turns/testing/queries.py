@@ -10,7 +10,7 @@ from ..records import (
     TurnStatus,
 )
 from ..stores import SessionStore
-from .helpers import KEY, get_turn, opening
+from .helpers import KEY, get_turn, opening, park
 
 
 async def check_sessions_are_found_by_turn_id(store: SessionStore) -> None:
@@ -40,24 +40,15 @@ async def check_sessions_are_listed_newest_first(store: SessionStore) -> None:
     assert await store.list_sessions("nobody") == []
 
 
-async def _park(store: SessionStore, key: SessionKey, turn_id: str, request: InputRequest) -> None:
-    await store.enqueue(key, NewEntry(turn_id, opening(turn_id)))
-    lease = await store.claim(key)
-    async with lease.transaction() as tx:
-        tx.set_turn(TurnResult(turn_id, TurnStatus.SUSPENDED, request=request))
-        tx.set_status("suspended")
-    await lease.release()
-
-
 async def check_sessions_are_summarised_with_what_they_wait_for(store: SessionStore) -> None:
     """``session_summaries``: every session of an agent, newest first, with its status,
     generation and the request of its parked turn; ``parked_only`` is the inbox (a parked
     turn whose request a cancel withdrew is not in it)."""
     asked, withdrawn = InputRequest("ok", "Refund?", turn_id="p1"), InputRequest("go", "Go?")
     assert await store.session_summaries("agent") == []
-    await _park(store, SessionKey("agent", "a"), "p1", asked)
+    await park(store, SessionKey("agent", "a"), "p1", asked)
     await store.enqueue(SessionKey("agent", "b"), NewEntry("t1", opening("t1")))
-    await _park(store, SessionKey("agent", "c"), "p2", withdrawn)
+    await park(store, SessionKey("agent", "c"), "p2", withdrawn)
     await store.request_cancel(SessionKey("agent", "c"), "p2", "withdrawn")
     await store.enqueue(SessionKey("other", "z"), NewEntry("t1", opening("t1")))
     reset = SessionKey("agent", "a")
