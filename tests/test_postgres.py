@@ -29,13 +29,13 @@ KEY = SessionKey("ops", "s1")
 
 async def test_many_processes_opening_a_new_database_migrate_it_once(pg_dsn: str) -> None:
     from durable_turns import PostgresStore
-    from durable_turns.stores.postgres import MIGRATIONS
+    from durable_turns.stores.sql import SCHEMA_VERSION
 
     stores = [PostgresStore(pg_dsn) for _ in range(6)]
     await asyncio.gather(*(s.open() for s in stores))
     try:
         rows = stores[0].unwrap().execute("SELECT version FROM durable_turns_schema").fetchall()
-        assert rows == [(len(MIGRATIONS),)]
+        assert rows == [(SCHEMA_VERSION,)]
         await stores[1].enqueue(KEY, NewEntry("t1", Message("user", "hi", turn_id="t1")))
         assert await stores[2].find_sessions("unfinished") == [KEY]
     finally:
@@ -54,7 +54,7 @@ async def test_a_heartbeat_keeps_a_lease_and_an_expired_one_is_taken_over(pg_dsn
         # Renewed every ttl/3: still held well past one ttl.
         with pytest.raises(LeaseTimeoutError):
             await b.claim(KEY, timeout=2.5)
-        await held.stop_heartbeat()  # as if its process were paused: the lease expires
+        await a.stop_heartbeat(held)  # as if its process were paused: the lease expires
         async with asyncio.timeout(30):
             taken = await b.claim(KEY)
         assert taken.epoch > held.epoch

@@ -24,8 +24,10 @@ from durable_turns.events import TurnStarted
 from durable_turns.messages import encode_message
 from durable_turns.records import NewEntry
 from durable_turns.stores import Lease
-from durable_turns.stores.postgres import CHANNEL, LISTENER_NAME, MIGRATIONS, PostgresStore
+from durable_turns.stores.postgres import CHANNEL, LISTENER_NAME, PostgresStore
+from durable_turns.stores.sql import SCHEMA_VERSION
 from durable_turns.testing import get_turn
+from old_schemas import PG_HISTORY
 
 KEY = SessionKey("ops", "s1")
 
@@ -78,7 +80,7 @@ async def test_an_expired_lease_is_claimed_by_any_worker(pg_dsn: str) -> None:
         assert await b.claim_ready(["ops"]) == []  # held and beating
         owner = b.unwrap().execute("SELECT lease_owner FROM sessions").fetchone()
         assert owner == (a.owner,)
-        await held.stop_heartbeat()  # as if a's process were paused: the lease expires
+        await a.stop_heartbeat(held)  # as if a's process were paused: the lease expires
         taken: list[Lease] = []
         deadline = time.monotonic() + pgkit.CHILD_TIMEOUT
         while not taken:
@@ -200,7 +202,7 @@ async def test_a_listener_whose_backend_is_killed_reconnects_and_reads_what_it_m
 async def test_a_database_of_the_first_schema_is_migrated_and_keeps_its_turns(
         pg_dsn: str) -> None:
     with psycopg.connect(pg_dsn, autocommit=True) as c:  # what durable_turns 0.1 made
-        c.execute(MIGRATIONS[0].encode())
+        c.execute(PG_HISTORY[0].encode())
         c.execute("CREATE TABLE durable_turns_schema (version INTEGER NOT NULL)")
         c.execute("INSERT INTO durable_turns_schema VALUES (1)")
         c.execute("INSERT INTO sessions (agent, session) VALUES ('ops', 's1')")
@@ -217,7 +219,7 @@ async def test_a_database_of_the_first_schema_is_migrated_and_keeps_its_turns(
             res = await rt.session("ops", "s1").result("t1")
         assert (res.status, res.text) == ("completed", "done")
         version = store.unwrap().execute("SELECT version FROM durable_turns_schema").fetchall()
-        assert version == [(len(MIGRATIONS),)]
+        assert version == [(SCHEMA_VERSION,)]
         assert (await get_turn(store, KEY, "t1")) is not None
     finally:
         await rt.close()
@@ -228,7 +230,7 @@ async def test_a_schema_newer_than_this_version_is_refused_untouched(pg_dsn: str
 
     with psycopg.connect(pg_dsn, autocommit=True) as c:
         c.execute("CREATE TABLE durable_turns_schema (version INTEGER NOT NULL)")
-        c.execute("INSERT INTO durable_turns_schema VALUES (%s)", (len(MIGRATIONS) + 1,))
+        c.execute("INSERT INTO durable_turns_schema VALUES (%s)", (SCHEMA_VERSION + 1,))
     store = PostgresStore(pg_dsn)
     with pytest.raises(StoreError, match="newer than this durable_turns knows"):
         await store.open()

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import pg_schema_dsn
+
 README = Path(__file__).resolve().parents[1] / "README.md"
 TIMEOUT = 120
 NOT_RUN = re.compile(r"<!--\s*not-run:\s*(.*?)\s*-->")
@@ -96,10 +98,12 @@ def test_python_example_runs(block: Block, tmp_path: Path) -> None:
         pytest.skip(f"README.md:{block.line} is marked not-run: {block.not_run}")
     extra: dict[str, str] = {}
     if "DATABASE_URL" in block.code:  # a PostgreSQL example: the tests' server, when there is one
-        dsn = os.environ.get("DURABLE_TURNS_TEST_PG")
-        if not dsn:
+        if not os.environ.get("DURABLE_TURNS_TEST_PG"):
             pytest.skip(f"README.md:{block.line} needs PostgreSQL (DURABLE_TURNS_TEST_PG)")
-        extra["DATABASE_URL"] = dsn
+        # A schema of its own, as every PostgreSQL test has: the server's default schema is
+        # shared with whatever else uses the server (other checkouts' runs, of other schema
+        # versions), and an example must neither read their tables nor migrate them.
+        extra["DATABASE_URL"] = pg_schema_dsn()
     script = tmp_path / "example.py"
     script.write_text(block.code)
     proc = run([sys.executable, str(script)], tmp_path, extra)

@@ -43,7 +43,8 @@ LAYERS: tuple[Layer, ...] = (
     ),
     Layer(
         "seams",
-        "the Model and SessionStore Protocols, each with its contract",
+        "the Model Protocol and the store's (its write path and its queries), each with its "
+        "contract",
         ("model", "stores"),
     ),
     Layer(
@@ -61,18 +62,22 @@ LAYERS: tuple[Layer, ...] = (
     ),
     Layer(
         "adapters",
-        "what implements a seam: the stores and their shared kit, a module per model "
-        "vendor, MCP tools, the store conformance suite",
+        "what implements a seam: the store kit (its feed, its SQL store written once over a "
+        "dialect) and the stores, a module per model vendor, MCP tools, the store "
+        "conformance suite",
         (
             "models",
+            "stores.feed",
+            "stores.worker",
+            "stores.kit",
+            "stores.sql",
             "stores.memory",
             "stores.sqlite",
+            "stores._sqlite_files",
             "stores.postgres",
-            "stores._base",
-            "stores._feed",
-            "stores._log",
-            "stores._sql",
-            "stores._thread",
+            "stores._postgres_leases",
+            "stores._postgres_listen",
+            "stores.registry",
             "mcp",
             "testing",
         ),

@@ -111,7 +111,8 @@ class InputRequest:
 
 @dataclass(frozen=True, slots=True)
 class SessionSummary:
-    """What a host shows of a session: where it stands and what it waits for."""
+    """What a host shows of a session: where it stands and what it waits for
+    (``SessionStore.session_summaries``: its row and the request it is parked on)."""
 
     key: SessionKey
     status: SessionStatus = "new"
@@ -186,6 +187,9 @@ class TurnRecord:
     """State its owners keep on the entry, one name each (``trace``, a channel's delivery
     state, a reset's archived generation), written one name at a time and never replaced
     whole (``SessionStore.set_turn_data``, ``Transaction.set_turn_data``)."""
+    deliver: str | None = None
+    """The channel (by name) that owes this entry a delivery, until the delivery is settled
+    (``SessionStore.settle_delivery``); then, and for an entry nobody owes one, ``None``."""
 
     @property
     def result(self) -> TurnResult:
@@ -224,6 +228,10 @@ class NewEntry:
     supersede: str | None = None
     """Ask every queued or running turn of the session to cancel, with this reason
     (``replace=True``); a reset always supersedes (reason ``reset``)."""
+    deliver: str | None = None
+    """The channel (by name) that owes the turn a delivery: set when a channel accepts it,
+    read back as ``TurnRecord.deliver`` and listed by ``SessionStore.owed_deliveries``
+    until settled."""
 
 
 def encode_entry(entry: NewEntry) -> str:

@@ -1,36 +1,55 @@
-"""The ``SessionStore`` seam (F1) and its backends.
+"""The store seam (F1): what the engine needs to run a turn, what hosts read, and what a store
+declares it can do. This module holds Protocols and plain records only; it imports no
+implementation.
 
 A store keeps, per session ``(agent, session_id)``: the session row (status, generation,
 lease epoch), the chain (one entry per accepted turn or command, in the order they were
-accepted), the message log, the steps table and the event log.
+accepted), the message log, the step checkpoints and the event log.
 
-Writing session state needs a :class:`Lease`, claimed with :meth:`SessionStore.claim`. A lease
-carries an **epoch** (a fencing token): every claim of a session gets a higher one, and every
-commit checks, inside its own transaction, that its lease's epoch is still the session's. A
-holder that was taken over (its lease expired while it was paused, or it was released) gets
-:class:`~durable_turns.errors.LeaseLostError` and nothing of its step is written.
+The seam is two Protocols, and :class:`SessionStore` is both:
 
-All writes of one step go through one :class:`Transaction`, which commits them together or
-not at all. Two writes need no lease, because they are single atomic statements any process
-may make: accepting a chain entry (:meth:`SessionStore.enqueue`) and asking for a
-cancellation (:meth:`SessionStore.request_cancel`).
+- :class:`TurnStore`, the **write path**: what the engine needs to run a turn. Accept a chain
+  entry (:meth:`~TurnStore.enqueue`), claim a session (:meth:`~TurnStore.claim`,
+  :meth:`~TurnStore.claim_ready`) and commit each step through the lease's
+  :class:`Transaction` (which also ends or parks a turn and carries out a reset), ask for a
+  cancel (:meth:`~TurnStore.request_cancel`), read back what a replay needs (the chain, the
+  messages, the steps, the events) and follow a session (:meth:`~TurnStore.subscribe`,
+  :meth:`~TurnStore.watch`).
+- :class:`SessionQueries`, what **hosts** read: a session's row, sessions by what their turns
+  wait for, an agent's sessions with what each is parked on, the deliveries a channel owes;
+  and the two lease-free writes hosts keep their own state with (a name of a turn's data, a
+  settled delivery).
 
-Every store has an **event feed**: :meth:`SessionStore.subscribe` yields a session's stored
-events after a cursor, then live ones, woken by the store itself (in-process for
-MemoryStore, a cheap change check for SQLite, NOTIFY for PostgreSQL), whichever process
-committed them.
+**Leases and fencing.** Writing session state needs a :class:`Lease`. A lease carries an
+**epoch** (a fencing token): every claim of a session gets a higher one, and every commit
+checks, inside its own transaction, that its lease's epoch is still the session's. A holder
+that was taken over (its lease expired while it was paused, or it was released) gets
+:class:`~durable_turns.errors.LeaseLostError` and nothing of its step is written. The writes
+that need no lease are single atomic writes any process may make: accepting an entry, asking
+for a cancel, setting a name of a turn's data, settling a delivery.
+
+**The feed.** :meth:`TurnStore.subscribe` yields a session's stored events after a cursor,
+then live ones, woken by the store itself, whichever process committed them.
+
+**Capabilities.** A store declares what it can do in :attr:`TurnStore.capabilities`
+(:class:`StoreCapabilities`), once, instead of being probed: whether it is durable, who may
+share it, whether a local tool's writes commit with its step, whether leases expire. The
+conformance suite (``durable_turns.testing``) runs the checks of what a store declares.
 
 Backends: :class:`~durable_turns.stores.memory.MemoryStore`,
 :class:`~durable_turns.stores.sqlite.SqliteStore`,
-:class:`~durable_turns.stores.postgres.PostgresStore` (extra ``postgres``). The rules SQL
-backends share live in ``stores/_sql.py``; ``durable_turns.testing`` holds the conformance
-suite every store passes.
+:class:`~durable_turns.stores.postgres.PostgresStore` (extra ``postgres``);
+``durable_turns.stores.registry.store_for(spec)`` picks one from a URL or a path. What a new
+backend builds on is public: ``durable_turns.stores.kit`` (the event feed, the buffered
+transaction, the chain's rules, claim helpers) and ``durable_turns.stores.sql`` (a SQL store
+written once over a ``Dialect``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
 from typing import Any, Literal, Protocol, TypeVar
 
 from ..events import TurnEvent
@@ -40,31 +59,114 @@ from ..records import (
     SessionInfo,
     SessionKey,
     SessionStatus,
+    SessionSummary,
     StepId,
     StepRecord,
     StepResult,
     TurnRecord,
     TurnResult,
 )
-from ._feed import Subscription, Watcher
 
 T = TypeVar("T")
 
 __all__ = [
     "Lease",
     "NewEntry",
+    "SessionFilter",
     "SessionInfo",
     "SessionKey",
+    "SessionQueries",
     "SessionStatus",
     "SessionStore",
+    "SessionSummary",
     "StepRecord",
+    "StoreCapabilities",
     "Subscription",
     "Transaction",
     "TurnRecord",
+    "TurnStore",
     "Watcher",
 ]
 
 SessionFilter = Literal["unfinished", "parked"]
+"""What :meth:`SessionQueries.find_sessions` selects by (see there)."""
+
+Watcher = Callable[[list[TurnEvent] | None], None]
+"""Told of this process's committed events (a list), or that something may have changed
+elsewhere (``None``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StoreCapabilities:
+    """What a store can do, declared once by the store (and checked by the conformance suite's
+    optional tiers: a store passes the checks of everything it declares)."""
+
+    durable: bool
+    """Commits outlive the store object and its process: a store opened afterwards on the
+    same storage reads them."""
+    shared_by: Literal["process", "processes", "machines"]
+    """Who may use one storage at once: this process only, the processes of one machine (one
+    file), or processes on many machines (a database server)."""
+    exactly_once_local: bool
+    """A local tool (a plain ``def``) writes through :meth:`Transaction.unwrap`, the raw
+    handle, inside its step's transaction: its writes commit with the step and roll back when
+    the tool raises or the step does not commit."""
+    lease_ttl: float | None = None
+    """Seconds after which a lease whose holder stopped renewing it (paused, cut off) may be
+    taken over; ``None``: a lease ends only when released or when its holder's process ends."""
+    paramstyle: str | None = None
+    """The DB-API ``paramstyle`` of the raw handle (``qmark``: ``?``, ``format``: ``%s``), so a
+    local tool may write SQL that runs on whichever store it is given; ``None``: no SQL
+    handle."""
+
+
+class Subscription(Protocol):
+    """A session's events after a cursor, then live ones: ``async for event in sub``.
+
+    Use as ``async with store.subscribe(key, after_seq) as sub`` (or call :meth:`close`).
+    Iteration ends when the subscription (or its store) is closed. Events come in ``seq``
+    order, each once; live text (``message.delta``) handed over with :meth:`offer` is slotted
+    in after the durable event whose ``seq`` it carries.
+    """
+
+    key: SessionKey
+    cursor: int | None
+    """The seq of the last durable event handed over (or to start after)."""
+
+    async def ready(self) -> None:
+        """Wait until the cursor is fixed (``after_seq=None``: at the newest event then) and
+        the backlog is queued. Events committed after ``ready()`` returns are delivered."""
+        ...
+
+    def offer(self, event: TurnEvent) -> None:
+        """Hand over a live event that is not stored (``message.delta``)."""
+        ...
+
+    def deliver_to(self, callback: Callable[[TurnEvent], None]) -> None:
+        """Hand events to ``callback`` as they come (live ones synchronously, as the store
+        publishes them) instead of queueing them for iteration. A callback that raises is
+        logged; the subscription goes on."""
+        ...
+
+    def on_close(self, fn: Callable[[], None]) -> None:
+        """Call ``fn`` when the subscription closes."""
+        ...
+
+    def close(self) -> None:
+        """End the subscription (its iteration ends)."""
+        ...
+
+    async def aclose(self) -> None:
+        """:meth:`close`, awaitable."""
+        ...
+
+    def __aiter__(self) -> AsyncIterator[TurnEvent]: ...
+
+    async def __anext__(self) -> TurnEvent: ...
+
+    async def __aenter__(self) -> Subscription: ...
+
+    async def __aexit__(self, *exc: object) -> None: ...
 
 
 class Transaction(Protocol):
@@ -80,15 +182,23 @@ class Transaction(Protocol):
     """
 
     def unwrap(self) -> Any:
-        """The backend's raw handle, inside this transaction (``None`` for MemoryStore)."""
+        """The backend's raw handle inside this transaction (``sqlite3.Connection``, a psycopg
+        connection), what a local tool writes through.
+
+        Raises:
+            StoreError: the store hands it out only inside :meth:`run_local`.
+        """
         ...
 
     async def run_local(self, fn: Callable[[Any], T]) -> T:
-        """Run ``fn(raw_handle)`` inside the transaction, in a savepoint (on the store's own
-        thread where it has one).
+        """Run ``fn(raw_handle)`` inside the transaction (on the store's own thread where it
+        has one). If ``fn`` raises, its writes are rolled back and the exception propagates;
+        the transaction itself stays usable. A store whose capabilities say
+        ``exactly_once_local`` commits ``fn``'s writes with the step, else they are ``fn``'s
+        own business.
 
-        If ``fn`` raises, its writes are rolled back (to the savepoint) and the exception
-        propagates; the transaction itself stays usable. MemoryStore has no rollback.
+        Raises:
+            FatalToolError: ``fn`` ended the store's transaction through the raw handle.
         """
         ...
 
@@ -107,9 +217,8 @@ class Transaction(Protocol):
 
     def set_turn(self, result: TurnResult) -> None:
         """Set a chain entry's status and outcome, all of it (``text``, ``error``, ``reason``,
-        ``request`` as in ``result``). A status other than ``suspended`` clears the pending
-        request. Never touches the entry's ``data``.
-        """
+        ``request`` as in ``result``): how a step ends or parks a turn. A status other than
+        ``suspended`` clears the pending request. Never touches the entry's ``data``."""
         ...
 
     def set_turn_data(self, turn_id: str, name: str, value: Any) -> None:
@@ -117,7 +226,9 @@ class Transaction(Protocol):
         names as they are (what another owner set meanwhile, even without a lease, stays)."""
         ...
 
-    def set_status(self, status: SessionStatus) -> None: ...
+    def set_status(self, status: SessionStatus) -> None:
+        """Set the session's status with this commit."""
+        ...
 
     def new_generation(self) -> None:
         """Archive the live log under the current generation and start an empty one (F8).
@@ -131,7 +242,8 @@ class Lease(Protocol):
     """The right to write one session's state; held by one holder at a time, everywhere.
 
     Released by :meth:`release`, and by the backend when the holder's process dies (an OS file
-    lock for SQLite), so a crashed worker never blocks a replay.
+    lock for SQLite) or stops renewing it (``capabilities.lease_ttl``), so a crashed worker
+    never blocks a replay.
     """
 
     key: SessionKey
@@ -143,30 +255,52 @@ class Lease(Protocol):
     message_count: int
     """How many messages the live log has."""
 
-    def transaction(self) -> AbstractAsyncContextManager[Transaction]: ...
+    def transaction(self) -> AbstractAsyncContextManager[Transaction]:
+        """One step's transaction (see :class:`Transaction`)."""
+        ...
 
     async def cancel_requested(self, turn_id: str) -> str | None:
         """The reason of a durable cancellation request for the turn, if one was made."""
         ...
 
-    async def release(self) -> None: ...
+    async def release(self) -> None:
+        """Give the lease up (idempotent); the next claim gets a higher epoch."""
+        ...
 
 
-class SessionStore(Protocol):
-    """Durable session state. Every backend passes ``durable_turns.testing``'s suite.
+class TurnStore(Protocol):
+    """The write path: what the engine needs to run a turn, and nothing a host alone needs.
 
-    Reads never wait for a writer: a reader sees the last committed state.
+    Contract: every write is atomic (all of it or nothing); a read never waits for a writer
+    and sees the last committed state; a step commits through a :class:`Lease`'s
+    transaction, fenced by its epoch; nothing here blocks the event loop. Every backend
+    passes the required tier of ``durable_turns.testing``'s suite, and the optional tiers of
+    what its :attr:`capabilities` declare.
     """
+
+    @property
+    def capabilities(self) -> StoreCapabilities:
+        """What this store can do (see :class:`StoreCapabilities`); the same before and after
+        :meth:`open`."""
+        ...
 
     async def open(self) -> None:
         """Open (and create or migrate) the store. Idempotent; safe when many processes
-        open one new store at the same moment."""
+        open one new store at the same moment.
+
+        Raises:
+            StoreError: the storage cannot be used (unreachable, not ours, of a newer schema).
+        """
         ...
 
-    async def close(self) -> None: ...
+    async def close(self) -> None:
+        """Close the store: subscriptions end, unreleased leases are left to expire or end
+        with the process."""
+        ...
 
     def unwrap(self) -> Any:
-        """The backend's raw handle outside any step (for set-up and inspection)."""
+        """The backend's raw handle outside any step (for set-up and inspection), or ``None``
+        when it has none."""
         ...
 
     async def claim(self, key: SessionKey, *, timeout: float | None = None) -> Lease:
@@ -178,6 +312,14 @@ class SessionStore(Protocol):
         """
         ...
 
+    async def claim_ready(self, agents: Collection[str], limit: int = 100) -> Sequence[Lease]:
+        """Claim, without waiting, up to ``limit`` sessions of these agents that have work for
+        a driver (a queued or running turn, or a parked one with a cancel) and whose lease
+        nobody holds (free, or expired where leases expire, whoever held it): what a worker
+        looking for work drives. Each lease has a new epoch. Never waits for another claimer
+        and never hands one session to two of them."""
+        ...
+
     async def enqueue(self, key: SessionKey, entry: NewEntry) -> tuple[TurnRecord, bool]:
         """Accept a chain entry (a turn or a command) at the end of the chain, durably;
         creates the session if needed.
@@ -186,9 +328,12 @@ class SessionStore(Protocol):
         gets a cancellation request with that reason (``replace=True``); a parked turn never
         does. A ``reset`` always supersedes (reason ``reset``). Commands (``reset``,
         ``resume``, ``retry``) are accepted while the session is parked; a ``turn`` is not.
+        ``entry.deliver`` names the channel that owes the turn a delivery
+        (:meth:`SessionQueries.owed_deliveries`).
 
-        Returns the entry and whether it was new. An id the session already has is returned
-        as it is (a redelivery).
+        Returns:
+            The entry and whether it was new. An id the session already has is returned as
+            it is (a redelivery).
 
         Raises:
             SessionBusyError: a turn of the session is parked (its request not withdrawn)
@@ -199,23 +344,8 @@ class SessionStore(Protocol):
     async def request_cancel(self, key: SessionKey, turn_id: str | None, reason: str) -> list[str]:
         """Durably ask unfinished turns (one, or all with ``None``) to cancel, parked ones
         included (their request is withdrawn: a parked turn with a cancel is no longer
-        answerable, and is work for a driver, which ends it); returns their ids."""
-        ...
-
-    async def set_turn_data(self, key: SessionKey, turn_id: str, name: str, value: Any, *,
-                            only_new: bool = False) -> Any:
-        """Set ``data[name] = value`` on a chain entry, durably, leaving its other names as
-        they are; with ``only_new``, only if ``name`` is not set yet (a compare-and-set).
-
-        Needs no lease (one atomic write, like :meth:`request_cancel`): a channel keeps its
-        delivery state with the turn this way (a stream's message ts, a posted prompt's ts)
-        while the turn runs. Never touches the entry's status or outcome, and the engine's
-        writes never drop a name set here.
-
-        Returns:
-            The value stored under ``name`` after the call (the earlier one when ``only_new``
-            found it set), or ``None`` when the session has no such entry.
-        """
+        answerable, and is work for a driver, which ends it); returns their ids (each turn is
+        asked once)."""
         ...
 
     async def turns(self, key: SessionKey, *, turn_id: str | None = None,
@@ -223,8 +353,6 @@ class SessionStore(Protocol):
         """The session's chain in order: every entry, only one (``turn_id``), or only the
         queued, running and suspended ones (``unfinished``)."""
         ...
-
-    async def session_info(self, key: SessionKey) -> SessionInfo | None: ...
 
     async def read_messages(self, key: SessionKey, *, after: int = 0,
                             generation: int | None = None) -> list[Message]:
@@ -250,40 +378,79 @@ class SessionStore(Protocol):
 
     def watch(self, key: SessionKey | None, watcher: Watcher) -> Callable[[], None]:
         """Call ``watcher(events)`` when this process commits events of the session, and
-        ``watcher(None)`` when anything of it may have changed elsewhere (another process's
-        commit, a cancel or enqueue). ``key=None`` watches every session, with ``None`` only
-        (a worker waking for new work). Spurious calls are allowed. Returns the function
-        that stops watching."""
+        ``watcher(None)`` when anything of it may have changed (a new entry, a cancel, another
+        process's commit). ``key=None`` watches every session, with ``None`` only (a worker
+        waking for new work). Spurious calls are allowed. Returns the function that stops
+        watching."""
+        ...
+
+
+class SessionQueries(Protocol):
+    """What hosts read (the HTTP host, the CLI, channels), and the two lease-free writes they
+    keep their own state with. Each query is one statement on a SQL store, whatever the number
+    of sessions it answers for."""
+
+    async def session_info(self, key: SessionKey) -> SessionInfo | None:
+        """The session's status and generation, or ``None`` for a session never seen."""
         ...
 
     async def find_sessions(self, which: SessionFilter | None = None, *,
                             turn_id: str | None = None) -> list[SessionKey]:
-        """Sessions with work for a driver (``unfinished``: a queued or running turn, or a
-        parked one with a cancel to carry out: what recovery drives), with a parked turn
-        whose request stands (``parked``: an operator's inbox), or with a turn of this id."""
-        ...
+        """Sessions, in key order, with work for a driver (``unfinished``: a queued or running
+        turn, or a parked one with a cancel to carry out: what recovery drives), with a parked
+        turn whose request stands (``parked``), or with a turn (not a command) of this id.
 
-    async def find_claimable(self, limit: int = 100) -> list[SessionKey]:
-        """Up to ``limit`` sessions with a queued or running turn whose lease nobody holds
-        now (free, or expired where leases expire): what a worker looking for work claims.
-
-        A hint, not a reservation: another worker may claim one first (the claim then fails
-        or waits), and a lease taken or freed meanwhile is seen at the next look.
-        """
-
-    async def claim_ready(self, agents: Collection[str], limit: int = 100) -> Sequence[Lease]:
-        """Claim, without waiting, up to ``limit`` sessions of these agents that have a queued
-        or running turn and whose lease nobody holds (free, or expired where leases expire,
-        whoever held it): what a worker looking for work drives. Each lease has a new epoch.
-
-        Never waits for another claimer and never hands one session to two of them
-        (PostgreSQL: one ``UPDATE`` over ``SELECT ... FOR UPDATE SKIP LOCKED``; stores of one
-        machine: :meth:`find_claimable`, then a claim that does not wait).
+        Raises:
+            ValueError: an unknown filter.
         """
         ...
 
     async def list_sessions(self, agent: str) -> list[SessionKey]:
-        """Every session of ``agent`` the store has, newest first: the most recently created
-        session (by its first ``enqueue`` or ``claim``) comes first. A reset keeps a
-        session's place. For hosts that list an agent's conversations."""
+        """Every session of ``agent``, newest first: the most recently created session (by
+        its first ``enqueue`` or ``claim``) comes first; a reset keeps a session's place."""
         ...
+
+    async def session_summaries(self, agent: str, *,
+                                parked_only: bool = False) -> list[SessionSummary]:
+        """Every session of ``agent`` as :meth:`list_sessions` orders them, each with its
+        status, generation and the request it is parked on (a suspended turn with no cancel,
+        as ``TurnRecord.parked``); with ``parked_only``, only the parked ones (an operator's
+        inbox)."""
+        ...
+
+    async def owed_deliveries(self, channel: str) -> list[tuple[SessionKey, TurnRecord]]:
+        """The chain entries accepted with ``deliver=channel`` whose delivery is not settled,
+        whatever their status (a channel follows running ones and delivers ended ones), in
+        the order they were accepted (each session's in chain order): a channel's durable
+        outbox."""
+        ...
+
+    async def settle_delivery(self, key: SessionKey, turn_id: str) -> bool:
+        """Mark the delivery an entry is owed as settled: it is never returned by
+        :meth:`owed_deliveries` again, and its record's ``deliver`` reads ``None``. Needs no
+        lease.
+
+        Returns:
+            Whether this call settled it (``False``: settled before, never owed, or no such
+            entry).
+        """
+        ...
+
+    async def set_turn_data(self, key: SessionKey, turn_id: str, name: str, value: Any, *,
+                            only_new: bool = False) -> Any:
+        """Set ``data[name] = value`` on a chain entry, durably, leaving its other names as
+        they are; with ``only_new``, only if ``name`` is not set yet (a compare-and-set).
+
+        Needs no lease (one atomic write, like :meth:`TurnStore.request_cancel`): a channel
+        keeps its delivery state with the turn this way while the turn runs. Never touches
+        the entry's status or outcome, and the engine's writes never drop a name set here.
+
+        Returns:
+            The value stored under ``name`` after the call (the earlier one when ``only_new``
+            found it set), or ``None`` when the session has no such entry.
+        """
+        ...
+
+
+class SessionStore(TurnStore, SessionQueries, Protocol):
+    """Durable session state: the write path and the queries. Every backend is one."""

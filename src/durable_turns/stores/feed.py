@@ -1,4 +1,5 @@
-"""A store's event feed: per-session topics that fan stored events out to subscribers.
+"""A store's event feed: per-session topics that fan stored events out to subscribers (part
+of the public store kit: a new backend makes one and tells it what it learns).
 
 Every store owns one :class:`Feed`. It learns of new events in two ways:
 
@@ -26,17 +27,19 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from ..events import TurnEvent
+from . import Watcher
 
 if TYPE_CHECKING:
     from ..records import SessionKey
 
+__all__ = ["Feed", "Newest", "ReadAfter", "Subscription"]
+
 log = logging.getLogger("durable_turns")
 
-Watcher = Callable[[list[TurnEvent] | None], None]
-"""Told of this process's committed events (a list), or that something may have changed
-elsewhere (``None``)."""
 ReadAfter = Callable[["SessionKey", int], Awaitable[list[TurnEvent]]]
+"""Reads a session's stored events after a seq, in order."""
 Newest = Callable[["SessionKey"], Awaitable[int]]
+"""Reads a session's newest stored seq (0 when none)."""
 
 
 class _Topic:
@@ -135,9 +138,13 @@ class Feed:
     # -- subscribers and watchers ----------------------------------------------------------
 
     def subscribe(self, key: SessionKey, after_seq: int | None) -> Subscription:
+        """A :class:`Subscription` of ``key``'s events after ``after_seq``
+        (``TurnStore.subscribe``)."""
         return Subscription(self, key, after_seq)
 
     def watch(self, key: SessionKey | None, watcher: Watcher) -> Callable[[], None]:
+        """Watch ``key`` (``None``: every session); returns the function that stops it
+        (``TurnStore.watch``)."""
         if key is None:
             first = not self.active
             self._everyone.append(watcher)
@@ -382,6 +389,7 @@ class Subscription:
         self._on_close.append(fn)
 
     def close(self) -> None:
+        """End the subscription: its iteration ends, its close callbacks run."""
         if not self._closed:
             self._closed = True
             self._wake.set()
@@ -390,6 +398,7 @@ class Subscription:
                 fn()
 
     async def aclose(self) -> None:
+        """:meth:`close`, awaitable."""
         self.close()
 
     async def __aenter__(self) -> Subscription:
@@ -398,16 +407,3 @@ class Subscription:
 
     async def __aexit__(self, *exc: object) -> None:
         self.close()
-
-
-class FeedStore:
-    """The event-feed half of the store seam, for a store that keeps a :class:`Feed` in
-    ``self._feed``."""
-
-    _feed: Feed
-
-    def subscribe(self, key: SessionKey, after_seq: int | None = None) -> Subscription:
-        return self._feed.subscribe(key, after_seq)
-
-    def watch(self, key: SessionKey | None, watcher: Watcher) -> Callable[[], None]:
-        return self._feed.watch(key, watcher)

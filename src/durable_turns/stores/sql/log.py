@@ -33,7 +33,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..events import (
+from ...events import (
     ActionCompleted,
     ActionRequested,
     MessageCompleted,
@@ -42,8 +42,8 @@ from ..events import (
     TurnStarted,
     event_from_fields,
 )
-from ..messages import Message, decode_message, encode_json, encode_message
-from ..records import StepRecord
+from ...messages import Message, decode_message, encode_json, encode_message
+from ...records import StepRecord
 
 Row = tuple[int, str | None, str | None, str | None, str | None, str | None]
 """``(n, turn_id, body, step, memo, events)`` of a new row (the key and ``gen`` aside)."""
@@ -55,9 +55,6 @@ subagent's record) and rows of several checkpoints: the partial index ``log_look
 only them, so a model or tool step (the common row) writes no index entry. A query names
 this condition word for word so the database may use the index (no ``%`` in it: psycopg
 would read it as a placeholder)."""
-
-LOOKUP_INDEX = f"CREATE INDEX log_lookup ON log (sid, gen, step) WHERE {LOOKED_UP}"
-"""The partial index over :data:`LOOKED_UP` rows (part of the schema of both SQL stores)."""
 
 LEGACY_TO_LOG: list[str] = [
     # Rows of schema version 2 (one table each for messages, steps and events) become log
@@ -85,8 +82,8 @@ LEGACY_TO_LOG: list[str] = [
     "DROP TABLE steps",
     "DROP TABLE events",
 ]
-"""The statements that move a version-2 database's rows into ``log`` (both SQL stores run
-them, in their migration's transaction, after creating ``log``)."""
+"""The statements that move a version-2 database's rows into ``log`` (run by migration 3 of
+``schema``, in the open's transaction, after it created ``log``)."""
 
 
 def row_of(messages: list[Message], steps: list[tuple[str, str, str]],

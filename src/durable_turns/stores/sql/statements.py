@@ -1,68 +1,73 @@
-"""The rules SQL stores share, written once: every statement and what it means.
+"""Every statement of a SQL store and what it means, written once for every dialect.
 
-A backend brings its connection, its transactions (``BEGIN IMMEDIATE`` for SQLite, a
-transaction block for PostgreSQL), its schema DDL and its threads; everything that decides
-*what* is read or written goes through :class:`SqlRules`, whose statements use ``?``
-placeholders (rewritten once for drivers that want ``%s``) and portable SQL (a parameter
-tested for NULL is cast, which PostgreSQL needs to know its type). A backend whose
-transactions do not serialise writers (PostgreSQL) asks for ``lock_rows``: every write then
-locks its session's row first (``FOR UPDATE``), so the chain rules and the fencing check see
-no concurrent writer of the session. The tables::
-
-    sessions (sid, agent, session, status, generation, epoch)
-    turns    (ordinal, sid, turn_id, kind, status, opening, event, policy, request,
-              text, error, reason, cancel, data)              -- the chain
-    log      (sid, seq, sub, gen, n, turn_id, body, step, memo, events)
-                                  -- one append-only row per step (see ``_log``)
-    log_transcript (sid, gen, n, seq, body)
-                                  -- the log's messages again, many per row (see below)
+:class:`Statements` runs them on a DB-API connection the store hands in; the writes never
+begin or end a transaction themselves (the store does). Statements use ``?`` placeholders,
+rewritten once for drivers that want ``%s``, and portable SQL; where a dialect differs it says
+so in its :class:`~durable_turns.stores.sql.schema.Syntax` (row locks, index hints).
 
 A step's commit is the fencing check (a read of the session row), one ``log`` row, and an
 ``UPDATE turns`` only in the steps that move the chain (a turn's start, end or park): the
-session row is written when its status changes, not per step.
+session row is written when its status changes, not per step. In a dialect whose statements
+are serialised, the common step (one ``log`` row, nothing else) is one statement: the row is
+inserted only while the lease's epoch is the session's (:meth:`Statements.append`).
 
 The transcript: reading a long session's messages from ``log`` means stepping over one wide
 row per step (its events and checkpoints too). So a commit that moves the chain, once at
 least :data:`TRANSCRIPT_CHUNK` messages of the generation are not in ``log_transcript`` yet,
-copies their bodies into one ``log_transcript`` row (``n``: the generation's message count after
-them; ``seq``: the key of the last ``log`` row they came from), in the same transaction. A
-read of the messages takes the ``log_transcript`` rows, then the ``log`` rows after the last of
-them: the same messages, from a few narrow rows. A database without ``log_transcript`` rows (one
-migrated, a short session) reads them all from ``log``, as before.
+copies their bodies into one ``log_transcript`` row (``n``: the generation's message count
+after them; ``seq``: the key of the last ``log`` row they came from), in the same transaction.
+A read of the messages takes the ``log_transcript`` rows, then the ``log`` rows after the last
+of them: the same messages, from a few narrow rows. A database without ``log_transcript``
+rows (one migrated, a short session) reads them all from ``log``, as before.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from typing import Any, Protocol
 
-from ..events import TurnEvent
-from ..messages import Message, MessageLog, encode_json
-from ..records import (
+from ...events import TurnEvent
+from ...messages import Message, MessageLog, encode_json
+from ...records import (
     InputRequest,
     NewEntry,
     SessionInfo,
     SessionKey,
+    SessionSummary,
     StepRecord,
     TurnRecord,
     TurnStatus,
     decode_entry,
     encode_entry,
 )
-from ._base import Writes, check_enqueue, supersede_reason, updated_request
-from ._log import LOOKED_UP, events_of, row_of, steps_of
+from ..kit import Writes, check_enqueue, supersede_reason, updated_request
+from .log import LOOKED_UP, events_of, row_of, steps_of
+from .schema import OPEN as _OPEN
+from .schema import Syntax
+
+__all__ = [
+    "LAST_ROW",
+    "NEEDS_DRIVING",
+    "TRANSCRIPT_CHUNK",
+    "TRANSCRIPT_COPY_ROWS",
+    "Connection",
+    "Statements",
+    "counters",
+]
 
 
 class Connection(Protocol):
-    def execute(self, sql: str, params: Any = ..., /) -> Any: ...
+    """What the statements need of a DB-API connection."""
+
+    def execute(self, sql: str, params: Any = ..., /) -> Any:
+        """Run one statement; returns a cursor (``fetchone``, ``fetchall``, ``rowcount``)."""
+        ...
 
 
 _TURN_COLS = (
-    "turn_id, ordinal, status, opening, event, policy, request, text, error, reason, cancel, "
-    "kind, data"
+    "t.turn_id, t.ordinal, t.status, t.opening, t.event, t.policy, t.request, t.text, "
+    "t.error, t.reason, t.cancel, t.kind, t.data, t.deliver"
 )
-_OPEN = "('queued', 'running', 'suspended')"
 NEEDS_DRIVING = ("(t.status IN ('queued', 'running') "
                  "OR (t.status = 'suspended' AND t.cancel IS NOT NULL))")
 """The chain entries ``t`` a driver has work for: queued or running, or parked with a cancel
@@ -97,26 +102,30 @@ def _turn(row: Any) -> TurnRecord:
         event=_load(row[4]), policy=_load(row[5]),
         request=InputRequest.from_dict(request) if request else None,
         text=row[7], error=row[8], reason=row[9], cancel=row[10], kind=row[11], args=args,
-        data=data,
+        data=data, deliver=row[13],
     )
 
 
-class SqlRules:
-    """Every statement of a SQL store, on a DB-API connection the backend hands in.
+class Statements:
+    """Every statement of a SQL store, in one dialect's SQL, run on the connection handed in.
 
-    Methods that write must be called inside the backend's transaction; they never begin or
-    end one themselves.
+    Methods that write must be called inside the store's transaction (or, where they say so,
+    may run as a statement of their own); they never begin or end one themselves.
+
+    Args:
+        syntax: the dialect's.
     """
 
-    def __init__(self, placeholder: str = "?", *, lock_rows: bool = False,
-                 lookup_hint: str = "") -> None:
+    def __init__(self, syntax: Syntax) -> None:
+        placeholder = syntax.placeholder
+
         def q(sql: str) -> str:
             return sql if placeholder == "?" else sql.replace("?", placeholder)
 
-        lock = " FOR UPDATE" if lock_rows else ""
+        lock = " FOR UPDATE" if syntax.lock_rows else ""
         self.q = q
-        # How a backend that plans without statistics (SQLite) is told to use log_lookup.
-        self._lookup_hint = lookup_hint
+        """Rewrites a statement's ``?`` placeholders for the dialect."""
+        self._lookup_hint = syntax.lookup_hint
         self._sid = q("SELECT sid FROM sessions WHERE agent = ? AND session = ?")
         self._sid_for_write = self._sid + lock
         self._insert_session = q("INSERT INTO sessions (agent, session) VALUES (?, ?) "
@@ -133,9 +142,10 @@ class SqlRules:
             "WHERE sid = ? AND seq = ?), ?, ?, ?, ?, ?, ?, NULL)")
         """A row without events: after the rows already at its ``seq``."""
         self._append_fenced = q(cols + "SELECT ?, ?, 0, ?, ?, ?, ?, ?, ?, ? FROM sessions "
-                                "WHERE sid = ? AND epoch = ?")
+                                "WHERE sid = ? AND epoch = ?" + lock)
         """The common step in one statement: its row, written only while the epoch is the
-        lease's (the fencing check and the write in one, atomic without a transaction)."""
+        lease's (the fencing check and the write in one: atomic without a transaction where
+        statements are serialised, and under the session row's lock where they are not)."""
         self._update_turn = q(
             "UPDATE turns SET status = ?, text = ?, error = ?, reason = ?, request = ? "
             "WHERE sid = ? AND turn_id = ?")
@@ -145,7 +155,7 @@ class SqlRules:
         self._cancel_park = q(
             "UPDATE turns SET status = 'cancelled', reason = 'reset', request = NULL "
             "WHERE sid = ? AND status = 'suspended'")
-        self._find_turn = q(f"SELECT {_TURN_COLS} FROM turns WHERE sid = ? AND turn_id = ?")
+        self._find_turn = q(f"SELECT {_TURN_COLS} FROM turns t WHERE sid = ? AND turn_id = ?")
         self._unfinished_rows = q(
             f"SELECT turn_id, status, kind, cancel FROM turns WHERE sid = ? "
             f"AND status IN {_OPEN} ORDER BY ordinal")
@@ -153,11 +163,11 @@ class SqlRules:
             "UPDATE turns SET cancel = ? WHERE sid = ? AND cancel IS NULL "
             "AND status IN ('queued', 'running')")
         self._insert_turn = q(
-            "INSERT INTO turns (sid, turn_id, kind, status, opening, event, policy) "
-            "VALUES (?, ?, ?, 'queued', ?, ?, ?) RETURNING ordinal")
+            "INSERT INTO turns (sid, turn_id, kind, status, opening, event, policy, deliver) "
+            "VALUES (?, ?, ?, 'queued', ?, ?, ?, ?) RETURNING ordinal")
         self._enqueue_plain = q(
-            "INSERT INTO turns (sid, turn_id, kind, status, opening, event, policy) "
-            "SELECT s.sid, ?, 'turn', 'queued', ?, ?, ? FROM sessions s "
+            "INSERT INTO turns (sid, turn_id, kind, status, opening, event, policy, deliver) "
+            "SELECT s.sid, ?, 'turn', 'queued', ?, ?, ?, ? FROM sessions s "
             "WHERE s.agent = ? AND s.session = ? AND NOT EXISTS (SELECT 1 FROM turns t "
             "WHERE t.sid = s.sid AND t.status = 'suspended' AND t.cancel IS NULL) "
             "ON CONFLICT (sid, turn_id) DO NOTHING RETURNING ordinal")
@@ -168,6 +178,21 @@ class SqlRules:
         self._data_of = q("SELECT data FROM turns WHERE sid = ? AND turn_id = ?")
         self._set_data = q("UPDATE turns SET data = ? WHERE sid = ? AND turn_id = ?")
         self._info = q("SELECT status, generation FROM sessions WHERE agent = ? AND session = ?")
+        self._settle = q(
+            "UPDATE turns SET deliver = NULL WHERE turn_id = ? AND deliver IS NOT NULL "
+            "AND sid = (SELECT sid FROM sessions WHERE agent = ? AND session = ?)")
+        self._owed = q(
+            f"SELECT s.agent, s.session, {_TURN_COLS} FROM turns t "
+            "JOIN sessions s ON s.sid = t.sid WHERE t.deliver = ? ORDER BY t.ordinal")
+        # The session's parked entry joined by its ordinal (the first, should there be two),
+        # so a session is one row whatever its chain holds.
+        summaries = (
+            "SELECT s.session, s.status, s.generation, t.request, t.ordinal FROM sessions s "
+            "LEFT JOIN turns t ON t.ordinal = (SELECT min(p.ordinal) FROM turns p "
+            "WHERE p.sid = s.sid AND p.status = 'suspended' AND p.cancel IS NULL) "
+            "WHERE s.agent = ?")
+        self._summaries = q(summaries + " ORDER BY s.sid DESC")
+        self._parked_summaries = q(summaries + " AND t.ordinal IS NOT NULL ORDER BY s.sid DESC")
         def copies(gen: str) -> str:
             return q(
                 f"SELECT s.sid, {gen}, x.n, x.body, x.seq FROM sessions s "
@@ -228,7 +253,8 @@ class SqlRules:
     def one_row(w: Writes) -> bool:
         """Whether a transaction writes one log row with events and nothing else (the common
         step: a model reply, a tool result), which :meth:`append` writes in one statement."""
-        return bool(w.events) and not w.turns and w.status is None and not w.new_generation
+        return (bool(w.events) and not w.turns and not w.data and w.status is None
+                and not w.new_generation)
 
     def append(self, c: Connection, sid: int, epoch: int, gen: int, first: int,
                w: Writes) -> bool:
@@ -284,6 +310,7 @@ class SqlRules:
 
     def enqueue(self, c: Connection, key: SessionKey,
                 entry: NewEntry) -> tuple[TurnRecord, bool]:
+        """``SessionStore.enqueue``, in the caller's transaction (see :func:`check_enqueue`)."""
         sid = self.sid(c, key, create=True)
         row = c.execute(self._find_turn, (sid, entry.turn_id)).fetchone()
         if row is not None:
@@ -294,7 +321,7 @@ class SqlRules:
             c.execute(self._supersede, (reason, sid))
         ordinal = c.execute(self._insert_turn, (
             sid, entry.turn_id, entry.kind, encode_entry(entry), _dump(entry.event),
-            _dump(entry.policy),
+            _dump(entry.policy), entry.deliver,
         )).fetchone()[0]
         return _accepted(entry, int(ordinal)), True
 
@@ -304,10 +331,11 @@ class SqlRules:
         that exists and has no parked turn. None: not that case (a new session, a turn id
         already taken, a park, for which :func:`check_enqueue` decides); nothing was written,
         and :meth:`enqueue` takes it in a transaction. For a backend whose statements are
-        serialised (SQLite): the park check and the insert must see the same state."""
+        serialised (``Syntax.serialised``): the park check and the insert must see the same
+        state."""
         rows = c.execute(self._enqueue_plain, (
             entry.turn_id, encode_entry(entry), _dump(entry.event), _dump(entry.policy),
-            key.agent, key.session,
+            entry.deliver, key.agent, key.session,
         )).fetchall()
         if not rows:
             return None
@@ -324,6 +352,7 @@ class SqlRules:
 
     def request_cancel(self, c: Connection, key: SessionKey, turn_id: str | None,
                        reason: str) -> list[str]:
+        """``SessionStore.request_cancel``, in the caller's transaction."""
         sid = self.sid(c, key, create=False)
         if sid is None:
             return []
@@ -355,6 +384,7 @@ class SqlRules:
         return value
 
     def cancel_of(self, c: Connection, sid: int, turn_id: str) -> str | None:
+        """``Lease.cancel_requested``: the cancel asked of an entry, if any."""
         row = c.execute(self._cancel_of, (sid, turn_id)).fetchone()
         return None if row is None else row[0]
 
@@ -362,6 +392,7 @@ class SqlRules:
 
     def turns(self, c: Connection, key: SessionKey, turn_id: str | None,
               unfinished: bool) -> list[TurnRecord]:
+        """``SessionStore.turns``."""
         where = f" AND status IN {_OPEN}" if unfinished else ""
         if turn_id is not None:
             where += " AND turn_id = ?"
@@ -369,11 +400,13 @@ class SqlRules:
         if turn_id is not None:
             params = (*params, turn_id)
         rows = c.execute(self.q(
-            f"SELECT {_TURN_COLS} FROM turns WHERE sid = ({self._sid}){where} ORDER BY ordinal"
+            f"SELECT {_TURN_COLS} FROM turns t WHERE sid = ({self._sid}){where} "
+            "ORDER BY ordinal"
         ), params).fetchall()
         return [_turn(r) for r in rows]
 
     def session_info(self, c: Connection, key: SessionKey) -> SessionInfo | None:
+        """``SessionStore.session_info``."""
         row = c.execute(self._info, (key.agent, key.session)).fetchone()
         return None if row is None else SessionInfo(row[0], row[1])
 
@@ -421,6 +454,7 @@ class SqlRules:
 
     def read_steps(self, c: Connection, key: SessionKey, generation: int | None,
                    step_id: str | None) -> dict[str, StepRecord]:
+        """``SessionStore.read_steps``; a step looked up by id reads the partial index."""
         params = self._generation_params(key, generation)
         where = hint = ""
         if step_id is not None:
@@ -442,6 +476,7 @@ class SqlRules:
 
     def read_events(self, c: Connection, key: SessionKey, after_seq: int,
                     turn_id: str | None) -> list[TurnEvent]:
+        """``SessionStore.read_events``, rebuilt whole from their rows."""
         rows = c.execute(self.q(
             f"SELECT seq, turn_id, body, events FROM log WHERE sid = ({self._sid}) AND seq > ? "
             "AND events IS NOT NULL "
@@ -455,16 +490,16 @@ class SqlRules:
         return out
 
     def newest_seq(self, c: Connection, key: SessionKey) -> int:
+        """The session's newest event seq, 0 when none (where the feed starts)."""
         row = c.execute(self.q(
             f"SELECT coalesce(max(seq), 0) FROM log WHERE sid = ({self._sid})"
         ), (key.agent, key.session)).fetchone()
         return int(row[0])
 
-    def find_sessions(self, c: Connection, which: str | None, turn_id: str | None, *,
-                      where: str | None = None, limit: int | None = None) -> list[SessionKey]:
-        """Sessions by their turns (see ``SessionStore.find_sessions``); ``where``: one more
-        condition on the session row ``s`` (a backend's lease columns)."""
-        conditions: list[str] = [] if where is None else [where]
+    def find_sessions(self, c: Connection, which: str | None,
+                      turn_id: str | None) -> list[SessionKey]:
+        """Sessions by their turns (see ``SessionStore.find_sessions``)."""
+        conditions: list[str] = []
         params: list[Any] = []
         if which == "unfinished":
             conditions.append(NEEDS_DRIVING)
@@ -479,22 +514,45 @@ class SqlRules:
         rows = c.execute(self.q(
             "SELECT DISTINCT s.agent, s.session FROM turns t JOIN sessions s ON s.sid = t.sid "
             f"WHERE {where_all} ORDER BY s.agent, s.session"
-            + ("" if limit is None else f" LIMIT {int(limit)}")
         ), tuple(params)).fetchall()
         return [SessionKey(a, s) for a, s in rows]
 
     def list_sessions(self, c: Connection, agent: str) -> list[SessionKey]:
+        """``SessionStore.list_sessions``."""
         # sid grows with each new session (sessions are never deleted): newest first.
         rows = c.execute(self.q(
             "SELECT session FROM sessions WHERE agent = ? ORDER BY sid DESC"
         ), (agent,)).fetchall()
         return [SessionKey(agent, r[0]) for r in rows]
 
+    def session_summaries(self, c: Connection, agent: str,
+                          parked_only: bool) -> list[SessionSummary]:
+        """``SessionStore.session_summaries``: one statement."""
+        rows = c.execute(self._parked_summaries if parked_only else self._summaries,
+                         (agent,)).fetchall()
+        out = []
+        for session, status, generation, request, _ in rows:
+            pending = _load(request)
+            out.append(SessionSummary(SessionKey(agent, session), status, int(generation),
+                                      InputRequest.from_dict(pending) if pending else None))
+        return out
+
+    def owed_deliveries(self, c: Connection,
+                        channel: str) -> list[tuple[SessionKey, TurnRecord]]:
+        """``SessionStore.owed_deliveries``: one statement, on the index of owed entries."""
+        rows = c.execute(self._owed, (channel,)).fetchall()
+        return [(SessionKey(r[0], r[1]), _turn(r[2:])) for r in rows]
+
+    def settle_delivery(self, c: Connection, key: SessionKey, turn_id: str) -> bool:
+        """``SessionStore.settle_delivery``: one statement, atomic on its own."""
+        cur = c.execute(self._settle, (turn_id, key.agent, key.session))
+        return bool(cur.rowcount == 1)
+
 
 def _accepted(entry: NewEntry, ordinal: int) -> TurnRecord:
     """The record of an entry just accepted."""
     return TurnRecord(entry.turn_id, ordinal, TurnStatus.QUEUED, entry.opening, entry.event,
-                      entry.policy, kind=entry.kind, args=entry.args)
+                      entry.policy, kind=entry.kind, args=entry.args, deliver=entry.deliver)
 
 
 def counters(last_row: Any, generation: int) -> tuple[int, int]:
@@ -504,61 +562,3 @@ def counters(last_row: Any, generation: int) -> tuple[int, int]:
         return 0, 0
     seq, gen, n = last_row
     return int(seq), int(n) if gen == generation else 0
-
-
-class SqlReads:
-    """The reads of the store seam, for a store built on :class:`SqlRules`: each is one rule,
-    run by the store's :meth:`_query` on a connection of its choosing (a reader thread, a
-    pool lane, …). A store sets ``_rules`` and implements ``_query``."""
-
-    _rules: SqlRules
-
-    async def _query(self, fn: Callable[[Any], Any]) -> Any:
-        raise NotImplementedError
-
-    async def turns(self, key: SessionKey, *, turn_id: str | None = None,
-                    unfinished: bool = False) -> list[TurnRecord]:
-        out: list[TurnRecord] = await self._query(
-            lambda c: self._rules.turns(c, key, turn_id, unfinished))
-        return out
-
-    async def session_info(self, key: SessionKey) -> SessionInfo | None:
-        out: SessionInfo | None = await self._query(lambda c: self._rules.session_info(c, key))
-        return out
-
-    async def read_messages(self, key: SessionKey, *, after: int = 0,
-                            generation: int | None = None) -> list[Message]:
-        out: list[Message] = await self._query(
-            lambda c: self._rules.read_messages(c, key, after, generation))
-        return out
-
-    async def read_steps(self, key: SessionKey, *, generation: int | None = None,
-                         step_id: str | None = None) -> dict[str, StepRecord]:
-        out: dict[str, StepRecord] = await self._query(
-            lambda c: self._rules.read_steps(c, key, generation, step_id))
-        return out
-
-    async def read_events(self, key: SessionKey, *, after_seq: int = 0,
-                          turn_id: str | None = None) -> list[TurnEvent]:
-        out: list[TurnEvent] = await self._query(
-            lambda c: self._rules.read_events(c, key, after_seq, turn_id))
-        return out
-
-    async def find_sessions(self, which: str | None = None, *,
-                            turn_id: str | None = None) -> list[SessionKey]:
-        out: list[SessionKey] = await self._query(
-            lambda c: self._rules.find_sessions(c, which, turn_id))
-        return out
-
-    async def list_sessions(self, agent: str) -> list[SessionKey]:
-        out: list[SessionKey] = await self._query(lambda c: self._rules.list_sessions(c, agent))
-        return out
-
-    async def events_after(self, key: SessionKey, after_seq: int) -> list[TurnEvent]:
-        """The session's events after ``after_seq`` (what the event feed reads)."""
-        return await self.read_events(key, after_seq=after_seq)
-
-    async def newest_seq(self, key: SessionKey) -> int:
-        """The session's newest event seq, 0 when none (where the event feed starts)."""
-        out: int = await self._query(lambda c: self._rules.newest_seq(c, key))
-        return out

@@ -1,5 +1,21 @@
-"""What every backend shares: the lease's counters, the buffered transaction, and the rules
-of the chain, written once."""
+"""The public store kit: what every backend builds on, whatever it keeps its rows in.
+
+- the event feed (:class:`Feed`, :class:`Subscription`, from ``stores.feed``): a store makes
+  one, tells it of its own commits (``published``) and of what may have changed elsewhere
+  (``changed``), and hands out its subscriptions and watchers;
+- the lease's counters (:class:`LeaseCounters`) and the buffered transaction
+  (:class:`BufferedTransaction`, collecting a step's :class:`Writes` until commit), so a
+  transaction numbers its messages and events itself;
+- the chain's rules that are decided in Python (:func:`check_enqueue`,
+  :func:`supersede_reason`, :func:`updated_request`);
+- claim helpers: :func:`retry_until` (a claim that waits, backing off) and
+  :func:`claim_found` (``claim_ready`` from a list of candidates and a claim that does not
+  wait);
+- :class:`Worker` (from ``stores.worker``): a thread of its own for a driver that blocks.
+
+A SQL backend needs less than this: ``durable_turns.stores.sql`` uses the kit and leaves a
+dialect only its connection, its SQL's differences and its wake-ups.
+"""
 
 from __future__ import annotations
 
@@ -22,6 +38,25 @@ from ..records import (
     TurnStatus,
     encode_step,
 )
+from .feed import Feed, Subscription
+from .worker import Worker
+
+__all__ = [
+    "BufferedTransaction",
+    "Feed",
+    "LeaseCounters",
+    "Subscription",
+    "Worker",
+    "Writes",
+    "check_enqueue",
+    "claim_found",
+    "retry_until",
+    "supersede_reason",
+    "updated_request",
+]
+
+T = TypeVar("T")
+L = TypeVar("L")
 
 
 @dataclass(slots=True)
@@ -40,8 +75,17 @@ class Writes:
     """Archive the live log: bump the generation, status ``new``, cancel a stale park."""
 
 
-class LeaseBase:
-    """Counters a lease keeps so a transaction can number messages and events itself."""
+class LeaseCounters:
+    """What a lease knows of its session, so a transaction can number messages and events
+    itself (a store's lease class inherits it; the attributes are the ``Lease`` Protocol's).
+
+    Args:
+        key: the session.
+        epoch: the claim's fencing token.
+        generation: the live generation when claimed.
+        last_seq: the newest event seq committed.
+        message_count: the live generation's messages.
+    """
 
     def __init__(self, key: SessionKey, epoch: int, generation: int, last_seq: int,
                  message_count: int) -> None:
@@ -53,23 +97,31 @@ class LeaseBase:
 
 
 class BufferedTransaction:
-    """Collects a step's writes; the backend flushes them in one go at commit."""
+    """Collects a step's writes (the ``Transaction`` Protocol's ``add_*`` and ``set_*``); the
+    backend flushes :attr:`writes` in one go at commit, then calls :meth:`committed`.
 
-    def __init__(self, lease: LeaseBase) -> None:
+    Args:
+        lease: the lease whose counters number the messages and events.
+    """
+
+    def __init__(self, lease: LeaseCounters) -> None:
         self.lease = lease
         self.writes = Writes()
         self._seq = lease.last_seq
         self._count = lease.message_count
 
     def add_message(self, message: Message) -> int:
+        """Buffer a message; returns the index it gets."""
         self.writes.messages.append(message)
         self._count += 1
         return self._count - 1
 
     def add_step(self, step: StepId, turn_id: str, result: StepResult) -> None:
+        """Buffer a checkpoint, encoded once."""
         self.writes.steps.append((str(step), turn_id, encode_step(result)))
 
     def add_event(self, event: TurnEvent) -> TurnEvent:
+        """Buffer an event, numbered in place; returns it."""
         self._seq += 1
         # The event was made for this transaction and is not shared yet: number it in place
         # (dataclasses.replace would rebuild it, a measurable cost on every step).
@@ -78,15 +130,19 @@ class BufferedTransaction:
         return event
 
     def set_turn(self, result: TurnResult) -> None:
+        """Buffer a chain entry's new status and outcome."""
         self.writes.turns[result.turn_id] = result
 
     def set_turn_data(self, turn_id: str, name: str, value: Any) -> None:
+        """Buffer one name of a chain entry's data."""
         self.writes.data.append((turn_id, name, value))
 
     def set_status(self, status: SessionStatus) -> None:
+        """Buffer the session's new status."""
         self.writes.status = status
 
     def new_generation(self) -> None:
+        """Buffer the archive of the live generation."""
         self.writes.new_generation = True
 
     def first_index(self) -> int:
@@ -102,15 +158,41 @@ class BufferedTransaction:
             self.lease.message_count = 0
 
 
-L = TypeVar("L")
+async def retry_until(attempt: Callable[[], Awaitable[T | None]], key: SessionKey,
+                      timeout: float | None, *, first_pause: float = 0.002) -> T:
+    """Await ``attempt()`` until it returns something other than ``None``, backing off from
+    ``first_pause`` up to 100 ms between tries: a claim that waits for a lease held elsewhere.
+
+    Returns:
+        What the successful attempt returned.
+
+    Raises:
+        LeaseTimeoutError: ``timeout`` seconds passed (``None``: never), after one try at
+            least.
+    """
+    deadline = None if timeout is None else time.monotonic() + timeout
+    pause = first_pause
+    while True:
+        got = await attempt()
+        if got is not None:
+            return got
+        if deadline is not None and time.monotonic() >= deadline:
+            raise LeaseTimeoutError(str(key), timeout)
+        await asyncio.sleep(pause)
+        pause = min(pause * 2, 0.1)
 
 
 async def claim_found(find: Callable[[int], Awaitable[list[SessionKey]]],
                       claim: Callable[[SessionKey], Awaitable[L]], agents: Collection[str],
                       limit: int) -> list[L]:
-    """``claim_ready`` for a store of one machine: its ``find_claimable`` (``find``), then a
+    """``claim_ready`` for a store whose leases live outside its database (one machine's):
+    candidates from ``find(n)`` (up to ``n`` sessions with work whose lease looks free), then a
     claim that does not wait (``claim``) of each of these agents' sessions, up to ``limit``;
-    a session someone claimed meanwhile is passed over."""
+    a session someone claimed meanwhile (``LeaseTimeoutError``) is passed over.
+
+    Returns:
+        The leases claimed.
+    """
     leases: list[L] = []
     if limit <= 0:
         return leases
@@ -126,19 +208,6 @@ async def claim_found(find: Callable[[int], Awaitable[list[SessionKey]]],
     return leases
 
 
-async def poll_until(
-    try_once: Callable[[], bool], key: SessionKey, timeout: float | None
-) -> None:
-    """Call ``try_once()`` until it returns true, backing off up to 100 ms between tries."""
-    deadline = None if timeout is None else time.monotonic() + timeout
-    pause = 0.002
-    while not try_once():
-        if deadline is not None and time.monotonic() >= deadline:
-            raise LeaseTimeoutError(str(key), timeout)
-        await asyncio.sleep(pause)
-        pause = min(pause * 2, 0.1)
-
-
 def check_enqueue(key: SessionKey, kind: EntryKind,
                   unfinished: Iterable[tuple[str, str, str, str | None]]) -> None:
     """The rule for accepting a chain entry: a ``turn`` is refused while a turn is parked
@@ -146,6 +215,8 @@ def check_enqueue(key: SessionKey, kind: EntryKind,
     commands are always accepted.
 
     Args:
+        key: the session.
+        kind: the new entry's kind.
         unfinished: ``(turn_id, status, kind, cancel)`` of the session's unfinished entries.
 
     Raises:
