@@ -143,7 +143,7 @@ async def test_a_turn_runs_tools_and_logs_every_step(store: SessionStore) -> Non
     assert msgs[2].result == {"recorded": "a"} and msgs[3].result == "B"
     assert all(m.turn_id == "t1" for m in msgs)
     assert await s.status() == "idle"
-    if store.unwrap() is not None:
+    if store.capabilities.exactly_once_local:
         assert store.unwrap().execute("SELECT v FROM rows").fetchall() == [("a",)]
     steps = [await step_result(store, s.key, sid) for sid in ("model:1", "tool:1:c1", "tool:1:c2",
                                                            "model:4")]
@@ -183,7 +183,7 @@ async def test_tool_errors_become_results_and_local_writes_roll_back(store: Sess
     assert [getattr(e, "error", None) for e in completed] == [
         m.result["error"] for m in results.values()
     ]
-    if store.unwrap() is not None:
+    if store.capabilities.exactly_once_local:
         # the failing tool's CREATE TABLE and INSERT were rolled back together
         assert not _has_table(store.unwrap(), "rows")
     await rt.close()

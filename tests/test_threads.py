@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+import pytest
+
 from durable_turns import (
     Agent,
     ModelReply,
@@ -23,7 +25,7 @@ from durable_turns import (
     scripted,
     tool,
 )
-from durable_turns.channels import mount_agent
+from durable_turns.channels import mount_agent, receive, recover_deliveries
 from durable_turns.channels.threads import (
     Chunk,
     StreamEnded,
@@ -182,7 +184,8 @@ async def test_a_reply_cut_mid_stream_is_rewritten_whole_after_a_restart(
     db = tmp_path / "s.db"
     async with Runtime([agent()], SqliteStore(db), scripted(brain)) as rt:
         s = rt.session("desk", "board:r1")
-        await s.turn("hello there", turn_id="t1", event=said("hello there"))
+        # Accepted as the channel accepts its turns: owed a delivery through it.
+        await s.turn("hello there", turn_id="t1", event=said("hello there"), deliver="board")
         # What a process that died mid-stream left: the open stream's message, nothing more.
         await s.set_turn_data("t1", "board", {"seq": 0, "prompts": {},
                                               "stream": {"ts": "m-old", "after": 0}})
@@ -206,7 +209,8 @@ async def test_a_receive_turn_still_running_at_recovery_is_delivered_when_it_end
         event = InboundEvent("board", None, "daily digest", meta={
             "deliver": {"channel": "board", "target": {"room": "r9"}}})
         await rt.session("desk", "digest").start("daily digest", turn_id="d1", event=event,
-                                                 trigger=Trigger(by="cron:daily"))
+                                                 trigger=Trigger(by="cron:daily"),
+                                                 deliver="board")
     threads = ThreadDeliveries(channel, Board())
     async with Runtime([agent()], SqliteStore(db), scripted(brain)) as rt:
         assert await threads.recover(mount_agent(rt.agents["desk"], rt)) == 1
@@ -217,3 +221,40 @@ async def test_a_receive_turn_still_running_at_recovery_is_delivered_when_it_end
         assert target == {"room": "r9"} and types[-1] == "turn.completed"
         rec = await rt.session("desk", "digest").entry("d1")
         assert rec is not None and (rec.data or {})["delivered"]["final"] is True
+
+
+class FlakyChannel(BoardChannel):
+    """Delivers, or fails while ``down`` (the platform away)."""
+
+    down = False
+
+    async def deliver(self, target: Mapping[str, Any],
+                      events: AsyncIterable[TurnEvent]) -> Any:
+        if self.down:
+            raise ConnectionError("the board is away")
+        return await super().deliver(target, events)
+
+
+async def test_recovery_takes_up_only_the_deliveries_still_owed(tmp_path: Path) -> None:
+    # The store keeps the channel's outbox: a turn is owed from its accept until its end is
+    # delivered. Recovery asks for what is owed, never reads every turn.
+    channel = FlakyChannel()
+    async with Runtime([agent()], SqliteStore(tmp_path / "s.db"), scripted(brain)) as rt:
+        ctx = mount_agent(rt.agents["desk"], rt)
+        for i in range(3):
+            await receive(channel, ctx, seed=f"digest {i}", target={"room": "r"},
+                          turn_id=f"d{i}")
+        assert len(channel.delivered) == 3
+        assert await rt.queries.owed_deliveries("board") == []
+        channel.down = True
+        with pytest.raises(ConnectionError):
+            await receive(channel, ctx, seed="digest 3", target={"room": "r"}, turn_id="d3")
+        owed = await rt.queries.owed_deliveries("board")
+        assert [(key.session, rec.turn_id, rec.deliver) for key, rec in owed] == [
+            ("proactive:system", "d3", "board")]
+        assert await rt.queries.owed_deliveries("board", "other") == []
+        channel.down = False
+        assert await recover_deliveries(channel, ctx) == 1
+        assert [types[-1] for _target, types in channel.delivered] == ["turn.completed"] * 4
+        assert await rt.queries.owed_deliveries("board") == []
+        assert await recover_deliveries(channel, ctx) == 0

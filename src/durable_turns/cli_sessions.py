@@ -22,6 +22,7 @@ from .models.scripted import scripted
 from .records import SessionSummary, TurnRecord
 from .runtime import Runtime
 from .stores import SessionStore
+from .stores.registry import file_of, store_for
 from .stores.sqlite import SqliteStore
 
 LEASE_WAIT = 30.0
@@ -92,23 +93,20 @@ def _session_key(text: str) -> tuple[str, str]:
 
 
 def store_from_spec(spec: str, *, lease_ttl: float = 15.0) -> SessionStore:
-    """The store ``spec`` names: a URL (``postgresql://…``) or a libpq ``key=value`` string
-    is PostgreSQL (the ``postgres`` extra), anything else a SQLite file.
+    """The store ``spec`` names (``durable_turns.stores.store_for``: a URL, a libpq
+    ``key=value`` string, ``memory:`` or a SQLite file's path).
 
     Args:
-        lease_ttl: PostgreSQL: how long a dead holder's sessions wait for takeover.
+        lease_ttl: for a store whose leases expire (PostgreSQL), how long a dead holder's
+            sessions wait for takeover.
     """
-    if spec.startswith(("postgresql://", "postgres://")) or "=" in spec:
-        from .stores.postgres import PostgresStore  # psycopg loads only when asked for
-
-        return PostgresStore(spec, lease_ttl=lease_ttl)
-    return SqliteStore(spec)
+    return store_for(spec, lease_ttl=lease_ttl)
 
 
 def where(spec: str, store: SessionStore) -> str:
-    """How messages name the store: a SQLite file by its path, PostgreSQL by the store's
-    ``repr`` (which leaves the password out)."""
-    return spec if isinstance(store, SqliteStore) else repr(store)
+    """How messages name the store: a file by its path, any other store by its ``repr``
+    (which names its storage, never a password)."""
+    return spec if file_of(spec) is not None else repr(store)
 
 
 def _store(args: argparse.Namespace) -> tuple[Callable[[], SessionStore], str]:
@@ -126,8 +124,9 @@ def _store(args: argparse.Namespace) -> tuple[Callable[[], SessionStore], str]:
         return (lambda: SqliteStore(path)), str(path)
     spec: str = args.store
     store = store_from_spec(spec)
-    if isinstance(store, SqliteStore) and not Path(spec).exists():
-        raise LookupError(f"{spec} does not exist")
+    file = file_of(spec)
+    if file is not None and not file.exists():
+        raise LookupError(f"{file} does not exist")
     return (lambda: store_from_spec(spec)), where(spec, store)
 
 

@@ -32,21 +32,13 @@ class Queries:
         """Every session of ``agent`` the store has, newest first, each with its status,
         generation and the request it is parked on."""
         await self._open()
-        return [await summary_of(self._store, key)
-                for key in await self._store.list_sessions(agent)]
+        return await self._store.session_summaries(agent)
 
     async def inbox(self, agent: str) -> list[SessionSummary]:
         """The sessions of ``agent`` parked on a request someone may answer (an operator's
         inbox), newest first."""
         await self._open()
-        parked = set(await self._store.find_sessions("parked"))
-        out = []
-        for key in await self._store.list_sessions(agent):
-            if key in parked:
-                found = await summary_of(self._store, key)
-                if found.pending is not None:
-                    out.append(found)
-        return out
+        return await self._store.session_summaries(agent, parked_only=True)
 
     async def agents(self) -> list[str]:
         """The agents the store has sessions of, by name."""
@@ -60,23 +52,13 @@ class Queries:
 
     async def owed_deliveries(self, channel: str,
                               agent: str | None = None) -> list[tuple[SessionKey, TurnRecord]]:
-        """The turns ``channel`` owes a delivery (of ``agent`` only, if given), in chain
-        order: those its own inbound events started (source ``channel``) and those
-        ``receive()`` runs for it, whatever their status (a channel follows a running one
-        and delivers an ended one); the channel's own state on each says what it delivered
-        already. What a channel recovers after a restart."""
+        """The turns accepted with ``deliver=channel`` whose delivery the channel has not
+        settled (of ``agent`` only, if given), in the order they were accepted, whatever
+        their status (a channel follows a running one and delivers an ended one): the
+        channel's durable outbox, what it recovers after a restart."""
         await self._open()
-        out = []
-        agents = [agent] if agent is not None else await self.agents()
-        for name in agents:
-            for key in await self._store.list_sessions(name):
-                for t in await self._store.turns(key):
-                    event = t.event or {}
-                    spec = (event.get("meta") or {}).get("deliver") or {}
-                    if t.kind == "turn" and channel in (event.get("source"),
-                                                         spec.get("channel")):
-                        out.append((key, t))
-        return out
+        return [(key, rec) for key, rec in await self._store.owed_deliveries(channel)
+                if agent is None or key.agent == agent]
 
 
 async def summary_of(store: SessionStore, key: SessionKey) -> SessionSummary:

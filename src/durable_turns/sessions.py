@@ -119,11 +119,17 @@ class AgentSession:
         event: InboundEvent | None = None,
         trigger: Trigger | None = None,
         replace: bool = False,
+        deliver: str | None = None,
     ) -> StartedTurn:
         """Accept a turn and return once it is durable, without waiting for it to run.
 
         Delivering a turn id the session already has is a redelivery: nothing is appended
         twice, and an unfinished turn is driven again from where it stopped.
+
+        Args:
+            deliver: the channel (by name) that owes this turn a delivery: the turn stays in
+                ``runtime.queries.owed_deliveries(channel)`` until the channel calls
+                :meth:`settle_delivery` (its durable outbox, what it recovers after a crash).
 
         Raises:
             SessionBusyError: the session is parked on another turn.
@@ -143,7 +149,7 @@ class AgentSession:
             policy = self.agent.surfaces[event.source].to_dict()
         _rec, new = await self.runtime.accept(self.key, NewEntry(
             turn_id, opening, event=event.to_dict() if event else None, policy=policy,
-            supersede=f"superseded by turn {turn_id}" if replace else None,
+            supersede=f"superseded by turn {turn_id}" if replace else None, deliver=deliver,
         ))
         return StartedTurn(turn_id, new)
 
@@ -376,6 +382,18 @@ class AgentSession:
         await self.runtime.open()
         return await self.runtime.store.set_turn_data(self.key, turn_id, name, value,
                                                       only_new=only_new)
+
+    async def settle_delivery(self, turn_id: str) -> bool:
+        """The delivery a channel owed the turn is final (its end was delivered; a park is
+        not final): it leaves ``runtime.queries.owed_deliveries``. Durable at once; needs no
+        lease.
+
+        Returns:
+            Whether this call settled it (``False``: settled before, never owed, or no such
+            turn).
+        """
+        await self.runtime.open()
+        return await self.runtime.store.settle_delivery(self.key, turn_id)
 
     async def transcript(self) -> list[Message]:
         """The session's message log (the live generation)."""

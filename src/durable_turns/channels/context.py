@@ -50,7 +50,8 @@ class ChannelContext:
 
     async def open_turn(self, text: str, *, session: str, replace: bool = False,
                         event: InboundEvent | None = None, turn_id: str | None = None,
-                        trigger: Trigger | None = None) -> TurnStream:
+                        trigger: Trigger | None = None,
+                        deliver: str | None = None) -> TurnStream:
         """Start a turn and return its stream (for a host that must answer an error before
         it streams). The turn is durable when this returns.
 
@@ -64,7 +65,7 @@ class ChannelContext:
         try:
             await sub.ready()
             started = await s.start(text, turn_id=turn_id, event=event, replace=replace,
-                                    trigger=trigger)
+                                    trigger=trigger, deliver=deliver)
             if not started.new:
                 sub.close()
                 sub = self.runtime.subscribe(s.key, 0)
@@ -76,10 +77,12 @@ class ChannelContext:
 
     async def run_stream(self, text: str, *, session: str, replace: bool = False,
                          event: InboundEvent | None = None, turn_id: str | None = None,
-                         trigger: Trigger | None = None) -> AsyncIterator[TurnEvent]:
+                         trigger: Trigger | None = None,
+                         deliver: str | None = None) -> AsyncIterator[TurnEvent]:
         """Start a turn and yield its events, ending with its terminal event or
         ``input.requested``. With ``trigger`` the turn is one nobody typed (F9): its opening
-        message has role ``trigger``, attributed to ``trigger.by``.
+        message has role ``trigger``, attributed to ``trigger.by``. With ``deliver``, that
+        channel owes the turn a delivery (``AgentSession.start``).
 
         The turn is durable before the first event is yielded, and it runs on when the
         caller stops reading. A redelivered ``turn_id`` yields the turn's logged events,
@@ -91,7 +94,7 @@ class ChannelContext:
             ValueError: empty text or session id.
         """
         stream = await self.open_turn(text, session=session, replace=replace, event=event,
-                                      turn_id=turn_id, trigger=trigger)
+                                      turn_id=turn_id, trigger=trigger, deliver=deliver)
         async with stream:
             async for e in stream:
                 yield e

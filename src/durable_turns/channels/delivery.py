@@ -80,12 +80,12 @@ async def receive(channel: Deliverer, ctx: ChannelContext, *, seed: str,
     trigger = trigger or Trigger()
     session = session or f"{trigger.kind}:{trigger.by}"
     turn_id = turn_id or uuid.uuid4().hex
-    # The channel that owes the delivery, kept with the turn: what recovery looks it up by.
-    # (Once the store keeps an outbox, this is where the turn's `deliver` column is set.)
+    # The channel owes the delivery (the store's outbox: what recovery finds it by); where
+    # to deliver travels with the turn's event.
     event = InboundEvent(channel.name, None, seed,
                          meta={"deliver": {"channel": channel.name, "target": dict(target)}})
     async for _e in ctx.run_stream(seed, session=session, event=event, turn_id=turn_id,
-                                   trigger=trigger):
+                                   trigger=trigger, deliver=channel.name):
         pass
     s = ctx.session(session)
     await deliver_owed(channel, s, turn_id)
@@ -119,7 +119,8 @@ async def deliver_owed(channel: Deliverer, s: AgentSession, turn_id: str) -> boo
     final = rec.status.final
     await s.set_turn_data(turn_id, DELIVERED, {"step": step, "receipt": receipt,
                                                "final": final})
-    # Where AgentSession.settle_delivery(turn_id) goes once the store keeps an outbox.
+    if final:  # a park's delivery is not the last: the turn goes on and ends later
+        await s.settle_delivery(turn_id)
     return True
 
 

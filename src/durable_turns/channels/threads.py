@@ -238,7 +238,7 @@ class ThreadReply:
             await self._finish(e)
             self.seq = e.seq
             await self._save(done=True)
-            # Where AgentSession.settle_delivery(turn_id) goes once the store keeps an outbox.
+            await self.session.settle_delivery(self.thread.turn_id)
             return True
         return False
 
@@ -330,7 +330,8 @@ class ThreadDeliveries:
         sub = s.runtime.subscribe(s.key)
         try:
             await sub.ready()
-            await s.start(text, turn_id=turn_id, event=event, replace=replace)
+            await s.start(text, turn_id=turn_id, event=event, replace=replace,
+                          deliver=self.channel.name)
         except BaseException:
             sub.close()
             raise

@@ -16,11 +16,12 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from importlib.metadata import entry_points
+from pathlib import Path
 
 from ..errors import ConfigurationError
 from . import SessionStore
 
-__all__ = ["ENTRY_POINTS", "SCHEMES", "store_for"]
+__all__ = ["ENTRY_POINTS", "SCHEMES", "file_of", "store_for"]
 
 ENTRY_POINTS = "durable_turns.stores"
 """The entry point group a third-party store registers its scheme in."""
@@ -51,6 +52,19 @@ SCHEMES: dict[str, Factory] = {
 """The stores shipped, by scheme."""
 
 _SCHEME = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*):")
+
+
+def file_of(spec: str) -> Path | None:
+    """The file a spec names when its store lives in one file of this machine (a SQLite path,
+    ``sqlite:PATH``); ``None`` for any other store. A command that manages existing sessions
+    refuses a file that does not exist (opening it would create an empty store)."""
+    found = _SCHEME.match(spec)
+    scheme = found.group(1).lower() if found else None
+    if scheme == "sqlite":
+        return Path(spec.removeprefix("sqlite:"))
+    if (scheme is None or len(scheme) == 1) and "=" not in spec:
+        return Path(spec)
+    return None
 
 
 def store_for(spec: str, *, lease_ttl: float | None = None) -> SessionStore:
