@@ -86,12 +86,12 @@ async def _crash(db: Path, session: str) -> None:
     """Accept the turn to redeliver, then die by SIGKILL: the database, its WAL, its shared
     memory index and its lease file are left as a crashed process leaves them."""
     from durable_turns import Runtime, SqliteStore
-    from durable_turns.messages import Message
 
     agent, model = _agent_and_model()
     rt = Runtime([agent], SqliteStore(db), model, drive=False)
     await rt.open()
-    await rt.accept(rt.key(AGENT, session), "redelivered", Message("user", "count again"))
+    # Through the session: what it accepts is durable before start() returns.
+    await rt.session(AGENT, session).start("count again", turn_id="redelivered")
     os.kill(os.getpid(), signal.SIGKILL)
 
 

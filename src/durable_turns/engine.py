@@ -99,6 +99,8 @@ class TurnEngine:
         self.model = model
         self.lease = lease
         self.checkpoints = Checkpoints(lease, transcript, publish)
+        self.transcript = transcript
+        """The live message log: one list for the whole drive (a reset clears it in place)."""
         self._publish_live = publish_live
         self._wants_live = wants_live or _always
         self._retry = RetryPolicy(agent.model_retries, agent.model_retry_delay)
@@ -108,11 +110,6 @@ class TurnEngine:
         self.turn_id: str | None = None
         self._streaming: asyncio.Task[Any] | None = None
         self._interrupted = False
-
-    @property
-    def transcript(self) -> list[Message]:
-        """The live message log."""
-        return self.checkpoints.transcript
 
     def interrupt(self, turn_id: str) -> None:
         """Stop the model's stream (and a batch's interruptible calls) if ``turn_id`` runs:
@@ -176,10 +173,11 @@ class TurnEngine:
             if not self._has_opening(turn_id):
                 self._check_cancel(turn_id)
                 await self._open(turn)
+            transcript = self.transcript
             while True:
                 self._check_cancel(turn_id)
-                n, owed = owed_calls(self.transcript)
-                last = self.transcript[n] if n >= 0 else None
+                n, owed = owed_calls(transcript)
+                last = transcript[n] if n >= 0 else None
                 if owed:
                     if self.agent.parallel_tools and len(owed) > 1:
                         request = await self.calls.batch(turn_id, n, owed, tools, event)

@@ -50,6 +50,7 @@ class TurnEvent:
     """Stored with its step and replayed from the log; ``False`` for the live-only events
     (:data:`LIVE_EVENTS`), which carry the ``seq`` of the durable event before them."""
     _own_fields: ClassVar[tuple[str, ...]] = ()
+    _ends: ClassVar[bool] = False  # in STREAM_ENDS: set once below (read on every event)
     agent: str
     session: str
     turn_id: str
@@ -65,7 +66,7 @@ class TurnEvent:
     @property
     def ends_turn(self) -> bool:
         """A terminal event of its own turn (not a forwarded subagent's)."""
-        return self.child is None and isinstance(self, STREAM_ENDS)
+        return self.child is None and self._ends
 
     def payload(self) -> dict[str, Any]:
         """The event's own fields as JSON values (without the common ones but ``child``)."""
@@ -223,6 +224,7 @@ _BY_TYPE: dict[str, type[TurnEvent]] = {
 for _cls in _BY_TYPE.values():
     # payload() runs for every event of every step: look the field names up once.
     _cls._own_fields = tuple(f.name for f in fields(_cls) if f.name not in _COMMON)
+    _cls._ends = issubclass(_cls, STREAM_ENDS)
 
 
 def event_from_fields(agent: str, session: str, seq: int, turn_id: str, type: str,

@@ -350,12 +350,18 @@ class ModelMemo:
     """The reply's transcript index."""
     stop: str | None = None
 
+    def to_json(self) -> str:
+        return encode_json({"m": self.m, "stop": self.stop})
+
 
 @dataclass(frozen=True, slots=True)
 class ToolMemo:
     """What a tool step keeps: where its tool message is (the result lives there)."""
 
     m: int
+
+    def to_json(self) -> str:
+        return f'{{"m":{int(self.m)}}}'  # the most common step: no encoder needed
 
 
 @dataclass(frozen=True, slots=True)
@@ -365,6 +371,9 @@ class CallOutcome:
     result: Any
     error: str | None = None
 
+    def to_json(self) -> str:
+        return encode_json({"r": self.result, "e": self.error})
+
 
 @dataclass(frozen=True, slots=True)
 class Answer:
@@ -372,6 +381,9 @@ class Answer:
 
     value: Any
     by: str | None = None
+
+    def to_json(self) -> str:
+        return encode_json({"value": self.value, "by": self.by})
 
 
 @dataclass(frozen=True, slots=True)
@@ -382,6 +394,10 @@ class ChildMemo:
     session: str
     turn_id: str
 
+    def to_json(self) -> str:
+        return encode_json({"agent": self.agent, "session": self.session,
+                            "turn_id": self.turn_id})
+
 
 StepResult = ModelMemo | ToolMemo | CallOutcome | Answer | ChildMemo
 """What a step keeps, by kind: a model step a :class:`ModelMemo`, a tool step a
@@ -390,17 +406,9 @@ StepResult = ModelMemo | ToolMemo | CallOutcome | Answer | ChildMemo
 
 
 def encode_step(result: StepResult) -> str:
-    """A step result's stored JSON (the one codec of step memos)."""
-    if isinstance(result, ToolMemo):
-        return f'{{"m":{int(result.m)}}}'  # the most common step: no encoder needed
-    if isinstance(result, ModelMemo):
-        return encode_json({"m": result.m, "stop": result.stop})
-    if isinstance(result, CallOutcome):
-        return encode_json({"r": result.result, "e": result.error})
-    if isinstance(result, Answer):
-        return encode_json({"value": result.value, "by": result.by})
-    return encode_json({"agent": result.agent, "session": result.session,
-                        "turn_id": result.turn_id})
+    """A step result's stored JSON: each kind writes its own (``to_json``), and
+    :func:`decode_step` reads them all back."""
+    return result.to_json()
 
 
 def decode_step(kind: StepKind, data: str) -> StepResult:

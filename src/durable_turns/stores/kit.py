@@ -36,7 +36,6 @@ from ..records import (
     StepResult,
     TurnResult,
     TurnStatus,
-    encode_step,
 )
 from .feed import Feed, Subscription
 from .worker import Worker
@@ -118,7 +117,7 @@ class BufferedTransaction:
 
     def add_step(self, step: StepId, turn_id: str, result: StepResult) -> None:
         """Buffer a checkpoint, encoded once."""
-        self.writes.steps.append((str(step), turn_id, encode_step(result)))
+        self.writes.steps.append((str(step), turn_id, result.to_json()))
 
     def add_event(self, event: TurnEvent) -> TurnEvent:
         """Buffer an event, numbered in place; returns it."""

@@ -43,13 +43,14 @@ from ...events import (
     event_from_fields,
 )
 from ...messages import Message, decode_message, encode_json, encode_message
-from ...records import StepRecord
+from ...records import HOT_STEP_PREFIXES, StepRecord
 
 Row = tuple[int, str | None, str | None, str | None, str | None, str | None]
 """``(n, turn_id, body, step, memo, events)`` of a new row (the key and ``gen`` aside)."""
 
-LOOKED_UP = ("memo IS NOT NULL AND (step IS NULL "
-             "OR (substr(step, 1, 6) <> 'model:' AND substr(step, 1, 5) <> 'tool:'))")
+LOOKED_UP = ("memo IS NOT NULL AND (step IS NULL OR ("
+             + " AND ".join(f"substr(step, 1, {len(p)}) <> '{p}'" for p in HOT_STEP_PREFIXES)
+             + "))")
 """The rows whose checkpoints are looked up by id on the hot path (a person's answer, a
 subagent's record) and rows of several checkpoints: the partial index ``log_lookup`` holds
 only them, so a model or tool step (the common row) writes no index entry. A query names

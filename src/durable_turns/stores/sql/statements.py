@@ -29,6 +29,7 @@ from typing import Any, Protocol
 from ...events import TurnEvent
 from ...messages import Message, MessageLog, encode_json
 from ...records import (
+    HOT_STEP_PREFIXES,
     InputRequest,
     NewEntry,
     SessionInfo,
@@ -460,7 +461,7 @@ class Statements:
         if step_id is not None:
             where = " AND (l.step = ? OR l.step IS NULL)"
             params = (*params, step_id)
-            if not step_id.startswith(("model:", "tool:")):
+            if not step_id.startswith(HOT_STEP_PREFIXES):
                 where += f" AND {LOOKED_UP}"  # through the partial index log_lookup
                 hint = self._lookup_hint
         rows = c.execute(self.q(
