@@ -296,10 +296,12 @@ async def test_the_worker_command_drives_queued_turns(pg_dsn: str, tmp_path: Pat
             await store.enqueue(SessionKey("ops", f"s{i}"),
                                 NewEntry("t1", Message("user", "hi", turn_id="t1")))
         with (tmp_path / "stderr").open("wb") as err:
+            # faulthandler: a worker that does not stop dumps its threads' stacks on SIGABRT.
             proc = subprocess.Popen(
                 [sys.executable, "-m", "durable_turns.cli", "worker", str(app), "--store",
                  url, "--lease-ttl", "1", "--poll-interval", "0.05"],
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+                env={**os.environ, "PYTHONFAULTHANDLER": "1"})
         try:
             deadline = time.monotonic() + pgkit.CHILD_TIMEOUT
             while await store.find_sessions("unfinished"):
@@ -311,9 +313,9 @@ async def test_the_worker_command_drives_queued_turns(pg_dsn: str, tmp_path: Pat
             try:
                 proc.wait(timeout=pgkit.CHILD_TIMEOUT)
             except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        assert proc.returncode == 130
+                proc.send_signal(signal.SIGABRT)
+                proc.wait(timeout=pgkit.CHILD_TIMEOUT)
+        assert proc.returncode == 130, (tmp_path / "stderr").read_text()
         for i in range(3):
             rec = await get_turn(store, SessionKey("ops", f"s{i}"), "t1")
             assert rec is not None and (rec.status, rec.text) == ("completed", "done")
