@@ -22,7 +22,9 @@ from pathlib import Path
 from .agent import Agent, check_surfaces
 from .channels.registry import channel_from_env
 from .cli_sessions import (
+    add_replay_command,
     add_session_commands,
+    replay_action,
     retry,
     session_action,
     store_from_spec,
@@ -202,6 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Operate on the sessions of a store: a SQLite file (--db) or PostgreSQL "
                     "(--store postgresql://…).")
     add_session_commands(sessions, run_action=_sessions, run_retry=_sessions_retry)
+    add_replay_command(commands, run=_replay)
 
     work = commands.add_parser(
         "worker", help="drive an app's queued turns from a shared store, until interrupted",
@@ -439,6 +442,10 @@ def _sessions(args: argparse.Namespace) -> int:
 
 def _sessions_retry(args: argparse.Namespace) -> int:
     return _run("sessions retry", lambda: asyncio.run(retry(args)))
+
+
+def _replay(args: argparse.Namespace) -> int:
+    return _run("replay", lambda: asyncio.run(replay_action(args)))
 
 
 def _worker(args: argparse.Namespace) -> int:

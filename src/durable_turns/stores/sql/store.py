@@ -22,12 +22,13 @@ The write path, once for every dialect:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from ...errors import FatalToolError, LeaseLostError, StoreError
 from ...events import TurnEvent
+from ...history import Checkpoint, ForkPlan
 from ...messages import Message
 from ...records import (
     NewEntry,
@@ -42,6 +43,8 @@ from ..feed import Feed, Subscription
 from ..kit import BufferedTransaction, LeaseCounters
 from .schema import Syntax
 from .statements import Statements
+from .timeline import checkpoints as read_checkpoints
+from .timeline import fork as write_fork
 
 __all__ = ["Dialect", "Grant", "Leases", "SqlLease", "SqlStore", "SqlTransaction", "StepLink"]
 
@@ -371,6 +374,26 @@ class SqlStore:
     async def owed_deliveries(self, channel: str) -> list[tuple[SessionKey, TurnRecord]]:
         """``SessionQueries.owed_deliveries``."""
         return await self.read(lambda c: self.statements.owed_deliveries(c, channel))
+
+    async def checkpoints(self, key: SessionKey, *,
+                          generation: int | None = None) -> list[Checkpoint]:
+        """``SessionQueries.checkpoints``."""
+        return await self.read(
+            lambda c: read_checkpoints(self.statements, c, key, generation))
+
+    async def fork(self, plans: Sequence[ForkPlan]) -> None:
+        """``SessionQueries.fork``."""
+        st = self.statements
+
+        def write(c: Any) -> None:
+            for plan in plans:
+                write_fork(st, c, plan)
+            for plan in plans:
+                self.dialect.notify(c, plan.dst, None)
+
+        await self.transact(write)
+        for plan in plans:
+            self.feed.changed(plan.dst)
 
     # -- the feed --------------------------------------------------------------------------
 
