@@ -134,8 +134,9 @@ async def test_then_starts_another_turn_after_a_turns_end(store: SessionStore) -
     s = rt.session("ops", "s1")
     await s.turn("look once more", turn_id="t1")
     await s.turn("and thanks", turn_id="t2")
-    end_of_t1 = [cp for cp in await s.history() if cp.kind == "model" and cp.turn_id == "t1"
-                 and cp.events[-1].ends_turn][0]
+    history = await s.history()
+    end_of_t1 = next(cp for cp in history if cp.kind == "model" and cp.turn_id == "t1"
+                     and cp.events[-1].ends_turn)
     fork = await s.fork("alt", end_of_t1, then="something else", turn_id="t2-alt")
     assert (await fork.result("t2-alt", timeout=WAIT)).text == "Done with: something else"
     chain = [t.opening.text for t in await fork.chain() if t.opening]
