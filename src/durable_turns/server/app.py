@@ -86,7 +86,8 @@ BODIES: dict[str, type[BaseModel]] = {
 
 def create_app(runtime: Runtime, authenticate: Authenticate | None = None,
                channels: Sequence[Channel] = (), *, authorize: Authorize | None = None,
-               origins: Collection[str] = (), routes: Sequence[BaseRoute] = (),
+               origins: Collection[str] = (), api: bool = True,
+               routes: Sequence[BaseRoute] = (),
                ping: float = PING, max_backlog: int = MAX_BACKLOG,
                grace: float = GRACE) -> Starlette:
     """The HTTP/SSE host of ``runtime``'s agents (F12), as a Starlette (ASGI) app.
@@ -120,6 +121,8 @@ def create_app(runtime: Runtime, authenticate: Authenticate | None = None,
             call the API from a browser (a proxy in front that changes the ``Host``, a console
             served elsewhere); every other page's requests that would change something are
             refused (CSRF).
+        api: serve the API and the console; ``False`` serves the channels' routes (and
+            ``routes``) only, such as ``/slack/*`` behind a tunnel.
         routes: more Starlette routes to serve beside the API.
         ping: seconds between keep-alive comments on an idle event stream.
         max_backlog: bytes of events a ``GET …/events`` client may leave unread before it
@@ -155,7 +158,7 @@ def create_app(runtime: Runtime, authenticate: Authenticate | None = None,
     host = _Host(runtime, authenticate, ping, max_backlog,
                  Guard(runtime, authenticate, authorize or default_authorize, origins))
     lifespan = host_lifespan(runtime, list(channels), host.streams.end_all, grace=grace)
-    return host.app([*mounted, *routes], lifespan)
+    return host.app([*mounted, *routes], lifespan, api=api)
 
 
 class _Host:
@@ -174,10 +177,10 @@ class _Host:
         self.mounted: dict[str, ChannelContext] = {
             name: mount_agent(agent, runtime) for name, agent in runtime.agents.items()}
 
-    def app(self, extra: Sequence[BaseRoute], lifespan: Any) -> Starlette:
+    def app(self, extra: Sequence[BaseRoute], lifespan: Any, *, api: bool) -> Starlette:
         base = "/agents/{agent}/sessions/{session}"
         g = self.guard
-        routes: list[BaseRoute] = [
+        routes: list[BaseRoute] = [] if not api else [
             Route("/openapi.json", self.openapi, methods=["GET"]),
             Route("/agents/{agent}/sessions", g(self.list_sessions, "list"), methods=["GET"]),
             Route("/agents/{agent}/pending", g(self.inbox, "inbox"), methods=["GET"]),
@@ -191,8 +194,8 @@ class _Host:
             Route(f"{base}/reset", g(self.reset, "reset", body=ResetBody), methods=["POST"]),
             Route(f"{base}/events", g(self.events, "read", claim=True), methods=["GET"]),
             *console_routes(self.rt, g, self.authenticate is None),
-            *extra,
         ]
+        routes += extra
         app = EventStreamApp(routes=routes, lifespan=lifespan, exception_handlers={
             404: self.not_found, 405: self.not_allowed})
         # A path with a slash too many is not found, rather than redirected to a Location

@@ -53,7 +53,7 @@ class _Server(uvicorn.Server):
 async def serve(runtime: Runtime, *, host: str = "127.0.0.1", port: int = 8000,
                 authenticate: Authenticate | None = None, grace: float = GRACE,
                 on_ready: Callable[[str], None] | None = None,
-                channels: Sequence[Channel] = ()) -> None:
+                channels: Sequence[Channel] = (), api: bool = True) -> None:
     """Serve ``create_app(runtime, authenticate, channels)`` with uvicorn until SIGTERM or
     SIGINT.
 
@@ -66,18 +66,19 @@ async def serve(runtime: Runtime, *, host: str = "127.0.0.1", port: int = 8000,
     Args:
         on_ready: called with the base URL once the server listens.
         channels: the channels to serve (``create_app(channels=…)``).
+        api: serve the API and the console too (``create_app(api=…)``).
 
     Raises:
-        ConfigurationError: no ``authenticate`` (development mode) and ``host`` is not
-            loopback, or a channel that cannot serve this runtime.
+        ConfigurationError: no ``authenticate`` (development mode), the API served and
+            ``host`` not loopback; or a channel that cannot serve this runtime.
         StoreError: the store cannot be opened (before the port is bound).
         Exception: whatever the lifespan's start raised (a channel's ``start``).
     """
-    if authenticate is None and not is_loopback(host):
+    if authenticate is None and api and not is_loopback(host):
         raise ConfigurationError(
             f"development mode (no authenticate) serves loopback only, not {host!r}: "
             "bind 127.0.0.1, or pass authenticate=… to create_app")
-    app = create_app(runtime, authenticate, channels, grace=grace)
+    app = create_app(runtime, authenticate, channels, grace=grace, api=api)
     # Opened here first, so that a store that cannot be opened is this call's error, before
     # the port is bound, rather than a line in uvicorn's log (the lifespan's open is then a
     # no-op).
