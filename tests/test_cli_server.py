@@ -348,6 +348,10 @@ async def test_serve_a_channel_without_authentication_exposes_only_its_routes(
     said: list[bytes] = []
     async with served(app, db, "--channel", "slack", said=said) as (_proc, url), \
             httpx.AsyncClient(base_url=url, timeout=WAIT) as client:
+        # A request whose headers never end: serve's uvicorn has a deadline for them
+        # (HEADER_TIMEOUT), checked at the end of this block.
+        reader, writer = await asyncio.open_connection("127.0.0.1", int(url.rsplit(":", 1)[1]))
+        writer.write(b"POST /slack/events HTTP/1.1\r\nHost: 127.0.0.1\r\n")
         assert said[0].rstrip().endswith(b"SIGTERM or Ctrl-C stops") and b"/slack/" in said[0]
         assert b"not exposed" in said[1] and b"--expose-api" in said[1]
         for path in ("/", "/agents", "/agents/desk/sessions", "/openapi.json"):
@@ -356,6 +360,9 @@ async def test_serve_a_channel_without_authentication_exposes_only_its_routes(
         assert r.status_code == 404
         unsigned = await client.post("/slack/events", json={"type": "url_verification"})
         assert unsigned.status_code == 401  # the channel's route is there, and checks
+        answer = await asyncio.wait_for(reader.read(), WAIT)  # to the end: closed
+        assert answer.startswith(b"HTTP/1.1 408 ") and b"RequestTimeout" in answer
+        writer.close()
     async with served(app, db, "--channel", "slack", "--expose-api", said=said) as (
             _proc, url), httpx.AsyncClient(base_url=url, timeout=WAIT) as client:
         assert (await client.get("/agents/desk/sessions")).status_code == 200

@@ -28,7 +28,6 @@ are deduplicated within the serving process.
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from collections.abc import AsyncIterable, Mapping
@@ -43,7 +42,7 @@ try:
     from slack_sdk.signature import SignatureVerifier
     from slack_sdk.web.async_client import AsyncWebClient
     from slack_sdk.webhook.async_client import AsyncWebhookClient
-    from starlette.requests import Request
+    from starlette.requests import ClientDisconnect, Request
     from starlette.responses import JSONResponse, Response
     from starlette.routing import BaseRoute, Route
 except ImportError as e:  # pragma: no cover - depends on the install
@@ -61,6 +60,7 @@ from ..errors import (
 from ..events import InputRequested, TurnEvent
 from ..inbound import InboundEvent
 from ..runtime import Runtime
+from ..wire import HttpError, loads, read_limited
 from .context import ChannelContext, mount_agent
 from .slack_thread import APPROVE, DENY, SlackThreads, prompt_blocks
 from .threads import STREAM_IDLE, SUPERSEDED, ThreadDeliveries, outcome
@@ -231,14 +231,24 @@ class SlackChannel:
     # -- inbound: the Events API -----------------------------------------------------------
 
     async def _verified(self, request: Request) -> bytes | Response:
-        raw = bytearray()
-        async for chunk in request.stream():
-            raw += chunk
-            if len(raw) > MAX_BODY:
-                return _refuse(413, "the body is too large")
-        body = bytes(raw)
-        if self.verifier is None or not self.verifier.is_valid_request(body,
-                                                                       dict(request.headers)):
+        try:
+            body = await read_limited(request.stream(), MAX_BODY)
+        except HttpError as e:
+            return _refuse(e.status, e.message)
+        except ClientDisconnect:
+            return _refuse(400, "the client left before its body came")
+        stamp = request.headers.get("x-slack-request-timestamp", "")
+        signature = request.headers.get("x-slack-signature", "")
+        # What slack_sdk's check would choke on is refused first: a timestamp that is not a
+        # whole number of seconds, a body that is not UTF-8 (Slack sends neither).
+        if not (stamp.isascii() and stamp.isdigit() and len(stamp) <= 12) or not signature:
+            return _refuse(401, "invalid or stale Slack signature")
+        try:
+            body.decode()
+            valid = self.verifier is not None and self.verifier.is_valid(body, stamp, signature)
+        except (UnicodeDecodeError, ValueError):
+            valid = False
+        if not valid:
             return _refuse(401, "invalid or stale Slack signature")
         return body
 
@@ -249,44 +259,38 @@ class SlackChannel:
         if isinstance(body, Response):
             return body
         try:
-            envelope = json.loads(body)
+            envelope = loads(body)
             if not isinstance(envelope, dict):
                 raise ValueError("not an object")
-        except ValueError:
-            return _refuse(400, "the body is not a JSON object")
-        kind = envelope.get("type")
-        if kind == "url_verification":
+            message, bots = _message_event(envelope), _bots(envelope)
+        except (HttpError, ValueError) as e:
+            # Signed by Slack, but not what this app understands: sending it again changes
+            # nothing.
+            return _refuse(400, f"not an event this app takes: {e}")
+        if envelope.get("type") == "url_verification":
             return JSONResponse({"challenge": envelope.get("challenge")})
         try:
             await self._ready()
-            if kind == "event_callback" and isinstance(envelope.get("event"), dict):
-                await self._on_event(envelope)
+            if message is not None and message["user"] not in bots:
+                await self._on_event(envelope, message, bots)
         except Exception:
             log.exception("slack: event %s failed", envelope.get("event_id"))
             # Slack resends it (the turn id dedupes whatever was stored).
             return _refuse(500, "the event could not be stored; resend it")
         return Response(status_code=200)
 
-    async def _on_event(self, envelope: dict[str, Any]) -> None:
-        event = envelope["event"]
-        bots = {a.get("user_id") for a in envelope.get("authorizations") or ()
-                if isinstance(a, dict) and a.get("is_bot")}
-        if event.get("type") not in ("app_mention", "message"):
-            return
-        if event.get("subtype") or event.get("bot_id") or not event.get("user"):
-            return  # edits, deletions, joins, bots (ourselves included)
-        if event["user"] in bots:
-            return
-        channel, ts, user = str(event.get("channel")), str(event.get("ts")), str(event["user"])
+    async def _on_event(self, envelope: dict[str, Any], event: dict[str, str],
+                        bots: set[str]) -> None:
+        channel, ts, user = event["channel"], event["ts"], event["user"]
         team = str(event.get("team") or envelope.get("team_id") or "")
-        thread = str(event.get("thread_ts") or ts)
+        thread = event.get("thread_ts") or ts
         s = self.ctx.session(f"slack:{team}:{channel}:{thread}")
         if event["type"] == "message":
             in_thread = event.get("thread_ts") not in (None, ts)
             is_dm = event.get("channel_type") == "im"
             if not is_dm and not (in_thread and (await s.summary()).exists):
                 return  # not a thread the bot is in
-        text = _strip_mentions(str(event.get("text") or ""), bots)
+        text = _strip_mentions(event.get("text") or "", bots)
         if not text:
             text = "(empty message)"
         inbound = InboundEvent(
@@ -316,14 +320,15 @@ class SlackChannel:
         if isinstance(body, Response):
             return body
         try:
-            payload = json.loads(parse_qs(body.decode())["payload"][0])
+            payload = loads(parse_qs(body.decode())["payload"][0])
             action = payload["actions"][0]
-            route = json.loads(action["value"])
-            clicker = str(payload["user"]["id"])
+            route = loads(action["value"])
+            clicker = _text(payload["user"]["id"])
             answer = {APPROVE: True, DENY: False}[action["action_id"]]
-            session, turn_id, input_id = route["s"], route["t"], route["i"]
-            response_url = str(payload["response_url"])
-        except (KeyError, IndexError, TypeError, ValueError, UnicodeDecodeError):
+            session, turn_id, input_id = (_text(route[k]) for k in "sti")
+            response_url = _text(payload["response_url"])
+            prompt = _prompt_text(payload)
+        except (KeyError, IndexError, TypeError, ValueError, UnicodeDecodeError, HttpError):
             return _refuse(400, "not a durable_turns button click")
         try:
             await self._ready()
@@ -331,7 +336,7 @@ class SlackChannel:
             log.exception("slack: the click on %s of %s could not be taken", input_id, turn_id)
             return _refuse(500, "the click could not be taken; try again")
         self.threads.spawn(self._answer(session, turn_id, input_id, answer, clicker,
-                                        response_url, _prompt_text(payload)))
+                                        response_url, prompt))
         return Response(status_code=200)
 
     async def _answer(self, session: str, turn_id: str, input_id: str, answer: bool,
@@ -390,14 +395,81 @@ class SlackChannel:
 
 
 def _prompt_text(payload: Mapping[str, Any]) -> str:
-    message = payload.get("message") or {}
+    """The prompt of the clicked message (its first section's text).
+
+    Raises:
+        TypeError: the message is not shaped as Slack sends it.
+    """
+    message = _object(payload.get("message"))
     for block in message.get("blocks") or ():
-        if block.get("type") == "section":
-            return str((block.get("text") or {}).get("text") or "")
+        if _object(block).get("type") == "section":
+            return str(_object(block.get("text")).get("text") or "")
     return str(message.get("text") or "")
 
 
-def _strip_mentions(text: str, bots: set[Any]) -> str:
+def _message_event(envelope: Mapping[str, Any]) -> dict[str, str] | None:
+    """The event of an ``event_callback`` this app takes (a mention or a message from a
+    person), its fields checked; ``None`` for any other event (ignored).
+
+    Raises:
+        ValueError: an event of that kind with a field of the wrong type.
+    """
+    event = envelope.get("event")
+    if envelope.get("type") != "event_callback" or not isinstance(event, dict):
+        return None
+    if event.get("type") not in ("app_mention", "message"):
+        return None
+    if event.get("subtype") or event.get("bot_id") or not event.get("user"):
+        return None  # edits, deletions, joins, bots (ourselves included)
+    out: dict[str, str] = {"type": event["type"]}
+    for name in ("user", "channel", "ts", "thread_ts", "team", "text", "channel_type"):
+        value = event.get(name)
+        if value is None and name not in ("user", "channel", "ts"):
+            continue
+        if not isinstance(value, str) or (name != "text" and not value):
+            raise ValueError(f"its {name} is not a string")
+        out[name] = value
+    return out
+
+
+def _bots(envelope: Mapping[str, Any]) -> set[str]:
+    """The user ids of the bots the event was delivered to (this app's own among them).
+
+    Raises:
+        ValueError: ``authorizations`` is not a list.
+    """
+    found = envelope.get("authorizations") or []
+    if not isinstance(found, list):
+        raise ValueError("its authorizations are not a list")
+    return {a["user_id"] for a in found if isinstance(a, dict) and a.get("is_bot")
+            and isinstance(a.get("user_id"), str)}
+
+
+def _text(value: Any) -> str:
+    """``value`` if it is a non-empty string.
+
+    Raises:
+        TypeError: it is not.
+    """
+    if not isinstance(value, str) or not value:
+        raise TypeError(f"expected a string, not {type(value).__name__}")
+    return value
+
+
+def _object(value: Any) -> Mapping[str, Any]:
+    """``value`` if it is an object, ``{}`` for nothing.
+
+    Raises:
+        TypeError: something else.
+    """
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise TypeError(f"expected an object, not {type(value).__name__}")
+    return value
+
+
+def _strip_mentions(text: str, bots: set[str]) -> str:
     for bot in bots:
         text = text.replace(f"<@{bot}>", " ")
     if not bots:

@@ -14,13 +14,13 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse
 
 from ..access import principal_id
 from ..errors import error_kind
 from ..events import TurnEvent
-from ..wire import HttpError, loads, read_limited
+from ..wire import BODY_TIMEOUT, HttpError, loads, read_limited
 
 log = logging.getLogger("durable_turns.server")
 
@@ -61,15 +61,16 @@ def _error(status: int, type_: str, message: str) -> JSONResponse:
     return JSONResponse({"error": {"type": type_, "message": message}}, status_code=status)
 
 
-async def read_body(request: Request, model: type[B]) -> B:
+async def read_body(request: Request, model: type[B], *,
+                    timeout: float = BODY_TIMEOUT) -> B:
     """The request's JSON body as ``model``; an empty body is ``{}``. Read once: a second
     call for the same model (the handler, after the guard) returns the first one's.
 
     Raises:
         HttpError: 415 a body (or a ``Content-Type``) that is not ``application/json`` (what
             a form of another site cannot send); 413 over :data:`MAX_BODY`; 408 slower than
-            ``wire.BODY_TIMEOUT``; 400 not JSON, nested deeper than ``wire.MAX_DEPTH``, or not
-            the model's shape.
+            ``timeout`` seconds (``wire.BODY_TIMEOUT``); 400 not JSON, nested deeper than
+            ``wire.MAX_DEPTH``, or not the model's shape.
     """
     done = getattr(request.state, "json_body", None)
     if done is not None and isinstance(done, model):
@@ -84,7 +85,11 @@ async def read_body(request: Request, model: type[B]) -> B:
         raise HttpError(415, "UnsupportedMediaType",
                         f"the body must be JSON sent as Content-Type: application/json, not "
                         f"{kind[:80]!r}")
-    raw = await read_limited(request.stream(), MAX_BODY)
+    try:
+        raw = await read_limited(request.stream(), MAX_BODY, timeout=timeout)
+    except ClientDisconnect:  # nobody to answer; not a failure of the server either
+        raise HttpError(400, "ClientDisconnect", "the client left before its body came") \
+            from None
     if raw.strip() and not is_json:
         raise HttpError(415, "UnsupportedMediaType",
                         "the body must be JSON sent as Content-Type: application/json")

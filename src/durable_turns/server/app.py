@@ -26,7 +26,7 @@ from ..inbound import InboundEvent
 from ..records import TurnRecord
 from ..runtime import Runtime
 from ..sessions import AgentSession
-from ..wire import HttpError, cursor
+from ..wire import BODY_TIMEOUT, HttpError, cursor
 from ._http import Authenticate, error_response, is_durable, read_body
 from .console import console_routes
 from .fanout import HEADERS, MAX_BACKLOG, EventStreamApp, FrameCache, Outbox, Pacer, Streams
@@ -87,7 +87,7 @@ BODIES: dict[str, type[BaseModel]] = {
 def create_app(runtime: Runtime, authenticate: Authenticate | None = None,
                channels: Sequence[Channel] = (), *, authorize: Authorize | None = None,
                origins: Collection[str] = (), api: bool = True,
-               routes: Sequence[BaseRoute] = (),
+               body_timeout: float = BODY_TIMEOUT, routes: Sequence[BaseRoute] = (),
                ping: float = PING, max_backlog: int = MAX_BACKLOG,
                grace: float = GRACE) -> Starlette:
     """The HTTP/SSE host of ``runtime``'s agents (F12), as a Starlette (ASGI) app.
@@ -123,6 +123,9 @@ def create_app(runtime: Runtime, authenticate: Authenticate | None = None,
             refused (CSRF).
         api: serve the API and the console; ``False`` serves the channels' routes (and
             ``routes``) only, such as ``/slack/*`` behind a tunnel.
+        body_timeout: seconds a request's body may take to arrive (408 past it); the
+            headers' own deadline is the server's (``serve`` runs uvicorn with
+            ``deadlines.HttpProtocol``).
         routes: more Starlette routes to serve beside the API.
         ping: seconds between keep-alive comments on an idle event stream.
         max_backlog: bytes of events a ``GET …/events`` client may leave unread before it
@@ -156,7 +159,8 @@ def create_app(runtime: Runtime, authenticate: Authenticate | None = None,
     for agent in runtime.agents.values():
         check_surfaces(agent, sources)
     host = _Host(runtime, authenticate, ping, max_backlog,
-                 Guard(runtime, authenticate, authorize or default_authorize, origins))
+                 Guard(runtime, authenticate, authorize or default_authorize, origins,
+                       body_timeout=body_timeout))
     lifespan = host_lifespan(runtime, list(channels), host.streams.end_all, grace=grace)
     return host.app([*mounted, *routes], lifespan, api=api)
 

@@ -30,7 +30,7 @@ from starlette.responses import Response
 
 from ..access import Action, Authorize, authorized, listing
 from ..runtime import Runtime
-from ..wire import HttpError
+from ..wire import BODY_TIMEOUT, HttpError
 from ._http import Authenticate, error_response, is_loopback, principal_of, read_body
 
 Handler = Callable[[Request], Awaitable[Response]]
@@ -49,14 +49,17 @@ class Guard:
         authorize: decides each action (``access.default_authorize`` by default).
         origins: other origins (``https://console.example``) whose pages may call the API
             from a browser, besides the app's own.
+        body_timeout: seconds a request's body may take to arrive.
     """
 
     def __init__(self, runtime: Runtime, authenticate: Authenticate | None,
-                 authorize: Authorize, origins: Collection[str] = ()) -> None:
+                 authorize: Authorize, origins: Collection[str] = (), *,
+                 body_timeout: float = BODY_TIMEOUT) -> None:
         self.rt = runtime
         self.authenticate = authenticate
         self.authorize = authorize
         self.origins = frozenset(o.rstrip("/").lower() for o in origins)
+        self.body_timeout = body_timeout
 
     def __call__(self, handler: Handler, action: Action | None = None, *,
                  body: type[BaseModel] | None = None, claim: bool = False) -> Handler:
@@ -80,7 +83,7 @@ class Guard:
                     request.state.by, request.state.principal = await principal_of(
                         request, self.authenticate, None)
                 if body is not None:
-                    await read_body(request, body)
+                    await read_body(request, body, timeout=self.body_timeout)
                 await self.rt.open()
                 if action is not None and self.authenticate is not None:
                     await self.check_action(request, action, claim or action in CLAIMS)

@@ -15,6 +15,7 @@ from ..errors import ConfigurationError
 from ..runtime import Runtime
 from ._http import Authenticate, is_loopback
 from .app import create_app
+from .deadlines import HttpProtocol
 from .lifespan import GRACE
 
 log = logging.getLogger("durable_turns.server")
@@ -89,7 +90,8 @@ async def serve(runtime: Runtime, *, host: str = "127.0.0.1", port: int = 8000,
     previous = {sig: signal.signal(sig, lambda s, _f: stopped.append(s))
                 for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        config = uvicorn.Config(app, host=host, port=port, lifespan="on",
+        # HttpProtocol: uvicorn's, with a deadline for a request's headers (deadlines.py).
+        config = uvicorn.Config(app, host=host, port=port, lifespan="on", http=HttpProtocol,
                                 timeout_graceful_shutdown=int(grace) or 1, log_level="info")
         server = _Server(config, app.state.end_streams, asyncio.get_running_loop())
         task = asyncio.create_task(server.serve())
