@@ -31,6 +31,7 @@ from ._http import Authenticate, error_response, is_durable, read_body
 from .console import console_routes
 from .fanout import HEADERS, MAX_BACKLOG, EventStreamApp, FrameCache, Outbox, Pacer, Streams
 from .guard import Guard
+from .headers import with_security_headers
 from .lifespan import GRACE, host_lifespan
 from .openapi import openapi
 from .timeline import last_activity
@@ -205,6 +206,7 @@ class _Host:
         # A path with a slash too many is not found, rather than redirected to a Location
         # built from the request's own Host header.
         app.router.redirect_slashes = False
+        app.wrap_send = with_security_headers
         app.state.end_streams = self.streams.end_all
         return app
 
