@@ -204,3 +204,28 @@ async def test_a_stale_slack_timestamp_is_401() -> None:
                               ts=int(time.time()) - 301)
         r = await h.client.post("/slack/events", content=raw, headers=headers)
         assert r.status_code == 401 and r.headers["x-slack-no-retry"] == "1"
+
+
+async def test_the_openapi_document_says_what_the_server_does() -> None:
+    """The four places the report found them apart: ``?last=0``, the bodies turn, chat and
+    resume need, the events of a stream, and 405's ``Allow`` (above)."""
+    async with hosted() as h:
+        doc = (await h.client.get("/openapi.json")).json()
+        assert doc["openapi"] == "3.2.0"
+        base = "/agents/{agent}/sessions/{session}"
+        (last,) = [p for p in doc["paths"][f"{base}/timeline"]["get"]["parameters"]
+                   if p["name"] == "last"]
+        assert last["schema"]["minimum"] == 1
+        r = await h.client.get("/agents/desk/sessions/s1/timeline", params={"last": "0"})
+        assert r.status_code == 400
+        for route, required in (("turn", True), ("chat", True), ("resume", True),
+                                ("cancel", False), ("reset", False)):
+            assert doc["paths"][f"{base}/{route}"]["post"]["requestBody"]["required"] is required
+            r = await h.client.post(f"/agents/desk/sessions/s2/{route}",
+                                    headers={"Content-Type": "application/json"})
+            assert (r.status_code == 400) is required, (route, r.status_code, r.text)
+        for path, method in ((f"{base}/turn", "post"), (f"{base}/events", "get")):
+            stream = doc["paths"][path][method]["responses"]["200"]["content"]
+            item = stream["text/event-stream"]["itemSchema"]
+            assert item["required"] == ["event", "data"]
+            assert "turn.completed" in item["properties"]["event"]["enum"]

@@ -42,11 +42,19 @@ SOURCE = "http"
 """The event source of the turns the API starts (it selects ``surfaces={"http": …}``)."""
 
 
+NOT_BLANK = (r"[^\t\n\x0b\x0c\r\x1c-\x20\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f"
+             r"\u3000\ufeff]")
+"""A character that is not white space by any regex engine's reckoning (Python's, ECMAScript's,
+Rust's differ): a turn's text has one (as the schema says, and as ``AgentSession.start``
+needs)."""
+
+
 class TurnBody(BaseModel):
     """``POST /turn`` and ``POST /chat``."""
 
-    model_config = ConfigDict(extra="forbid")
-    text: str = Field(min_length=1)
+    model_config = ConfigDict(extra="forbid", strict=True)  # JSON types, not coerced
+    text: str = Field(min_length=1, pattern=NOT_BLANK)
+    """What the person says: not only white space."""
     turn_id: str | None = Field(default=None, pattern=r"^[!-~]{1,200}$")
     """A new turn's id travels back in the ``X-Turn-Id`` header: 1 to 200 printable ASCII
     characters, no spaces (the server makes one when it is left out)."""
@@ -58,7 +66,7 @@ class TurnBody(BaseModel):
 class ResumeBody(BaseModel):
     """``POST /resume``."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # JSON types, not coerced
     turn_id: str = Field(min_length=1)
     input_id: str = Field(min_length=1)
     value: Any = None
@@ -68,7 +76,7 @@ class ResumeBody(BaseModel):
 class CancelBody(BaseModel):
     """``POST /cancel``."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # JSON types, not coerced
     turn_id: str | None = Field(default=None, min_length=1)
     reason: str = "cancelled by request"
 
@@ -76,7 +84,7 @@ class CancelBody(BaseModel):
 class ResetBody(BaseModel):
     """``POST /reset`` (no fields)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # JSON types, not coerced
 
 
 BODIES: dict[str, type[BaseModel]] = {
@@ -344,12 +352,13 @@ class _Host:
 
     async def events(self, request: Request) -> Response:
         s = self.session(request)
-        header = request.headers.get("last-event-id")
+        # Both are checked; the header (what EventSource sends on a reconnect) wins.
         after = 0
-        if header:
-            after = cursor(header, "Last-Event-ID")
-        elif "after" in request.query_params:
+        if "after" in request.query_params:
             after = cursor(request.query_params["after"], "after")
+        header = request.headers.get("last-event-id")
+        if header is not None:
+            after = cursor(header, "Last-Event-ID")
         until = request.query_params.get("until")
         if until not in (None, "turn"):
             raise HttpError(400, "MalformedQuery", "until takes one value: turn")
