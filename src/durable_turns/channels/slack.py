@@ -50,6 +50,7 @@ except ImportError as e:  # pragma: no cover - depends on the install
         "the Slack channel needs slack_sdk, aiohttp and starlette: "
         "pip install 'durable-turns[slack]'") from e
 
+from ..access import Action, Authorize, decide
 from ..errors import (
     ConfigurationError,
     ResumeAuthorizationError,
@@ -60,6 +61,7 @@ from ..errors import (
 from ..events import InputRequested, TurnEvent
 from ..inbound import InboundEvent
 from ..runtime import Runtime
+from ..sessions import AgentSession
 from ..wire import HttpError, loads, read_limited
 from .context import ChannelContext, mount_agent
 from .slack_thread import APPROVE, DENY, SlackThreads, prompt_blocks
@@ -74,7 +76,7 @@ MAX_BODY = 1 << 20
 def slack_channel(*, signing_secret: str, bot_token: str, agent: str | None = None,
                   replace_in_flight: bool = False, base_url: str | None = None,
                   stream_idle: float = STREAM_IDLE, rate_limit_retries: int = 3,
-                  clock: Any = None) -> SlackChannel:
+                  clock: Any = None, authorize: Authorize | None = None) -> SlackChannel:
     """A Slack channel for ``create_app(runtime, channels=[...])`` and ``receive()``.
 
     Args:
@@ -88,6 +90,12 @@ def slack_channel(*, signing_secret: str, bot_token: str, agent: str | None = No
         rate_limit_retries: how often a call answered 429 is retried after its
             ``Retry-After``.
         clock: ``slack_sdk.signature.Clock`` for the signature check (tests freeze time).
+        authorize: the host's rule (``access.Authorize``), asked with the Slack user as the
+            principal (``{"id": "U…", "source": "slack", "team": "T…"}``, attested by Slack's
+            signature) before a message starts a turn (``turn``) and before a click answers
+            (``resume``); refused, the user gets an ephemeral note and nothing is stored.
+            Without it, anyone the bot hears in a thread may talk to it, and a request is
+            answered by its answerers only (as always, after this rule too).
 
     Raises:
         ValueError: an empty secret or token.
@@ -97,7 +105,7 @@ def slack_channel(*, signing_secret: str, bot_token: str, agent: str | None = No
     return SlackChannel(signing_secret, bot_token, agent=agent,
                         replace_in_flight=replace_in_flight, base_url=base_url,
                         stream_idle=stream_idle, rate_limit_retries=rate_limit_retries,
-                        clock=clock)
+                        clock=clock, authorize=authorize)
 
 
 def slack_from_env(env: Mapping[str, str]) -> SlackChannel:
@@ -129,7 +137,8 @@ class SlackChannel:
 
     def __init__(self, signing_secret: str | None, bot_token: str, *, agent: str | None,
                  replace_in_flight: bool, base_url: str | None, stream_idle: float,
-                 rate_limit_retries: int, clock: Any) -> None:
+                 rate_limit_retries: int, clock: Any,
+                 authorize: Authorize | None = None) -> None:
         kw: dict[str, Any] = {} if clock is None else {"clock": clock}
         # No secret: a channel that only delivers (receive); mount() refuses to serve.
         self.verifier = SignatureVerifier(signing_secret, **kw) if signing_secret else None
@@ -144,6 +153,8 @@ class SlackChannel:
         """The replies this process delivers (one task per turn)."""
         self._ctx: ChannelContext | None = None
         self._recovered = False
+        self.authorize = authorize
+        """The host's rule for Slack's users (see :func:`slack_channel`), if any."""
 
     # -- the channel's lifecycle -----------------------------------------------------------
 
@@ -290,6 +301,10 @@ class SlackChannel:
             is_dm = event.get("channel_type") == "im"
             if not is_dm and not (in_thread and (await s.summary()).exists):
                 return  # not a thread the bot is in
+        if not await self._allowed(user, team, "turn", s):
+            self.threads.spawn(self._note(channel, thread, user,
+                                          "You can't talk to this agent here."))
+            return
         text = _strip_mentions(event.get("text") or "", bots)
         if not text:
             text = "(empty message)"
@@ -307,9 +322,19 @@ class SlackChannel:
             pass  # the same (channel, ts) stored with other text: one message, one turn
 
     async def _busy_notice(self, channel: str, thread: str, user: str) -> None:
-        await self.client.chat_postEphemeral(
-            channel=channel, user=user, thread_ts=thread,
-            text="I'm waiting for an answer to the approval above; send this again after it.")
+        await self._note(channel, thread, user, "I'm waiting for an answer to the approval "
+                                                "above; send this again after it.")
+
+    async def _note(self, channel: str, thread: str, user: str, text: str) -> None:
+        await self.client.chat_postEphemeral(channel=channel, user=user, thread_ts=thread,
+                                             text=text)
+
+    async def _allowed(self, user: str, team: str, action: Action, s: AgentSession) -> bool:
+        """Whether the app's ``authorize`` lets this Slack user do ``action`` (no rule: yes)."""
+        if self.authorize is None:
+            return True
+        principal = {"id": user, "source": "slack", "team": team}
+        return await decide(self.authorize, principal, action, await s.summary()) is True
 
     # -- inbound: interactivity (button clicks) --------------------------------------------
 
@@ -328,6 +353,7 @@ class SlackChannel:
             session, turn_id, input_id = (_text(route[k]) for k in "sti")
             response_url = _text(payload["response_url"])
             prompt = _prompt_text(payload)
+            team = str(_object(payload.get("team")).get("id") or "")
         except (KeyError, IndexError, TypeError, ValueError, UnicodeDecodeError, HttpError):
             return _refuse(400, "not a durable_turns button click")
         try:
@@ -336,15 +362,17 @@ class SlackChannel:
             log.exception("slack: the click on %s of %s could not be taken", input_id, turn_id)
             return _refuse(500, "the click could not be taken; try again")
         self.threads.spawn(self._answer(session, turn_id, input_id, answer, clicker,
-                                        response_url, prompt))
+                                        response_url, prompt, team))
         return Response(status_code=200)
 
     async def _answer(self, session: str, turn_id: str, input_id: str, answer: bool,
-                      clicker: str, response_url: str, prompt: str) -> None:
+                      clicker: str, response_url: str, prompt: str, team: str) -> None:
         hook = AsyncWebhookClient(response_url)
+        s = self.ctx.session(session)
         try:
-            await self.threads.answer(self.ctx.session(session), turn_id, input_id, answer,
-                                      by=clicker)
+            if not await self._allowed(clicker, team, "resume", s):
+                raise ResumeAuthorizationError("refused by the app's rule", by=clicker)
+            await self.threads.answer(s, turn_id, input_id, answer, by=clicker)
         except ResumeAuthorizationError:
             await hook.send(response_type="ephemeral", replace_original=False,
                             text="You can't answer this request; it is for someone else.")
