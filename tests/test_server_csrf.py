@@ -229,7 +229,9 @@ def attacker(target: str, body: dict[str, Any]) -> Starlette:
     """Pages of another origin that try to answer the parked request: a form that sends
     JSON as text/plain, a script's no-cors fetch."""
     text = json.dumps(body)
-    name, value = text[:-2] + ', "x": "', '"}'  # name=value: the "=" lands in a string
+    # A form sends name=value: a duplicate key takes the "=" into a string JSON then drops
+    # (the last of two keys wins), so the body parses as exactly what the attacker means.
+    name, value = '{"by": "', '", ' + text[1:]
 
     async def form(request: Request) -> HTMLResponse:
         return HTMLResponse(
