@@ -247,6 +247,10 @@ def build_parser() -> argparse.ArgumentParser:
                             "and SLACK_BOT_TOKEN (extra 'slack'); agent.py's channels add "
                             "more")
     serve.add_argument("--slack", action="store_true", help="deprecated: --channel slack")
+    serve.add_argument("--expose-api", action="store_true",
+                       help="with --channel and no authentication, serve the API and the "
+                            "console too (development mode: 'by' comes from request bodies); "
+                            "without it only the channels' routes are served")
     serve.set_defaults(run=_serve)
 
     receive = commands.add_parser(
@@ -481,26 +485,32 @@ def _serving(args: argparse.Namespace) -> int:
         print(f"{PROG} serve: --slack is deprecated; use --channel slack", file=sys.stderr)
     app = load_app(args.app)
     authenticate = load_callable(args.auth) if args.auth else app.authenticate
-    if authenticate is None and not is_loopback(args.host):
+    names = [*(args.channel or []), *(["slack"] if args.slack else [])]
+    # A channel behind a tunnel without authentication: its own routes only, unless asked.
+    api = authenticate is not None or not names or args.expose_api
+    if authenticate is None and api and not is_loopback(args.host):
         raise ConfigurationError(
             f"development mode (no authentication) serves loopback only, not "
             f"{args.host!r}: {DEV_MODE_HINT}")
-    names = [*(args.channel or []), *(["slack"] if args.slack else [])]
     channels = [channel_from_env(n, factories=app.channels) for n in dict.fromkeys(names)]
     agent, runtime, where_ = _app_runtime(args, app.agent)
     drives = "" if args.drive else "; not driving: 'durable-turns worker' processes do"
     auth = (f"authentication: {args.auth or f'{args.app}/agent.py:authenticate'}"
             if authenticate is not None else
-            f"development mode: 'by' comes from request bodies; {DEV_MODE_HINT}")
+            f"development mode: 'by' comes from request bodies; {DEV_MODE_HINT}" if api else
+            f"serving the channels' routes only ({', '.join(f'/{n}/' for n in names)}): no "
+            f"authentication, so the API and the console are not exposed (--expose-api "
+            f"serves them too); {DEV_MODE_HINT}")
 
     def ready(url: str) -> None:
-        print(f"serving agent {agent.name!r} at {url}/agents/{agent.name}/sessions "
+        at = f"{url}/agents/{agent.name}/sessions" if api else f"{url}/{names[0]}/"
+        print(f"serving agent {agent.name!r} at {at} "
               f"(store {where_}{drives}); SIGTERM or Ctrl-C stops", flush=True)
         print(auth, flush=True)
 
     with asyncio.Runner(loop_factory=loop_factory()) as runner:  # uvloop, as uvicorn
         runner.run(serve(runtime, host=args.host, port=args.port, on_ready=ready,
-                         authenticate=authenticate, channels=channels))
+                         authenticate=authenticate, channels=channels, api=api))
     return 0
 
 

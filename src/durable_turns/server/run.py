@@ -15,6 +15,7 @@ from ..errors import ConfigurationError
 from ..runtime import Runtime
 from ._http import Authenticate, is_loopback
 from .app import create_app
+from .deadlines import HttpProtocol
 from .lifespan import GRACE
 
 log = logging.getLogger("durable_turns.server")
@@ -53,7 +54,7 @@ class _Server(uvicorn.Server):
 async def serve(runtime: Runtime, *, host: str = "127.0.0.1", port: int = 8000,
                 authenticate: Authenticate | None = None, grace: float = GRACE,
                 on_ready: Callable[[str], None] | None = None,
-                channels: Sequence[Channel] = ()) -> None:
+                channels: Sequence[Channel] = (), api: bool = True) -> None:
     """Serve ``create_app(runtime, authenticate, channels)`` with uvicorn until SIGTERM or
     SIGINT.
 
@@ -66,18 +67,19 @@ async def serve(runtime: Runtime, *, host: str = "127.0.0.1", port: int = 8000,
     Args:
         on_ready: called with the base URL once the server listens.
         channels: the channels to serve (``create_app(channels=…)``).
+        api: serve the API and the console too (``create_app(api=…)``).
 
     Raises:
-        ConfigurationError: no ``authenticate`` (development mode) and ``host`` is not
-            loopback, or a channel that cannot serve this runtime.
+        ConfigurationError: no ``authenticate`` (development mode), the API served and
+            ``host`` not loopback; or a channel that cannot serve this runtime.
         StoreError: the store cannot be opened (before the port is bound).
         Exception: whatever the lifespan's start raised (a channel's ``start``).
     """
-    if authenticate is None and not is_loopback(host):
+    if authenticate is None and api and not is_loopback(host):
         raise ConfigurationError(
             f"development mode (no authenticate) serves loopback only, not {host!r}: "
             "bind 127.0.0.1, or pass authenticate=… to create_app")
-    app = create_app(runtime, authenticate, channels, grace=grace)
+    app = create_app(runtime, authenticate, channels, grace=grace, api=api)
     # Opened here first, so that a store that cannot be opened is this call's error, before
     # the port is bound, rather than a line in uvicorn's log (the lifespan's open is then a
     # no-op).
@@ -88,7 +90,8 @@ async def serve(runtime: Runtime, *, host: str = "127.0.0.1", port: int = 8000,
     previous = {sig: signal.signal(sig, lambda s, _f: stopped.append(s))
                 for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        config = uvicorn.Config(app, host=host, port=port, lifespan="on",
+        # HttpProtocol: uvicorn's, with a deadline for a request's headers (deadlines.py).
+        config = uvicorn.Config(app, host=host, port=port, lifespan="on", http=HttpProtocol,
                                 timeout_graceful_shutdown=int(grace) or 1, log_level="info")
         server = _Server(config, app.state.end_streams, asyncio.get_running_loop())
         task = asyncio.create_task(server.serve())
