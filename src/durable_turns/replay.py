@@ -136,6 +136,11 @@ def _call(c: ToolCall) -> str:
     return f"{c.name}({json.dumps(c.input, sort_keys=True)})"
 
 
+def replay_id(session: str) -> str:
+    """A new id for a replay of ``session``: ``<session>~replay-<8 hex digits>``."""
+    return f"{session}~replay-{uuid.uuid4().hex[:8]}"
+
+
 async def replay(session: AgentSession, *, model: Model | None = None,
                  agent: Agent | None = None,
                  tools: Literal["recorded", "live"] | Answerer = "recorded",
@@ -149,7 +154,7 @@ async def replay(session: AgentSession, *, model: Model | None = None,
             agent name, and its tools are answered from the recording.
         tools: what an unrecorded call gets: ``"recorded"`` an error result naming it,
             ``"live"`` the real tool, or a function ``answer(name, input)``.
-        to: the replay's session id (default: ``<session>~replay-<n>``).
+        to: the replay's session id (default: :func:`replay_id`).
 
     Returns:
         The report, turn by turn.
@@ -173,7 +178,7 @@ async def replay(session: AgentSession, *, model: Model | None = None,
                if s.kind == "input"}
     replayed = replace(base, tools=[recording.wrap(t, tools) for t in base.tools],
                        model=model or base.model)
-    dst = SessionKey(base.name, to or f"{session.key.session}~replay-{uuid.uuid4().hex[:8]}")
+    dst = SessionKey(base.name, to or replay_id(session.key.session))
     await rt.store.fork([ForkPlan(session.key, dst, 0, None)])
     others = [a for name, a in rt.agents.items() if name != base.name]
     runner = Runtime([replayed, *others], rt.store, rt.model, owns_store=False,
