@@ -27,12 +27,11 @@ from .calls import ERROR_LIMIT, CancelReason, PublishLive, ReadStep, ToolCalls, 
 from .checkpoints import TRACE, Checkpoints, Publish
 from .context import Host
 from .errors import (
+    RUNTIME_FAILURES,
     Cancelled,
     ConfigurationError,
     FatalToolError,
-    LeaseLostError,
     ModelError,
-    StoreError,
     ToolCrashedError,
 )
 from .events import (
@@ -67,6 +66,8 @@ from .tools import Tool
 from .tracing import begin_turn
 
 log = logging.getLogger("durable_turns")
+_ABANDONED: tuple[type[BaseException], ...] = (*RUNTIME_FAILURES, ToolCrashedError)
+"""What abandons a step without ending its turn: it is driven again."""
 T = TypeVar("T")
 
 
@@ -199,7 +200,7 @@ class TurnEngine:
         except Cancelled as c:
             return await self._finish(TurnResult(turn_id, TurnStatus.CANCELLED,
                                                  reason=c.reason))
-        except (LeaseLostError, StoreError, ToolCrashedError):
+        except _ABANDONED:
             raise  # nothing of the step was written: the turn stays for another drive
         except (ModelError, FatalToolError, ConfigurationError) as e:
             return await self._finish(TurnResult(turn_id, TurnStatus.FAILED, error=str(e)))
