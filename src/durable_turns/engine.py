@@ -41,6 +41,7 @@ from .events import (
     MessageCompleted,
     MessageDelta,
     MessageRetry,
+    MessageThinking,
     TurnCancelled,
     TurnCompleted,
     TurnEvent,
@@ -267,6 +268,10 @@ class TurnEngine:
             if self._wants_live():
                 self._publish_live(MessageDelta(**ids, seq=self.lease.last_seq, text=text))
 
+        def on_thinking(text: str) -> None:
+            if self._wants_live():
+                self._publish_live(MessageThinking(**ids, seq=self.lease.last_seq, text=text))
+
         def on_retry(attempt: int, delay: float, error: ModelError) -> None:
             if span is not None:
                 span.retry(attempt, delay, str(error))
@@ -278,7 +283,8 @@ class TurnEngine:
                                             error=str(error)))
 
         got = await self._interruptible(
-            ask(self.model, request, self._retry, on_text=on_text, on_retry=on_retry), turn_id)
+            ask(self.model, request, self._retry, on_text=on_text, on_retry=on_retry,
+                on_thinking=on_thinking), turn_id)
         text, calls, stop = got.text, got.calls, got.stop
         if stop.reason in ABNORMAL_STOPS and not text and not calls:
             raise ModelError(

@@ -62,18 +62,20 @@ LAYERS: tuple[Layer, ...] = (
     ),
     Layer(
         "adapters",
-        "what implements a seam: the store kit (its feed, its SQL store written once over a "
-        "dialect) and the stores, a module per model vendor, MCP tools, the store "
+        "what implements a seam: the store kit (its feed, its live relay, its SQL store written "
+        "once over a dialect) and the stores, a module per model vendor, MCP tools, the store "
         "conformance suite",
         (
             "models",
             "stores.feed",
+            "stores.live",
             "stores.worker",
             "stores.kit",
             "stores.sql",
             "stores.memory",
             "stores.sqlite",
             "stores._sqlite_files",
+            "stores._sqlite_live",
             "stores.postgres",
             "stores._postgres_leases",
             "stores._postgres_listen",

@@ -8,7 +8,8 @@ host) is built on it:
 - :meth:`Runtime.wait` returns an entry's result once it ends or parks, whichever process
   drives it (woken by the store's event feed);
 - :meth:`Runtime.subscribe` yields a session's events after a cursor, then live ones, with
-  live text (``message.delta``) from the turns this runtime drives;
+  live text (``message.delta``) from whichever process drives the turn (the store carries
+  it: ``TurnStore.publish_live``);
 - :meth:`Runtime.interrupt` asks turns to cancel, durably, and stops a running one at once.
 
 A crash loses nothing: an accepted entry is in the store before ``accept`` returns, and
@@ -105,7 +106,6 @@ class Runtime:
         self._drivers: dict[SessionKey, SessionDriver] = {}
         self._transcripts = TranscriptCache(TRANSCRIPT_CACHE)
         self._waiting: dict[tuple[SessionKey, str], list[asyncio.Future[TurnResult | None]]] = {}
-        self._live: dict[SessionKey, list[Subscription]] = {}
         self._failed: dict[SessionKey, BaseException] = {}
         self.queries = Queries(store, self.open)
         """What hosts read across sessions (summaries, an inbox, owed deliveries)."""
@@ -377,23 +377,11 @@ class Runtime:
                   deltas: bool = True) -> Subscription:
         """The session's events after ``after_seq`` (stored ones first), then live ones.
 
-        ``None`` starts at the newest stored event. With ``deltas``, live text of the turns
-        this runtime drives is interleaved (``message.delta``, never stored, never replayed).
-        Close it (or use ``async with``) when done.
+        ``None`` starts at the newest stored event. With ``deltas``, live text is interleaved
+        (``message.delta`` and the other live events, never stored, never replayed), from
+        whichever process drives the turn. Close it (or use ``async with``) when done.
         """
-        sub = self.store.subscribe(key, after_seq)
-        if deltas:
-            subs = self._live.setdefault(key, [])
-            subs.append(sub)
-
-            def forget() -> None:
-                if sub in subs:
-                    subs.remove(sub)
-                if not subs and self._live.get(key) is subs:
-                    del self._live[key]
-
-            sub.on_close(forget)
-        return sub
+        return self.store.subscribe(key, after_seq, live=deltas)
 
     async def interrupt(self, key: SessionKey, turn_id: str | None = None, *,
                         reason: str = "cancelled by request") -> list[str]:
@@ -464,9 +452,8 @@ class Runtime:
                 log.exception("event sink failed on %s", e.type)
 
     def _wants_live(self, key: SessionKey) -> bool:
-        return self.sink is not None or key in self._live
+        return self.sink is not None or self.store.wants_live(key)
 
     def _publish_live(self, event: TurnEvent) -> None:
-        for sub in self._live.get(SessionKey(event.agent, event.session), ()):
-            sub.offer(event)
+        self.store.publish_live(event)
         self._publish([event])

@@ -14,8 +14,10 @@ Every store owns one :class:`Feed`. It learns of new events in two ways:
 A :class:`Subscription` replays the stored events after its cursor, then goes live, with no gap
 and no duplicate: it registers with the topic *before* reading its backlog, buffers what
 arrives meanwhile, and drops anything at or below its cursor. Live, non-durable events
-(``message.delta``) are offered by the runtime through :meth:`Subscription.offer` and ordered
-by the durable ``seq`` they follow.
+(``message.delta``) reach it through :meth:`Feed.live` (published in this process, or
+received from another by the store's ``LiveRelay``) and are ordered by the durable ``seq``
+they follow: one whose durable event has not come yet is held until it comes (at most
+:data:`MAX_HELD` of them), one whose durable successor was handed over already is dropped.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from . import Watcher
 if TYPE_CHECKING:
     from ..records import SessionKey
 
-__all__ = ["Feed", "Newest", "ReadAfter", "Subscription"]
+__all__ = ["MAX_HELD", "Feed", "Newest", "ReadAfter", "Subscription"]
 
 log = logging.getLogger("durable_turns")
 
@@ -40,6 +42,9 @@ ReadAfter = Callable[["SessionKey", int], Awaitable[list[TurnEvent]]]
 """Reads a session's stored events after a seq, in order."""
 Newest = Callable[["SessionKey"], Awaitable[int]]
 """Reads a session's newest stored seq (0 when none)."""
+MAX_HELD = 4096
+"""Live events a subscription holds while it waits for the durable event they follow; past
+that the oldest go (live text is best effort: ``message.completed`` carries it whole)."""
 
 
 class _Topic:
@@ -122,6 +127,21 @@ class Feed:
         if topic.subs and (seq is None or topic.last is None or seq > topic.last):
             self._reread(topic)
 
+    def live(self, key: SessionKey, event: TurnEvent) -> None:
+        """A live event of ``key`` (never stored): offered to its subscribers that take live
+        events, after the durable event whose ``seq`` it carries."""
+        topic = self._topics.get(key)
+        if topic is None:
+            return
+        for s in list(topic.subs):
+            if s.live:
+                s.offer(event)
+
+    def takes_live(self, key: SessionKey) -> bool:
+        """Whether a subscriber of ``key`` in this process takes live events."""
+        topic = self._topics.get(key)
+        return topic is not None and any(s.live for s in topic.subs)
+
     def changed_any(self) -> None:
         """Something may have changed elsewhere, in any session."""
         for w in list(self._everyone):
@@ -137,10 +157,11 @@ class Feed:
 
     # -- subscribers and watchers ----------------------------------------------------------
 
-    def subscribe(self, key: SessionKey, after_seq: int | None) -> Subscription:
-        """A :class:`Subscription` of ``key``'s events after ``after_seq``
-        (``TurnStore.subscribe``)."""
-        return Subscription(self, key, after_seq)
+    def subscribe(self, key: SessionKey, after_seq: int | None, *,
+                  live: bool = True) -> Subscription:
+        """A :class:`Subscription` of ``key``'s events after ``after_seq``, live events
+        included unless ``live`` is false (``TurnStore.subscribe``)."""
+        return Subscription(self, key, after_seq, live=live)
 
     def watch(self, key: SessionKey | None, watcher: Watcher) -> Callable[[], None]:
         """Watch ``key`` (``None``: every session); returns the function that stops it
@@ -282,10 +303,13 @@ class Subscription:
     Iteration ends when the subscription (or its store) is closed.
     """
 
-    def __init__(self, feed: Feed, key: SessionKey, after_seq: int | None) -> None:
+    def __init__(self, feed: Feed, key: SessionKey, after_seq: int | None, *,
+                 live: bool = True) -> None:
         self.key = key
         self.cursor: int | None = after_seq
         """The seq of the last durable event handed over (or to start after)."""
+        self.live = live
+        """Whether it takes live events (``message.delta``, retries)."""
         self._feed = feed
         self._queue: deque[TurnEvent] = deque()
         self._held: deque[TurnEvent] = deque()  # deltas whose durable event has not come yet
@@ -332,6 +356,8 @@ class Subscription:
         elif self.cursor is None or event.seq == self.cursor:
             self._hand(event)
         elif event.seq > self.cursor:
+            if len(self._held) >= MAX_HELD:
+                self._held.popleft()
             self._held.append(event)
 
     def deliver_to(self, callback: Callable[[TurnEvent], None]) -> None:

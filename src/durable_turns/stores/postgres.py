@@ -36,7 +36,7 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, TypeVar
 
 import psycopg
@@ -48,7 +48,7 @@ from ..errors import StoreError
 from ..records import SessionKey
 from . import StoreCapabilities
 from ._postgres_leases import Beat, RowLeases
-from ._postgres_listen import CHANNEL, LISTENER_NAME, listen, notify
+from ._postgres_listen import CHANNEL, LISTENER_NAME, NotifyWire, listen, notify
 from .feed import Feed
 from .kit import Worker
 from .sql import (
@@ -216,6 +216,8 @@ class PostgresDialect:
         self.leases = RowLeases(self)
         self._pool_size = pool_size
         self._connect_timeout = connect_timeout
+        self.live = NotifyWire(dsn, self._connect_args(), self.origin)
+        """``Dialect.live``: NOTIFY on the channel ``durable_turns_live``."""
         self._pools: list[ConnectionPool[psycopg.Connection[Any]]] = []
         self._lanes: list[_Lane] = []
         self._free: asyncio.Queue[_Lane] = asyncio.Queue()
@@ -317,6 +319,7 @@ class PostgresDialect:
 
     async def close(self) -> None:
         """``Dialect.close``."""
+        await self.live.close()
         if self._listener is not None:
             self._listener.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -441,16 +444,17 @@ class PostgresDialect:
         """``Dialect.lost``."""
         return bool(c.broken or c.closed)
 
-    def notify(self, c: Any, key: SessionKey, seq: int | None) -> None:
-        """``Dialect.notify``."""
-        notify(c, self.origin, key, seq)
+    def notify(self, c: Any, key: SessionKey, seq: int | None,
+               live: Sequence[str] = ()) -> None:
+        """``Dialect.notify``: the live frames first, in the same statement."""
+        notify(c, self.origin, key, seq, live)
 
     def listen(self, feed: Feed) -> None:
         """``Dialect.listen``."""
         if self._listener is None or self._listener.done():
             self._listener = asyncio.ensure_future(listen(
                 feed, self.dsn, self._connect_args(), self.origin, self.poll_interval,
-                lambda: self.is_open))
+                lambda: self.is_open, self.live))
 
 
 class PostgresStore(SqlStore):
