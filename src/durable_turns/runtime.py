@@ -36,6 +36,7 @@ from .errors import (
     TurnConflictError,
     UnknownAgentError,
     UnknownTurnError,
+    runtime_failure,
 )
 from .events import EventSink, TurnEvent
 from .host import RuntimeHost
@@ -302,8 +303,11 @@ class Runtime:
         Raises:
             UnknownTurnError: the session has no such entry.
             TimeoutError: ``timeout`` seconds passed first.
-            DurableTurnsError: this runtime's driver of the session failed (the turn stays
-                unfinished in the store for ``recover()``).
+            StoreError: the store cannot be read, or this runtime's driver of the session
+                gave up because it could not be written (the turn stays unfinished; a
+                redelivery or ``recover()`` drives it again).
+            DurableTurnsError: this runtime's driver of the session failed otherwise (the
+                turn stays unfinished in the store for ``recover()``).
         """
         await self.open()
         loop = asyncio.get_running_loop()
@@ -345,7 +349,10 @@ class Runtime:
                 if done.done():  # this runtime's driver ended without ending the turn
                     failure = self._failed.get(key)
                     if failure is not None and key not in self._drivers:
-                        raise DurableTurnsError(
+                        # A store that failed is a StoreError here too (a host answers 503:
+                        # retry, and the turn is driven again); anything else a failure.
+                        kind = StoreError if runtime_failure(failure) else DurableTurnsError
+                        raise kind(
                             f"driving session {key} failed, turn {turn_id!r} is unfinished "
                             f"(Runtime.recover() retries it): {type(failure).__name__}: "
                             f"{failure}"

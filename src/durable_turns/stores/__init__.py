@@ -139,7 +139,11 @@ class Subscription(Protocol):
 
     async def ready(self) -> None:
         """Wait until the cursor is fixed (``after_seq=None``: at the newest event then) and
-        the backlog is queued. Events committed after ``ready()`` returns are delivered."""
+        the backlog is queued. Events committed after ``ready()`` returns are delivered.
+
+        Raises:
+            StoreError: the store could not be read (the subscription is closed then).
+        """
         ...
 
     def offer(self, event: TurnEvent) -> None:
@@ -154,6 +158,11 @@ class Subscription(Protocol):
 
     def on_close(self, fn: Callable[[], None]) -> None:
         """Call ``fn`` when the subscription closes."""
+        ...
+
+    def on_outage(self, fn: Callable[[BaseException | None], None]) -> None:
+        """Call ``fn(error)`` when the store cannot be read for it (it stays open and resumes
+        from its cursor, with no gap, once the store answers again) and ``fn(None)`` then."""
         ...
 
     def close(self) -> None:

@@ -48,7 +48,7 @@ that the oldest go (live text is best effort: ``message.completed`` carries it w
 
 
 class _Topic:
-    __slots__ = ("again", "key", "last", "reader", "ready", "subs", "watchers")
+    __slots__ = ("again", "error", "key", "last", "reader", "ready", "subs", "watchers")
 
     def __init__(self, key: SessionKey) -> None:
         self.key = key
@@ -59,6 +59,25 @@ class _Topic:
         self.ready = asyncio.Event()
         self.reader: asyncio.Task[None] | None = None
         self.again = False
+        self.error: BaseException | None = None
+        """Why the store cannot be read for this topic now (its subscribers were told)."""
+
+    def failed(self, e: BaseException, what: str) -> None:
+        """A read failed: tell the subscribers once per outage (they go on, and resume from
+        their cursor when the store answers again)."""
+        if self.error is None:
+            log.warning("event feed of %s could not %s (it goes on at the next change): %s",
+                        self.key, what, e)
+            for s in list(self.subs):
+                s._outage(e)
+        self.error = e
+
+    def recovered(self) -> None:
+        if self.error is not None:
+            self.error = None
+            log.warning("event feed of %s reads again", self.key)
+            for s in list(self.subs):
+                s._outage(None)
 
     def deliver(self, events: list[TurnEvent]) -> None:
         for e in events:
@@ -255,17 +274,21 @@ class Feed:
                     s.cursor = topic.last
             topic.ready.set()
             topic.reader = None
+            topic.recovered()
             for s in topic.subs:
                 s._wake.set()
             if topic.again:
                 self._reread(topic)
         except asyncio.CancelledError:
             raise
-        except Exception:
-            if not self._closed:
-                log.exception("event feed of %s could not start; retrying on the next change",
-                              topic.key)
+        except Exception as e:
             topic.reader = None
+            if not self._closed:
+                # A subscriber waiting in ready() is told (it raises); the next one starts
+                # the topic again.
+                topic.failed(e, "start")
+                for s in topic.subs:
+                    s._wake.set()
 
     def _reread(self, topic: _Topic) -> None:
         if topic.reader is not None:
@@ -282,15 +305,15 @@ class Feed:
             while True:
                 topic.again = False
                 events = await self._read_after(topic.key, topic.last or 0)
+                topic.recovered()
                 topic.deliver(events)
                 if not topic.again:
                     return
         except asyncio.CancelledError:
             raise
-        except Exception:
+        except Exception as e:
             if not self._closed:
-                log.exception("event feed of %s could not read; retrying on the next change",
-                              topic.key)
+                topic.failed(e, "read")
         finally:
             if topic.reader is asyncio.current_task():
                 topic.reader = None
@@ -318,6 +341,7 @@ class Subscription:
         self._closed = False
         self._started = False
         self._on_close: list[Callable[[], None]] = []
+        self._on_outage: list[Callable[[BaseException | None], None]] = []
         self._callback: Callable[[TurnEvent], None] | None = None
         self._topic = feed._attach(key, self)
         if after_seq is None and self._topic.ready.is_set():
@@ -325,14 +349,29 @@ class Subscription:
 
     async def ready(self) -> None:
         """Wait until the cursor is fixed (``after_seq=None``: at the newest event then) and
-        the backlog is queued. Events committed after ``ready()`` returns are delivered."""
+        the backlog is queued. Events committed after ``ready()`` returns are delivered.
+
+        Raises:
+            StoreError: the store could not be read (the subscription is closed then).
+        """
         if self._started:
             return
         self._started = True
-        self._feed._start(self._topic)
-        while not self._topic.ready.is_set():
+        try:
+            await self._fix()
+        except BaseException:
+            self.close()
+            raise
+
+    async def _fix(self) -> None:
+        topic = self._topic
+        topic.error = None if not topic.ready.is_set() else topic.error
+        self._feed._start(topic)
+        while not topic.ready.is_set():
             if self._closed:
                 return
+            if topic.error is not None and topic.reader is None:
+                raise topic.error
             self._wake.clear()
             await self._wake.wait()
         if self._pending is not None and not self._closed:
@@ -413,6 +452,19 @@ class Subscription:
     def on_close(self, fn: Callable[[], None]) -> None:
         """Call ``fn`` when the subscription closes."""
         self._on_close.append(fn)
+
+    def on_outage(self, fn: Callable[[BaseException | None], None]) -> None:
+        """Call ``fn(error)`` when the store cannot be read for this subscription (it stays
+        open, and resumes from its cursor, with no gap, once the store answers again), and
+        ``fn(None)`` when it answers again."""
+        self._on_outage.append(fn)
+
+    def _outage(self, error: BaseException | None) -> None:
+        for fn in self._on_outage:
+            try:
+                fn(error)
+            except Exception:
+                log.exception("outage callback of %s failed", self.key)
 
     def close(self) -> None:
         """End the subscription: its iteration ends, its close callbacks run."""
