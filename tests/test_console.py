@@ -270,6 +270,9 @@ async def test_a_turn_from_the_text_box_streams_its_answer_and_its_tool_rows() -
         times = await rows.locator("td:nth-child(4)").all_inner_texts()
         assert all(re.fullmatch(r"\d+ ms|\d+\.\d\d s", t) for t in times), times
         await shot(page, "4-session-timeline")
+        # The text box sent an Idempotency-Key: the turn's id is the one the key names.
+        (turn,) = [t for t in await c.rt.session("desk", "s1").chain() if t.kind == "turn"]
+        assert turn.turn_id.startswith("k-") and "idempotency" in (turn.data or {})
     assert c.errors == []
 
 

@@ -169,3 +169,44 @@ def test_runtime_failure_finds_the_store_failure_behind_an_error(raised: Excepti
     raised.__cause__ = cause
     assert runtime_failure(raised) is cause
     assert runtime_failure(ValueError("a tool's own")) is None
+
+
+class FailingAccepts(MemoryStore):
+    """A memory store whose first ``failures`` accepts fail after writing (a commit whose
+    answer was lost: the worst case for a retry)."""
+
+    def __init__(self, failures: int) -> None:
+        super().__init__()
+        self.failures = failures
+
+    async def enqueue(self, key: SessionKey, entry: Any) -> Any:
+        out = await super().enqueue(key, entry)
+        if self.failures > 0:
+            self.failures -= 1
+            raise StoreError("PostgreSQL failed: server closed the connection unexpectedly")
+        return out
+
+
+async def test_the_chat_repl_offers_a_line_s_turn_again_and_it_is_started_once() -> None:
+    from durable_turns.channels import mount_agent
+    from durable_turns.channels.repl import chat
+
+    lines = iter(["order a keyboard"])
+
+    def read(_prompt: str) -> str:
+        try:
+            return next(lines)
+        except StopIteration:
+            raise EOFError from None
+
+    written: list[str] = []
+    store = FailingAccepts(failures=1)
+    agent = Agent("ops")
+    async with Runtime([agent], store, scripted([ModelReply("Ordered.")])) as rt:
+        async with asyncio.timeout(WAIT):
+            await chat(mount_agent(agent, rt), session="s1", user="ann", read=read,
+                       write=written.append)
+        turns = [t for t in await rt.session("ops", "s1").chain() if t.kind == "turn"]
+    assert len(turns) == 1 and turns[0].status == "completed"
+    out = "".join(written)
+    assert "the store is unavailable; trying again" in out and "Ordered." in out

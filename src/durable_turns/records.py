@@ -232,6 +232,10 @@ class NewEntry:
     """The channel (by name) that owes the turn a delivery: set when a channel accepts it,
     read back as ``TurnRecord.deliver`` and listed by ``SessionStore.owed_deliveries``
     until settled."""
+    data: dict[str, Any] | None = None
+    """Names of the entry's data set as it is accepted, in the same write (``TurnRecord.
+    data``): what must never exist without the entry, nor the entry without it (an HTTP
+    request's idempotency fingerprint)."""
 
 
 def encode_entry(entry: NewEntry) -> str:

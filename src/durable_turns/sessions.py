@@ -120,6 +120,7 @@ class AgentSession:
         trigger: Trigger | None = None,
         replace: bool = False,
         deliver: str | None = None,
+        data: Mapping[str, Any] | None = None,
     ) -> StartedTurn:
         """Accept a turn and return once it is durable, without waiting for it to run.
 
@@ -130,6 +131,8 @@ class AgentSession:
             deliver: the channel (by name) that owes this turn a delivery: the turn stays in
                 ``runtime.queries.owed_deliveries(channel)`` until the channel calls
                 :meth:`settle_delivery` (its durable outbox, what it recovers after a crash).
+            data: names of the turn's data to set with it, in the same write (a redelivery
+                leaves the stored ones as they are: read them with :meth:`entry`).
 
         Raises:
             SessionBusyError: the session is parked on another turn.
@@ -150,6 +153,7 @@ class AgentSession:
         _rec, new = await self.runtime.accept(self.key, NewEntry(
             turn_id, opening, event=event.to_dict() if event else None, policy=policy,
             supersede=f"superseded by turn {turn_id}" if replace else None, deliver=deliver,
+            data=dict(data) if data else None,
         ))
         return StartedTurn(turn_id, new)
 

@@ -9,10 +9,16 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from ..errors import DurableTurnsError, InvalidInputError, ResumeAuthorizationError
+from ..errors import (
+    DurableTurnsError,
+    InvalidInputError,
+    ResumeAuthorizationError,
+    StoreError,
+)
 from ..events import (
     ActionCompleted,
     ActionRequested,
@@ -32,6 +38,11 @@ from .context import ChannelContext, TurnStream
 PROMPT = "you> "
 SOURCE = "cli"
 """The inbound events' source: a policy for ``cli`` in ``surfaces`` applies to the REPL."""
+
+STORE_WAIT = 30.0
+"""Seconds the REPL offers a line's turn again while the store is away."""
+STORE_RETRY = 0.5
+"""Seconds between those offers."""
 
 Read = Callable[[str], str]
 Write = Callable[[str], None]
@@ -59,7 +70,7 @@ async def chat(channel: ChannelContext, *, session: str, user: str,
             continue
         event = InboundEvent(SOURCE, {"id": user, "attested": True}, text)
         try:
-            stream = await channel.open_turn(text, session=session, event=event)
+            stream = await _open_turn(channel, text, session, event, out)
             request = await _show(stream, out)
             while request is not None:
                 answer = await asyncio.to_thread(_ask, request, read, out)
@@ -70,6 +81,29 @@ async def chat(channel: ChannelContext, *, session: str, user: str,
             out(f"! {e}\n")
         except DurableTurnsError as e:
             out(f"! {type(e).__name__}: {e}\n")
+
+
+async def _open_turn(channel: ChannelContext, text: str, session: str, event: InboundEvent,
+                     out: Write) -> TurnStream:
+    """Start the line's turn. Its id is chosen here, before the first try (the REPL's
+    idempotency key): while the store is away the same turn is offered again, and the store
+    accepts it once, so a line never becomes two turns.
+
+    Raises:
+        StoreError: the store stayed away for :data:`STORE_WAIT` seconds.
+    """
+    turn_id = uuid.uuid4().hex
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + STORE_WAIT
+    while True:
+        try:
+            return await channel.open_turn(text, session=session, event=event,
+                                           turn_id=turn_id)
+        except StoreError:
+            if loop.time() >= deadline:
+                raise
+            out("! the store is unavailable; trying again…\n")
+            await asyncio.sleep(STORE_RETRY)  # a backoff, not a wait for a condition
 
 
 async def _show(stream: TurnStream, out: Write) -> InputRequest | None:

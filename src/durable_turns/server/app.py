@@ -19,13 +19,14 @@ from starlette.routing import BaseRoute, Route
 
 from ..agent import check_surfaces
 from ..channels import Channel, ChannelContext, TurnStream, mount_agent
-from ..errors import ConfigurationError
+from ..errors import ConfigurationError, TurnConflictError
 from ..events import TurnEvent
 from ..inbound import InboundEvent
 from ..records import TurnRecord
 from ..runtime import Runtime
 from ..sessions import AgentSession
 from ._http import (
+    RETRY_AFTER,
     Authenticate,
     HttpError,
     error_response,
@@ -35,7 +36,18 @@ from ._http import (
     read_body,
 )
 from .console import console_routes
-from .fanout import HEADERS, MAX_BACKLOG, EventStreamApp, FrameCache, Outbox, Pacer, Streams
+from .fanout import (
+    BACK,
+    HEADERS,
+    MAX_BACKLOG,
+    OUTAGE,
+    EventStreamApp,
+    FrameCache,
+    Outbox,
+    Pacer,
+    Streams,
+)
+from .idempotency import HEADER, conflict, idempotent
 from .lifespan import GRACE, host_lifespan
 from .openapi import openapi
 from .timeline import last_activity
@@ -284,8 +296,21 @@ class _Host:
             # Attested: the principal's id, or (development mode) what the body says, which
             # that mode trusts by design (it serves loopback only).
             event = InboundEvent(SOURCE, {"id": by, "attested": True}, body.text)
-        return await ch.open_turn(body.text, session=request.path_params["session"],
-                                  replace=body.replace, event=event, turn_id=body.turn_id)
+        idem = idempotent(request.headers.get(HEADER), body.model_dump(), by)
+        try:
+            stream = await ch.open_turn(
+                body.text, session=request.path_params["session"], replace=body.replace,
+                event=event, turn_id=idem.turn_id if idem else body.turn_id,
+                data=idem.data if idem else None)
+        except TurnConflictError as e:
+            raise conflict(e, idem) from None
+        if idem is not None:
+            try:
+                await idem.check(stream.session)
+            except BaseException:
+                stream.close()
+                raise
+        return stream
 
     async def turn(self, request: Request) -> Response:
         stream = await self._start(request)
@@ -356,8 +381,20 @@ class _Host:
                 sub.close()
 
         sub.on_close(outbox.end)
+        sub.on_outage(self.outage_notice(outbox))
         sub.deliver_to(take)
         return self.streams.response(outbox, sub.close)
+
+    @staticmethod
+    def outage_notice(outbox: Outbox) -> Any:
+        """What tells an open stream's client that the store is away (a retry hint) and back
+        (its events then follow from its cursor, with no gap)."""
+        hint = OUTAGE % (RETRY_AFTER * 1000)
+
+        def notice(error: BaseException | None) -> None:
+            outbox.put(hint if error is not None else BACK)
+
+        return notice
 
 
 def _message(m: Any) -> dict[str, Any]:

@@ -31,7 +31,8 @@ def openapi(bodies: dict[str, type[BaseModel]], agents: list[str]) -> dict[str, 
             ref_template="#/components/schemas/{model}")
 
     def errors(*codes: int) -> dict[str, Any]:
-        return {str(c): _ERROR for c in codes}
+        # 503 (with Retry-After) on every route: the store may be away.
+        return {str(c): _ERROR for c in (*codes, 503)}
 
     def post(name: str, summary: str, ok: dict[str, Any], *codes: int) -> dict[str, Any]:
         return {"post": {
@@ -68,8 +69,9 @@ def openapi(bodies: dict[str, type[BaseModel]], agents: list[str]) -> dict[str, 
                                {"name": "last", "in": "query", "required": False,
                                 "schema": {"type": "string", "pattern": "^[0-9]+$"}}],
                 "responses": {"200": _JSON, **errors(400, 401, 404)}}},
-            f"{base}/turn": post("turn", "start a turn; its events", _SSE, 409),
-            f"{base}/chat": post("chat", "start a turn; its events or its result", _JSON, 409),
+            f"{base}/turn": _keyed(post("turn", "start a turn; its events", _SSE, 409, 422)),
+            f"{base}/chat": _keyed(post("chat", "start a turn; its events or its result",
+                                        _JSON, 409, 422)),
             f"{base}/resume": post("resume", "answer a parked turn", _JSON, 403, 409, 422, 500),
             f"{base}/cancel": post("cancel", "cancel a turn or every unfinished one", _JSON),
             f"{base}/reset": post("reset", "archive the session's history", _JSON),
@@ -86,3 +88,14 @@ def openapi(bodies: dict[str, type[BaseModel]], agents: list[str]) -> dict[str, 
         },
         "components": {"schemas": schemas},
     }
+
+
+def _keyed(route: dict[str, Any]) -> dict[str, Any]:
+    """A route that starts a turn takes an ``Idempotency-Key`` (``server/idempotency.py``)."""
+    post = route["post"]
+    post["parameters"] = [*post["parameters"], {
+        "name": "Idempotency-Key", "in": "header", "required": False,
+        "description": "the same key with the same body is the same turn; with another "
+                       "body, 422",
+        "schema": {"type": "string", "pattern": "^[ -~]{1,255}$"}}]
+    return route

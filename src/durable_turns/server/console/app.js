@@ -41,6 +41,12 @@
     return app.development ? (localStorage.getItem(ME) || "").trim() || undefined : app.by;
   }
 
+  // A new Idempotency-Key (crypto.randomUUID needs a secure context; this does not).
+  function idempotencyKey() {
+    const bytes = crypto.getRandomValues(new Uint8Array(16));
+    return Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("");
+  }
+
   class ApiError extends Error {
     constructor(status, type, message) {
       super(message);
@@ -49,9 +55,9 @@
     }
   }
 
-  async function api(path, body, keep) {
+  async function api(path, body, keep, headers) {
     const init = body === undefined ? {} : {
-      method: "POST", headers: { "Content-Type": "application/json" },
+      method: "POST", headers: { "Content-Type": "application/json", ...(headers || {}) },
       body: JSON.stringify(body),
     };
     const r = await fetch(path, { ...init, credentials: "same-origin" });
@@ -324,7 +330,7 @@
   function showSession(agent, session) {
     const base = sessionPath(agent, session);
     const s = { snap: null, live: null, fetching: false, again: false, closed: false,
-      tab: "transcript", es: null, opened: new Set(), last: 20 };
+      tab: "transcript", es: null, opened: new Set(), last: 20, sending: null };
     const title = el("span", { id: "session-status" });
     const body = el("div", { id: "turns" });
     const status = el("div", { id: "session-notice" });
@@ -353,9 +359,14 @@
       if (!t) return;
       send.disabled = true;
       status.replaceChildren();
+      // A send that got no answer (the server or its store away) is sent again with its
+      // Idempotency-Key: the server starts its turn once, however often it is sent.
+      if (!s.sending || s.sending.text !== t) s.sending = { text: t, key: idempotencyKey() };
       try {
         // Accepted (durably) once the answer's headers come; the turn goes on without us.
-        await api(`${base}/turn`, { text: t, by: me() }, "headers");
+        await api(`${base}/turn`, { text: t, by: me() }, "headers",
+          { "Idempotency-Key": s.sending.key });
+        s.sending = null;
         text.value = "";
       } catch (e) {
         status.replaceChildren(notice("error", explain(e)));
@@ -399,7 +410,9 @@
         if (s.closed) return;
         s.snap = snap;
         if (s.live && s.live.seq < snap.seq) s.live = null;
-        if (!s.es) follow(snap.seq);
+        // A stream the browser gave up on (its reconnect met a 503 while the store was
+        // away) is followed again from the snapshot's cursor.
+        if (!s.es || s.es.readyState === EventSource.CLOSED) follow(snap.seq);
         render();
       } catch (e) {
         status.replaceChildren(notice("error", explain(e)));
