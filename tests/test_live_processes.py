@@ -6,22 +6,14 @@ on one SQLite file (datagrams). Real processes, the CLI as users run it.
 from __future__ import annotations
 
 import asyncio
-import json
-import os
-import signal
-import socket
-import subprocess
-import sys
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
 from urllib.parse import quote
 
 import httpx
 import pytest
 
 from conftest import PG_DSN, pg_schema_dsn
+from deploykit import Frame, deployment, read_sse
 
 WAIT = 30.0
 TEXT = "The order ships on Monday, and the invoice follows by mail within a day."
@@ -33,15 +25,6 @@ from durable_turns import ModelReply, scripted
 model = scripted(lambda _request: ModelReply({TEXT!r} + f" (pid {{os.getpid()}})"),
                  chunks=12, delay=0.01)
 """
-
-Frame = tuple[str | None, str, dict[str, Any]]
-"""An SSE event as a client reads it: its ``id`` (None for live ones), type, data."""
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _store_option(kind: str, tmp_path: Path) -> str:
@@ -55,69 +38,12 @@ def _store_option(kind: str, tmp_path: Path) -> str:
     return f"{PG_DSN}?options={quote(str(options))}"
 
 
-@asynccontextmanager
-async def deployment(kind: str, tmp_path: Path, workers: int
-                     ) -> AsyncIterator[tuple[str, list[subprocess.Popen[bytes]]]]:
-    """A server that drives nothing and ``workers`` worker processes on one store; yields
-    the server's URL and the workers."""
+def _app(tmp_path: Path) -> Path:
     app = tmp_path / "ops"
     app.mkdir()
     (app / "instructions.md").write_text("You run ops.")
     (app / "agent.py").write_text(AGENT_PY)
-    store = _store_option(kind, tmp_path)
-    port = _free_port()
-    cli = [sys.executable, "-m", "durable_turns.cli"]
-    logs: list[Path] = []
-
-    def spawn(name: str, *args: str) -> subprocess.Popen[bytes]:
-        logs.append(tmp_path / f"{name}.log")
-        with logs[-1].open("wb") as out:
-            return subprocess.Popen([*cli, *args], stdin=subprocess.DEVNULL, stdout=out,
-                                    stderr=subprocess.STDOUT,
-                                    env={**os.environ, "PYTHONFAULTHANDLER": "1"})
-
-    server = spawn("server", "serve", str(app), "--store", store, "--no-drive",
-                   "--port", str(port))
-    procs = [server] + [spawn(f"worker{i}", "worker", str(app), "--store", store,
-                              "--lease-ttl", "5", "--poll-interval", "0.1")
-                        for i in range(workers)]
-    url = f"http://127.0.0.1:{port}"
-    try:
-        async with httpx.AsyncClient(base_url=url, timeout=WAIT) as client:
-            async with asyncio.timeout(WAIT):
-                while True:
-                    assert server.poll() is None, logs[0].read_text()
-                    try:
-                        if (await client.get("/agents")).status_code == 200:
-                            break
-                    except httpx.TransportError:
-                        await asyncio.sleep(0.05)
-        yield url, procs[1:]
-    finally:
-        for p in procs:
-            p.send_signal(signal.SIGINT)
-        for p in procs:
-            try:
-                p.wait(timeout=WAIT)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-
-
-async def read_sse(r: httpx.Response) -> list[Frame]:
-    """Every event of an SSE response, live ones included, to its end."""
-    frames: list[Frame] = []
-    seq: str | None = None
-    kind = ""
-    async for line in r.aiter_lines():
-        if line.startswith("id: "):
-            seq = line[4:]
-        elif line.startswith("event: "):
-            kind = line[7:]
-        elif line.startswith("data: "):
-            frames.append((seq, kind, json.loads(line[6:])))
-            seq = None
-    return frames
+    return app
 
 
 async def stream_turn(client: httpx.AsyncClient, session: str, text: str) -> list[Frame]:
@@ -160,8 +86,9 @@ def check_stream(frames: list[Frame], pids: list[int]) -> str:
 async def test_a_worker_s_live_text_reaches_every_client_of_a_server(
         kind: str, tmp_path: Path) -> None:
     workers = 2 if kind == "postgres" else 1
-    async with deployment(kind, tmp_path, workers) as (url, procs), \
-            httpx.AsyncClient(base_url=url, timeout=WAIT) as client:
+    store = _store_option(kind, tmp_path)
+    async with deployment(_app(tmp_path), store, tmp_path, workers=workers) as d, \
+            httpx.AsyncClient(base_url=d.url, timeout=WAIT) as client:
         # A process starts taking other processes' live text a moment after its first
         # subscriber came (it connects, or binds): a first turn whose deltas arrived says it
         # has (by contract, text before that may be lost).
@@ -178,7 +105,7 @@ async def test_a_worker_s_live_text_reaches_every_client_of_a_server(
                                            for i in range(3)))
             watched = await asyncio.gather(*watchers)
     for frames in turns:
-        check_stream(frames, [p.pid for p in procs])
+        check_stream(frames, [p.pid for p in d.workers])
     for frames in watched:
         # A watcher that joined after the turn began may have missed its first pieces (text
         # before it came is not kept); what it got is in order, after turn.started.

@@ -50,6 +50,10 @@ log = logging.getLogger("durable_turns")
 
 TRANSCRIPT_CACHE = 64
 """How many recent sessions' transcripts a runtime keeps, so a step never re-reads history."""
+AWAY_POLL = 0.1
+"""Seconds between a worker's looks for work while its store refuses them."""
+AWAY_LOG_EVERY = 30.0
+"""Seconds between a worker's warnings that its store refuses its looks."""
 
 
 class Runtime:
@@ -226,15 +230,32 @@ class Runtime:
         # the poll makes a lost notification only a delay.
         stop = self.store.watch(None, lambda _events: wake.set())
         agents = list(self.agents)
+        loop = asyncio.get_running_loop()
+        away_since: float | None = None
+        said = 0.0
         try:
             while True:
                 wake.clear()
                 room = max_sessions - len(self._drivers)
+                pause = poll_interval
                 try:
                     claimed = await self.store.claim_ready(agents, room) if room > 0 else ()
-                except StoreError as e:  # the database is away: look again at the next poll
-                    log.warning("worker: cannot claim sessions (retrying): %s", e)
+                except StoreError as e:
+                    # The database is away: look again soon (a refused look costs little),
+                    # so the work it kept waiting starts as soon as it is back; said once
+                    # in a while, not at every look.
+                    now = loop.time()
+                    if away_since is None or now - said > AWAY_LOG_EVERY:
+                        log.warning("worker: cannot claim sessions (retrying): %s", e)
+                        said = now
+                    away_since = now if away_since is None else away_since
                     claimed = ()
+                    pause = min(poll_interval, AWAY_POLL)
+                else:
+                    if away_since is not None:
+                        log.warning("worker: the store answers again (it was away for %.1fs)",
+                                    loop.time() - away_since)
+                        away_since = None
                 for lease in claimed:
                     driver = self._drivers.get(lease.key)
                     if driver is not None and driver.alive:
@@ -246,7 +267,7 @@ class Runtime:
                 # Not asyncio.wait_for: on Python 3.11 it swallows a cancellation that comes
                 # as the wait ends, and work() would never stop.
                 with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(poll_interval):
+                    async with asyncio.timeout(pause):
                         await wake.wait()
         finally:
             stop()

@@ -45,6 +45,9 @@ LIVE_NAME = "durable_turns live"
 _NOTIFY_LIMIT = 7900  # PostgreSQL refuses payloads of 8000 bytes or more
 _NOTIFY = "SELECT pg_notify(%s, %s)"
 _LIVE_RETRY = 1.0  # seconds a wire that failed to connect sends nothing (frames dropped)
+RECONNECT_PAUSE = 0.25
+"""The longest pause between the listener's attempts to reconnect: a refused connect costs
+little, and its first success wakes every worker and subscriber (the database is back)."""
 LINGER = 10.0
 """Seconds the listening connection stays after the last subscriber or watcher left."""
 
@@ -178,15 +181,18 @@ async def listen(feed: Feed, dsn: str, connect_args: dict[str, Any], origin: str
         return loop.time() - idle_since < LINGER
 
     pause = 0.05
+    said = -LINGER * 3
     while wanted() and is_open():
         try:
             conn = await psycopg.AsyncConnection.connect(
                 dsn, **connect_args, application_name=LISTENER_NAME)
         except psycopg.Error as e:
-            log.warning("cannot listen for notifications (retrying): %s", e)
+            if loop.time() - said > LINGER * 3:  # said once in a while, not at every try
+                log.warning("cannot listen for notifications (retrying): %s", e)
+                said = loop.time()
             feed.changed_any()  # meanwhile, the re-poll
             await asyncio.sleep(pause)
-            pause = min(pause * 2, poll_interval)
+            pause = min(pause * 2, poll_interval, RECONNECT_PAUSE)
             continue
         try:
             async with conn:

@@ -244,7 +244,7 @@ class PostgresDialect:
 
     def __init__(self, dsn: str, *, lease_ttl: float, pool_size: int, poll_interval: float,
                  connect_timeout: float, idle_timeout: float | None,
-                 wait_timeout: float = WAIT_TIMEOUT) -> None:
+                 wait_timeout: float = WAIT_TIMEOUT, live: bool = True) -> None:
         self.dsn = dsn
         self.lease_ttl = lease_ttl
         self.poll_interval = poll_interval
@@ -258,8 +258,9 @@ class PostgresDialect:
         self.leases = RowLeases(self)
         self._pool_size = pool_size
         self._connect_timeout = connect_timeout
-        self.live = NotifyWire(dsn, self._connect_args(), self.origin)
-        """``Dialect.live``: NOTIFY on the channel ``durable_turns_live``."""
+        self.live = NotifyWire(dsn, self._connect_args(), self.origin) if live else None
+        """``Dialect.live``: NOTIFY on the channel ``durable_turns_live`` (``None``: live
+        text stays in this process)."""
         self._lanes: list[_Lane] = []
         self._free: asyncio.Queue[_Lane] = asyncio.Queue()
         self._leases_lane: _Lane | None = None
@@ -354,7 +355,8 @@ class PostgresDialect:
 
     async def close(self) -> None:
         """``Dialect.close``."""
-        await self.live.close()
+        if self.live is not None:
+            await self.live.close()
         if self._listener is not None:
             self._listener.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -506,6 +508,8 @@ class PostgresStore(SqlStore):
         wait_timeout: seconds a read or a write (what a host's request asks) waits for a
             connection, a free one or a new one, before it fails with ``StoreError``,
             nothing written: the bound of a request while the database is away.
+        live: carry live text (``message.delta``…) to the subscribers of other processes,
+            as ``NOTIFY`` frames (``False``: only this process's subscribers get it).
         idle_timeout: seconds a step's transaction may sit idle (a local tool between two
             statements) before the server ends it, releasing its locks; the step is then
             abandoned and driven again. Default: ``lease_ttl`` (by then a paused worker's
@@ -521,7 +525,7 @@ class PostgresStore(SqlStore):
     def __init__(self, dsn: str, *, lease_ttl: float = 15.0, pool_size: int = 4,
                  poll_interval: float = 1.0, connect_timeout: float = 10.0,
                  idle_timeout: float | _Default | None = _DEFAULT,
-                 wait_timeout: float = WAIT_TIMEOUT) -> None:
+                 wait_timeout: float = WAIT_TIMEOUT, live: bool = True) -> None:
         if lease_ttl <= 0 or poll_interval <= 0 or wait_timeout <= 0:
             raise ValueError("lease_ttl, poll_interval and wait_timeout must be positive")
         if pool_size < 1:
@@ -533,7 +537,7 @@ class PostgresStore(SqlStore):
         super().__init__(PostgresDialect(
             dsn, lease_ttl=lease_ttl, pool_size=pool_size, poll_interval=poll_interval,
             connect_timeout=connect_timeout, idle_timeout=idle_timeout,
-            wait_timeout=wait_timeout))
+            wait_timeout=wait_timeout, live=live))
         self.dsn = dsn
         self.wait_timeout = wait_timeout
         self.lease_ttl = lease_ttl
