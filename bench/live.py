@@ -255,6 +255,7 @@ async def bench(a: argparse.Namespace) -> list[dict[str, Any]]:
                 "latency_max_ms": max(r["max_ms"] for r in on),
                 "db_cpu_s_on": statistics.median(r["db_cpu_s"] for r in on),
                 "db_cpu_s_off": statistics.median(r["db_cpu_s"] for r in off),
+                "seconds_per_run": statistics.median(r["seconds"] for r in on),
                 "db_cpu_us_per_frame": 1e6 * extra / frames if frames else None,
                 "deltas_off": statistics.median(r["deltas"] for r in off),
             })

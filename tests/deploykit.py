@@ -25,6 +25,19 @@ Frame = tuple[str | None, str, dict[str, Any]]
 """An SSE event as a client reads it: its ``id`` (None for live ones), type, data."""
 
 
+def write_app(root: Path, instructions: str, agent_py: str,
+              tools: Mapping[str, str] | None = None) -> Path:
+    """An app folder ``root/ops`` (its agent is ``ops``): ``instructions.md``, ``agent.py``
+    and a module per tool (``tools/<name>.py``)."""
+    app = root / "ops"
+    (app / "tools").mkdir(parents=True)
+    (app / "instructions.md").write_text(instructions)
+    (app / "agent.py").write_text(agent_py)
+    for name, source in (tools or {}).items():
+        (app / "tools" / f"{name}.py").write_text(source)
+    return app
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from conftest import PG_DSN, pg_schema_dsn
-from deploykit import Frame, deployment, read_sse
+from deploykit import Frame, deployment, read_sse, write_app
 
 WAIT = 30.0
 TEXT = "The order ships on Monday, and the invoice follows by mail within a day."
@@ -36,14 +36,6 @@ def _store_option(kind: str, tmp_path: Path) -> str:
 
     options = psycopg.conninfo.conninfo_to_dict(pg_schema_dsn())["options"]
     return f"{PG_DSN}?options={quote(str(options))}"
-
-
-def _app(tmp_path: Path) -> Path:
-    app = tmp_path / "ops"
-    app.mkdir()
-    (app / "instructions.md").write_text("You run ops.")
-    (app / "agent.py").write_text(AGENT_PY)
-    return app
 
 
 async def stream_turn(client: httpx.AsyncClient, session: str, text: str) -> list[Frame]:
@@ -87,7 +79,8 @@ async def test_a_worker_s_live_text_reaches_every_client_of_a_server(
         kind: str, tmp_path: Path) -> None:
     workers = 2 if kind == "postgres" else 1
     store = _store_option(kind, tmp_path)
-    async with deployment(_app(tmp_path), store, tmp_path, workers=workers) as d, \
+    app = write_app(tmp_path, "You run ops.", AGENT_PY)
+    async with deployment(app, store, tmp_path, workers=workers) as d, \
             httpx.AsyncClient(base_url=d.url, timeout=WAIT) as client:
         # A process starts taking other processes' live text a moment after its first
         # subscriber came (it connects, or binds): a first turn whose deltas arrived says it

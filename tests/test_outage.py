@@ -28,7 +28,7 @@ import httpx
 import psycopg
 import pytest
 
-from deploykit import Deployment, Frame, deployment, read_sse
+from deploykit import Deployment, Frame, deployment, read_sse, write_app
 from durable_turns.testing.pgcluster import Cluster, Unavailable
 
 WAIT = 60.0
@@ -80,15 +80,6 @@ def cluster() -> AsyncIterator[Cluster] | Any:
         made.destroy()
 
 
-def _app(tmp_path: Path) -> Path:
-    app = tmp_path / "ops"
-    (app / "tools").mkdir(parents=True)
-    (app / "instructions.md").write_text("You ship orders.")
-    (app / "agent.py").write_text(AGENT_PY)
-    (app / "tools" / "ship.py").write_text(SHIP_PY)
-    return app
-
-
 async def _until(what: str, cond: Any) -> None:
     deadline = time.monotonic() + WAIT
     while not cond():
@@ -135,7 +126,8 @@ async def test_a_database_outage_fails_fast_duplicates_nothing_and_every_turn_fi
     work.mkdir()
     store = f"{cluster.dsn}?application_name={SERVER_NAME}"
     admin = psycopg.connect(cluster.dsn, autocommit=True)
-    async with deployment(_app(tmp_path), store, tmp_path, workers=2,
+    app = write_app(tmp_path, "You ship orders.", AGENT_PY, {"ship": SHIP_PY})
+    async with deployment(app, store, tmp_path, workers=2,
                           env={"OUTAGE_WORK": str(work)}) as d, \
             httpx.AsyncClient(base_url=d.url, timeout=WAIT) as client:
         try:

@@ -157,6 +157,11 @@ class LiveRelay:
         self._prefix = json.dumps({"from": origin, "live": []})[:-2]  # '{"from": …, "live": ['
         wire.on_frame(self.receive)
 
+    @property
+    def idle(self) -> bool:
+        """Nothing waits and nothing is being sent (a step then has nothing to take)."""
+        return not self._pending and not self._sending
+
     def wanted(self) -> bool:
         """Whether a live event may reach another process now (``LiveWire.peers``)."""
         return self.wire.peers()

@@ -493,7 +493,7 @@ class SqlTransaction(BufferedTransaction):
         link = self._link
         if exc_type is None:
             relay = self._store.relay
-            if relay is not None and self.writes.events:
+            if relay is not None and not relay.idle and self.writes.events:
                 # The text streamed before this step's events goes out first (stores.live).
                 self._live = await relay.take(self.lease.key)
                 if self._live and not relay.wire.transactional:
