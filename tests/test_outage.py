@@ -44,7 +44,8 @@ from durable_turns.models.scripted import calls_this_turn
 
 def reply(request):
     if calls_this_turn(request) == 0:
-        return ModelReply("Shipping it.", [ToolCall("c1", "ship", {"order": request.messages[-1].text})])
+        order = request.messages[-1].text
+        return ModelReply("Shipping it.", [ToolCall("c1", "ship", {"order": order})])
     return ModelReply("Shipped: " + str(request.messages[-1].result))
 
 model = scripted(reply, chunks=4, delay=0.005)
@@ -169,7 +170,7 @@ async def _run(d: Deployment, client: httpx.AsyncClient, cluster: Cluster,
         _check_unavailable(await client.get(path))
     # Every request made before the outage is answered while it lasts (none completed: the
     # tools' steps could not commit).
-    for s, task in asked.items():
+    for task in asked.values():
         _check_unavailable(await asyncio.wait_for(task, WAIT))
     # A subscriber that left during the outage comes back later with its cursor.
     followers["s3"].cancel()
@@ -222,8 +223,8 @@ def _events(c: psycopg.Connection[Any], session: str) -> list[str]:
     """A session's stored events, as ``[type, seq]`` JSON lists, in order (read through the
     store's own reader, so the log's encoding stays the store's business)."""
     from durable_turns.records import SessionKey
-    from durable_turns.stores.sql import Statements
     from durable_turns.stores.postgres import SYNTAX
+    from durable_turns.stores.sql import Statements
 
     events = Statements(SYNTAX).read_events(c, SessionKey("ops", session), 0, None)
     return [json.dumps([e.type, e.seq]) for e in events]
