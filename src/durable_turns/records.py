@@ -7,7 +7,7 @@ hosts pass them around. This module imports nothing of the package but ``message
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, ClassVar, Literal, cast
@@ -211,6 +211,18 @@ class TurnRecord:
         """Queued, running, or parked with a cancel to carry out: work for a driver."""
         return self.status.unfinished or (self.status is TurnStatus.SUSPENDED
                                           and self.cancel is not None)
+
+
+def live_turns(chain: Sequence[TurnRecord]) -> list[TurnRecord]:
+    """The turns of a chain's live generation: those accepted after the last reset that ran
+    (a reset archives the turns before it, F8; one still queued archives nothing yet).
+
+    Args:
+        chain: a session's chain entries in order (turns and commands).
+    """
+    resets = [t.ordinal for t in chain if t.kind == "reset" and t.status == TurnStatus.COMPLETED]
+    live_from = max(resets, default=-1)
+    return [t for t in chain if t.kind == "turn" and t.ordinal > live_from]
 
 
 @dataclass(frozen=True, slots=True)
