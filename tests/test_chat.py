@@ -87,14 +87,14 @@ def make_app(tmp_path: Path, agent_py: str = AGENT_PY) -> Path:
     return app
 
 
-def spawn(app: Path, db: Path) -> pexpect.spawn:
+def spawn(app: Path, db: Path) -> pexpect.spawn[str]:
     """``durable-turns chat`` in a pseudo-terminal, as a person runs it."""
     return pexpect.spawn(sys.executable, ["-m", "durable_turns.cli", "chat", str(app),
                                           "--db", str(db), "--user", "ann"],
                          timeout=WAIT, encoding="utf-8")
 
 
-def ended(child: pexpect.spawn) -> tuple[int | None, str]:
+def ended(child: pexpect.spawn[str]) -> tuple[int | None, str]:
     """Wait for the chat to end: its exit status, and what it printed last."""
     child.expect(pexpect.EOF)
     rest = str(child.before)

@@ -121,13 +121,15 @@ def create_app(runtime: Runtime, authenticate: Authenticate | None = None,
 
     Returns:
         The app. ``app.state.end_streams()`` ends every open ``GET …/events`` stream (the
-        lifespan's shutdown and ``serve``'s SIGTERM call it).
+        lifespan's shutdown and ``serve``'s SIGTERM call it); ``app.state.channel_routes``
+        maps each channel's name to its routes (``"POST /slack/events"``, …).
 
     Raises:
         ConfigurationError: a channel that is no :class:`~durable_turns.channels.Channel`,
             two with one name, or one that cannot serve this runtime.
     """
     mounted: list[BaseRoute] = []
+    served: dict[str, list[str]] = {}
     sources = {SOURCE}
     for ch in channels:
         if not isinstance(ch, Channel):
@@ -137,13 +139,23 @@ def create_app(runtime: Runtime, authenticate: Authenticate | None = None,
         if ch.name in sources:
             raise ConfigurationError(f"two channels (or a channel and the API) named "
                                      f"{ch.name!r}")
-        mounted.extend(ch.mount(runtime))
+        its = ch.mount(runtime)
+        mounted.extend(its)
+        served[ch.name] = _paths(its)
         sources.add(ch.name)
     for agent in runtime.agents.values():
         check_surfaces(agent, sources)
     host = _Host(runtime, authenticate, ping, max_backlog)
     lifespan = host_lifespan(runtime, list(channels), host.streams.end_all, grace=grace)
-    return host.app([*mounted, *routes], lifespan)
+    app = host.app([*mounted, *routes], lifespan)
+    app.state.channel_routes = served
+    return app
+
+
+def _paths(routes: Sequence[BaseRoute]) -> list[str]:
+    """``METHOD PATH`` of each route (what a banner shows of a channel's routes)."""
+    return [f"{'/'.join(sorted((getattr(r, 'methods', None) or set()) - {'HEAD'}))} "
+            f"{getattr(r, 'path', '?')}".strip() for r in routes]
 
 
 class _Host:
@@ -272,7 +284,7 @@ class _Host:
         return JSONResponse({
             **found.to_dict(),
             "transcript": [_message(m) for m in await s.transcript()],
-            "turns": [_turn(t) for t in await s.chain() if t.kind == "turn"],
+            "turns": [_turn(t) for t in await s.turns()],
         })
 
     async def _start(self, request: Request) -> TurnStream:
