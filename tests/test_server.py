@@ -452,7 +452,7 @@ async def test_openapi_describes_every_route(host: Host) -> None:
     base = "/agents/{agent}/sessions/{session}"
     assert set(doc["paths"]) == {
         "/", "/agents", "/agents/{agent}/sessions", "/agents/{agent}/pending", base,
-        *(f"{base}/{r}" for r in ("turn", "chat", "resume", "cancel", "reset", "events",
+        *(f"{base}/{r}" for r in ("turn", "chat", "resume", "cancel", "reset", "retry", "events",
                                   "timeline"))}
     assert "text" in doc["components"]["schemas"]["TurnBody"]["properties"]
 

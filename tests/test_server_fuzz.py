@@ -69,5 +69,5 @@ def test_no_input_makes_the_server_fail(api: Any) -> None:
 
         fuzz()
         checked.append(operation.label)
-    assert len(checked) == 11, checked  # with the console: /, /agents, …/timeline
+    assert len(checked) == 12, checked  # with the console: /, /agents, …/timeline; …/retry
     assert {200, 400, 404} <= statuses  # it reached the handlers, not only the refusals

@@ -83,9 +83,16 @@ class ResetBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class RetryBody(BaseModel):
+    """``POST /retry``: the failed turn to re-open where it failed (F2)."""
+
+    model_config = ConfigDict(extra="forbid")
+    turn_id: str = Field(min_length=1)
+
+
 BODIES: dict[str, type[BaseModel]] = {
     "turn": TurnBody, "chat": TurnBody, "resume": ResumeBody, "cancel": CancelBody,
-    "reset": ResetBody,
+    "reset": ResetBody, "retry": RetryBody,
 }
 
 
@@ -185,6 +192,7 @@ class _Host:
             Route(f"{base}/resume", self.guard(self.resume), methods=["POST"]),
             Route(f"{base}/cancel", self.guard(self.cancel), methods=["POST"]),
             Route(f"{base}/reset", self.guard(self.reset), methods=["POST"]),
+            Route(f"{base}/retry", self.guard(self.retry), methods=["POST"]),
             Route(f"{base}/events", self.guard(self.events), methods=["GET"]),
             *console_routes(self.rt, self.guard, self.authenticate is None),
             *extra,
@@ -339,6 +347,14 @@ class _Host:
         done = await ch.reset_session(session=request.path_params["session"])
         return JSONResponse({"previous_session": done.previous_session,
                              "generation": done.generation})
+
+    async def retry(self, request: Request) -> Response:
+        body = await read_body(request, RetryBody)
+        s = self.session(request)
+        # Accepted once the retry has re-opened the turn; the turn then runs on, and its
+        # events follow on the session's stream.
+        await s.retry(body.turn_id)
+        return JSONResponse({"turn_id": body.turn_id, "retried": True})
 
     async def events(self, request: Request) -> Response:
         s = self.session(request)

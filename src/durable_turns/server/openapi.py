@@ -73,6 +73,7 @@ def openapi(bodies: dict[str, type[BaseModel]], agents: list[str]) -> dict[str, 
             f"{base}/resume": post("resume", "answer a parked turn", _JSON, 403, 409, 422, 500),
             f"{base}/cancel": post("cancel", "cancel a turn or every unfinished one", _JSON),
             f"{base}/reset": post("reset", "archive the session's history", _JSON),
+            f"{base}/retry": post("retry", "re-open a failed turn where it failed", _JSON, 409),
             f"{base}/events": {"get": {
                 "summary": "the session's events after a cursor, then live ones",
                 "parameters": [*params,
