@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pexpect
@@ -87,19 +89,40 @@ def make_app(tmp_path: Path, agent_py: str = AGENT_PY) -> Path:
     return app
 
 
-def spawn(app: Path, db: Path) -> pexpect.spawn[str]:
-    """``durable-turns chat`` in a pseudo-terminal, as a person runs it."""
-    return pexpect.spawn(sys.executable, ["-m", "durable_turns.cli", "chat", str(app),
-                                          "--db", str(db), "--user", "ann"],
-                         timeout=WAIT, encoding="utf-8")
+@contextmanager
+def chatting(app: Path, db: Path) -> Iterator[pexpect.spawn[str]]:
+    """``durable-turns chat`` in a pseudo-terminal, as a person runs it (killed if a test
+    leaves it running)."""
+    child = pexpect.spawn(sys.executable, ["-m", "durable_turns.cli", "chat", str(app),
+                                           "--db", str(db), "--user", "ann"],
+                          timeout=WAIT, encoding="utf-8")
+    try:
+        yield child
+    finally:
+        child.close(force=True)
 
 
-def ended(child: pexpect.spawn[str]) -> tuple[int | None, str]:
-    """Wait for the chat to end: its exit status, and what it printed last."""
+def ends_cleanly(child: pexpect.spawn[str]) -> None:
+    """The chat ends by itself: exit status 0, and no traceback or error on the way."""
     child.expect(pexpect.EOF)
     rest = str(child.before)
     child.close()
-    return child.exitstatus, rest
+    assert child.exitstatus == 0, rest
+    assert "Traceback" not in rest and "Error" not in rest, rest
+
+
+def quits(child: pexpect.spawn[str]) -> None:
+    """At the next prompt, Ctrl-D: the chat ends cleanly."""
+    child.expect_exact("you> ")
+    child.sendeof()
+    ends_cleanly(child)
+
+
+def asks_to_refund(child: pexpect.spawn[str]) -> None:
+    """At the next prompt, a turn that parks on the refund's approval."""
+    child.expect_exact("you> ")
+    child.sendline("refund it")
+    child.expect_exact("? Refund order 42? [y/n] ")
 
 
 async def statuses(app: Path, db: Path) -> list[str]:
@@ -110,8 +133,7 @@ async def statuses(app: Path, db: Path) -> list[str]:
 
 def test_chat_streams_asks_inline_and_cancels_on_ctrl_c(tmp_path: Path) -> None:
     app, db = make_app(tmp_path), tmp_path / "chat.sqlite"
-    child = spawn(app, db)
-    try:
+    with chatting(app, db) as child:
         child.expect_exact("you> ")
         child.sendline("hi")
         child.expect_exact("agent> You said: hi")
@@ -127,12 +149,7 @@ def test_chat_streams_asks_inline_and_cancels_on_ctrl_c(tmp_path: Path) -> None:
         child.expect_exact("agent> ")  # the turn has started: Ctrl-C now cancels it
         child.sendintr()
         child.expect_exact("(turn cancelled: cancelled at the terminal)")
-        child.expect_exact("you> ")
-        child.sendeof()
-        code, rest = ended(child)
-    finally:
-        child.close(force=True)
-    assert code == 0, rest
+        quits(child)
     asyncio.run(_check_the_store(app, db))  # the chat lives in the store, speaker and all
 
 
@@ -147,21 +164,14 @@ async def _check_the_store(app: Path, db: Path) -> None:
 
 def test_ctrl_d_at_an_approval_ends_the_chat_and_a_reopen_asks_again(tmp_path: Path) -> None:
     app, db = make_app(tmp_path), tmp_path / "chat.sqlite"
-    child = spawn(app, db)
-    try:
-        child.expect_exact("you> ")
-        child.sendline("refund it")
-        child.expect_exact("? Refund order 42? [y/n] ")
+    with chatting(app, db) as child:
+        asks_to_refund(child)
         child.sendeof()  # Ctrl-D: the chat ends, the turn stays parked
         child.expect_exact("(the turn stays parked, waiting for 'approve': reopen this chat")
-        code, rest = ended(child)
-    finally:
-        child.close(force=True)
-    assert code == 0 and "Traceback" not in rest and "Error" not in rest, rest
+        ends_cleanly(child)
     assert asyncio.run(statuses(app, db)) == ["suspended"]
 
-    child = spawn(app, db)  # reopened: the waiting request comes first
-    try:
+    with chatting(app, db) as child:  # reopened: the waiting request comes first
         child.expect(r"\(turn \w+ of this session waits for an answer\)")
         child.expect_exact("? Refund order 42? [y/n] ")
         child.sendline("maybe")
@@ -174,68 +184,44 @@ def test_ctrl_d_at_an_approval_ends_the_chat_and_a_reopen_asks_again(tmp_path: P
         child.expect_exact("you> ")
         child.sendline("hi")  # the session takes turns again
         child.expect_exact("agent> You said: hi")
-        child.expect_exact("you> ")
-        child.sendeof()
-        code, rest = ended(child)
-    finally:
-        child.close(force=True)
-    assert code == 0, rest
+        quits(child)
     assert asyncio.run(statuses(app, db)) == ["completed", "completed"]
 
 
 def test_ctrl_c_at_an_approval_ends_cleanly_and_the_answer_after_a_reopen_counts(
         tmp_path: Path) -> None:
     app, db = make_app(tmp_path), tmp_path / "chat.sqlite"
-    child = spawn(app, db)
-    try:
-        child.expect_exact("you> ")
-        child.sendline("refund it")
-        child.expect_exact("? Refund order 42? [y/n] ")
+    with chatting(app, db) as child:
+        asks_to_refund(child)
         child.send("ye")
         child.sendintr()  # Ctrl-C: the chat ends at once, nothing waits for another key
         child.expect_exact("(the turn stays parked, waiting for 'approve'")
-        code, rest = ended(child)
-    finally:
-        child.close(force=True)
-    assert code == 0 and "Traceback" not in rest, rest
+        ends_cleanly(child)
     assert asyncio.run(statuses(app, db)) == ["suspended"]
 
-    child = spawn(app, db)
-    try:
+    with chatting(app, db) as child:
         child.expect_exact("? Refund order 42? [y/n] ")
         child.sendline("y")  # the answer typed after the reopen is the one stored
         child.expect_exact("agent> Refund settled.")
         child.expect_exact("you> ")
         child.sendintr()  # Ctrl-C at the prompt ends the chat too
-        code, rest = ended(child)
-    finally:
-        child.close(force=True)
-    assert code == 0 and "Traceback" not in rest, rest
+        ends_cleanly(child)
     assert asyncio.run(statuses(app, db)) == ["completed"]
 
 
 def test_cancel_at_an_approval_withdraws_it(tmp_path: Path) -> None:
     app, db = make_app(tmp_path), tmp_path / "chat.sqlite"
-    child = spawn(app, db)
-    try:
-        child.expect_exact("you> ")
-        child.sendline("refund it")
-        child.expect_exact("? Refund order 42? [y/n] ")
+    with chatting(app, db) as child:
+        asks_to_refund(child)
         child.sendline("/cancel")
         child.expect_exact("(turn cancelled: withdrawn at the terminal)")
-        child.expect_exact("you> ")
-        child.sendeof()
-        code, rest = ended(child)
-    finally:
-        child.close(force=True)
-    assert code == 0, rest
+        quits(child)
     assert asyncio.run(statuses(app, db)) == ["cancelled"]
 
 
 def test_keys_typed_while_the_reply_streams_stay_out_of_its_line(tmp_path: Path) -> None:
     app, db, go = make_app(tmp_path, SLOW), tmp_path / "chat.sqlite", tmp_path / "go"
-    child = spawn(app, db)
-    try:
+    with chatting(app, db) as child:
         child.expect_exact("you> ")
         child.sendline(f"slow {go}")
         child.expect_exact("agent> Thinking")
@@ -246,12 +232,7 @@ def test_keys_typed_while_the_reply_streams_stay_out_of_its_line(tmp_path: Path)
         # The line typed meanwhile is kept: shown after the next prompt, and sent.
         child.expect_exact("you> next one\r\n")
         child.expect_exact("agent> Thinking about next one, done.")
-        child.expect_exact("you> ")
-        child.sendeof()
-        code, rest = ended(child)
-    finally:
-        child.close(force=True)
-    assert code == 0, rest
+        quits(child)
 
 
 def test_chat_warns_of_a_policy_for_a_source_it_does_not_emit(tmp_path: Path) -> None:

@@ -355,7 +355,7 @@ async def test_refund_parks_and_a_second_process_approves_it(tmp_path: Path) -> 
 
     code, out, err, _ = demo("pending", "--db", str(db))
     assert code == 0 and err == ""
-    assert turn in out and "approve-refund" in out and "user alice" in out
+    assert turn in out and "approve-refund" in out and "only alice may answer" in out
     assert f"--turn {turn} --input approve-refund --by alice" in out
 
     # Bad answers are refused with a clear message, exit 2, no traceback, nothing stored.

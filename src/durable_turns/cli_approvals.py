@@ -40,6 +40,7 @@ from .cli_args import (
     store_options,
 )
 from .errors import ResumeConflictError
+from .hitl import who_may_answer
 from .records import InputRequest, SessionKey
 from .runtime import Runtime
 from .sessions import AgentSession
@@ -125,7 +126,7 @@ async def pending(args: argparse.Namespace) -> int:
             print(f"\n  session {key.session}, turn {request.turn_id}, input {request.id!r}"
                   + (f" (in tool {tool})" if tool else ""))
             print(f"    {request.prompt}")
-            print(f"    asked by {asked_by or '-'}; {_answerers(request.answerers)}")
+            print(f"    asked by {asked_by or '-'}; {who_may_answer(request.answerers)}")
             if tool is not None and tool not in agent.tools_by_name:
                 print(f"    (tool {tool!r} is not one of this app's: the turn is another "
                       "app's)")
@@ -144,14 +145,6 @@ def _commands(args: argparse.Namespace, folder: Path, key: SessionKey,
     if (request.schema or {}).get("type") == "boolean":
         return [shlex.join([PROG, "approve", *common]), shlex.join([PROG, "deny", *common])]
     return [shlex.join([PROG, "approve", *common]) + " --value JSON"]
-
-
-def _answerers(answerers: dict[str, Any] | None) -> str:
-    if not answerers:
-        return "anyone may answer"
-    if "user" in answerers:
-        return f"only {answerers['user']} may answer"
-    return f"policy {answerers.get('policy')} / {answerers.get('scope')} decides who answers"
 
 
 # -- approve and deny ----------------------------------------------------------------------

@@ -27,6 +27,7 @@ from rich.console import Console
 from rich.text import Text
 
 from ..errors import ResumeAuthorizationError, ResumeConflictError, SessionBusyError
+from ..hitl import who_may_answer
 from ..inbound import InboundEvent
 from ..records import InputRequest, SessionKey, TurnResult
 from ..runtime import Runtime
@@ -310,7 +311,7 @@ async def run_pending(db: Path, console: Console) -> int:
     t = table(console, "session", "turn", "input", "asked by", "who may answer", "prompt")
     for p in parked:
         t.add_row(str(p.key), p.request.turn_id, p.request.id, p.asked_by or "-",
-                  _answerers(p.request.answerers), p.request.prompt)
+                  who_may_answer(p.request.answerers), p.request.prompt)
     console.print(t)
     console.print()
     console.print("Answer one with:")
@@ -323,12 +324,3 @@ async def run_pending(db: Path, console: Console) -> int:
                    f"durable-turns approve APP_DIR --db {db} --turn {p.request.turn_id})")
         console.print(f"  {cmd}", markup=False, highlight=False)
     return 0
-
-
-def _answerers(answerers: dict[str, Any] | None) -> str:
-    if not answerers:
-        return "anyone (no restriction)"
-    if "user" in answerers:
-        return f"user {answerers['user']}"
-    return f"policy {answerers.get('policy')} / {answerers.get('scope')}"
-
