@@ -86,6 +86,49 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     add_demo_commands(commands)
+
+    serve = commands.add_parser(
+        "serve", help="serve an app folder's agent over HTTP/SSE, with its web console",
+        description=SERVE_HELP, epilog=EXIT_STATUS,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    serve.add_argument("app", type=Path, metavar="APP_DIR", help="the app folder")
+    store_options(serve, default_db=Path("durable_turns.db"))
+    serve.add_argument("--model", metavar="PROVIDER:NAME", help=MODEL_HELP)
+    serve.add_argument("--no-drive", dest="drive", action="store_false",
+                       help="accept turns and answer from the store, drive nothing: "
+                            "'durable-turns worker' processes drive (the production shape)")
+    serve.add_argument("--host", default="127.0.0.1",
+                       help="the address to bind (loopback only without authentication)")
+    serve.add_argument("--auth", metavar="MODULE:FUNCTION",
+                       help="authenticate(request) → the caller's principal (default: "
+                            "agent.py's authenticate, if any)")
+    serve.add_argument("--port", type=port, default=8000,
+                       help="the TCP port, 1 to 65535 (default %(default)s)")
+    serve.add_argument("--channel", action="append", metavar="NAME",
+                       help="also serve this channel (repeatable): 'slack' serves "
+                            "/slack/events and /slack/actions, reading SLACK_SIGNING_SECRET "
+                            "and SLACK_BOT_TOKEN (extra 'slack'); agent.py's channels add "
+                            "more")
+    serve.add_argument("--slack", action="store_true", help="deprecated: --channel slack")
+    serve.set_defaults(run=_serve)
+
+    chat = commands.add_parser(
+        "chat", help="talk to an app folder's agent in the terminal",
+        description="A terminal chat with the app folder's agent: streamed text, a line per "
+                    "tool call and result, approvals asked inline. Ctrl-C during a turn "
+                    "cancels it; Ctrl-D at a prompt ends the chat (a turn waiting for an "
+                    "answer stays parked); Ctrl-C at a prompt clears what was typed, and on "
+                    "an empty prompt ends the chat too. The session lives in the store, so a "
+                    "chat picks up where it left off, a waiting request included: answer it, "
+                    "or type /cancel to withdraw it.", epilog=EXIT_STATUS)
+    chat.add_argument("app", type=Path, metavar="APP_DIR", help="the app folder")
+    store_options(chat, default_db=Path("durable_turns.db"))
+    chat.add_argument("--model", metavar="PROVIDER:NAME", help=MODEL_HELP)
+    chat.add_argument("--session", type=name, default="chat",
+                      help="the session (default %(default)s)")
+    chat.add_argument("--user", type=name, metavar="USER",
+                      help="who types (default: the operating-system user)")
+    chat.set_defaults(run=_chat)
     add_approval_commands(commands)
 
     sessions = commands.add_parser(
@@ -114,31 +157,6 @@ def build_parser() -> argparse.ArgumentParser:
                            "to other workers)")
     work.set_defaults(run=_worker)
 
-    serve = commands.add_parser(
-        "serve", help="serve an app folder's agent over HTTP/SSE, with its web console",
-        description=SERVE_HELP, epilog=EXIT_STATUS,
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    serve.add_argument("app", type=Path, metavar="APP_DIR", help="the app folder")
-    store_options(serve, default_db=Path("durable_turns.db"))
-    serve.add_argument("--model", metavar="PROVIDER:NAME", help=MODEL_HELP)
-    serve.add_argument("--no-drive", dest="drive", action="store_false",
-                       help="accept turns and answer from the store, drive nothing: "
-                            "'durable-turns worker' processes drive (the production shape)")
-    serve.add_argument("--host", default="127.0.0.1",
-                       help="the address to bind (loopback only without authentication)")
-    serve.add_argument("--auth", metavar="MODULE:FUNCTION",
-                       help="authenticate(request) → the caller's principal (default: "
-                            "agent.py's authenticate, if any)")
-    serve.add_argument("--port", type=port, default=8000,
-                       help="the TCP port, 1 to 65535 (default %(default)s)")
-    serve.add_argument("--channel", action="append", metavar="NAME",
-                       help="also serve this channel (repeatable): 'slack' serves "
-                            "/slack/events and /slack/actions, reading SLACK_SIGNING_SECRET "
-                            "and SLACK_BOT_TOKEN (extra 'slack'); agent.py's channels add "
-                            "more")
-    serve.add_argument("--slack", action="store_true", help="deprecated: --channel slack")
-    serve.set_defaults(run=_serve)
-
     receive = commands.add_parser(
         "receive", help="run a turn nobody typed and deliver it to a channel (F9)",
         description="Start a turn from a seed (a system cron, any scheduler), run it to its "
@@ -164,24 +182,6 @@ def build_parser() -> argparse.ArgumentParser:
     store_options(receive, default_db=Path("durable_turns.db"))
     receive.add_argument("--model", metavar="PROVIDER:NAME", help=MODEL_HELP)
     receive.set_defaults(run=_receive)
-
-    chat = commands.add_parser(
-        "chat", help="talk to an app folder's agent in the terminal",
-        description="A terminal chat with the app folder's agent: streamed text, a line per "
-                    "tool call and result, approvals asked inline. Ctrl-C during a turn "
-                    "cancels it; Ctrl-D at a prompt ends the chat (a turn waiting for an "
-                    "answer stays parked); Ctrl-C at a prompt clears what was typed, and on "
-                    "an empty prompt ends the chat too. The session lives in the store, so a "
-                    "chat picks up where it left off, a waiting request included: answer it, "
-                    "or type /cancel to withdraw it.", epilog=EXIT_STATUS)
-    chat.add_argument("app", type=Path, metavar="APP_DIR", help="the app folder")
-    store_options(chat, default_db=Path("durable_turns.db"))
-    chat.add_argument("--model", metavar="PROVIDER:NAME", help=MODEL_HELP)
-    chat.add_argument("--session", type=name, default="chat",
-                      help="the session (default %(default)s)")
-    chat.add_argument("--user", type=name, metavar="USER",
-                      help="who types (default: the operating-system user)")
-    chat.set_defaults(run=_chat)
     return parser
 
 
