@@ -358,9 +358,9 @@ async def test_a_second_tab_answering_differently_sees_the_conflict_explained(tm
         await expect(refused).to_contain_text("Conflict: input 'approve-refund' of turn")
         # alice's own answer, given in the other tab: said to be hers, not "someone's".
         await expect(refused).to_contain_text("answered already by 'alice' (true), with "
-                                              "another answer than this one: that answer "
-                                              "stands. You answered this request already (in "
-                                              "another tab or window); that answer stands.")
+                                              "another answer than this one. You answered it "
+                                              "yourself, in another tab or window; your first "
+                                              "answer stands.")
         text = await refused.inner_text()
         assert "Traceback" not in text and "Internal" not in text and "Someone" not in text
         for name in ("Approve", "Deny"):
@@ -371,8 +371,8 @@ async def test_a_second_tab_answering_differently_sees_the_conflict_explained(tm
         await cards[2].get_by_role("button", name="Approve").click()
         other = cards[2].locator(".notice.error")
         await expect(other).to_contain_text("answered already by 'alice' (true), with the "
-                                            "same answer: that answer stands. Someone "
-                                            "answered this request first; their answer stands.")
+                                            "same answer. Someone answered this request "
+                                            "first; their answer stands.")
         await expect(cards[2].get_by_role("button", name="Deny")).to_be_disabled()
         await shot(tabs[2], "11-third-tab-someone-else")
 

@@ -63,7 +63,7 @@ server is in development mode: "by" comes from the request body, so it binds loo
 """
 EXIT_STATUS = """\
 exit status: 0 done, 1 the command ran and failed, 2 bad input (a bad path, port, model or
-app folder), 130 interrupted.
+app folder), 130 interrupted, 141 its output was closed (… | head).
 """
 DEV_MODE_HINT = ("to authenticate callers, define authenticate(request) in the app folder's "
                  "agent.py or pass --auth MODULE:FUNCTION")
@@ -116,9 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
         "chat", help="talk to an app folder's agent in the terminal",
         description="A terminal chat with the app folder's agent: streamed text, a line per "
                     "tool call and result, approvals asked inline. Ctrl-C during a turn "
-                    "cancels it; Ctrl-D at a prompt ends the chat (a turn waiting for an "
-                    "answer stays parked); Ctrl-C at a prompt clears what was typed, and on "
-                    "an empty prompt ends the chat too. The session lives in the store, so a "
+                    "cancels it; Ctrl-D or Ctrl-C at a prompt ends the chat (a turn waiting "
+                    "for an answer stays parked). The session lives in the store, so a "
                     "chat picks up where it left off, a waiting request included: answer it, "
                     "or type /cancel to withdraw it.", epilog=EXIT_STATUS)
     chat.add_argument("app", type=Path, metavar="APP_DIR", help="the app folder")

@@ -337,8 +337,7 @@ class AgentSession:
                        else "with another answer than this one")
             raise ResumeConflictError(
                 f"input {resume.input_id!r} of turn {resume.turn_id!r} was answered "
-                f"already by {given.by!r} ({json.dumps(given.value)}), {differs}: that "
-                "answer stands",
+                f"already by {given.by!r} ({json.dumps(given.value)}), {differs}",
                 session=str(self.key), turn_id=resume.turn_id, input_id=resume.input_id,
             )
         self._applied(await self.runtime.wait(self.key, rec.turn_id), resume)

@@ -3,14 +3,14 @@
 Streamed text, a line per tool call and its result, approvals asked inline. What a person
 does at the keyboard:
 
-- **at the prompt**: a line starts a turn; Ctrl-D ends the chat; Ctrl-C clears what was
-  typed, and on an empty line ends the chat too;
+- **at the prompt**: a line starts a turn; Ctrl-D or Ctrl-C ends the chat (the terminal
+  drops a half-typed line);
 - **while a turn runs**: Ctrl-C cancels it (durably, at its next checkpoint); keys typed
   are kept out of the reply's line and wait for the next prompt;
 - **at an approval** (``? … [y/n]``): the answer is stored and the turn goes on; ``/cancel``
-  withdraws the request (the turn ends cancelled); Ctrl-D, or Ctrl-C on an empty line, ends
-  the chat and leaves the turn parked. Reopening the chat on that session shows the waiting
-  request and asks it again.
+  withdraws the request (the turn ends cancelled); Ctrl-D or Ctrl-C ends the chat and leaves
+  the turn parked. Reopening the chat on that session shows the waiting request and asks it
+  again.
 """
 
 from __future__ import annotations

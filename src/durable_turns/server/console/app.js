@@ -83,7 +83,7 @@
       // before a reload) is not "someone else's".
       const first = (e.message.match(/answered already by '([^']*)'/) || [])[1];
       hint = first !== undefined && first === me() ?
-        " You answered this request already (in another tab or window); that answer stands." :
+        " You answered it yourself, in another tab or window; your first answer stands." :
         " Someone answered this request first; their answer stands.";
     } else if (e.status === 409 && /parked on turn .* waiting for input/.test(e.message)) {
       hint = " The session is waiting for an answer: answer it (here or in the inbox) first.";
