@@ -14,6 +14,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import httpx
+import pytest
 
 from durable_turns import Runtime, SqliteStore, load_agent
 from durable_turns.stores import SessionStore
@@ -354,3 +355,33 @@ async def test_sessions_commands_manage_a_postgresql_store(tmp_path: Path, pg_ds
     async with Runtime([load_agent(app)], PostgresStore(pg_dsn), drive=False) as rt:
         s = rt.session("desk", "new")
         assert (await s.status(), await s.pending(), await s.transcript()) == ("new", None, [])
+
+
+async def test_serve_a_channel_without_authentication_exposes_only_its_routes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The README's tunnel recipe: Slack's routes reach the server, the API and console do not.
+    monkeypatch.setenv("SLACK_SIGNING_SECRET", "s3cret")
+    monkeypatch.setenv("SLACK_BOT_TOKEN", "xoxb-t")
+    monkeypatch.setenv("SLACK_API_URL", "http://127.0.0.1:9/api/")  # never called here
+    app, db = make_app(tmp_path), tmp_path / "desk.sqlite"
+    said: list[bytes] = []
+    async with served(app, db, "--channel", "slack", said=said) as (_proc, url), \
+            httpx.AsyncClient(base_url=url, timeout=WAIT) as client:
+        # A request whose headers never end: serve's uvicorn has a deadline for them
+        # (HEADER_TIMEOUT), checked at the end of this block.
+        reader, writer = await asyncio.open_connection("127.0.0.1", int(url.rsplit(":", 1)[1]))
+        writer.write(b"POST /slack/events HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        assert said[0].rstrip().endswith(b"SIGTERM or Ctrl-C stops") and b"/slack/" in said[0]
+        assert b"not exposed" in said[1] and b"--expose-api" in said[1]
+        for path in ("/", "/agents", "/agents/desk/sessions", "/openapi.json"):
+            assert (await client.get(path)).status_code == 404, path
+        r = await client.post("/agents/desk/sessions/s1/resume", json={"by": "anyone"})
+        assert r.status_code == 404
+        unsigned = await client.post("/slack/events", json={"type": "url_verification"})
+        assert unsigned.status_code == 401  # the channel's route is there, and checks
+        answer = await asyncio.wait_for(reader.read(), WAIT)  # to the end: closed
+        assert answer.startswith(b"HTTP/1.1 408 ") and b"RequestTimeout" in answer
+        writer.close()
+    async with served(app, db, "--channel", "slack", "--expose-api", said=said) as (
+            _proc, url), httpx.AsyncClient(base_url=url, timeout=WAIT) as client:
+        assert (await client.get("/agents/desk/sessions")).status_code == 200

@@ -110,6 +110,10 @@ def build_parser() -> argparse.ArgumentParser:
                             "and SLACK_BOT_TOKEN (extra 'slack'); agent.py's channels add "
                             "more")
     serve.add_argument("--slack", action="store_true", help="deprecated: --channel slack")
+    serve.add_argument("--expose-api", action="store_true",
+                       help="with --channel and no authentication, serve the API and the "
+                            "console too (development mode: 'by' comes from request bodies); "
+                            "without it only the channels' routes are served")
     serve.set_defaults(run=_serve)
 
     chat = commands.add_parser(
@@ -227,24 +231,31 @@ def _serving(args: argparse.Namespace) -> int:
         from .loader import load_callable
 
         authenticate = load_callable(args.auth)
-    if authenticate is None and not is_loopback(args.host):
+    names = [*(args.channel or []), *(["slack"] if args.slack else [])]
+    # A channel behind a tunnel without authentication: its own routes only, unless asked.
+    api = authenticate is not None or not names or args.expose_api
+    if authenticate is None and api and not is_loopback(args.host):
         raise ConfigurationError(
             f"development mode (no authentication) serves loopback only, not "
             f"{args.host!r}: {DEV_MODE_HINT}")
-    names = [*(args.channel or []), *(["slack"] if args.slack else [])]
     channels = [channel_from_env(n, factories=app.channels) for n in dict.fromkeys(names)]
     make, named = store_of(args, create=True)
     runtime = Runtime([app.agent], make(), drive=args.drive)
     drives = "" if args.drive else "; not driving: 'durable-turns worker' processes do"
     auth = (f"authentication: {args.auth or f'{args.app}/agent.py:authenticate'}"
             if authenticate is not None else
-            f"development mode: 'by' comes from request bodies; {DEV_MODE_HINT}")
+            f"development mode: 'by' comes from request bodies; {DEV_MODE_HINT}" if api else
+            f"serving the channels' routes only ({', '.join(f'/{n}/' for n in names)}): no "
+            f"authentication, so the API and the console are not exposed (--expose-api "
+            f"serves them too); {DEV_MODE_HINT}")
     agent = app.agent.name
 
     def listening(at: Listening) -> None:
-        print(f"serving agent {agent!r} at {at.url}/agents/{agent}/sessions (store "
-              f"{named}{drives}); SIGTERM or Ctrl-C stops", flush=True)
-        print(f"console: {at.url}/  (open it in a browser)", flush=True)
+        where = f"{at.url}/agents/{agent}/sessions" if api else at.url
+        print(f"serving agent {agent!r} at {where} (store {named}{drives}); SIGTERM or "
+              "Ctrl-C stops", flush=True)
+        if api:
+            print(f"console: {at.url}/  (open it in a browser)", flush=True)
         for channel, routes in at.channel_routes.items():
             paths = ", ".join(f"{r.split(' ', 1)[0]} {at.url}{r.split(' ', 1)[-1]}"
                               for r in routes)
@@ -253,7 +264,7 @@ def _serving(args: argparse.Namespace) -> int:
 
     with asyncio.Runner(loop_factory=loop_factory()) as runner:  # uvloop, as uvicorn
         runner.run(serve(runtime, host=args.host, port=args.port, on_listening=listening,
-                         authenticate=authenticate, channels=channels))
+                         authenticate=authenticate, channels=channels, api=api))
     return 0
 
 

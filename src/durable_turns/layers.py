@@ -84,9 +84,10 @@ LAYERS: tuple[Layer, ...] = (
     ),
     Layer(
         "hosts",
-        "what puts an agent before people: channels, the HTTP/SSE server and its console, "
-        "the app folder's loader, the demo",
-        ("channels", "server", "loader", "demo"),
+        "what puts an agent before people: the bounds of what arrives over the wire, who "
+        "may do what to a session, channels, the HTTP/SSE server and its console, the app "
+        "folder's loader, the demo",
+        ("wire", "access", "channels", "server", "loader", "demo"),
     ),
     Layer(
         "composition",

@@ -63,10 +63,14 @@ class SessionKey:
 
 @dataclass(frozen=True, slots=True)
 class SessionInfo:
-    """A session's row: its status and its generation (F8)."""
+    """A session's row: its status, its generation (F8) and who owns it."""
 
     status: SessionStatus
     generation: int
+    owner: str | None = None
+    """The principal that created the session through an authenticated host
+    (``SessionQueries.own_session``); ``None`` for one made otherwise (a channel, the CLI, a
+    host in development mode). Set once, never changed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,14 +124,34 @@ class SessionSummary:
     pending: InputRequest | None = None
     """The standing request it is parked on (a cancel withdraws it)."""
     exists: bool = True
-    """Whether the store has the session (a turn or a reset was accepted for it); a
-    session it does not have is ``new``, generation 0."""
+    """Whether the store has the session (a turn or a reset was accepted for it, or a
+    principal took it as its own); a session it does not have is ``new``, generation 0."""
+    owner: str | None = None
+    """Who owns it (:attr:`SessionInfo.owner`)."""
 
     def to_dict(self) -> dict[str, Any]:
         """As JSON values (what hosts answer)."""
         return {"agent": self.key.agent, "session": self.key.session, "status": self.status,
                 "generation": self.generation,
-                "pending": self.pending.to_dict() if self.pending else None}
+                "pending": self.pending.to_dict() if self.pending else None,
+                "owner": self.owner}
+
+
+@dataclass(frozen=True, slots=True)
+class Visibility:
+    """Which of an agent's sessions a listing shows one principal
+    (``SessionQueries.session_summaries(visible=…)``): those it owns, and those parked on a
+    request it may answer. The store applies it in its query, so a listing never reads the
+    sessions it leaves out."""
+
+    owner: str | None = None
+    """Sessions whose :attr:`SessionInfo.owner` is this."""
+    answerer: str | None = None
+    """Sessions parked on a request (or a request of its parallel batch, ``more``) whose
+    answerers are ``{"user": answerer}``."""
+    policies: tuple[str, ...] = ()
+    """Sessions parked on a request answered under one of these policies
+    (``{"policy": p, "scope": …}``)."""
 
 
 @dataclass(frozen=True, slots=True)

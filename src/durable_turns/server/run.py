@@ -18,6 +18,7 @@ from ..errors import ConfigurationError
 from ..runtime import Runtime
 from ._http import Authenticate, is_loopback
 from .app import create_app
+from .deadlines import HttpProtocol
 from .lifespan import GRACE
 
 log = logging.getLogger("durable_turns.server")
@@ -95,7 +96,7 @@ def bind(host: str, port: int) -> socket.socket:
 async def serve(runtime: Runtime, *, host: str = "127.0.0.1", port: int = 8000,
                 authenticate: Authenticate | None = None, grace: float = GRACE,
                 on_ready: Callable[[str], None] | None = None,
-                channels: Sequence[Channel] = (),
+                channels: Sequence[Channel] = (), api: bool = True,
                 on_listening: Callable[[Listening], None] | None = None) -> None:
     """Serve ``create_app(runtime, authenticate, channels)`` with uvicorn until SIGTERM or
     SIGINT.
@@ -110,22 +111,23 @@ async def serve(runtime: Runtime, *, host: str = "127.0.0.1", port: int = 8000,
         port: the TCP port; 0 lets the system pick one (``on_ready`` is told which).
         on_ready: called with the base URL once the server listens.
         channels: the channels to serve (``create_app(channels=…)``).
+        api: serve the API and the console too (``create_app(api=…)``).
         on_listening: called with :class:`Listening` once the server listens (the URL and
             the channels' routes).
 
     Raises:
-        ConfigurationError: no ``authenticate`` (development mode) and ``host`` is not
-            loopback; the address cannot be bound (a port in use); a channel that cannot
-            serve this runtime.
+        ConfigurationError: no ``authenticate`` (development mode), the API served and
+            ``host`` not loopback; the address cannot be bound (a port in use); a channel
+            that cannot serve this runtime.
         StoreError: the store cannot be opened (after the port is bound, before it is
             served).
         Exception: whatever the lifespan's start raised (a channel's ``start``).
     """
-    if authenticate is None and not is_loopback(host):
+    if authenticate is None and api and not is_loopback(host):
         raise ConfigurationError(
             f"development mode (no authenticate) serves loopback only, not {host!r}: "
             "bind 127.0.0.1, or pass authenticate=… to create_app")
-    app = create_app(runtime, authenticate, channels, grace=grace)
+    app = create_app(runtime, authenticate, channels, grace=grace, api=api)
     # Bound here rather than by uvicorn, which logs a failed bind and exits the process: a
     # port in use is this call's error, found before the store is touched, and the port the
     # system picked is known.
@@ -144,7 +146,8 @@ async def serve(runtime: Runtime, *, host: str = "127.0.0.1", port: int = 8000,
                 for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         bound = sock.getsockname()[1]
-        config = uvicorn.Config(app, host=host, port=bound, lifespan="on",
+        # HttpProtocol: uvicorn's, with a deadline for a request's headers (deadlines.py).
+        config = uvicorn.Config(app, host=host, port=bound, lifespan="on", http=HttpProtocol,
                                 timeout_graceful_shutdown=int(grace) or 1, log_level="info")
         server = _Server(config, app.state.end_streams, asyncio.get_running_loop())
         task = asyncio.create_task(server.serve(sockets=[sock]))

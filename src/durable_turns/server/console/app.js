@@ -23,6 +23,8 @@
       if (k.startsWith("on")) e.addEventListener(k.slice(2), v);
       else if (k === "class") e.className = v;
       else if (k === "text") e.textContent = v;
+      // Through the CSSOM: the Content-Security-Policy refuses style attributes.
+      else if (k === "style") Object.assign(e.style, v);
       else e.setAttribute(k, v === true ? "" : v);
     }
     for (const kid of kids.flat()) {
@@ -603,7 +605,7 @@
         el("td", {}, badge(r.status)),
         el("td", { class: "num", text: r.duration === null ? (r.ended_at ? "" : "…") : took(r.duration) }),
         el("td", { class: "bar-cell" }, el("div", { class: `bar ${r.status}`,
-          style: `width:${r.duration === null ? 2 : Math.max(1, (100 * r.duration) / total)}%` }))));
+          style: { width: `${r.duration === null ? 2 : Math.max(1, (100 * r.duration) / total)}%` } }))));
       return el("section", { class: "turn", "data-turn": t.turn_id },
         el("h2", {}, badge(t.status), " ", t.text.length > 80 ? `${t.text.slice(0, 80)}…` : t.text),
         el("table", { class: "timeline" },
