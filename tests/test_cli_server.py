@@ -92,7 +92,8 @@ async def served(app: Path, db: Path, *more: str,
         line = await asyncio.wait_for(proc.stdout.readline(), WAIT)
         assert line.startswith(b"serving agent "), line
         banner = [line]
-        while not banner[-1].startswith((b"authentication: ", b"development mode: ")):
+        while not banner[-1].startswith((b"authentication: ", b"development mode: ",
+                                         b"serving the channels' routes only")):
             banner.append(await asyncio.wait_for(proc.stdout.readline(), WAIT))
             assert banner[-1], banner  # the banner ends with the line about authentication
         if said is not None:
@@ -242,8 +243,9 @@ async def test_the_banner_names_each_channel_s_routes(tmp_path: Path) -> None:
            "SLACK_SIGNING_SECRET": "8f742231b10e8888abcd99yyyzzz85a5",
            "SLACK_BOT_TOKEN": "xoxb-t", "SLACK_API_URL": "http://127.0.0.1:9/api/"}
     said: list[bytes] = []
-    async with served(make_app(tmp_path), tmp_path / "desk.sqlite", "--channel", "slack",
-                      said=said, env=env) as (_proc, url):
+    app = make_app(tmp_path)
+    async with served(app, tmp_path / "desk.sqlite", "--channel", "slack",
+                      "--expose-api", said=said, env=env) as (_proc, url):
         lines = [line.decode().rstrip("\n") for line in said]
         assert lines[1] == f"console: {url}/  (open it in a browser)"
         assert lines[2] == (f"channel slack: POST {url}/slack/events, "
@@ -371,8 +373,9 @@ async def test_serve_a_channel_without_authentication_exposes_only_its_routes(
         # (HEADER_TIMEOUT), checked at the end of this block.
         reader, writer = await asyncio.open_connection("127.0.0.1", int(url.rsplit(":", 1)[1]))
         writer.write(b"POST /slack/events HTTP/1.1\r\nHost: 127.0.0.1\r\n")
-        assert said[0].rstrip().endswith(b"SIGTERM or Ctrl-C stops") and b"/slack/" in said[0]
-        assert b"not exposed" in said[1] and b"--expose-api" in said[1]
+        assert said[0].rstrip().endswith(b"SIGTERM or Ctrl-C stops"), said
+        assert said[1].startswith(b"channel slack: POST ") and b"/slack/events" in said[1]
+        assert b"not exposed" in said[2] and b"--expose-api" in said[2]
         for path in ("/", "/agents", "/agents/desk/sessions", "/openapi.json"):
             assert (await client.get(path)).status_code == 404, path
         r = await client.post("/agents/desk/sessions/s1/resume", json={"by": "anyone"})
