@@ -174,7 +174,7 @@ class Watcher(asyncio.Protocol):
 async def watchers(port: int, after: int, n: int) -> None:
     loop = asyncio.get_running_loop()
     path = f"/agents/{AGENT}/sessions/{SESSION}/events?after={after}&until=turn"
-    request = f"GET {path} HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n".encode()
+    request = f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".encode()
     subscribed = [asyncio.Event() for _ in range(n)]
     made = [Watcher(request, ev) for ev in subscribed]
     for w in made:

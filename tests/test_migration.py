@@ -85,7 +85,7 @@ async def test_sqlite_version_2_opens_reads_and_goes_on(tmp_path: Path) -> None:
     await _goes_on(SqliteStore(db), SqliteStore(db))
     c = sqlite3.connect(db)
     try:
-        assert c.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
+        assert c.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 6
         tables = {r[0] for r in c.execute("SELECT name FROM sqlite_master WHERE type='table'")}
         assert "log" in tables and not tables & {"messages", "steps", "events"}
     finally:
@@ -254,6 +254,8 @@ async def test_sqlite_version_4_opens_reads_and_goes_on(tmp_path: Path) -> None:
     try:
         assert c.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
         assert "deliver" in {r[1] for r in c.execute("PRAGMA table_info(turns)")}
+        # Version 6: sessions made before owners have none.
+        assert c.execute("SELECT count(*), count(owner) FROM sessions").fetchone()[1] == 0
     finally:
         c.close()
 

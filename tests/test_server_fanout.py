@@ -89,7 +89,7 @@ async def test_a_client_that_does_not_read_is_cut_off_and_catches_up_on_reconnec
         slow.setblocking(False)
         loop = asyncio.get_running_loop()
         await loop.sock_sendall(slow, b"GET /agents/desk/sessions/s1/events?after=0 HTTP/1.1"
-                                b"\r\nHost: test\r\nConnection: close\r\n\r\n")
+                                b"\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
         got = bytearray()
         async with asyncio.timeout(WAIT):  # its headers: it is subscribed; then it stalls
             while b"\r\n\r\n" not in got:

@@ -34,6 +34,7 @@ from durable_turns import (
     scripted,
     subagent,
 )
+from durable_turns.access import Authorize
 from durable_turns.channels import mount_agent, receive
 from durable_turns.channels.slack import SlackChannel, slack_channel
 from durable_turns.errors import ConfigurationError
@@ -87,8 +88,8 @@ class World:
 @asynccontextmanager
 async def world(tmp_path: Path, *, replace_in_flight: bool = False,
                 stream_idle: float = 20.0, agent: Agent | None = None,
-                model: Model | None = None,
-                store: SessionStore | None = None) -> AsyncIterator[World]:
+                model: Model | None = None, store: SessionStore | None = None,
+                authorize: Authorize | None = None) -> AsyncIterator[World]:
     fake = SlackFake()
     async with serving(fake.app) as fake_url:
         fake.base = fake_url
@@ -96,7 +97,7 @@ async def world(tmp_path: Path, *, replace_in_flight: bool = False,
                           store or SqliteStore(tmp_path / "s.db"), model)
         slack = slack_channel(signing_secret=SECRET, bot_token=TOKEN,
                               base_url=f"{fake_url}/api/", replace_in_flight=replace_in_flight,
-                              stream_idle=stream_idle)
+                              stream_idle=stream_idle, authorize=authorize)
         app = create_app(runtime, channels=[slack])
         async with runtime, serving(app) as url, httpx.AsyncClient(timeout=WAIT) as http:
             try:
@@ -267,6 +268,30 @@ async def test_a_parked_refund_refuses_another_user_and_resumes_for_the_speaker(
         steps = await w.runtime.store.read_steps(s.key)
         answer = json.loads(steps["input:slack:C1:500.000001:approve"].data)
         assert answer == {"value": True, "by": "U1"} or answer.get("by") == "U1"
+
+
+async def test_the_apps_authorize_decides_for_slack_users_too(tmp_path: Path) -> None:
+    """Slack's users are attested by its signature and ruled by the host's ``authorize``:
+    here U3 may not talk to the agent, and U1, the asker, may not answer (an auditor must)."""
+    asked: list[tuple[str, str, str]] = []
+
+    def authorize(principal: Any, action: str, session: Any) -> bool:
+        asked.append((principal["id"], principal["source"], action))
+        return principal["id"] != "U3" and not (action == "resume" and principal["id"] == "U1")
+
+    async with world(tmp_path, authorize=authorize) as w:
+        await w.mention("hello", ts="530.000001", user="U3")
+        await w.fake.wait(lambda: w.fake.ephemerals("U3"), "the refusal")
+        assert "can't talk" in w.fake.ephemerals("U3")[0].text
+        assert await w.runtime.store.list_sessions(slack_app.AGENT) == []  # nothing stored
+        await w.mention("refund 8", ts="531.000001", user="U1")
+        _stream, prompt = await w.reply("531.000001", 2, "the prompt")
+        await w.click(prompt, user="U1")
+        await w.fake.wait(lambda: w.fake.ephemerals("U1"), "the refusal")
+        assert "can't answer" in w.fake.ephemerals("U1")[0].text
+        s = w.slack.ctx.session("slack:T0001:C1:531.000001")
+        assert (await s.pending()) is not None and slack_app.paid == []
+    assert ("U3", "slack", "turn") in asked and ("U1", "slack", "resume") in asked
 
 
 async def test_a_thread_with_a_refund_on_every_store(

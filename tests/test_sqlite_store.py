@@ -6,6 +6,7 @@ import asyncio
 import hashlib
 import sqlite3
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,8 @@ from durable_turns import (
     tool,
 )
 from durable_turns.errors import StoreError
-from durable_turns.records import NewEntry
+from durable_turns.messages import Message
+from durable_turns.records import NewEntry, SessionKey
 
 
 def digest(p: Path) -> str:
@@ -48,6 +50,63 @@ async def test_a_corrupt_file_is_refused_untouched(tmp_path: Path) -> None:
     with pytest.raises(StoreError, match="not a SQLite database or is corrupt"):
         await SqliteStore(db).open()
     assert digest(db) == before
+
+
+def _foreign(path: Path, *, wal: bool = False, app_id: int = 0) -> None:
+    conn = sqlite3.connect(path)
+    if wal:
+        conn.execute("PRAGMA journal_mode = WAL")
+    if app_id:
+        conn.execute(f"PRAGMA application_id = {app_id}")
+    conn.execute("CREATE TABLE customers (id INTEGER)")
+    conn.execute("INSERT INTO customers VALUES (1)")
+    conn.commit()
+    conn.close()  # the last connection: SQLite removes the -wal and -shm files
+
+
+def _cut_short(path: Path) -> None:
+    _foreign(path)
+    path.write_bytes(path.read_bytes()[:1500])
+
+
+BAD_FILES: dict[str, Callable[[Path], object]] = {
+    "corrupt": lambda p: p.write_bytes(b"this is not a database at all\n" * 200),
+    "a header only": lambda p: p.write_bytes(b"SQLite format 3\x00" + b"\x00" * 84),
+    "cut short": _cut_short,
+    "foreign": _foreign,
+    "foreign in WAL mode": lambda p: _foreign(p, wal=True),
+    "another application's id": lambda p: _foreign(p, app_id=0x12345678),
+    "empty": lambda p: p.write_bytes(b""),
+}
+
+
+@pytest.mark.parametrize("kind", list(BAD_FILES))
+async def test_a_refused_file_is_left_as_it_was_with_nothing_beside_it(
+        tmp_path: Path, kind: str) -> None:
+    db = tmp_path / "store.db"
+    BAD_FILES[kind](db)
+    before = digest(db)
+    for _ in range(2):  # the second open finds what the first left, if anything
+        with pytest.raises(StoreError) as refused:
+            await SqliteStore(db).open()
+        assert str(db) in str(refused.value)
+    assert digest(db) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["store.db"]  # no -wal, -shm, -lease
+
+
+async def test_an_empty_file_becomes_a_store_only_when_asked(tmp_path: Path) -> None:
+    db = tmp_path / "made-by-mktemp.db"
+    db.touch()
+    with pytest.raises(StoreError, match=r"empty file.*create=True"):
+        await SqliteStore(db).open()
+    store = SqliteStore(db, create=True)
+    await store.open()
+    await store.enqueue(SessionKey("a", "s"), NewEntry("t1", Message("user", "hi")))
+    await store.close()
+    reopened = SqliteStore(db)  # a store now: opened without create
+    await reopened.open()
+    assert [t.turn_id for t in await reopened.turns(SessionKey("a", "s"))] == ["t1"]
+    await reopened.close()
 
 
 async def test_a_newer_schema_is_refused(tmp_path: Path) -> None:

@@ -14,16 +14,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .agent import Agent
+from .cli_args import MODEL_HELP, load, store_of, store_options
 from .errors import ConfigurationError
-from .loader import load_agent
 from .messages import Message
-from .models.resolve import resolve_model
 from .models.scripted import scripted
 from .records import SessionSummary, TurnRecord
 from .runtime import Runtime
-from .stores import SessionStore
-from .stores.registry import file_of, store_for
-from .stores.sqlite import SqliteStore
 
 LEASE_WAIT = 30.0
 """How long a ``sessions`` command waits for a process that drives the session."""
@@ -55,12 +51,11 @@ def add_session_commands(sessions: argparse.ArgumentParser, *, run_action: Comma
                     "(Runtime.recover()).")
     again.add_argument("app", nargs="?", type=Path, metavar="APP_DIR",
                        help="the app folder whose agent drives the turn")
-    _store_options(again)
+    store_options(again)
     again.add_argument("--turn", required=True, metavar="TURN", help="the failed turn's id")
     again.add_argument("--session", metavar="AGENT/ID",
                        help="the turn's session, if two sessions have a turn of that id")
-    again.add_argument("--model", metavar="PROVIDER:NAME",
-                       help="the model, when the app's agent.py names none")
+    again.add_argument("--model", metavar="PROVIDER:NAME", help=MODEL_HELP)
     again.set_defaults(run=run_retry)
     for name, summary in SESSION_ACTIONS.items():
         cmd = commands.add_parser(name, help=summary, description=summary + ".")
@@ -69,20 +64,12 @@ def add_session_commands(sessions: argparse.ArgumentParser, *, run_action: Comma
                              help="the session, as agent/session")
         else:
             cmd.add_argument("--agent", metavar="NAME", help="only this agent's sessions")
-        _store_options(cmd)
+        store_options(cmd)
         if name == "cancel":
             cmd.add_argument("--turn", metavar="TURN",
                              help="the turn to cancel (default: every unfinished one)")
             cmd.add_argument("--reason", default="cancelled by request", help="why")
         cmd.set_defaults(run=run_action)
-
-
-def _store_options(cmd: argparse.ArgumentParser) -> None:
-    where_ = cmd.add_mutually_exclusive_group(required=True)
-    where_.add_argument("--db", type=Path, metavar="PATH", help="the SQLite file")
-    where_.add_argument("--store", "--dsn", dest="store", metavar="DSN_OR_PATH",
-                        help="postgresql://… or 'host=… dbname=…' (PostgreSQL, extra "
-                             "'postgres'), or a SQLite file")
 
 
 def _session_key(text: str) -> tuple[str, str]:
@@ -92,44 +79,6 @@ def _session_key(text: str) -> tuple[str, str]:
     return agent, session
 
 
-def store_from_spec(spec: str, *, lease_ttl: float = 15.0) -> SessionStore:
-    """The store ``spec`` names (``durable_turns.stores.store_for``: a URL, a libpq
-    ``key=value`` string, ``memory:`` or a SQLite file's path).
-
-    Args:
-        lease_ttl: for a store whose leases expire (PostgreSQL), how long a dead holder's
-            sessions wait for takeover.
-    """
-    return store_for(spec, lease_ttl=lease_ttl)
-
-
-def where(spec: str, store: SessionStore) -> str:
-    """How messages name the store: a file by its path, any other store by its ``repr``
-    (which names its storage, never a password)."""
-    return spec if file_of(spec) is not None else repr(store)
-
-
-def _store(args: argparse.Namespace) -> tuple[Callable[[], SessionStore], str]:
-    """The store a ``sessions`` command names (``--db PATH``, or ``--store``/``--dsn``): a
-    maker of it (each runtime opens its own) and how messages name it. The commands manage
-    sessions that exist, so a SQLite file that does not is bad input.
-
-    Raises:
-        LookupError: a SQLite file that does not exist.
-    """
-    if args.store is None:
-        path: Path = args.db
-        if not path.exists():
-            raise LookupError(f"{path} does not exist")
-        return (lambda: SqliteStore(path)), str(path)
-    spec: str = args.store
-    store = store_from_spec(spec)
-    file = file_of(spec)
-    if file is not None and not file.exists():
-        raise LookupError(f"{file} does not exist")
-    return (lambda: store_from_spec(spec)), where(spec, store)
-
-
 async def session_action(args: argparse.Namespace) -> int:
     """``sessions list|show|cancel|reset``; returns the exit status.
 
@@ -137,7 +86,7 @@ async def session_action(args: argparse.Namespace) -> int:
         LookupError: the store or the session does not exist.
         StoreError: the store cannot be opened.
     """
-    make, named = _store(args)
+    make, named = store_of(args, create=False)
     if args.action == "list":
         async with Runtime([], make(), drive=False) as rt:
             agents = [args.agent] if args.agent else await rt.queries.agents()
@@ -161,7 +110,7 @@ async def session_action(args: argparse.Namespace) -> int:
             print(f"{session.key} reset: history archived as {done.previous_session}, "
                   f"generation {done.generation}")
         else:
-            _show(summary, await session.chain(), await session.transcript())
+            _show(summary, await session.turns(), await session.transcript())
         await rt.idle()
     return 0
 
@@ -174,7 +123,7 @@ async def retry(args: argparse.Namespace) -> int:
         ConfigurationError: the app folder is another agent's, or names no model.
         TurnConflictError: the turn did not fail, or a later turn ran after it.
     """
-    make, named = _store(args)
+    make, named = store_of(args, create=False)
     async with Runtime([], make(), drive=False) as probe:
         keys = await probe.queries.find_turn(args.turn)
     if args.session:
@@ -185,13 +134,10 @@ async def retry(args: argparse.Namespace) -> int:
         raise LookupError(f"turn {args.turn!r} is in {len(keys)} sessions "
                           f"({', '.join(map(str, keys))}); name one with --session AGENT/ID")
     (key,) = keys
-    agent = load_agent(args.app) if args.app else Agent(key.agent)
+    agent = load(args.app, args.model).agent if args.app else Agent(key.agent)
     if agent.name != key.agent:
         raise ConfigurationError(f"{args.app} is agent {agent.name!r}; the turn is {key}'s")
-    model = resolve_model(args.model) if args.model else None
-    if args.app and agent.model is None and model is None:
-        raise ConfigurationError(f"{args.app}'s agent.py names no model: pass --model")
-    async with Runtime([agent], make(), model, drive=args.app is not None) as rt:
+    async with Runtime([agent], make(), drive=args.app is not None) as rt:
         session = rt.session(key.agent, key.session)
         await session.retry(args.turn)
         if args.app is None:
@@ -205,16 +151,15 @@ async def retry(args: argparse.Namespace) -> int:
     return 0 if result.status == "completed" else 1
 
 
-def _show(summary: SessionSummary, chain: list[TurnRecord], transcript: list[Message]) -> None:
+def _show(summary: SessionSummary, turns: list[TurnRecord], transcript: list[Message]) -> None:
     print(f"{summary.key}: {summary.status}, generation {summary.generation}")
     pending = summary.pending
     if pending is not None:
         print(f"parked: turn {pending.turn_id} waits for input {pending.id!r}: "
               f"{pending.prompt}")
-    for t in chain:
-        if t.kind == "turn":
-            print(f"turn {t.turn_id}: {t.status}"
-                  + "".join(f" — {v}" for v in (t.text, t.error, t.reason) if v))
+    for t in turns:
+        print(f"turn {t.turn_id}: {t.status.value}"
+              + "".join(f" — {v}" for v in (t.text, t.error, t.reason) if v))
     for m in transcript:
         calls = ", ".join(f"{c.name}({json.dumps(c.input)})" for c in m.tool_calls)
         body = m.text or calls or json.dumps(m.result)
@@ -222,4 +167,4 @@ def _show(summary: SessionSummary, chain: list[TurnRecord], transcript: list[Mes
 
 
 __all__ = ["LEASE_WAIT", "SESSION_ACTIONS", "Command", "add_session_commands", "retry",
-           "session_action", "store_from_spec", "where"]
+           "session_action"]

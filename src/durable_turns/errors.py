@@ -11,6 +11,7 @@ Failures (subclasses of ``Exception``, names ending in ``Error``)::
     ├── TurnSuspendedError          turn() parked; resume it instead
     ├── ResumeConflictError         resume() of a turn that is not parked on that input (409)
     ├── ResumeAuthorizationError    the resumer may not answer that input (403)
+    ├── SessionAccessError          the caller may not do that to that session (403)
     ├── AuthorizeAnswerError        the app's authorize_answer failed; nothing was applied
     ├── InvalidInputError           an answer that does not fit the request's schema
     ├── LeaseTimeoutError           another process drives the session and did not let go
@@ -245,6 +246,28 @@ class ResumeAuthorizationError(DurableTurnsError):
         self.by = by
 
 
+class SessionAccessError(DurableTurnsError):
+    """A host's ``authorize`` refused the caller this action on this session (HTTP 403):
+    nothing was done.
+
+    Attributes:
+        session: the session (``agent/session``; empty for a listing).
+        action: what was asked (``read``, ``turn``, ``cancel``, ``reset``, ``resume``,
+            ``list``, ``inbox``).
+        by: the caller's id.
+    """
+
+    def __init__(self, *, session: str, action: str, by: str | None) -> None:
+        doing = {"turn": "start a turn in", "cancel": "cancel turns of",
+                 "resume": "answer requests of", "list": "list the sessions",
+                 "inbox": "read the inbox"}.get(action, action)
+        where = f" session {session}" if session else ""
+        super().__init__(f"{by!r} may not {doing}{where}")
+        self.session = session
+        self.action = action
+        self.by = by
+
+
 class AuthorizeAnswerError(DurableTurnsError):
     """The app's ``authorize_answer`` failed deciding a policy-restricted answer; nothing was
     applied, so the resume may be tried again later.
@@ -326,6 +349,7 @@ ERRORS: tuple[tuple[type[BaseException], ErrorKind], ...] = (
     (UnknownAgentError, ErrorKind(404, 2)),
     (UnknownTurnError, ErrorKind(404, 2)),
     (ResumeAuthorizationError, ErrorKind(403, 2)),
+    (SessionAccessError, ErrorKind(403, 2)),
     (ResumeConflictError, ErrorKind(409, 2)),
     (SessionBusyError, ErrorKind(409, 1)),
     (TurnConflictError, ErrorKind(409, 1)),

@@ -86,15 +86,17 @@ LAYERS: tuple[Layer, ...] = (
     ),
     Layer(
         "hosts",
-        "what puts an agent before people: channels, the HTTP/SSE server and its console, "
-        "the app folder's loader, the demo",
-        ("channels", "server", "loader", "demo"),
+        "what puts an agent before people: the bounds of what arrives over the wire, who "
+        "may do what to a session, channels, the HTTP/SSE server and its console, the app "
+        "folder's loader, the demo",
+        ("wire", "access", "channels", "server", "loader", "demo"),
     ),
     Layer(
         "composition",
-        "the CLI (the only asyncio.run) and its sessions commands, the package's "
-        "re-exports, this table",
-        ("cli", "cli_sessions", "__init__", "layers"),
+        "the CLI (the only asyncio.run): its options and errors, the approvals of any app, "
+        "the demo's and the sessions commands; the package's re-exports, this table",
+        ("cli", "cli_args", "cli_approvals", "cli_demo", "cli_sessions", "__init__",
+         "layers"),
     ),
 )
 """Bottom first: a module may import from its own layer and the layers before it."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-from .records import SessionKey, SessionSummary, TurnRecord
+from .records import SessionKey, SessionSummary, TurnRecord, Visibility
 from .stores import SessionStore
 
 Opener = Callable[[], Awaitable[None]]
@@ -28,17 +28,27 @@ class Queries:
         self._store = store
         self._open = open
 
-    async def sessions(self, agent: str) -> list[SessionSummary]:
-        """Every session of ``agent`` the store has, newest first, each with its status,
-        generation and the request it is parked on."""
+    async def sessions(self, agent: str, *,
+                       visible: Visibility | None = None) -> list[SessionSummary]:
+        """Every session of ``agent`` the store has (only those ``visible`` shows, if given),
+        newest first, each with its status, generation, owner and the request it is parked
+        on."""
         await self._open()
-        return await self._store.session_summaries(agent)
+        return await self._store.session_summaries(agent, visible=visible)
 
-    async def inbox(self, agent: str) -> list[SessionSummary]:
+    async def inbox(self, agent: str, *,
+                    visible: Visibility | None = None) -> list[SessionSummary]:
         """The sessions of ``agent`` parked on a request someone may answer (an operator's
-        inbox), newest first."""
+        inbox; only those ``visible`` shows, if given), newest first."""
         await self._open()
-        return await self._store.session_summaries(agent, parked_only=True)
+        return await self._store.session_summaries(agent, parked_only=True, visible=visible)
+
+    async def own(self, key: SessionKey, owner: str) -> str | None:
+        """Make ``owner`` the owner of a session the store does not have yet; returns the
+        session's owner, whoever it is (``None``: it exists without one). See
+        ``SessionQueries.own_session``."""
+        await self._open()
+        return await self._store.own_session(key, owner)
 
     async def agents(self) -> list[str]:
         """The agents the store has sessions of, by name."""
@@ -71,4 +81,4 @@ async def summary_of(store: SessionStore, key: SessionKey) -> SessionSummary:
         if t.parked and t.request is not None:
             pending = t.request
             break
-    return SessionSummary(key, info.status, info.generation, pending)
+    return SessionSummary(key, info.status, info.generation, pending, owner=info.owner)

@@ -7,7 +7,7 @@ hosts pass them around. This module imports nothing of the package but ``message
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, ClassVar, Literal, cast
@@ -63,10 +63,14 @@ class SessionKey:
 
 @dataclass(frozen=True, slots=True)
 class SessionInfo:
-    """A session's row: its status and its generation (F8)."""
+    """A session's row: its status, its generation (F8) and who owns it."""
 
     status: SessionStatus
     generation: int
+    owner: str | None = None
+    """The principal that created the session through an authenticated host
+    (``SessionQueries.own_session``); ``None`` for one made otherwise (a channel, the CLI, a
+    host in development mode). Set once, never changed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,14 +124,34 @@ class SessionSummary:
     pending: InputRequest | None = None
     """The standing request it is parked on (a cancel withdraws it)."""
     exists: bool = True
-    """Whether the store has the session (a turn or a reset was accepted for it); a
-    session it does not have is ``new``, generation 0."""
+    """Whether the store has the session (a turn or a reset was accepted for it, or a
+    principal took it as its own); a session it does not have is ``new``, generation 0."""
+    owner: str | None = None
+    """Who owns it (:attr:`SessionInfo.owner`)."""
 
     def to_dict(self) -> dict[str, Any]:
         """As JSON values (what hosts answer)."""
         return {"agent": self.key.agent, "session": self.key.session, "status": self.status,
                 "generation": self.generation,
-                "pending": self.pending.to_dict() if self.pending else None}
+                "pending": self.pending.to_dict() if self.pending else None,
+                "owner": self.owner}
+
+
+@dataclass(frozen=True, slots=True)
+class Visibility:
+    """Which of an agent's sessions a listing shows one principal
+    (``SessionQueries.session_summaries(visible=…)``): those it owns, and those parked on a
+    request it may answer. The store applies it in its query, so a listing never reads the
+    sessions it leaves out."""
+
+    owner: str | None = None
+    """Sessions whose :attr:`SessionInfo.owner` is this."""
+    answerer: str | None = None
+    """Sessions parked on a request (or a request of its parallel batch, ``more``) whose
+    answerers are ``{"user": answerer}``."""
+    policies: tuple[str, ...] = ()
+    """Sessions parked on a request answered under one of these policies
+    (``{"policy": p, "scope": …}``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,6 +235,18 @@ class TurnRecord:
         """Queued, running, or parked with a cancel to carry out: work for a driver."""
         return self.status.unfinished or (self.status is TurnStatus.SUSPENDED
                                           and self.cancel is not None)
+
+
+def live_turns(chain: Sequence[TurnRecord]) -> list[TurnRecord]:
+    """The turns of a chain's live generation: those accepted after the last reset that ran
+    (a reset archives the turns before it, F8; one still queued archives nothing yet).
+
+    Args:
+        chain: a session's chain entries in order (turns and commands).
+    """
+    resets = [t.ordinal for t in chain if t.kind == "reset" and t.status == TurnStatus.COMPLETED]
+    live_from = max(resets, default=-1)
+    return [t for t in chain if t.kind == "turn" and t.ordinal > live_from]
 
 
 @dataclass(frozen=True, slots=True)

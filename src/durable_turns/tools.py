@@ -270,16 +270,21 @@ def _plain_fields(model: type[pydantic.BaseModel]) -> tuple[tuple[str, type], ..
 
 
 def _pydantic_validator(
-    model: type[pydantic.BaseModel],
+    model: type[pydantic.BaseModel], schema: Mapping[str, Any],
 ) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """Checks a call's input against the schema the model was shown, strictly (``true`` is
+    no integer, ``"1"`` no number, as JSON Schema says), then lets pydantic build the
+    arguments (a date from its string, a tuple from a list: what the schema allows)."""
     plain = _plain_fields(model)
     names = frozenset(name for name, _ in plain or ())
+    strict = _schema_validator(ToolSpec(model.__name__, "", dict(schema)))
 
     def check(data: dict[str, Any]) -> dict[str, Any]:
         # The fast path: every field given, with exactly its type, and nothing else.
         if plain is not None and len(data) == len(plain) and data.keys() == names and all(
                 type(data[name]) is kind for name, kind in plain):
             return {name: data[name] for name, _ in plain}
+        strict(data)
         try:
             obj = model.model_validate(data)
         except pydantic.ValidationError as e:
@@ -354,7 +359,7 @@ def tool(
                 return f(**call_args(args, ctx))
 
             run = run_sync
-        return Tool(spec, run, validate=_pydantic_validator(model), timeout=timeout,
+        return Tool(spec, run, validate=_pydantic_validator(model, schema), timeout=timeout,
                     retries=retries, retry_on=retry_on, retry_delay=retry_delay,
                     uses_context=ctx_param is not None)
 
@@ -378,7 +383,7 @@ def define_action(
         model = input
         schema = model.model_json_schema()
         schema.pop("title", None)
-        validate = _pydantic_validator(model)
+        validate = _pydantic_validator(model, schema)
     else:
         schema = dict(input)
     spec = ToolSpec(name, description, schema)

@@ -22,19 +22,20 @@ WAIT = 30.0
 
 
 @asynccontextmanager
-async def serving(app: Any, *, sndbuf: int | None = None) -> AsyncIterator[str]:
+async def serving(app: Any, *, sndbuf: int | None = None, **config: Any) -> AsyncIterator[str]:
     """Run ``app`` on ``127.0.0.1:<free port>``; yields its base URL (no trailing slash).
 
     ``sndbuf`` sets the send buffer of the connections it accepts, so that a client that
-    stops reading holds the server's writes up after a few KiB, not megabytes.
+    stops reading holds the server's writes up after a few KiB, not megabytes. ``config``:
+    more of ``uvicorn.Config``'s settings (``http=…``).
     """
     sock = socket.socket()
     if sndbuf is not None:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sndbuf)  # accepted ones inherit
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    config = uvicorn.Config(app, log_level="warning", lifespan="off", timeout_graceful_shutdown=1)
-    server = uvicorn.Server(config)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off",
+                                           timeout_graceful_shutdown=1, **config))
     task = asyncio.create_task(server.serve(sockets=[sock]))
     try:
         async with asyncio.timeout(WAIT):

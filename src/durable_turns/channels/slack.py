@@ -28,7 +28,6 @@ are deduplicated within the serving process.
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from collections.abc import AsyncIterable, Mapping
@@ -43,7 +42,7 @@ try:
     from slack_sdk.signature import SignatureVerifier
     from slack_sdk.web.async_client import AsyncWebClient
     from slack_sdk.webhook.async_client import AsyncWebhookClient
-    from starlette.requests import Request
+    from starlette.requests import ClientDisconnect, Request
     from starlette.responses import JSONResponse, Response
     from starlette.routing import BaseRoute, Route
 except ImportError as e:  # pragma: no cover - depends on the install
@@ -51,6 +50,7 @@ except ImportError as e:  # pragma: no cover - depends on the install
         "the Slack channel needs slack_sdk, aiohttp and starlette: "
         "pip install 'durable-turns[slack]'") from e
 
+from ..access import Action, Authorize, decide
 from ..errors import (
     ConfigurationError,
     ResumeAuthorizationError,
@@ -61,6 +61,8 @@ from ..errors import (
 from ..events import InputRequested, TurnEvent
 from ..inbound import InboundEvent
 from ..runtime import Runtime
+from ..sessions import AgentSession
+from ..wire import HttpError, loads, read_limited
 from .context import ChannelContext, mount_agent
 from .slack_thread import APPROVE, DENY, SlackThreads, prompt_blocks
 from .threads import STREAM_IDLE, SUPERSEDED, ThreadDeliveries, outcome
@@ -74,7 +76,7 @@ MAX_BODY = 1 << 20
 def slack_channel(*, signing_secret: str, bot_token: str, agent: str | None = None,
                   replace_in_flight: bool = False, base_url: str | None = None,
                   stream_idle: float = STREAM_IDLE, rate_limit_retries: int = 3,
-                  clock: Any = None) -> SlackChannel:
+                  clock: Any = None, authorize: Authorize | None = None) -> SlackChannel:
     """A Slack channel for ``create_app(runtime, channels=[...])`` and ``receive()``.
 
     Args:
@@ -88,6 +90,12 @@ def slack_channel(*, signing_secret: str, bot_token: str, agent: str | None = No
         rate_limit_retries: how often a call answered 429 is retried after its
             ``Retry-After``.
         clock: ``slack_sdk.signature.Clock`` for the signature check (tests freeze time).
+        authorize: the host's rule (``access.Authorize``), asked with the Slack user as the
+            principal (``{"id": "U…", "source": "slack", "team": "T…"}``, attested by Slack's
+            signature) before a message starts a turn (``turn``) and before a click answers
+            (``resume``); refused, the user gets an ephemeral note and nothing is stored.
+            Without it, anyone the bot hears in a thread may talk to it, and a request is
+            answered by its answerers only (as always, after this rule too).
 
     Raises:
         ValueError: an empty secret or token.
@@ -97,7 +105,7 @@ def slack_channel(*, signing_secret: str, bot_token: str, agent: str | None = No
     return SlackChannel(signing_secret, bot_token, agent=agent,
                         replace_in_flight=replace_in_flight, base_url=base_url,
                         stream_idle=stream_idle, rate_limit_retries=rate_limit_retries,
-                        clock=clock)
+                        clock=clock, authorize=authorize)
 
 
 def slack_from_env(env: Mapping[str, str]) -> SlackChannel:
@@ -110,8 +118,9 @@ def slack_from_env(env: Mapping[str, str]) -> SlackChannel:
     """
     token = env.get("SLACK_BOT_TOKEN")
     if not token:
-        raise ConfigurationError("the Slack channel needs SLACK_BOT_TOKEN (and, to serve "
-                                 "Slack's requests, SLACK_SIGNING_SECRET) in the environment")
+        # Only the token: delivering (receive) needs nothing else, and serving Slack's
+        # requests says it needs the signing secret when it is mounted.
+        raise ConfigurationError("the Slack channel needs SLACK_BOT_TOKEN in the environment")
     return SlackChannel(env.get("SLACK_SIGNING_SECRET") or None, token, agent=None,
                         replace_in_flight=False, base_url=env.get("SLACK_API_URL") or None,
                         stream_idle=STREAM_IDLE, rate_limit_retries=3, clock=None)
@@ -129,7 +138,8 @@ class SlackChannel:
 
     def __init__(self, signing_secret: str | None, bot_token: str, *, agent: str | None,
                  replace_in_flight: bool, base_url: str | None, stream_idle: float,
-                 rate_limit_retries: int, clock: Any) -> None:
+                 rate_limit_retries: int, clock: Any,
+                 authorize: Authorize | None = None) -> None:
         kw: dict[str, Any] = {} if clock is None else {"clock": clock}
         # No secret: a channel that only delivers (receive); mount() refuses to serve.
         self.verifier = SignatureVerifier(signing_secret, **kw) if signing_secret else None
@@ -144,6 +154,8 @@ class SlackChannel:
         """The replies this process delivers (one task per turn)."""
         self._ctx: ChannelContext | None = None
         self._recovered = False
+        self.authorize = authorize
+        """The host's rule for Slack's users (see :func:`slack_channel`), if any."""
 
     # -- the channel's lifecycle -----------------------------------------------------------
 
@@ -231,14 +243,24 @@ class SlackChannel:
     # -- inbound: the Events API -----------------------------------------------------------
 
     async def _verified(self, request: Request) -> bytes | Response:
-        raw = bytearray()
-        async for chunk in request.stream():
-            raw += chunk
-            if len(raw) > MAX_BODY:
-                return _refuse(413, "the body is too large")
-        body = bytes(raw)
-        if self.verifier is None or not self.verifier.is_valid_request(body,
-                                                                       dict(request.headers)):
+        try:
+            body = await read_limited(request.stream(), MAX_BODY)
+        except HttpError as e:
+            return _refuse(e.status, e.message)
+        except ClientDisconnect:
+            return _refuse(400, "the client left before its body came")
+        stamp = request.headers.get("x-slack-request-timestamp", "")
+        signature = request.headers.get("x-slack-signature", "")
+        # What slack_sdk's check would choke on is refused first: a timestamp that is not a
+        # whole number of seconds, a body that is not UTF-8 (Slack sends neither).
+        if not (stamp.isascii() and stamp.isdigit() and len(stamp) <= 12) or not signature:
+            return _refuse(401, "invalid or stale Slack signature")
+        try:
+            body.decode()
+            valid = self.verifier is not None and self.verifier.is_valid(body, stamp, signature)
+        except (UnicodeDecodeError, ValueError):
+            valid = False
+        if not valid:
             return _refuse(401, "invalid or stale Slack signature")
         return body
 
@@ -249,44 +271,42 @@ class SlackChannel:
         if isinstance(body, Response):
             return body
         try:
-            envelope = json.loads(body)
+            envelope = loads(body)
             if not isinstance(envelope, dict):
                 raise ValueError("not an object")
-        except ValueError:
-            return _refuse(400, "the body is not a JSON object")
-        kind = envelope.get("type")
-        if kind == "url_verification":
+            message, bots = _message_event(envelope), _bots(envelope)
+        except (HttpError, ValueError) as e:
+            # Signed by Slack, but not what this app understands: sending it again changes
+            # nothing.
+            return _refuse(400, f"not an event this app takes: {e}")
+        if envelope.get("type") == "url_verification":
             return JSONResponse({"challenge": envelope.get("challenge")})
         try:
             await self._ready()
-            if kind == "event_callback" and isinstance(envelope.get("event"), dict):
-                await self._on_event(envelope)
+            if message is not None and message["user"] not in bots:
+                await self._on_event(envelope, message, bots)
         except Exception:
             log.exception("slack: event %s failed", envelope.get("event_id"))
             # Slack resends it (the turn id dedupes whatever was stored).
             return _refuse(500, "the event could not be stored; resend it")
         return Response(status_code=200)
 
-    async def _on_event(self, envelope: dict[str, Any]) -> None:
-        event = envelope["event"]
-        bots = {a.get("user_id") for a in envelope.get("authorizations") or ()
-                if isinstance(a, dict) and a.get("is_bot")}
-        if event.get("type") not in ("app_mention", "message"):
-            return
-        if event.get("subtype") or event.get("bot_id") or not event.get("user"):
-            return  # edits, deletions, joins, bots (ourselves included)
-        if event["user"] in bots:
-            return
-        channel, ts, user = str(event.get("channel")), str(event.get("ts")), str(event["user"])
+    async def _on_event(self, envelope: dict[str, Any], event: dict[str, str],
+                        bots: set[str]) -> None:
+        channel, ts, user = event["channel"], event["ts"], event["user"]
         team = str(event.get("team") or envelope.get("team_id") or "")
-        thread = str(event.get("thread_ts") or ts)
+        thread = event.get("thread_ts") or ts
         s = self.ctx.session(f"slack:{team}:{channel}:{thread}")
         if event["type"] == "message":
             in_thread = event.get("thread_ts") not in (None, ts)
             is_dm = event.get("channel_type") == "im"
             if not is_dm and not (in_thread and (await s.summary()).exists):
                 return  # not a thread the bot is in
-        text = _strip_mentions(str(event.get("text") or ""), bots)
+        if not await self._allowed(user, team, "turn", s):
+            self.threads.spawn(self._note(channel, thread, user,
+                                          "You can't talk to this agent here."))
+            return
+        text = _strip_mentions(event.get("text") or "", bots)
         if not text:
             text = "(empty message)"
         inbound = InboundEvent(
@@ -303,9 +323,19 @@ class SlackChannel:
             pass  # the same (channel, ts) stored with other text: one message, one turn
 
     async def _busy_notice(self, channel: str, thread: str, user: str) -> None:
-        await self.client.chat_postEphemeral(
-            channel=channel, user=user, thread_ts=thread,
-            text="I'm waiting for an answer to the approval above; send this again after it.")
+        await self._note(channel, thread, user, "I'm waiting for an answer to the approval "
+                                                "above; send this again after it.")
+
+    async def _note(self, channel: str, thread: str, user: str, text: str) -> None:
+        await self.client.chat_postEphemeral(channel=channel, user=user, thread_ts=thread,
+                                             text=text)
+
+    async def _allowed(self, user: str, team: str, action: Action, s: AgentSession) -> bool:
+        """Whether the app's ``authorize`` lets this Slack user do ``action`` (no rule: yes)."""
+        if self.authorize is None:
+            return True
+        principal = {"id": user, "source": "slack", "team": team}
+        return await decide(self.authorize, principal, action, await s.summary()) is True
 
     # -- inbound: interactivity (button clicks) --------------------------------------------
 
@@ -316,14 +346,16 @@ class SlackChannel:
         if isinstance(body, Response):
             return body
         try:
-            payload = json.loads(parse_qs(body.decode())["payload"][0])
+            payload = loads(parse_qs(body.decode())["payload"][0])
             action = payload["actions"][0]
-            route = json.loads(action["value"])
-            clicker = str(payload["user"]["id"])
+            route = loads(action["value"])
+            clicker = _text(payload["user"]["id"])
             answer = {APPROVE: True, DENY: False}[action["action_id"]]
-            session, turn_id, input_id = route["s"], route["t"], route["i"]
-            response_url = str(payload["response_url"])
-        except (KeyError, IndexError, TypeError, ValueError, UnicodeDecodeError):
+            session, turn_id, input_id = (_text(route[k]) for k in "sti")
+            response_url = _text(payload["response_url"])
+            prompt = _prompt_text(payload)
+            team = str(_object(payload.get("team")).get("id") or "")
+        except (KeyError, IndexError, TypeError, ValueError, UnicodeDecodeError, HttpError):
             return _refuse(400, "not a durable_turns button click")
         try:
             await self._ready()
@@ -331,15 +363,17 @@ class SlackChannel:
             log.exception("slack: the click on %s of %s could not be taken", input_id, turn_id)
             return _refuse(500, "the click could not be taken; try again")
         self.threads.spawn(self._answer(session, turn_id, input_id, answer, clicker,
-                                        response_url, _prompt_text(payload)))
+                                        response_url, prompt, team))
         return Response(status_code=200)
 
     async def _answer(self, session: str, turn_id: str, input_id: str, answer: bool,
-                      clicker: str, response_url: str, prompt: str) -> None:
+                      clicker: str, response_url: str, prompt: str, team: str) -> None:
         hook = AsyncWebhookClient(response_url)
+        s = self.ctx.session(session)
         try:
-            await self.threads.answer(self.ctx.session(session), turn_id, input_id, answer,
-                                      by=clicker)
+            if not await self._allowed(clicker, team, "resume", s):
+                raise ResumeAuthorizationError("refused by the app's rule", by=clicker)
+            await self.threads.answer(s, turn_id, input_id, answer, by=clicker)
         except ResumeAuthorizationError:
             await hook.send(response_type="ephemeral", replace_original=False,
                             text="You can't answer this request; it is for someone else.")
@@ -390,14 +424,81 @@ class SlackChannel:
 
 
 def _prompt_text(payload: Mapping[str, Any]) -> str:
-    message = payload.get("message") or {}
+    """The prompt of the clicked message (its first section's text).
+
+    Raises:
+        TypeError: the message is not shaped as Slack sends it.
+    """
+    message = _object(payload.get("message"))
     for block in message.get("blocks") or ():
-        if block.get("type") == "section":
-            return str((block.get("text") or {}).get("text") or "")
+        if _object(block).get("type") == "section":
+            return str(_object(block.get("text")).get("text") or "")
     return str(message.get("text") or "")
 
 
-def _strip_mentions(text: str, bots: set[Any]) -> str:
+def _message_event(envelope: Mapping[str, Any]) -> dict[str, str] | None:
+    """The event of an ``event_callback`` this app takes (a mention or a message from a
+    person), its fields checked; ``None`` for any other event (ignored).
+
+    Raises:
+        ValueError: an event of that kind with a field of the wrong type.
+    """
+    event = envelope.get("event")
+    if envelope.get("type") != "event_callback" or not isinstance(event, dict):
+        return None
+    if event.get("type") not in ("app_mention", "message"):
+        return None
+    if event.get("subtype") or event.get("bot_id") or not event.get("user"):
+        return None  # edits, deletions, joins, bots (ourselves included)
+    out: dict[str, str] = {"type": event["type"]}
+    for name in ("user", "channel", "ts", "thread_ts", "team", "text", "channel_type"):
+        value = event.get(name)
+        if value is None and name not in ("user", "channel", "ts"):
+            continue
+        if not isinstance(value, str) or (name != "text" and not value):
+            raise ValueError(f"its {name} is not a string")
+        out[name] = value
+    return out
+
+
+def _bots(envelope: Mapping[str, Any]) -> set[str]:
+    """The user ids of the bots the event was delivered to (this app's own among them).
+
+    Raises:
+        ValueError: ``authorizations`` is not a list.
+    """
+    found = envelope.get("authorizations") or []
+    if not isinstance(found, list):
+        raise ValueError("its authorizations are not a list")
+    return {a["user_id"] for a in found if isinstance(a, dict) and a.get("is_bot")
+            and isinstance(a.get("user_id"), str)}
+
+
+def _text(value: Any) -> str:
+    """``value`` if it is a non-empty string.
+
+    Raises:
+        TypeError: it is not.
+    """
+    if not isinstance(value, str) or not value:
+        raise TypeError(f"expected a string, not {type(value).__name__}")
+    return value
+
+
+def _object(value: Any) -> Mapping[str, Any]:
+    """``value`` if it is an object, ``{}`` for nothing.
+
+    Raises:
+        TypeError: something else.
+    """
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise TypeError(f"expected an object, not {type(value).__name__}")
+    return value
+
+
+def _strip_mentions(text: str, bots: set[str]) -> str:
     for bot in bots:
         text = text.replace(f"<@{bot}>", " ")
     if not bots:

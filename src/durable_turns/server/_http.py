@@ -10,15 +10,17 @@ import inspect
 import ipaddress
 import json
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse
 
+from ..access import principal_id
 from ..errors import StoreError, error_kind
 from ..events import TurnEvent
+from ..wire import BODY_TIMEOUT, HttpError, loads, read_limited
 
 log = logging.getLogger("durable_turns.server")
 
@@ -30,16 +32,6 @@ Authenticate = Callable[[Request], Any]
 or ``None`` (or an exception) to refuse with 401."""
 
 B = TypeVar("B", bound=BaseModel)
-
-
-class HttpError(Exception):
-    """A refusal with its status, error type and message, answered as JSON."""
-
-    def __init__(self, status: int, type_: str, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.type = type_
-        self.message = message
 
 
 RETRY_AFTER = 2
@@ -85,30 +77,47 @@ def _error(status: int, type_: str, message: str) -> JSONResponse:
                         headers=headers)
 
 
-async def read_body(request: Request, model: type[B]) -> B:
-    """The request's JSON body as ``model``; an empty body is ``{}``.
+async def read_body(request: Request, model: type[B], *,
+                    timeout: float = BODY_TIMEOUT) -> B:
+    """The request's JSON body as ``model``; an empty body is ``{}``. Read once: a second
+    call for the same model (the handler, after the guard) returns the first one's.
 
     Raises:
-        HttpError: 413 over :data:`MAX_BODY`, 400 not JSON or not the model's shape.
+        HttpError: 415 a body (or a ``Content-Type``) that is not ``application/json`` (what
+            a form of another site cannot send); 413 over :data:`MAX_BODY`; 408 slower than
+            ``timeout`` seconds (``wire.BODY_TIMEOUT``); 400 not JSON, nested deeper than
+            ``wire.MAX_DEPTH``, or not the model's shape.
     """
+    done = getattr(request.state, "json_body", None)
+    if done is not None and isinstance(done, model):
+        return done
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > MAX_BODY:
+    if declared is not None and declared.isascii() and declared.isdigit() \
+            and int(declared) > MAX_BODY:
         raise HttpError(413, "PayloadTooLarge", f"the body is over {MAX_BODY} bytes")
-    raw = bytearray()
-    async for chunk in request.stream():
-        raw += chunk
-        if len(raw) > MAX_BODY:
-            raise HttpError(413, "PayloadTooLarge", f"the body is over {MAX_BODY} bytes")
+    kind = request.headers.get("content-type")
+    is_json = kind is not None and kind.split(";")[0].strip().lower() == "application/json"
+    if kind is not None and not is_json:
+        raise HttpError(415, "UnsupportedMediaType",
+                        f"the body must be JSON sent as Content-Type: application/json, not "
+                        f"{kind[:80]!r}")
     try:
-        data = json.loads(raw) if raw.strip() else {}
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise HttpError(400, "MalformedBody", f"the body is not JSON: {e}") from None
+        raw = await read_limited(request.stream(), MAX_BODY, timeout=timeout)
+    except ClientDisconnect:  # nobody to answer; not a failure of the server either
+        raise HttpError(400, "ClientDisconnect", "the client left before its body came") \
+            from None
+    if raw.strip() and not is_json:
+        raise HttpError(415, "UnsupportedMediaType",
+                        "the body must be JSON sent as Content-Type: application/json")
+    data = loads(raw) if raw.strip() else {}
     try:
-        return model.model_validate(data)
+        body = model.model_validate(data)
     except ValidationError as e:
         problems = "; ".join(
             f"{'.'.join(map(str, err['loc'])) or 'body'}: {err['msg']}" for err in e.errors())
         raise HttpError(400, "MalformedBody", problems) from None
+    request.state.json_body = body
+    return body
 
 
 async def principal_of(request: Request, authenticate: Authenticate | None,
@@ -126,13 +135,16 @@ async def principal_of(request: Request, authenticate: Authenticate | None,
         if inspect.isawaitable(found):
             found = await found
     except Exception as e:
-        raise HttpError(401, "Unauthorized", f"authentication refused: {e}") from None
+        # Not echoed: the refusal's words may quote what was sent (a token). The log has
+        # its type only, for the same reason.
+        log.info("authenticate refused a request (%s)", type(e).__name__)
+        raise HttpError(401, "Unauthorized", "authentication refused") from None
     if found is None:
         raise HttpError(401, "Unauthorized", "authentication refused")
-    who = found.get("id") if isinstance(found, Mapping) else getattr(found, "id", None)
+    who = principal_id(found)
     if who is None:
         raise HttpError(401, "Unauthorized", "the principal has no id")
-    return str(who), found
+    return who, found
 
 
 def is_loopback(host: str) -> bool:

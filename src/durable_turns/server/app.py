@@ -7,7 +7,7 @@ when the client that started it leaves.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Collection, Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -17,6 +17,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
+from ..access import Authorize, default_authorize
 from ..agent import check_surfaces
 from ..channels import Channel, ChannelContext, TurnStream, mount_agent
 from ..errors import ConfigurationError, TurnConflictError
@@ -25,14 +26,12 @@ from ..inbound import InboundEvent
 from ..records import TurnRecord
 from ..runtime import Runtime
 from ..sessions import AgentSession
+from ..wire import BODY_TIMEOUT, HttpError, cursor
 from ._http import (
     RETRY_AFTER,
     Authenticate,
-    HttpError,
     error_response,
     is_durable,
-    is_loopback,
-    principal_of,
     read_body,
 )
 from .console import console_routes
@@ -47,6 +46,8 @@ from .fanout import (
     Pacer,
     Streams,
 )
+from .guard import Guard
+from .headers import with_security_headers
 from .idempotency import HEADER, conflict, idempotent
 from .lifespan import GRACE, host_lifespan
 from .openapi import openapi
@@ -58,11 +59,19 @@ SOURCE = "http"
 """The event source of the turns the API starts (it selects ``surfaces={"http": …}``)."""
 
 
+NOT_BLANK = (r"[^\t\n\x0b\x0c\r\x1c-\x20\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f"
+             r"\u3000\ufeff]")
+"""A character that is not white space by any regex engine's reckoning (Python's, ECMAScript's,
+Rust's differ): a turn's text has one (as the schema says, and as ``AgentSession.start``
+needs)."""
+
+
 class TurnBody(BaseModel):
     """``POST /turn`` and ``POST /chat``."""
 
-    model_config = ConfigDict(extra="forbid")
-    text: str = Field(min_length=1)
+    model_config = ConfigDict(extra="forbid", strict=True)  # JSON types, not coerced
+    text: str = Field(min_length=1, pattern=NOT_BLANK)
+    """What the person says: not only white space."""
     turn_id: str | None = Field(default=None, pattern=r"^[!-~]{1,200}$")
     """A new turn's id travels back in the ``X-Turn-Id`` header: 1 to 200 printable ASCII
     characters, no spaces (the server makes one when it is left out)."""
@@ -74,7 +83,7 @@ class TurnBody(BaseModel):
 class ResumeBody(BaseModel):
     """``POST /resume``."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # JSON types, not coerced
     turn_id: str = Field(min_length=1)
     input_id: str = Field(min_length=1)
     value: Any = None
@@ -84,7 +93,7 @@ class ResumeBody(BaseModel):
 class CancelBody(BaseModel):
     """``POST /cancel``."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # JSON types, not coerced
     turn_id: str | None = Field(default=None, min_length=1)
     reason: str = "cancelled by request"
 
@@ -92,17 +101,26 @@ class CancelBody(BaseModel):
 class ResetBody(BaseModel):
     """``POST /reset`` (no fields)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # JSON types, not coerced
+
+
+class RetryBody(BaseModel):
+    """``POST /retry``: the failed turn to re-open where it failed (F2)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)  # JSON types, not coerced
+    turn_id: str = Field(min_length=1)
 
 
 BODIES: dict[str, type[BaseModel]] = {
     "turn": TurnBody, "chat": TurnBody, "resume": ResumeBody, "cancel": CancelBody,
-    "reset": ResetBody,
+    "reset": ResetBody, "retry": RetryBody,
 }
 
 
 def create_app(runtime: Runtime, authenticate: Authenticate | None = None,
-               channels: Sequence[Channel] = (), *, routes: Sequence[BaseRoute] = (),
+               channels: Sequence[Channel] = (), *, authorize: Authorize | None = None,
+               origins: Collection[str] = (), api: bool = True,
+               body_timeout: float = BODY_TIMEOUT, routes: Sequence[BaseRoute] = (),
                ping: float = PING, max_backlog: int = MAX_BACKLOG,
                grace: float = GRACE) -> Starlette:
     """The HTTP/SSE host of ``runtime``'s agents (F12), as a Starlette (ASGI) app.
@@ -119,12 +137,28 @@ def create_app(runtime: Runtime, authenticate: Authenticate | None = None,
         authenticate: ``authenticate(request)`` (sync or async) → the caller's principal,
             whose ``id`` (key or attribute) is the speaker and the resumer; ``None`` or an
             exception refuses (401). Without it the host is in development mode: ``by``
-            comes from the body, and requests that did not arrive on loopback are refused.
+            comes from the body, and requests that did not arrive on loopback, or that name
+            another host than this machine in their ``Host`` header, are refused.
         channels: the platforms it serves beside the API (:class:`~durable_turns.channels.
             Channel`; their ``mount(runtime)`` gives their routes). A channel checks its own
             requests (Slack: signatures), not ``authenticate``. A channel's ``name`` is the
             source of its turns: an agent's policy for a source neither it nor the API
             (``"http"``) emits is logged as a warning.
+        authorize: ``authorize(principal, action, session)`` (sync or async) decides every
+            route's action on a session (``read``, ``turn``, ``cancel``, ``reset``,
+            ``resume``) and what ``list`` and ``inbox`` show (see :mod:`durable_turns.access`);
+            by default (``access.default_authorize``) a principal sees and acts on its own
+            sessions, answerers see and answer the requests they may answer, and a principal
+            with ``admin`` set to ``True`` sees all. Needs ``authenticate``.
+        origins: origins (``https://console.example``) besides the app's own whose pages may
+            call the API from a browser (a proxy in front that changes the ``Host``, a console
+            served elsewhere); every other page's requests that would change something are
+            refused (CSRF).
+        api: serve the API and the console; ``False`` serves the channels' routes (and
+            ``routes``) only, such as ``/slack/*`` behind a tunnel.
+        body_timeout: seconds a request's body may take to arrive (408 past it); the
+            headers' own deadline is the server's (``serve`` runs uvicorn with
+            ``deadlines.HttpProtocol``).
         routes: more Starlette routes to serve beside the API.
         ping: seconds between keep-alive comments on an idle event stream.
         max_backlog: bytes of events a ``GET …/events`` client may leave unread before it
@@ -133,13 +167,19 @@ def create_app(runtime: Runtime, authenticate: Authenticate | None = None,
 
     Returns:
         The app. ``app.state.end_streams()`` ends every open ``GET …/events`` stream (the
-        lifespan's shutdown and ``serve``'s SIGTERM call it).
+        lifespan's shutdown and ``serve``'s SIGTERM call it); ``app.state.channel_routes``
+        maps each channel's name to its routes (``"POST /slack/events"``, …).
 
     Raises:
         ConfigurationError: a channel that is no :class:`~durable_turns.channels.Channel`,
-            two with one name, or one that cannot serve this runtime.
+            two with one name, or one that cannot serve this runtime; ``authorize`` without
+            ``authenticate``.
     """
+    if authorize is not None and authenticate is None:
+        raise ConfigurationError("authorize decides what an authenticated principal may do: "
+                                 "pass authenticate=… too")
     mounted: list[BaseRoute] = []
+    served: dict[str, list[str]] = {}
     sources = {SOURCE}
     for ch in channels:
         if not isinstance(ch, Channel):
@@ -149,20 +189,33 @@ def create_app(runtime: Runtime, authenticate: Authenticate | None = None,
         if ch.name in sources:
             raise ConfigurationError(f"two channels (or a channel and the API) named "
                                      f"{ch.name!r}")
-        mounted.extend(ch.mount(runtime))
+        its = ch.mount(runtime)
+        mounted.extend(its)
+        served[ch.name] = _paths(its)
         sources.add(ch.name)
     for agent in runtime.agents.values():
         check_surfaces(agent, sources)
-    host = _Host(runtime, authenticate, ping, max_backlog)
+    host = _Host(runtime, authenticate, ping, max_backlog,
+                 Guard(runtime, authenticate, authorize or default_authorize, origins,
+                       body_timeout=body_timeout))
     lifespan = host_lifespan(runtime, list(channels), host.streams.end_all, grace=grace)
-    return host.app([*mounted, *routes], lifespan)
+    app = host.app([*mounted, *routes], lifespan, api=api)
+    app.state.channel_routes = served
+    return app
+
+
+def _paths(routes: Sequence[BaseRoute]) -> list[str]:
+    """``METHOD PATH`` of each route (what a banner shows of a channel's routes)."""
+    return [f"{'/'.join(sorted((getattr(r, 'methods', None) or set()) - {'HEAD'}))} "
+            f"{getattr(r, 'path', '?')}".strip() for r in routes]
 
 
 class _Host:
     def __init__(self, runtime: Runtime, authenticate: Authenticate | None,
-                 ping: float, max_backlog: int) -> None:
+                 ping: float, max_backlog: int, guard: Guard) -> None:
         self.rt = runtime
         self.authenticate = authenticate
+        self.guard = guard
         self.ping = ping
         self.max_backlog = max_backlog
         # Every subscriber of a session is handed the same event object: its frame is
@@ -173,54 +226,46 @@ class _Host:
         self.mounted: dict[str, ChannelContext] = {
             name: mount_agent(agent, runtime) for name, agent in runtime.agents.items()}
 
-    def app(self, extra: Sequence[BaseRoute], lifespan: Any) -> Starlette:
+    def app(self, extra: Sequence[BaseRoute], lifespan: Any, *, api: bool) -> Starlette:
         base = "/agents/{agent}/sessions/{session}"
-        routes: list[BaseRoute] = [
+        g = self.guard
+        routes: list[BaseRoute] = [] if not api else [
             Route("/openapi.json", self.openapi, methods=["GET"]),
-            Route("/agents/{agent}/sessions", self.guard(self.list_sessions), methods=["GET"]),
-            Route("/agents/{agent}/pending", self.guard(self.inbox), methods=["GET"]),
-            Route(base, self.guard(self.show), methods=["GET"]),
-            Route(f"{base}/turn", self.guard(self.turn), methods=["POST"]),
-            Route(f"{base}/chat", self.guard(self.chat), methods=["POST"]),
-            Route(f"{base}/resume", self.guard(self.resume), methods=["POST"]),
-            Route(f"{base}/cancel", self.guard(self.cancel), methods=["POST"]),
-            Route(f"{base}/reset", self.guard(self.reset), methods=["POST"]),
-            Route(f"{base}/events", self.guard(self.events), methods=["GET"]),
-            *console_routes(self.rt, self.guard, self.authenticate is None),
-            *extra,
+            Route("/agents/{agent}/sessions", g(self.list_sessions, "list"), methods=["GET"]),
+            Route("/agents/{agent}/pending", g(self.inbox, "inbox"), methods=["GET"]),
+            Route(base, g(self.show, "read"), methods=["GET"]),
+            Route(f"{base}/turn", g(self.turn, "turn", body=TurnBody), methods=["POST"]),
+            Route(f"{base}/chat", g(self.chat, "turn", body=TurnBody), methods=["POST"]),
+            Route(f"{base}/resume", g(self.resume, "resume", body=ResumeBody),
+                  methods=["POST"]),
+            Route(f"{base}/cancel", g(self.cancel, "cancel", body=CancelBody),
+                  methods=["POST"]),
+            Route(f"{base}/reset", g(self.reset, "reset", body=ResetBody), methods=["POST"]),
+            # A retry runs a failed turn on: what starting a turn may.
+            Route(f"{base}/retry", g(self.retry, "turn", body=RetryBody), methods=["POST"]),
+            Route(f"{base}/events", g(self.events, "read", claim=True), methods=["GET"]),
+            *console_routes(self.rt, g, self.authenticate is None),
         ]
+        routes += extra
         app = EventStreamApp(routes=routes, lifespan=lifespan, exception_handlers={
             404: self.not_found, 405: self.not_allowed})
+        # A path with a slash too many is not found, rather than redirected to a Location
+        # built from the request's own Host header.
+        app.router.redirect_slashes = False
+        app.wrap_send = with_security_headers
         app.state.end_streams = self.streams.end_all
         return app
 
     # -- plumbing --------------------------------------------------------------------------
 
-    def guard(self, handler: Any) -> Any:
-        async def guarded(request: Request) -> Response:
-            try:
-                if self.authenticate is None:
-                    server = request.scope.get("server") or ("127.0.0.1", 0)
-                    if not is_loopback(str(server[0])):
-                        raise HttpError(403, "DevelopmentMode",
-                                        "no authenticate: serving loopback only")
-                else:
-                    request.state.by, request.state.principal = await principal_of(
-                        request, self.authenticate, None)
-                await self.rt.open()
-                response: Response = await handler(request)
-                return response
-            except Exception as e:
-                return error_response(e)
-
-        return guarded
-
     async def not_found(self, request: Request, exc: Exception) -> Response:
         return error_response(HttpError(404, "NotFound", f"no route {request.url.path}"))
 
     async def not_allowed(self, request: Request, exc: Exception) -> Response:
-        return error_response(HttpError(405, "MethodNotAllowed",
-                                        f"{request.method} is not allowed here"))
+        response = error_response(HttpError(405, "MethodNotAllowed",
+                                            f"{request.method} is not allowed here"))
+        response.headers.update(getattr(exc, "headers", None) or {})  # Allow: the methods
+        return response
 
     def by(self, request: Request, body_by: str | None) -> tuple[str | None, Any]:
         if self.authenticate is None:
@@ -262,7 +307,8 @@ class _Host:
         agent = request.path_params["agent"]
         self.rt.key(agent, "_")
         out = []
-        for found in await self.rt.queries.sessions(agent):
+        visible = getattr(request.state, "visible", None)  # set by the guard's authorize
+        for found in await self.rt.queries.sessions(agent, visible=visible):
             s = self.rt.session(agent, found.key.session)
             out.append({"session": found.key.session, "status": found.status,
                         "generation": found.generation,
@@ -274,7 +320,9 @@ class _Host:
         self.rt.key(agent, "_")
         return JSONResponse({"pending": [
             {"session": found.key.session, "request": found.pending.to_dict()}
-            for found in await self.rt.queries.inbox(agent) if found.pending is not None]})
+            for found in await self.rt.queries.inbox(
+                agent, visible=getattr(request.state, "visible", None))
+            if found.pending is not None]})
 
     async def show(self, request: Request) -> Response:
         s = self.session(request)
@@ -284,7 +332,7 @@ class _Host:
         return JSONResponse({
             **found.to_dict(),
             "transcript": [_message(m) for m in await s.transcript()],
-            "turns": [_turn(t) for t in await s.chain() if t.kind == "turn"],
+            "turns": [_turn(t) for t in await s.turns()],
         })
 
     async def _start(self, request: Request) -> TurnStream:
@@ -353,15 +401,23 @@ class _Host:
         return JSONResponse({"previous_session": done.previous_session,
                              "generation": done.generation})
 
+    async def retry(self, request: Request) -> Response:
+        body = await read_body(request, RetryBody)
+        s = self.session(request)
+        # Accepted once the retry has re-opened the turn; the turn then runs on, and its
+        # events follow on the session's stream.
+        await s.retry(body.turn_id)
+        return JSONResponse({"turn_id": body.turn_id, "retried": True})
+
     async def events(self, request: Request) -> Response:
         s = self.session(request)
-        cursor = request.headers.get("last-event-id") or request.query_params.get("after")
+        # Both are checked; the header (what EventSource sends on a reconnect) wins.
         after = 0
-        if cursor:
-            if not cursor.isdigit():
-                raise HttpError(400, "MalformedCursor",
-                                f"an event cursor is a sequence number, not {cursor!r}")
-            after = int(cursor)
+        if "after" in request.query_params:
+            after = cursor(request.query_params["after"], "after")
+        header = request.headers.get("last-event-id")
+        if header is not None:
+            after = cursor(header, "Last-Event-ID")
         until = request.query_params.get("until")
         if until not in (None, "turn"):
             raise HttpError(400, "MalformedQuery", "until takes one value: turn")

@@ -18,7 +18,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from ..runtime import Runtime
-from ._http import HttpError
+from ..wire import HttpError, cursor
 from .timeline import read_timeline
 
 Handler = Callable[[Request], Awaitable[Response]]
@@ -35,12 +35,13 @@ def _asset(name: str) -> bytes:
     return resources.files("durable_turns.server").joinpath("console", name).read_bytes()
 
 
-def console_routes(runtime: Runtime, guard: Callable[[Handler], Handler],
+def console_routes(runtime: Runtime, guard: Callable[..., Handler],
                    development: bool) -> list[BaseRoute]:
     """The console's page, its files, ``GET /agents`` and ``GET …/timeline``.
 
     Args:
-        guard: wraps each handler (authentication, JSON errors), as for every API route.
+        guard: wraps each handler (origin, authentication, JSON errors; with the route's
+            action, authorization), as for every API route (``guard.Guard``).
         development: whether the host runs without ``authenticate``.
     """
 
@@ -65,17 +66,17 @@ def console_routes(runtime: Runtime, guard: Callable[[Handler], Handler],
         # A session never used is not an error here: it is new, with nothing on it yet (a
         # console opens it before its first turn, and follows its events from 0).
         last = request.query_params.get("last")
-        if last is not None and not (last.isascii() and last.isdigit() and int(last) > 0):
-            raise HttpError(400, "MalformedQuery", f"last is a number of turns above 0, "
-                                                   f"not {last!r}")
-        snapshot = await read_timeline(s, last=int(last) if last is not None else None)
+        snapshot = await read_timeline(
+            s, last=None if last is None else cursor(last, "last (a number of turns)",
+                                                     minimum=1, error="MalformedQuery"))
         return JSONResponse({**(await s.summary()).to_dict(), **snapshot})
 
     return [
         Route("/", guard(page), methods=["GET"]),
         Route("/console/{name}", guard(asset), methods=["GET"]),
         Route("/agents", guard(agents), methods=["GET"]),
-        Route("/agents/{agent}/sessions/{session}/timeline", guard(timeline), methods=["GET"]),
+        Route("/agents/{agent}/sessions/{session}/timeline", guard(timeline, "read"),
+              methods=["GET"]),
     ]
 
 

@@ -350,9 +350,16 @@ class EventStreamApp(Starlette):
     (``add_middleware``) sees every write: with any, the body goes through them all.
     """
 
+    wrap_send: Callable[[ASGISend], ASGISend] | None = None
+    """Wraps each response's ``send`` (what every response must carry: ``headers.py``); an
+    event stream's body still goes to the server's own ``send``, unwrapped."""
+
     async def __call__(self, scope: Scope, receive: Receive, send: ASGISend) -> None:
-        if scope["type"] == "http" and not self.user_middleware:
-            scope[SERVER_SEND] = send
+        if scope["type"] == "http":
+            if not self.user_middleware:
+                scope[SERVER_SEND] = send
+            if self.wrap_send is not None:
+                send = self.wrap_send(send)
         await super().__call__(scope, receive, send)
 
 

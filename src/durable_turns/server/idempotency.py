@@ -35,7 +35,7 @@ from typing import Any
 
 from ..errors import TurnConflictError
 from ..sessions import AgentSession
-from ._http import HttpError
+from ..wire import HttpError
 
 HEADER = "idempotency-key"
 """The request header (case does not matter)."""

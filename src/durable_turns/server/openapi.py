@@ -1,16 +1,80 @@
-"""``/openapi.json``: the HTTP host's routes, bodies and answers as an OpenAPI 3.1 document."""
+"""``/openapi.json``: the HTTP host's routes, bodies and answers as an OpenAPI 3.2 document.
+
+It says what the server does, so that a client generated from it (or schemathesis, which
+``tests/test_server_fuzz.py`` runs with every check) meets no surprise: the statuses each
+route answers, the bodies it takes (required where the route needs one), its cursors as the
+integers the server takes, each event of an event stream (``itemSchema``, OpenAPI 3.2's way
+to describe a stream item by item).
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, get_args
 
 from pydantic import BaseModel
 
+from ..events import EventType
+from ..wire import MAX_CURSOR
+
 _ERROR = {"description": "refused: {\"error\": {\"type\", \"message\"}}",
           "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
-_SSE = {"description": "the events, as text/event-stream",
-        "content": {"text/event-stream": {"schema": {"type": "string"}}}}
-_JSON = {"description": "OK", "content": {"application/json": {"schema": {"type": "object"}}}}
+_EVENT = {
+    "type": "object", "required": ["event", "data"],
+    "properties": {
+        "id": {"type": "string", "pattern": "^[0-9]+$",
+               "description": "the event's durable seq (live-only events have none)"},
+        "event": {"type": "string", "enum": sorted(get_args(EventType))},
+        "data": {"type": "string", "contentMediaType": "application/json",
+                 "contentSchema": {"$ref": "#/components/schemas/Event"}},
+        "retry": {"type": "integer"},
+    },
+}
+_SSE_CONTENT = {"text/event-stream": {"itemSchema": _EVENT}}
+_TURN_ID = {"X-Turn-Id": {"description": "the turn's id", "required": True,
+                          "schema": {"type": "string", "pattern": "^[!-~]{1,200}$"}}}
+_CURSOR = {"type": "integer", "minimum": 0, "maximum": MAX_CURSOR}
+
+_SCHEMAS: dict[str, Any] = {
+    "Error": {
+        "type": "object", "required": ["error"],
+        "properties": {"error": {"type": "object", "required": ["type", "message"],
+                                 "properties": {"type": {"type": "string"},
+                                                "message": {"type": "string"}}}}},
+    "Event": {
+        "type": "object", "required": ["type", "agent", "session", "turn_id", "seq"],
+        "properties": {"type": {"type": "string"}, "agent": {"type": "string"},
+                       "session": {"type": "string"}, "turn_id": {"type": "string"},
+                       "seq": {"type": "integer"}}},
+    "Result": {
+        "type": "object", "required": ["turn_id", "status", "text", "request", "error", "reason"],
+        "properties": {"turn_id": {"type": "string"},
+                       "status": {"enum": ["completed", "failed", "cancelled", "suspended",
+                                           "queued", "running"]},
+                       "text": {"type": ["string", "null"]},
+                       "request": {"type": ["object", "null"]},
+                       "error": {"type": ["string", "null"]},
+                       "reason": {"type": ["string", "null"]}}},
+    "Summary": {
+        "type": "object",
+        "required": ["agent", "session", "status", "generation", "pending", "owner"],
+        "properties": {"agent": {"type": "string"}, "session": {"type": "string"},
+                       "status": {"enum": ["new", "idle", "running", "suspended"]},
+                       "generation": {"type": "integer"},
+                       "pending": {"type": ["object", "null"]},
+                       "owner": {"type": ["string", "null"]}}},
+}
+
+
+def _json(schema: dict[str, Any], description: str = "OK") -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def _ref(name: str) -> dict[str, Any]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _object(**properties: Any) -> dict[str, Any]:
+    return {"type": "object", "required": sorted(properties), "properties": properties}
 
 
 def openapi(bodies: dict[str, type[BaseModel]], agents: list[str]) -> dict[str, Any]:
@@ -21,70 +85,100 @@ def openapi(bodies: dict[str, type[BaseModel]], agents: list[str]) -> dict[str, 
          "schema": {"type": "string", "enum": agents}},
         {"name": "session", "in": "path", "required": True,
          "schema": {"type": "string", "minLength": 1}}]
-    schemas: dict[str, Any] = {"Error": {
-        "type": "object", "required": ["error"],
-        "properties": {"error": {"type": "object", "required": ["type", "message"],
-                                 "properties": {"type": {"type": "string"},
-                                                "message": {"type": "string"}}}}}}
+    schemas: dict[str, Any] = dict(_SCHEMAS)
     for model in bodies.values():
         schemas[model.__name__] = model.model_json_schema(
             ref_template="#/components/schemas/{model}")
 
     def errors(*codes: int) -> dict[str, Any]:
         # 503 (with Retry-After) on every route: the store may be away.
-        return {str(c): _ERROR for c in (*codes, 503)}
+        return {str(c): _ERROR for c in sorted({401, 403, 503, *codes})}
 
-    def post(name: str, summary: str, ok: dict[str, Any], *codes: int) -> dict[str, Any]:
+    def post(name: str, summary: str, ok: dict[str, Any], *codes: int,
+             required: bool = True) -> dict[str, Any]:
         return {"post": {
             "summary": summary, "parameters": params,
-            "requestBody": {"required": False, "content": {"application/json": {
-                "schema": {"$ref": f"#/components/schemas/{bodies[name].__name__}"}}}},
-            "responses": {"200": ok, **errors(400, 401, 404, 413, *codes)}}}
+            "requestBody": {"required": required, "content": {"application/json": {
+                "schema": _ref(bodies[name].__name__)}}},
+            "responses": {"200": ok, **errors(400, 404, 408, 413, 415, *codes)}}}
 
+    result = {"description": "the turn's result (JSON), or its events with "
+                             "Accept: text/event-stream",
+              "headers": {}, "content": {"application/json": {"schema": _ref("Result")},
+                                         **_SSE_CONTENT}}
+    turn = {"description": "the turn's events, to its end or its park", "headers": _TURN_ID,
+            "content": _SSE_CONTENT}
+    chat = {**result, "headers": {"X-Turn-Id": {**_TURN_ID["X-Turn-Id"], "required": False,
+                                                "description": "the turn's id (its events)"}}}
     base = "/agents/{agent}/sessions/{session}"
     agent_only = params[:1]
     return {
-        "openapi": "3.1.0",
+        "openapi": "3.2.0",
         "info": {"title": "durable_turns HTTP host", "version": "1"},
         "paths": {
             "/": {"get": {"summary": "the web console (HTML)", "responses": {
                 "200": {"description": "the console's page",
                         "content": {"text/html": {"schema": {"type": "string"}}}},
-                **errors(401)}}},
+                **{str(c): _ERROR for c in (401, 403)}}}},
             "/agents": {"get": {
                 "summary": "the agents served (name, tools), the mode, and who is asking",
-                "responses": {"200": _JSON, **errors(401)}}},
+                "responses": {"200": _json(_object(
+                    agents={"type": "array", "items": _object(
+                        agent={"type": "string"},
+                        tools={"type": "array", "items": {"type": "string"}})},
+                    development={"type": "boolean"}, by={"type": ["string", "null"]})),
+                    **{str(c): _ERROR for c in (401, 403)}}}},
             "/agents/{agent}/sessions": {"get": {
-                "summary": "the agent's sessions, newest first, with status",
-                "parameters": agent_only, "responses": {"200": _JSON, **errors(401, 404)}}},
+                "summary": "the agent's sessions the caller may see, newest first",
+                "parameters": agent_only, "responses": {"200": _json(_object(
+                    sessions={"type": "array", "items": _object(
+                        session={"type": "string"},
+                        status={"type": "string"}, generation={"type": "integer"},
+                        last_activity={"type": ["number", "null"]})})),
+                    **errors(404)}}},
             "/agents/{agent}/pending": {"get": {
-                "summary": "the inbox: every parked session and its request",
-                "parameters": agent_only, "responses": {"200": _JSON, **errors(401, 404)}}},
-            base: {"get": {"summary": "status, generation, transcript, pending, turns",
-                           "parameters": params, "responses": {"200": _JSON, **errors(401, 404)}}},
+                "summary": "the inbox: the parked sessions the caller may see or answer",
+                "parameters": agent_only, "responses": {"200": _json(_object(
+                    pending={"type": "array", "items": _object(
+                        session={"type": "string"}, request={"type": "object"})})),
+                    **errors(404)}}},
+            base: {"get": {"summary": "status, generation, owner, transcript, pending, turns",
+                           "parameters": params, "responses": {
+                               "200": _json({"allOf": [_ref("Summary"), _object(
+                                   transcript={"type": "array"}, turns={"type": "array"})]}),
+                               **errors(404)}}},
             f"{base}/timeline": {"get": {
                 "summary": "each turn's steps (model, tool, input) with their times and "
                            "status, and seq, the cursor for /events?after=",
                 "parameters": [*params,
                                {"name": "last", "in": "query", "required": False,
-                                "schema": {"type": "string", "pattern": "^[0-9]+$"}}],
-                "responses": {"200": _JSON, **errors(400, 401, 404)}}},
-            f"{base}/turn": _keyed(post("turn", "start a turn; its events", _SSE, 409, 422)),
-            f"{base}/chat": _keyed(post("chat", "start a turn; its events or its result",
-                                        _JSON, 409, 422)),
-            f"{base}/resume": post("resume", "answer a parked turn", _JSON, 403, 409, 422, 500),
-            f"{base}/cancel": post("cancel", "cancel a turn or every unfinished one", _JSON),
-            f"{base}/reset": post("reset", "archive the session's history", _JSON),
+                                "schema": {**_CURSOR, "minimum": 1}}],
+                "responses": {"200": _json({"allOf": [_ref("Summary"), _object(
+                    seq={"type": "integer"}, earlier={"type": "integer"},
+                    turns={"type": "array"})]}), **errors(400, 404)}}},
+            f"{base}/turn": _keyed(post("turn", "start a turn; its events", turn, 409, 422)),
+            f"{base}/chat": _keyed(post("chat", "start a turn; its result or its events", chat,
+                                        409, 422)),
+            f"{base}/resume": post("resume", "answer a parked turn", result, 409, 422, 500),
+            f"{base}/cancel": post("cancel", "cancel a turn or every unfinished one", _json(
+                _object(cancelled={"type": "array", "items": {"type": "string"}})),
+                required=False),
+            f"{base}/reset": post("reset", "archive the session's history", _json(_object(
+                previous_session={"type": "string"}, generation={"type": "integer"})),
+                required=False),
+            f"{base}/retry": post("retry", "re-open a failed turn where it failed", _json(
+                _object(turn_id={"type": "string"}, retried={"type": "boolean"})), 409),
             f"{base}/events": {"get": {
                 "summary": "the session's events after a cursor, then live ones",
                 "parameters": [*params,
                                {"name": "after", "in": "query", "required": False,
-                                "schema": {"type": "string", "pattern": "^[0-9]+$"}},
+                                "schema": _CURSOR},
                                {"name": "until", "in": "query", "required": False,
                                 "schema": {"type": "string", "enum": ["turn"]}},
                                {"name": "Last-Event-ID", "in": "header", "required": False,
-                                "schema": {"type": "string", "pattern": "^[0-9]+$"}}],
-                "responses": {"200": _SSE, **errors(400, 401, 404)}}},
+                                "schema": _CURSOR}],
+                "responses": {"200": {"description": "the events", "content": _SSE_CONTENT},
+                              **errors(400, 404)}}},
         },
         "components": {"schemas": schemas},
     }

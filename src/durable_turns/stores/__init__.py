@@ -16,9 +16,9 @@ The seam is two Protocols, and :class:`SessionStore` is both:
   messages, the steps, the events) and follow a session (:meth:`~TurnStore.subscribe`,
   :meth:`~TurnStore.watch`).
 - :class:`SessionQueries`, what **hosts** read: a session's row, sessions by what their turns
-  wait for, an agent's sessions with what each is parked on, the deliveries a channel owes;
-  and the two lease-free writes hosts keep their own state with (a name of a turn's data, a
-  settled delivery).
+  wait for, an agent's sessions with what each is parked on (all of them, or those one
+  principal may see), the deliveries a channel owes; and the lease-free writes hosts keep
+  their own state with (a name of a turn's data, a settled delivery, a session's owner).
 
 **Leases and fencing.** Writing session state needs a :class:`Lease`. A lease carries an
 **epoch** (a fencing token): every claim of a session gets a higher one, and every commit
@@ -67,6 +67,7 @@ from ..records import (
     StepResult,
     TurnRecord,
     TurnResult,
+    Visibility,
 )
 
 T = TypeVar("T")
@@ -87,6 +88,7 @@ __all__ = [
     "Transaction",
     "TurnRecord",
     "TurnStore",
+    "Visibility",
     "Watcher",
 ]
 
@@ -418,7 +420,7 @@ class TurnStore(Protocol):
 
 
 class SessionQueries(Protocol):
-    """What hosts read (the HTTP host, the CLI, channels), and the two lease-free writes they
+    """What hosts read (the HTTP host, the CLI, channels), and the lease-free writes they
     keep their own state with. Each query is one statement on a SQL store, whatever the number
     of sessions it answers for."""
 
@@ -442,12 +444,25 @@ class SessionQueries(Protocol):
         its first ``enqueue`` or ``claim``) comes first; a reset keeps a session's place."""
         ...
 
-    async def session_summaries(self, agent: str, *,
-                                parked_only: bool = False) -> list[SessionSummary]:
+    async def session_summaries(self, agent: str, *, parked_only: bool = False,
+                                visible: Visibility | None = None) -> list[SessionSummary]:
         """Every session of ``agent`` as :meth:`list_sessions` orders them, each with its
-        status, generation and the request it is parked on (a suspended turn with no cancel,
-        as ``TurnRecord.parked``); with ``parked_only``, only the parked ones (an operator's
-        inbox)."""
+        status, generation, owner and the request it is parked on (a suspended turn with no
+        cancel, as ``TurnRecord.parked``); with ``parked_only``, only the parked ones (an
+        operator's inbox); with ``visible``, only those it shows (owned by ``visible.owner``,
+        or parked on a request whose answerers are ``{"user": visible.answerer}`` or
+        ``{"policy": p, …}`` with ``p`` in ``visible.policies``, in the request itself or in
+        its ``more``), selected in the query itself."""
+        ...
+
+    async def own_session(self, key: SessionKey, owner: str) -> str | None:
+        """Make ``owner`` the owner of the session if the store does not have it yet (its
+        row is created, empty), atomically: of two principals that ask at once, one owns it.
+
+        Returns:
+            The session's owner after the call: ``owner``, the one that had it, or ``None``
+            for a session that exists without one. An owner is never changed.
+        """
         ...
 
     async def owed_deliveries(self, channel: str) -> list[tuple[SessionKey, TurnRecord]]:

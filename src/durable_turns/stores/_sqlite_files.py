@@ -138,25 +138,31 @@ def connect(path: Path, busy_timeout: float) -> sqlite3.Connection:
 
 
 def open_writer(path: Path, syntax: Syntax, *, synchronous: str, busy_timeout: float,
-                wait: bool) -> sqlite3.Connection | None:
+                wait: bool, create: bool = False) -> sqlite3.Connection | None:
     """The writer connection, the database in WAL mode and migrated, under the schema lock.
 
     Args:
         wait: wait for the schema lock, a busy database and a migration; without it, return
             ``None`` where any of them would make it wait.
+        create: make an existing empty (0-byte) file a new store; without it such a file is
+            refused (a missing file is always created).
 
     Raises:
-        StoreError: the file is not ours, of a newer schema, or SQLite failed.
+        StoreError: the file is not ours, empty (without ``create``), of a newer schema, or
+            SQLite failed.
     """
-    if not wait and not Path(lock_path(path)).exists():
+    if not Path(lock_path(path)).exists():
         # Nothing is created beside a file that is not ours. (Once the lock file exists the
         # file was ours, or is being made ours: the writer looks again under it.)
-        _check_foreign(path)
+        _check_foreign(path, create=create)
     fd = os.open(lock_path(path), os.O_RDWR | os.O_CREAT, 0o644)
     try:
         if not _flock(fd, _SCHEMA_BYTE, wait=wait) and not wait:
             os.close(fd)
             return None
+        # Under the schema lock nobody is half-way through creating the file: an empty one
+        # was left so (truncated, made by hand), not being made.
+        _check_empty(path, create=create)
         conn = connect(path, busy_timeout if wait else 0)
     except BaseException:
         os.close(fd)
@@ -185,18 +191,36 @@ def open_writer(path: Path, syntax: Syntax, *, synchronous: str, busy_timeout: f
     return conn
 
 
-def _check_foreign(path: Path) -> None:
-    """Refuse a file that is not a durable_turns store, looking at it read-only."""
+def _check_foreign(path: Path, *, create: bool) -> None:
+    """Refuse a file that is not a durable_turns store (or an empty one, unless ``create``),
+    looking at it without writing anything, beside it either: ``immutable`` makes SQLite
+    take no lock and open no ``-wal`` or ``-shm`` file, even for a database in WAL mode. (It
+    reads the main file only: enough for the header and the schema of a database that is
+    not ours, which is all this looks at.)"""
+    _check_empty(path, create=create)
     if not path.exists() or path.stat().st_size == 0:
         return
     try:
-        probe = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        probe = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro&immutable=1", uri=True)
     except sqlite3.Error as e:
         raise StoreError(f"cannot open {path}: {e}") from e
     try:
         _refuse_foreign(path, probe)
     finally:
         probe.close()
+
+
+def _check_empty(path: Path, *, create: bool) -> None:
+    """Refuse an existing empty file unless asked to create a store in it.
+
+    Raises:
+        StoreError: it is empty and ``create`` is false.
+    """
+    if not create and path.exists() and path.is_file() and path.stat().st_size == 0:
+        raise StoreError(
+            f"{path} is an empty file, not a durable_turns store (a database truncated to "
+            "nothing would start over empty): remove it to start a new store there, or open "
+            "it with SqliteStore(path, create=True)")
 
 
 def _refuse_foreign(path: Path, conn: sqlite3.Connection) -> None:

@@ -100,7 +100,8 @@ class SqliteDialect:
     capabilities = CAPABILITIES
 
     def __init__(self, path: str | os.PathLike[str], *, synchronous: str = "NORMAL",
-                 busy_timeout: float = 10.0, poll_interval: float = 0.02) -> None:
+                 busy_timeout: float = 10.0, poll_interval: float = 0.02,
+                 create: bool = False) -> None:
         if str(path) == ":memory:":
             raise StoreError("SqliteStore needs a file; use MemoryStore for an in-memory store")
         if synchronous.upper() not in ("OFF", "NORMAL", "FULL", "EXTRA"):
@@ -109,6 +110,7 @@ class SqliteDialect:
             raise ValueError("poll_interval must be positive")
         self.path = Path(path)
         self.poll_interval = poll_interval
+        self._create = create
         self._synchronous = synchronous.upper()
         self._busy_timeout = busy_timeout
         self._writer: sqlite3.Connection | None = None
@@ -188,7 +190,7 @@ class SqliteDialect:
 
     def _open_writer(self, *, wait: bool) -> sqlite3.Connection | None:
         return open_writer(self.path, SYNTAX, synchronous=self._synchronous,
-                           busy_timeout=self._busy_timeout, wait=wait)
+                           busy_timeout=self._busy_timeout, wait=wait, create=self._create)
 
     async def close(self) -> None:
         """``Dialect.close``."""
@@ -407,12 +409,15 @@ class SqliteStore(SqlStore):
 
     Args:
         path: the database file; created if missing. A file that is not a durable_turns
-            database (another application's, or corrupt) is refused and left untouched.
+            database (another application's, or corrupt) is refused and left untouched:
+            nothing is created beside it (no ``-wal``, ``-shm`` or ``-lease`` file). So is
+            an empty (0-byte) file, unless ``create``.
         synchronous: SQLite's ``synchronous`` setting. ``NORMAL`` (default) is durable
             against process crashes in WAL mode; ``FULL`` also against power loss.
         busy_timeout: seconds a write waits for another process's write lock.
         poll_interval: seconds between looks for other processes' commits while anyone
             subscribes to a session's events.
+        create: make an existing empty file a new store (a missing one always is).
 
     Raises:
         StoreError: ``path`` is ``:memory:`` (use ``MemoryStore``).
@@ -422,9 +427,11 @@ class SqliteStore(SqlStore):
     dialect: SqliteDialect
 
     def __init__(self, path: str | os.PathLike[str], *, synchronous: str = "NORMAL",
-                 busy_timeout: float = 10.0, poll_interval: float = 0.02) -> None:
+                 busy_timeout: float = 10.0, poll_interval: float = 0.02,
+                 create: bool = False) -> None:
         super().__init__(SqliteDialect(path, synchronous=synchronous,
-                                       busy_timeout=busy_timeout, poll_interval=poll_interval))
+                                       busy_timeout=busy_timeout, poll_interval=poll_interval,
+                                       create=create))
         self.path = self.dialect.path
         self.poll_interval = poll_interval
 

@@ -5,8 +5,8 @@ the checks of two tiers:
 
 - :data:`REQUIRED`: every store passes every one (leases and epochs, atomic commits, every
   write read back as written, the chain's rules, generations, workers' claims, turn data,
-  the feed and its live events, the queries hosts read, and a well-formed declaration of
-  capabilities);
+  the feed and its live events, the queries hosts read (sessions' owners, and what a
+  listing shows whom), and a well-formed declaration of capabilities);
 - :data:`OPTIONAL`: checks keyed by the capability they need (``store.capabilities``, a
   :class:`~durable_turns.stores.StoreCapabilities`). A store passes the checks of every
   capability it declares, and :func:`run_check` skips the others; a store that declares
@@ -89,6 +89,8 @@ REQUIRED: list[Check] = [
     queries.check_sessions_are_listed_newest_first,
     queries.check_sessions_are_summarised_with_what_they_wait_for,
     queries.check_owed_deliveries_are_an_outbox,
+    queries.check_a_session_is_owned_once,
+    queries.check_listings_show_what_a_principal_may_see,
     log.check_reset_starts_a_new_generation,
     log.check_a_long_transcript_reads_back_whole,
     chain.check_supersede_cancels_unfinished_turns_but_not_a_park,

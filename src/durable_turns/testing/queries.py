@@ -8,6 +8,7 @@ from ..records import (
     SessionKey,
     TurnResult,
     TurnStatus,
+    Visibility,
 )
 from ..stores import SessionStore
 from .helpers import KEY, get_turn, opening, park
@@ -70,6 +71,64 @@ async def check_sessions_are_summarised_with_what_they_wait_for(store: SessionSt
     (after,) = [s for s in await store.session_summaries("agent") if s.key == reset]
     assert (after.status, after.generation, after.pending) == ("new", 1, None)
     assert await store.session_summaries("agent", parked_only=True) == []
+
+
+async def check_a_session_is_owned_once(store: SessionStore) -> None:
+    """``own_session``: the first principal to ask owns a session the store did not have; an
+    owner is never replaced; a session made otherwise stays without one."""
+    a, b = SessionKey("agent", "a"), SessionKey("agent", "b")
+    assert await store.session_info(a) is None
+    assert await store.own_session(a, "ann") == "ann"
+    info = await store.session_info(a)
+    assert info is not None and (info.owner, info.status, info.generation) == ("ann", "new", 0)
+    assert await store.own_session(a, "bob") == "ann"  # taken: the owner stays
+    await store.enqueue(a, NewEntry("t1", opening("t1")))
+    assert await store.own_session(a, "bob") == "ann"
+    await store.enqueue(b, NewEntry("t1", opening("t1")))  # made without an owner
+    assert await store.own_session(b, "bob") is None
+    info = await store.session_info(b)
+    assert info is not None and info.owner is None
+    assert {s.key.session: s.owner for s in await store.session_summaries("agent")} == {
+        "a": "ann", "b": None}
+
+
+async def check_listings_show_what_a_principal_may_see(store: SessionStore) -> None:
+    """``session_summaries(visible=…)``: the sessions a principal owns, and those parked on a
+    request it may answer (as the user named, under a policy it holds, or in a parallel
+    batch's ``more``); nothing else, whatever the ids hold (quotes, ``%``, ``_``)."""
+    odd = 'a"%_!\\b'  # LIKE's wildcards, its escape, JSON's escapes
+    for name, owner in [("mine", "ann"), ("theirs", "bob"), ("odd", odd), ("none", None)]:
+        key = SessionKey("agent", name)
+        if owner is not None:
+            await store.own_session(key, owner)
+        await store.enqueue(key, NewEntry("t0", opening("t0")))
+    await park(store, SessionKey("agent", "ask-ann"), "p1", InputRequest(
+        "ok", 'Mention {"user":"bob"} in a prompt', answerers={"user": "ann"}, turn_id="p1"))
+    await park(store, SessionKey("agent", "batch"), "p2", InputRequest(
+        "a", "A?", answerers={"user": "carl"}, turn_id="p2",
+        more=(InputRequest("b", "B?", answerers={"user": odd}, turn_id="p2"),)))
+    await park(store, SessionKey("agent", "policy"), "p3", InputRequest(
+        "ok", "Refund?", answerers={"policy": "refunds", "scope": "eu"}, turn_id="p3"))
+    await park(store, SessionKey("agent", "prefix"), "p4", InputRequest(
+        "ok", "Refund?", answerers={"user": "ann2"}, turn_id="p4"))
+
+    async def shown(visible: Visibility, parked_only: bool = False) -> list[str]:
+        found = await store.session_summaries("agent", parked_only=parked_only,
+                                              visible=visible)
+        return sorted(s.key.session for s in found)
+
+    assert await shown(Visibility(owner="ann")) == ["mine"]
+    assert await shown(Visibility(owner=odd)) == ["odd"]
+    assert await shown(Visibility(owner="ann", answerer="ann")) == ["ask-ann", "mine"]
+    assert await shown(Visibility(owner="ann", answerer="ann"), parked_only=True) == ["ask-ann"]
+    assert await shown(Visibility(answerer="bob")) == []  # a prompt's text is not answerers
+    assert await shown(Visibility(answerer=odd)) == ["batch"]
+    assert await shown(Visibility(answerer="carl")) == ["batch"]
+    assert await shown(Visibility(answerer="an")) == []
+    assert await shown(Visibility(policies=("refunds",))) == ["policy"]
+    assert await shown(Visibility(policies=("refund", "other"))) == []
+    assert await shown(Visibility()) == []
+    assert len(await store.session_summaries("agent")) == 8
 
 
 async def check_owed_deliveries_are_an_outbox(store: SessionStore) -> None:

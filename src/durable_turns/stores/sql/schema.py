@@ -4,7 +4,7 @@ for each dialect (its column types, its keyed tables) and brought up to date by 
 The tables (see ``statements`` for what each statement does with them, ``log`` for a log
 row's columns)::
 
-    sessions (sid, agent, session, status, generation, epoch)
+    sessions (sid, agent, session, status, generation, epoch, owner)
     turns    (ordinal, sid, turn_id, kind, status, opening, event, policy, request,
               text, error, reason, cancel, data, deliver)     -- the chain
     log      (sid, seq, sub, gen, n, turn_id, body, step, memo, events)
@@ -138,6 +138,7 @@ TABLES: tuple[Table, ...] = (
         Column("status", "text", not_null=True, default="'new'"),
         Column("generation", "int", not_null=True, default="0"),
         Column("epoch", "bigint", not_null=True, default="0"),
+        Column("owner", "text"),
     ), unique=(("agent", "session"),)),
     Table("turns", (
         Column("ordinal", "id"),
@@ -206,6 +207,8 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(4, tables=("log_transcript",)),
     # 5: the channel that owes an entry a delivery, and the index of the owed ones.
     Migration(5, columns=("turns.deliver",), indexes=("turns_owed",)),
+    # 6: the principal that owns a session (sessions made before it have none).
+    Migration(6, columns=("sessions.owner",)),
 )
 """Append-only: a database of version ``v`` runs every migration after ``v``."""
 

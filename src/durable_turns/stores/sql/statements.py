@@ -38,10 +38,12 @@ from ...records import (
     StepRecord,
     TurnRecord,
     TurnStatus,
+    Visibility,
     decode_entry,
     encode_entry,
 )
 from ..kit import Writes, check_enqueue, supersede_reason, updated_request
+from .filters import visible_where
 from .log import LOOKED_UP, events_of, row_of, steps_of
 from .schema import OPEN as _OPEN
 from .schema import Syntax
@@ -178,7 +180,11 @@ class Statements:
         self._cancel_of = q("SELECT cancel FROM turns WHERE sid = ? AND turn_id = ?")
         self._data_of = q("SELECT data FROM turns WHERE sid = ? AND turn_id = ?")
         self._set_data = q("UPDATE turns SET data = ? WHERE sid = ? AND turn_id = ?")
-        self._info = q("SELECT status, generation FROM sessions WHERE agent = ? AND session = ?")
+        self._info = q("SELECT status, generation, owner FROM sessions "
+                       "WHERE agent = ? AND session = ?")
+        self._own = q("INSERT INTO sessions (agent, session, owner) VALUES (?, ?, ?) "
+                      "ON CONFLICT (agent, session) DO NOTHING")
+        self._owner = q("SELECT owner FROM sessions WHERE agent = ? AND session = ?")
         self._settle = q(
             "UPDATE turns SET deliver = NULL WHERE turn_id = ? AND deliver IS NOT NULL "
             "AND sid = (SELECT sid FROM sessions WHERE agent = ? AND session = ?)")
@@ -187,13 +193,11 @@ class Statements:
             "JOIN sessions s ON s.sid = t.sid WHERE t.deliver = ? ORDER BY t.ordinal")
         # The session's parked entry joined by its ordinal (the first, should there be two),
         # so a session is one row whatever its chain holds.
-        summaries = (
-            "SELECT s.session, s.status, s.generation, t.request, t.ordinal FROM sessions s "
+        self._summaries = (
+            "SELECT s.session, s.status, s.generation, t.request, s.owner FROM sessions s "
             "LEFT JOIN turns t ON t.ordinal = (SELECT min(p.ordinal) FROM turns p "
             "WHERE p.sid = s.sid AND p.status = 'suspended' AND p.cancel IS NULL) "
             "WHERE s.agent = ?")
-        self._summaries = q(summaries + " ORDER BY s.sid DESC")
-        self._parked_summaries = q(summaries + " AND t.ordinal IS NOT NULL ORDER BY s.sid DESC")
         def copies(gen: str) -> str:
             return q(
                 f"SELECT s.sid, {gen}, x.n, x.body, x.seq FROM sessions s "
@@ -409,7 +413,13 @@ class Statements:
     def session_info(self, c: Connection, key: SessionKey) -> SessionInfo | None:
         """``SessionStore.session_info``."""
         row = c.execute(self._info, (key.agent, key.session)).fetchone()
-        return None if row is None else SessionInfo(row[0], row[1])
+        return None if row is None else SessionInfo(row[0], row[1], row[2])
+
+    def own_session(self, c: Connection, key: SessionKey, owner: str) -> str | None:
+        """``SessionStore.own_session``, in the caller's transaction."""
+        c.execute(self._own, (key.agent, key.session, owner))
+        owner = c.execute(self._owner, (key.agent, key.session)).fetchone()[0]
+        return None if owner is None else str(owner)
 
     def read_messages(self, c: Connection, key: SessionKey, after: int,
                       generation: int | None) -> list[Message]:
@@ -526,16 +536,22 @@ class Statements:
         ), (agent,)).fetchall()
         return [SessionKey(agent, r[0]) for r in rows]
 
-    def session_summaries(self, c: Connection, agent: str,
-                          parked_only: bool) -> list[SessionSummary]:
-        """``SessionStore.session_summaries``: one statement."""
-        rows = c.execute(self._parked_summaries if parked_only else self._summaries,
-                         (agent,)).fetchall()
+    def session_summaries(self, c: Connection, agent: str, parked_only: bool,
+                          visible: Visibility | None) -> list[SessionSummary]:
+        """``SessionStore.session_summaries``: one statement, the visibility in its ``WHERE``."""
+        sql, params = self._summaries, [agent]
+        if parked_only:
+            sql += " AND t.ordinal IS NOT NULL"
+        if visible is not None:
+            where, more = visible_where(visible)
+            sql, params = f"{sql} AND ({where})", [*params, *more]
+        rows = c.execute(self.q(sql + " ORDER BY s.sid DESC"), tuple(params)).fetchall()
         out = []
-        for session, status, generation, request, _ in rows:
+        for session, status, generation, request, owner in rows:
             pending = _load(request)
             out.append(SessionSummary(SessionKey(agent, session), status, int(generation),
-                                      InputRequest.from_dict(pending) if pending else None))
+                                      InputRequest.from_dict(pending) if pending else None,
+                                      owner=owner))
         return out
 
     def owed_deliveries(self, c: Connection,

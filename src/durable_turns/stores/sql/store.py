@@ -36,6 +36,7 @@ from ...records import (
     SessionSummary,
     StepRecord,
     TurnRecord,
+    Visibility,
 )
 from .. import StoreCapabilities, Watcher
 from ..feed import Feed, Subscription
@@ -337,6 +338,10 @@ class SqlStore:
         return await self.transact(
             lambda c: self.statements.set_turn_data(c, key, turn_id, name, value, only_new))
 
+    async def own_session(self, key: SessionKey, owner: str) -> str | None:
+        """``SessionQueries.own_session``."""
+        return await self.transact(lambda c: self.statements.own_session(c, key, owner))
+
     async def settle_delivery(self, key: SessionKey, turn_id: str) -> bool:
         """``SessionQueries.settle_delivery``."""
         return await self.statement(lambda c: self.statements.settle_delivery(c, key, turn_id))
@@ -379,11 +384,11 @@ class SqlStore:
         """``SessionQueries.list_sessions``."""
         return await self.read(lambda c: self.statements.list_sessions(c, agent))
 
-    async def session_summaries(self, agent: str, *,
-                                parked_only: bool = False) -> list[SessionSummary]:
+    async def session_summaries(self, agent: str, *, parked_only: bool = False,
+                                visible: Visibility | None = None) -> list[SessionSummary]:
         """``SessionQueries.session_summaries``."""
         return await self.read(
-            lambda c: self.statements.session_summaries(c, agent, parked_only))
+            lambda c: self.statements.session_summaries(c, agent, parked_only, visible))
 
     async def owed_deliveries(self, channel: str) -> list[tuple[SessionKey, TurnRecord]]:
         """``SessionQueries.owed_deliveries``."""

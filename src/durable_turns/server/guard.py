@@ -1,0 +1,179 @@
+"""What every API request passes before its handler runs, in this order:
+
+1. **Its origin** (CSRF): a browser's request from a page of another origin is refused (403)
+   unless that origin is allowed. A state-changing request (``POST``) must carry an
+   ``Origin`` equal to the app's own (``scheme://host``, as the browser addressed it) or one
+   of ``origins``; without ``Origin``, a ``Sec-Fetch-Site`` other than ``same-origin`` or
+   ``none`` is refused (a client that sends neither, such as ``curl``, is no browser). A
+   read (``GET``) a page of another site makes (``fetch``, ``EventSource``, an image) is
+   refused too, by its ``Sec-Fetch-Site``; following a link to the console is not. JSON
+   bodies come only with ``Content-Type: application/json`` (``read_body``), which a form
+   cannot send.
+2. **Who calls**: with ``authenticate``, its principal (401 when refused). Without it
+   (development mode), the request must have arrived on a loopback address *and* name a
+   loopback host in its ``Host`` header: a page of ``attacker.example`` whose name was made
+   to resolve to 127.0.0.1 (DNS rebinding) sends ``Host: attacker.example`` and is refused.
+3. **Its body** (``POST``): within its size, its JSON depth and its shape (400, 413, 415).
+4. **May it?** ``authorize(principal, action, session)`` (``access``) decides the route's
+   action; a session the store does not have is taken by the principal that starts it (a
+   turn, a reset, or following its events), atomically, and the decision is made again if
+   another principal took it first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Collection
+
+from pydantic import BaseModel
+from starlette.requests import Request
+from starlette.responses import Response
+
+from ..access import Action, Authorize, authorized, listing
+from ..runtime import Runtime
+from ..wire import BODY_TIMEOUT, HttpError
+from ._http import Authenticate, error_response, is_loopback, principal_of, read_body
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+CLAIMS: frozenset[Action] = frozenset({"turn", "reset"})
+"""The actions that make a session the store does not have (and so take it)."""
+
+
+class Guard:
+    """Wraps the API's handlers in the checks of the module's docstring.
+
+    Args:
+        runtime: the runtime served.
+        authenticate: the caller's principal; ``None`` for development mode.
+        authorize: decides each action (``access.default_authorize`` by default).
+        origins: other origins (``https://console.example``) whose pages may call the API
+            from a browser, besides the app's own.
+        body_timeout: seconds a request's body may take to arrive.
+    """
+
+    def __init__(self, runtime: Runtime, authenticate: Authenticate | None,
+                 authorize: Authorize, origins: Collection[str] = (), *,
+                 body_timeout: float = BODY_TIMEOUT) -> None:
+        self.rt = runtime
+        self.authenticate = authenticate
+        self.authorize = authorize
+        self.origins = frozenset(o.rstrip("/").lower() for o in origins)
+        self.body_timeout = body_timeout
+
+    def __call__(self, handler: Handler, action: Action | None = None, *,
+                 body: type[BaseModel] | None = None, claim: bool = False) -> Handler:
+        """``handler`` behind the checks.
+
+        Args:
+            action: what the route does, for ``authorize`` (``None``: nothing of a session,
+                such as the console's files).
+            body: the route's body model, read and checked before ``authorize`` runs (the
+                handler's own ``read_body`` then returns it).
+            claim: a read that takes a session the store does not have (following its
+                events: what a principal follows must not become another's).
+        """
+
+        async def guarded(request: Request) -> Response:
+            try:
+                self.check_origin(request)
+                if self.authenticate is None:
+                    check_local(request)
+                else:
+                    request.state.by, request.state.principal = await principal_of(
+                        request, self.authenticate, None)
+                if body is not None:
+                    await read_body(request, body, timeout=self.body_timeout)
+                await self.rt.open()
+                if action is not None and self.authenticate is not None:
+                    await self.check_action(request, action, claim or action in CLAIMS)
+                return await handler(request)
+            except Exception as e:
+                return error_response(e)
+
+        return guarded
+
+    def check_origin(self, request: Request) -> None:
+        """Refuse a browser's request made by a page of another origin (see the module).
+
+        Raises:
+            HttpError: 403.
+        """
+        origin = request.headers.get("origin")
+        site = request.headers.get("sec-fetch-site")
+        if origin is not None:
+            origin = origin.rstrip("/").lower()
+            if origin == own_origin(request) or origin in self.origins:
+                return
+        if request.method in SAFE_METHODS:
+            # A read: refused only when a page of another site made it (not a navigation,
+            # such as a link to the console, which cannot read what it gets back anyway).
+            if site in ("cross-site", "same-site") and \
+                    request.headers.get("sec-fetch-mode") != "navigate":
+                raise HttpError(403, "CrossOrigin",
+                                f"a page of another site ({origin or 'unnamed'}) may not read "
+                                "this; allow its origin with create_app(origins=[…])")
+            return
+        if origin is not None:
+            raise HttpError(403, "CrossOrigin",
+                            f"a request from {origin!r} (another origin than this server's "
+                            f"{own_origin(request)!r}) may not change anything here; allow "
+                            "that origin with create_app(origins=[…])")
+        if site not in (None, "same-origin", "none"):
+            raise HttpError(403, "CrossOrigin",
+                            f"a {site} request may not change anything here")
+
+    async def check_action(self, request: Request, action: Action, claim: bool) -> None:
+        """Ask ``authorize`` about ``action``; take a new session for the caller if ``claim``.
+
+        Raises:
+            SessionAccessError: refused (403).
+            UnknownAgentError: no such agent (404).
+        """
+        principal = request.state.principal
+        agent = request.path_params["agent"]
+        if action in ("list", "inbox"):
+            self.rt.key(agent, "_")  # raises UnknownAgentError
+            request.state.visible = await listing(self.authorize, principal, action)
+            return
+        s = self.rt.session(agent, request.path_params["session"])
+        found = await s.summary()
+        await authorized(self.authorize, principal, action, found)
+        # Taken atomically: of two principals starting one session, one owns it, and the
+        # other is decided again against that owner.
+        if claim and not found.exists and \
+                await self.rt.queries.own(s.key, request.state.by) != request.state.by:
+            await authorized(self.authorize, principal, action, await s.summary())
+
+
+def own_origin(request: Request) -> str:
+    """The origin a browser gives this server's pages: ``scheme://host[:port]`` of the
+    request (its ``Host`` header), lower case."""
+    host = request.headers.get("host") or ""
+    return f"{request.url.scheme}://{host}".lower()
+
+
+def check_local(request: Request) -> None:
+    """Development mode serves this machine only: the request arrived on a loopback address
+    and its ``Host`` header names one.
+
+    Raises:
+        HttpError: 403.
+    """
+    server = request.scope.get("server")
+    if not server or not is_loopback(str(server[0])):
+        raise HttpError(403, "DevelopmentMode", "no authenticate: serving loopback only")
+    host = host_name(request.headers.get("host") or "")
+    if not is_loopback(host):
+        raise HttpError(403, "DevelopmentMode",
+                        f"no authenticate: this server answers requests for this machine "
+                        f"only (localhost, 127.0.0.1, [::1]), not for Host {host!r} (a page "
+                        "whose name resolves here, DNS rebinding, is refused)")
+
+
+def host_name(host: str) -> str:
+    """The name or address of a ``Host`` header, without its port (``[::1]:80`` → ``::1``)."""
+    if host.startswith("["):
+        return host[1:host.find("]")] if "]" in host else host
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+
