@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from durable_turns import MemoryStore, SqliteStore
+from durable_turns.events import TurnEvent
 from durable_turns.stores import SessionStore
 
 PG_DSN = os.environ.get("DURABLE_TURNS_TEST_PG")
@@ -26,6 +27,19 @@ def pg_schema_dsn() -> str:
     with psycopg.connect(PG_DSN, autocommit=True) as c:
         c.execute(f"CREATE SCHEMA {schema}")
     return psycopg.conninfo.make_conninfo(PG_DSN, options=f"-csearch_path={schema}")
+
+
+def assert_slotted(got: list[TurnEvent], stored: list[TurnEvent]) -> None:
+    """``got``'s durable events are ``stored``, in order, once; each live one (text carried
+    from the driving process) comes right after the durable event whose ``seq`` it
+    carries."""
+    assert [e.to_dict() for e in got if e.durable] == [e.to_dict() for e in stored]
+    last: int | None = None
+    for e in got:
+        if e.durable:
+            last = e.seq
+        else:
+            assert e.seq == last, f"{e.type} of seq {e.seq} came after event {last}"
 
 
 @pytest.fixture(autouse=True)

@@ -123,7 +123,7 @@ def test_help() -> None:
     assert top.returncode == 0
     assert "demo" in top.stdout
     assert "demo-worker" not in top.stdout  # the child's subcommand stays hidden
-    for command in ("refund", "approve", "pending"):
+    for command in ("approve", "deny", "pending", "serve", "chat"):
         assert command in top.stdout
     demo = cli("demo", "--help")
     assert demo.returncode == 0
@@ -132,7 +132,7 @@ def test_help() -> None:
         assert word in demo.stdout
     for command, words in {"refund": ("--order", "--amount", "--user", "--approver"),
                            "approve": ("--turn", "--input", "--deny", "--by")}.items():
-        out = cli(command, "--help")
+        out = cli("demo", command, "--help")
         assert out.returncode == 0
         for word in (*words, "--db", "--model", "exit status"):
             assert word in out.stdout
@@ -294,6 +294,11 @@ def run(*args: str, user: str = "alice", **env: str) -> tuple[int, str, str, int
     return proc.returncode, out, err, proc.pid
 
 
+def demo(*args: str, user: str = "alice", **env: str) -> tuple[int, str, str, int]:
+    """``durable-turns demo …`` in a process of its own: as :func:`run`."""
+    return run("demo", *args, user=user, **env)
+
+
 def parked_turn(stdout: str) -> str:
     m = re.search(r"--turn (turn-[0-9a-f]+) --input approve-refund", stdout)
     assert m, stdout
@@ -326,6 +331,7 @@ async def turn_of(db: Path, turn_id: str
 def assert_refused(code: int, out: str, err: str, command: str, *needles: str) -> None:
     assert code == 2, out + err
     assert err.startswith(f"durable-turns {command}: error: "), err
+    assert err.count("\n") == 1, err  # one line
     for needle in needles:
         assert needle in err
     assert "Traceback" not in err and out == ""
@@ -333,7 +339,7 @@ def assert_refused(code: int, out: str, err: str, command: str, *needles: str) -
 
 async def test_refund_parks_and_a_second_process_approves_it(tmp_path: Path) -> None:
     db = tmp_path / "shop.sqlite"
-    code, out, err, refund_pid = run("refund", "--db", str(db), "--order", "42",
+    code, out, err, refund_pid = demo("refund", "--db", str(db), "--order", "42",
                                      "--amount", "30")
     assert code == 0 and err == "", out + err
     assert "scripted" in out and "no ANTHROPIC_API_KEY is set" in out
@@ -347,25 +353,25 @@ async def test_refund_parks_and_a_second_process_approves_it(tmp_path: Path) -> 
     assert [m.role for m in messages] == ["user", "assistant"]
     assert messages[0].by == "alice"
 
-    code, out, err, _ = run("pending", "--db", str(db))
+    code, out, err, _ = demo("pending", "--db", str(db))
     assert code == 0 and err == ""
-    assert turn in out and "approve-refund" in out and "user alice" in out
+    assert turn in out and "approve-refund" in out and "only alice may answer" in out
     assert f"--turn {turn} --input approve-refund --by alice" in out
 
     # Bad answers are refused with a clear message, exit 2, no traceback, nothing stored.
-    assert_refused(*run("approve", "--db", str(db), "--turn", turn, user="mallory")[:3],
-                   "approve", "ResumeAuthorizationError", "only user 'alice' may answer",
+    assert_refused(*demo("approve", "--db", str(db), "--turn", turn, user="mallory")[:3],
+                   "demo approve", "ResumeAuthorizationError", "only user 'alice' may answer",
                    "'mallory' may not")
-    assert_refused(*run("approve", "--db", str(db), "--turn", turn, "--by", "bob")[:3],
-                   "approve", "ResumeAuthorizationError")
-    assert_refused(*run("approve", "--db", str(db), "--turn", turn, "--input", "approve")[:3],
-                   "approve", "ResumeConflictError", "waits for input 'approve-refund'")
-    assert_refused(*run("approve", "--db", str(db), "--turn", "turn-nope")[:3],
-                   "approve", "no turn 'turn-nope'", "durable-turns pending")
+    assert_refused(*demo("approve", "--db", str(db), "--turn", turn, "--by", "bob")[:3],
+                   "demo approve", "ResumeAuthorizationError")
+    assert_refused(*demo("approve", "--db", str(db), "--turn", turn, "--input", "approve")[:3],
+                   "demo approve", "ResumeConflictError", "waits for input 'approve-refund'")
+    assert_refused(*demo("approve", "--db", str(db), "--turn", "turn-nope")[:3],
+                   "demo approve", "no turn 'turn-nope'", "durable-turns demo pending")
     assert refunds(db) == []
     assert (await turn_of(db, turn))[0] == "suspended"
 
-    code, out, err, approve_pid = run("approve", "--db", str(db), "--turn", turn,
+    code, out, err, approve_pid = demo("approve", "--db", str(db), "--turn", turn,
                                       "--input", "approve-refund")
     assert code == 0 and err == "", out + err
     assert f"pid {approve_pid} replays the turn" in out
@@ -385,21 +391,23 @@ async def test_refund_parks_and_a_second_process_approves_it(tmp_path: Path) -> 
 
     # Answering twice: the same answer by the same person is one answer (a double click),
     # another answer is a conflict; nothing is paid again either way.
-    code, out, err, _ = run("approve", "--db", str(db), "--turn", turn)
+    code, out, err, _ = demo("approve", "--db", str(db), "--turn", turn)
     assert code == 0 and err == "", out + err
-    assert_refused(*run("approve", "--db", str(db), "--turn", turn, "--deny")[:3], "approve",
+    assert "(given already: the same answer)" in out and "nothing runs again" in out
+    assert "replays the turn" not in out
+    assert_refused(*demo("approve", "--db", str(db), "--turn", turn, "--deny")[:3], "demo approve",
                    "ResumeConflictError", "answered already", "already completed")
     assert len(refunds(db)) == 1
-    code, out, _, _ = run("pending", "--db", str(db))
+    code, out, _, _ = demo("pending", "--db", str(db))
     assert code == 0 and "nothing" in out and "is waiting for input" in out
 
 
 async def test_a_denied_refund_pays_nothing(tmp_path: Path) -> None:
     db = tmp_path / "shop.sqlite"
-    code, out, err, _ = run("refund", "--db", str(db), "--order", "A-7", "--amount", "12.50")
+    code, out, err, _ = demo("refund", "--db", str(db), "--order", "A-7", "--amount", "12.50")
     assert code == 0, out + err
     turn = parked_turn(out)
-    code, out, err, _ = run("approve", "--db", str(db), "--turn", turn, "--deny")
+    code, out, err, _ = demo("approve", "--db", str(db), "--turn", turn, "--deny")
     assert code == 0 and err == "", out + err
     assert "approve-refund = no (--deny), by alice" in out
     assert "answer: The refund of $12.50 on order A-7 was not approved" in out
@@ -413,38 +421,38 @@ async def test_a_denied_refund_pays_nothing(tmp_path: Path) -> None:
 
 async def test_an_approver_other_than_the_asker(tmp_path: Path) -> None:
     db = tmp_path / "shop.sqlite"
-    code, out, err, _ = run("refund", "--db", str(db), "--order", "7", "--amount", "5",
+    code, out, err, _ = demo("refund", "--db", str(db), "--order", "7", "--amount", "5",
                             "--approver", "bob", "--session", "desk-1")
     assert code == 0, out + err
     assert "ops/desk-1" in out and "--by bob" in out
     turn = parked_turn(out)
     # One park at a time: the session takes no other turn until this one is answered.
-    busy = run("refund", "--db", str(db), "--order", "8", "--amount", "5", "--session",
+    busy = demo("refund", "--db", str(db), "--order", "8", "--amount", "5", "--session",
                "desk-1")
-    assert_refused(*busy[:3], "refund", "is parked on turn", "durable-turns pending")
-    assert_refused(*run("approve", "--db", str(db), "--turn", turn)[:3], "approve",
+    assert_refused(*busy[:3], "demo refund", "is parked on turn", "durable-turns demo pending")
+    assert_refused(*demo("approve", "--db", str(db), "--turn", turn)[:3], "demo approve",
                    "only user 'bob' may answer", "'alice' may not")
-    code, out, err, pid = run("approve", "--db", str(db), "--turn", turn, "--by", "bob")
+    code, out, err, pid = demo("approve", "--db", str(db), "--turn", turn, "--by", "bob")
     assert code == 0, out + err
     assert [r[:4] for r in refunds(db)] == [("7", 5.0, "alice", pid)]
 
 
 def test_approval_commands_refuse_bad_input(tmp_path: Path) -> None:
     missing = tmp_path / "missing.sqlite"
-    assert_refused(*run("approve", "--db", str(missing), "--turn", "t")[:3], "approve",
+    assert_refused(*demo("approve", "--db", str(missing), "--turn", "t")[:3], "demo approve",
                    "no such file")
-    assert_refused(*run("pending", "--db", str(missing))[:3], "pending", "no such file")
+    assert_refused(*demo("pending", "--db", str(missing))[:3], "demo pending", "no such file")
     assert not missing.exists()
     notes = tmp_path / "notes.txt"
     notes.write_text("not a database\n" * 50)
     before = digest(notes)
-    assert_refused(*run("pending", "--db", str(notes))[:3], "pending",
+    assert_refused(*demo("pending", "--db", str(notes))[:3], "demo pending",
                    "not a SQLite database")
     assert digest(notes) == before
     for bad in (["--amount", "-5"], ["--amount", "1.234"], ["--amount", "ten"],
                 ["--order", "4 2"], ["--user", " "]):
         args = {"--order": "42", "--amount": "30", **dict(zip(bad[::2], bad[1::2], strict=True))}
-        out = cli("refund", "--db", str(tmp_path / "r.sqlite"),
+        out = cli("demo", "refund", "--db", str(tmp_path / "r.sqlite"),
                   *[x for kv in args.items() for x in kv])
         assert out.returncode == 2 and "Traceback" not in out.stderr, (bad, out.stderr)
         assert bad[0] in out.stderr
@@ -453,11 +461,11 @@ def test_approval_commands_refuse_bad_input(tmp_path: Path) -> None:
 
 def test_approve_refuses_a_turn_that_is_not_parked(tmp_path: Path) -> None:
     db = tmp_path / "ops.sqlite"
-    demo = cli("demo", "--db", str(db))
-    assert demo.returncode == 0
-    m = re.search(r"session\s+\S+, turn (\S+)", demo.stdout)
+    ran = cli("demo", "--db", str(db))
+    assert ran.returncode == 0
+    m = re.search(r"session\s+\S+, turn (\S+)", ran.stdout)
     assert m
-    assert_refused(*run("approve", "--db", str(db), "--turn", m.group(1))[:3], "approve",
+    assert_refused(*demo("approve", "--db", str(db), "--turn", m.group(1))[:3], "demo approve",
                    "ResumeConflictError", "not waiting for input", "already completed")
 
 
@@ -473,17 +481,17 @@ def test_approve_refuses_a_turn_that_is_not_parked(tmp_path: Path) -> None:
 def test_an_unusable_model_fails_clearly_before_anything_runs(tmp_path: Path, spec: str,
                                                               needle: str) -> None:
     db = tmp_path / "m.sqlite"
-    for command in (["demo"], ["refund", "--order", "1", "--amount", "1"]):
+    for command in (["demo"], ["demo", "refund", "--order", "1", "--amount", "1"]):
         code, out, err, _ = run(*command, "--db", str(db), "--model", spec, HOME=str(tmp_path))
         assert code == 2, out + err
-        assert f"durable-turns {command[0]}: error: --model: " in err and needle in err
+        assert f"durable-turns {' '.join(command[:2])}: error: --model: " in err and needle in err
         assert "Traceback" not in err and out == ""
     assert not db.exists()
 
 
 def test_model_scripted_overrides_an_anthropic_key(tmp_path: Path) -> None:
     # The base URL is a closed port: had the demo called Anthropic, it would have failed.
-    code, out, err, _ = run("demo", "--db", str(tmp_path / "d.sqlite"), "--model", "scripted",
+    code, out, err, _ = demo("--db", str(tmp_path / "d.sqlite"), "--model", "scripted",
                             ANTHROPIC_API_KEY="sk-test", ANTHROPIC_BASE_URL="http://127.0.0.1:9")
     assert code == 0, out + err
     assert "model    scripted (offline, deterministic): chosen with --model" in out
@@ -562,13 +570,13 @@ async def test_refund_and_approve_on_anthropic_across_processes(
 ) -> None:
     app, env = fake_anthropic
     db = tmp_path / "shop.sqlite"
-    code, out, err = await arun("refund", "--db", str(db), "--order", "42", "--amount", "30",
-                                env=env)
+    code, out, err = await arun("demo", "refund", "--db", str(db), "--order", "42",
+                                "--amount", "30", env=env)
     assert code == 0, out + err
     assert "anthropic:claude-sonnet-4-5" in out and len(app.state.requests) == 1
     turn = parked_turn(out)
     assert refunds(db) == []
-    code, out, err = await arun("approve", "--db", str(db), "--turn", turn, env=env)
+    code, out, err = await arun("demo", "approve", "--db", str(db), "--turn", turn, env=env)
     assert code == 0, out + err
     assert "answer: Refund issued." in out
     assert len(app.state.requests) == 2  # the first model step was replayed from the store

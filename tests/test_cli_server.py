@@ -78,20 +78,26 @@ def free_port() -> int:
 
 @asynccontextmanager
 async def served(app: Path, db: Path, *more: str,
-                 said: list[bytes] | None = None,
+                 said: list[bytes] | None = None, env: dict[str, str] | None = None,
                  ) -> AsyncIterator[tuple[asyncio.subprocess.Process, str]]:
-    """``serve`` on a free port; ``said`` gets the lines it prints once it listens."""
+    """``serve`` on a free port; ``said`` gets the banner it prints once it listens (up to
+    its line about authentication, the last)."""
     port = free_port()
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "durable_turns.cli", "serve", str(app), "--db", str(db),
         "--port", str(port), *more, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE)
+        stderr=asyncio.subprocess.PIPE, env=env)
     try:
         assert proc.stdout is not None
         line = await asyncio.wait_for(proc.stdout.readline(), WAIT)
-        assert line.startswith(b"serving agent 'desk'"), line
+        assert line.startswith(b"serving agent "), line
+        banner = [line]
+        while not banner[-1].startswith((b"authentication: ", b"development mode: ",
+                                         b"serving the channels' routes only")):
+            banner.append(await asyncio.wait_for(proc.stdout.readline(), WAIT))
+            assert banner[-1], banner  # the banner ends with the line about authentication
         if said is not None:
-            said += [line, await asyncio.wait_for(proc.stdout.readline(), WAIT)]
+            said += banner
         yield proc, f"http://127.0.0.1:{port}"
     finally:
         if proc.returncode is None:
@@ -178,7 +184,7 @@ async def test_serve_authenticates_with_agent_py(tmp_path: Path) -> None:
     said: list[bytes] = []
     async with served(app, db, said=said) as (_proc, url), httpx.AsyncClient(
             base_url=url, timeout=WAIT) as client:
-        assert said[1].startswith(b"authentication: ") and b"agent.py" in said[1]
+        assert said[-1].startswith(b"authentication: ") and b"agent.py" in said[-1]
         for refused in (
             await client.get("/agents/desk/sessions"),
             await client.post("/agents/desk/sessions/s1/chat", json={"text": "hi"}),
@@ -214,7 +220,7 @@ async def check(request):
     said: list[bytes] = []
     async with served(app, db, "--auth", f"{auth}:check", said=said) as (_proc, url), \
             httpx.AsyncClient(base_url=url, timeout=WAIT) as client:
-        assert said[1].startswith(b"authentication: ") and b"gate.py:check" in said[1]
+        assert said[-1].startswith(b"authentication: ") and b"gate.py:check" in said[-1]
         refused = await client.post("/agents/desk/sessions/s1/chat", json={"text": "hi"})
         assert refused.status_code == 401
         r = await client.post("/agents/desk/sessions/s1/chat", json={"text": "hi"},
@@ -226,9 +232,24 @@ async def check(request):
 
 async def test_serve_says_how_to_add_authentication(tmp_path: Path) -> None:
     said: list[bytes] = []
-    async with served(make_app(tmp_path), tmp_path / "desk.sqlite", said=said):
-        assert said[1].startswith(b"development mode:")
-        assert b"authenticate(request)" in said[1] and b"--auth" in said[1]
+    async with served(make_app(tmp_path), tmp_path / "desk.sqlite", said=said) as (_p, url):
+        assert said[-1].startswith(b"development mode:")
+        assert b"authenticate(request)" in said[-1] and b"--auth" in said[-1]
+        assert said[1] == f"console: {url}/  (open it in a browser)\n".encode()
+
+
+async def test_the_banner_names_each_channel_s_routes(tmp_path: Path) -> None:
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("SLACK_")},
+           "SLACK_SIGNING_SECRET": "8f742231b10e8888abcd99yyyzzz85a5",
+           "SLACK_BOT_TOKEN": "xoxb-t", "SLACK_API_URL": "http://127.0.0.1:9/api/"}
+    said: list[bytes] = []
+    app = make_app(tmp_path)
+    async with served(app, tmp_path / "desk.sqlite", "--channel", "slack",
+                      "--expose-api", said=said, env=env) as (_proc, url):
+        lines = [line.decode().rstrip("\n") for line in said]
+        assert lines[1] == f"console: {url}/  (open it in a browser)"
+        assert lines[2] == (f"channel slack: POST {url}/slack/events, "
+                            f"POST {url}/slack/actions")
 
 
 def test_serve_refuses_a_bad_auth_option(tmp_path: Path) -> None:
@@ -352,8 +373,9 @@ async def test_serve_a_channel_without_authentication_exposes_only_its_routes(
         # (HEADER_TIMEOUT), checked at the end of this block.
         reader, writer = await asyncio.open_connection("127.0.0.1", int(url.rsplit(":", 1)[1]))
         writer.write(b"POST /slack/events HTTP/1.1\r\nHost: 127.0.0.1\r\n")
-        assert said[0].rstrip().endswith(b"SIGTERM or Ctrl-C stops") and b"/slack/" in said[0]
-        assert b"not exposed" in said[1] and b"--expose-api" in said[1]
+        assert said[0].rstrip().endswith(b"SIGTERM or Ctrl-C stops"), said
+        assert said[1].startswith(b"channel slack: POST ") and b"/slack/events" in said[1]
+        assert b"not exposed" in said[2] and b"--expose-api" in said[2]
         for path in ("/", "/agents", "/agents/desk/sessions", "/openapi.json"):
             assert (await client.get(path)).status_code == 404, path
         r = await client.post("/agents/desk/sessions/s1/resume", json={"by": "anyone"})

@@ -238,8 +238,8 @@ async def test_a_turn_from_the_text_box_streams_its_answer_and_its_tool_rows() -
         await expect(broken.locator(".badge")).to_have_text("error")
         # An error is marked red, and open so its message shows.
         await expect(broken).to_have_class(re.compile(r"\berror\b"))
-        assert await broken.evaluate("e => e.open") is True
-        # Retried: a snapshot may re-render the row between finding it and reading its style.
+        # Asked with retries: a snapshot may redraw the row between two reads of it.
+        await expect(broken).to_have_js_property("open", True)
         await expect(broken.locator(".label")).to_have_css("color", "rgb(179, 38, 30)")
         await expect(broken.locator("pre.result")).to_contain_text("ValueError: the index is down")
 
@@ -270,6 +270,9 @@ async def test_a_turn_from_the_text_box_streams_its_answer_and_its_tool_rows() -
         times = await rows.locator("td:nth-child(4)").all_inner_texts()
         assert all(re.fullmatch(r"\d+ ms|\d+\.\d\d s", t) for t in times), times
         await shot(page, "4-session-timeline")
+        # The text box sent an Idempotency-Key: the turn's id is the one the key names.
+        (turn,) = [t for t in await c.rt.session("desk", "s1").chain() if t.kind == "turn"]
+        assert turn.turn_id.startswith("k-") and "idempotency" in (turn.data or {})
     assert c.errors == []
 
 
@@ -336,33 +339,54 @@ async def test_a_second_tab_answering_differently_sees_the_conflict_explained(tm
             parked = (await client.post("/agents/ops/sessions/r2/chat", json={
                 "text": "Refund $12.50 on order A-7.", "by": "alice"})).json()
         assert parked["status"] == "suspended"
-        ctx = await c.context()
-        await ctx.add_init_script("localStorage.setItem('durable_turns.me', 'alice')")
-        first = await c.page(ctx, "tab-1", "#/inbox")
-        second = await c.page(ctx, "tab-2", "#/inbox")
-        cards = [p.locator(".card.request[data-session=r2]") for p in (first, second)]
+        tabs = []
+        for name, who in (("tab-1", "alice"), ("tab-2", "alice"), ("tab-3", "bob")):
+            ctx = await c.context()
+            await ctx.add_init_script(f"localStorage.setItem('durable_turns.me', '{who}')")
+            # The inbox refreshes only when the test says: the clock stands still until then.
+            await ctx.clock.install()
+            tabs.append(await c.page(ctx, name, "#/inbox"))
+        cards = [p.locator(".card.request[data-session=r2]") for p in tabs]
         for card in cards:
             await expect(card.locator(".prompt")).to_have_text(
                 "Approve a $12.50 refund on order A-7?")
 
         await cards[0].get_by_role("button", name="Approve").click()
         await expect(cards[0].locator(".notice.ok")).to_contain_text("the turn completed")
+        # Answered: the card's buttons are off, so it cannot be answered again from here.
+        for name in ("Approve", "Deny"):
+            await expect(cards[0].get_by_role("button", name=name)).to_be_disabled()
         await cards[1].get_by_role("button", name="Deny").click()
         refused = cards[1].locator(".notice.error")
         await expect(refused).to_contain_text("Conflict: input 'approve-refund' of turn")
-        await expect(refused).to_contain_text("answered already (by 'alice'), with another "
-                                              "answer. Someone answered this request first; "
-                                              "their answer stands.")
+        # alice's own answer, given in the other tab: said to be hers, not "someone's".
+        await expect(refused).to_contain_text("answered already by 'alice' (true), with "
+                                              "another answer than this one. You answered it "
+                                              "yourself, in another tab or window; your first "
+                                              "answer stands.")
         text = await refused.inner_text()
-        assert "Traceback" not in text and "Internal" not in text
-        await shot(second, "10-second-tab-conflict")
+        assert "Traceback" not in text and "Internal" not in text and "Someone" not in text
+        for name in ("Approve", "Deny"):
+            await expect(cards[1].get_by_role("button", name=name)).to_be_disabled()
+        await shot(tabs[1], "10-second-tab-conflict")
 
-        await cards[1].get_by_role("button", name="Approve").click()
-        await expect(cards[1].locator(".notice.ok")).to_contain_text("the turn completed")
-        await shot(second, "11-second-tab-same-answer")
+        # bob's same answer is not a double click of alice's: refused, and said whose.
+        await cards[2].get_by_role("button", name="Approve").click()
+        other = cards[2].locator(".notice.error")
+        await expect(other).to_contain_text("answered already by 'alice' (true), with the "
+                                            "same answer. Someone answered this request "
+                                            "first; their answer stands.")
+        await expect(cards[2].get_by_role("button", name="Deny")).to_be_disabled()
+        await shot(tabs[2], "11-third-tab-someone-else")
+
+        await tabs[1].clock.run_for(6_000)  # the inbox's next refresh: the request is gone
+        await expect(cards[1].locator(".gone")).to_have_text(
+            "No longer waiting (answered, or reset).")
+        await expect(cards[1].locator(".notice.error")).to_contain_text("You answered")
         assert refunds(db) == [("A-7", 1)]  # one answer, one refund, paid once
-    # The refused answer is the one error the second tab's log may show: the 409 itself.
-    assert [e for e in c.errors if not (e.startswith("tab-2:") and "status of 409" in e)] == []
+    # The refused answers are the one error the other tabs' logs may show: the 409 itself.
+    assert [e for e in c.errors if not (e.startswith(("tab-2:", "tab-3:"))
+                                        and "status of 409" in e)] == []
 
 
 async def test_a_reload_mid_turn_continues_without_a_duplicate_row() -> None:

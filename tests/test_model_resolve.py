@@ -5,10 +5,12 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import durable_turns.models as models
+from durable_turns import Agent, MemoryStore, Runtime, ToolContext, tool
 from durable_turns.errors import ConfigurationError
 from durable_turns.models import Model
 from durable_turns.models.anthropic_messages import AnthropicModel
@@ -48,7 +50,8 @@ def test_a_model_object_is_returned_as_it_is() -> None:
 
 @pytest.mark.parametrize("spec", ["claude-test", "anthropic:", ":gpt-4o", ""])
 def test_malformed_strings_are_refused(spec: str) -> None:
-    with pytest.raises(ConfigurationError, match="expected '<provider>:<model>'"):
+    with pytest.raises(ConfigurationError, match="expected 'scripted' \\(offline\\) or "
+                                                 "'<provider>:<model>'"):
         resolve_model(spec)
 
 
@@ -88,3 +91,35 @@ def test_import_durable_turns_imports_no_sdk() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True)
     assert out.stdout.strip() == "[]"
+
+
+@tool
+async def order_status(order_id: str) -> dict[str, Any]:
+    """Where an order is."""
+    return {"order_id": order_id, "state": "packed"}
+
+
+@tool
+async def approve(ctx: ToolContext) -> dict[str, Any]:
+    """Ask a person."""
+    return {"ok": await ctx.request_input("ok", "OK?", schema={"type": "boolean"})}
+
+
+@pytest.mark.parametrize("spec", ["scripted", " Scripted "])
+async def test_scripted_is_the_offline_model_that_calls_tools_by_name(spec: str) -> None:
+    agent = Agent("desk", "You help.", [order_status, approve])
+    async with Runtime([agent], MemoryStore(), resolve_model(spec)) as rt:
+        s = rt.session("desk", "s1")
+        done = await s.turn('order_status {"order_id": "A-12"}')
+        assert done.text == 'order_status answered: {"order_id": "A-12", "state": "packed"}'
+        prose = await s.turn("where is my order?")
+        assert prose.text is not None and prose.text.startswith('You said "where is my order?". ')
+        assert 'order_status {"order_id": "…"}' in prose.text
+        assert "This agent's tools: order_status, approve." in prose.text
+        bad = await s.turn("order_status {not json}")  # not a call: it says how to make one
+        assert bad.text is not None and "offline model" in bad.text
+        started = await s.start("approve")
+        parked = await s.result(started.turn_id)
+        assert parked.status == "suspended" and parked.request is not None
+        await s.resume(started.turn_id, "ok", True)
+        assert (await s.result(started.turn_id)).text == 'approve answered: {"ok": true}'

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 import pgkit
+from conftest import assert_slotted
 from durable_turns import LeaseLostError, Message, SessionKey
 from durable_turns.errors import LeaseTimeoutError
 from durable_turns.records import NewEntry
@@ -266,8 +267,8 @@ async def test_listeners_made_before_the_store_opens_hear_another_process(
     finally:
         await rt.close()
     assert stored[0].type == "turn.started" and stored[-1].type == "turn.completed"
-    assert [e.to_dict() for e in got] == [e.to_dict() for e in stored]
-    assert [e.to_dict() for e in seen] == [e.to_dict() for e in stored]
+    assert_slotted(got, stored)
+    assert_slotted(seen, stored)
 
 
 async def test_the_worker_command_drives_queued_turns(pg_dsn: str, tmp_path: Path) -> None:

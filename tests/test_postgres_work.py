@@ -19,7 +19,7 @@ import psycopg
 import pytest
 
 import pgkit
-from durable_turns import Message, SessionKey
+from durable_turns import Message, SessionKey, ToolContext
 from durable_turns.events import TurnStarted
 from durable_turns.messages import encode_message
 from durable_turns.records import NewEntry
@@ -306,3 +306,82 @@ async def test_a_worker_whose_connections_are_all_killed_goes_on_working(pg_dsn:
         await asyncio.gather(working, return_exceptions=True)
         await worker.close()
         await front.close()
+
+
+# -- a backend killed while a tool waits on request_input's read -------------------------
+
+
+async def test_a_backend_killed_inside_request_input_abandons_the_step(pg_dsn: str) -> None:
+    """The crash sweep's finding: a backend terminated while a remote tool was inside
+    ``ctx.request_input`` made the store's error the tool's result. Now the step is
+    abandoned, the turn is driven again, the request is stored once and the approval
+    completes."""
+    import uuid
+
+    from durable_turns import Agent, ModelReply, Runtime, ToolCall, scripted, tool
+    from durable_turns.events import ActionCompleted, InputRequested
+    from durable_turns.models import ModelRequest
+    from durable_turns.models.scripted import calls_this_turn
+
+    name = f"hitl-{uuid.uuid4().hex[:8]}"
+    inside, go = asyncio.Event(), asyncio.Event()
+    met: list[str] = []
+
+    @tool
+    async def refund(order: str, ctx: ToolContext) -> dict[str, Any]:
+        """Refund an order once a person approves."""
+        if not inside.is_set():
+            inside.set()
+            async with asyncio.timeout(pgkit.CHILD_TIMEOUT):
+                await go.wait()
+        try:
+            ok = await ctx.request_input("approve", f"Refund order {order}?",
+                                         schema={"type": "boolean"})
+        except Exception as e:
+            met.append(type(e).__name__)
+            raise
+        return {"refunded": ok}
+
+    def reply(request: ModelRequest) -> ModelReply:
+        if calls_this_turn(request) == 0:
+            return ModelReply("Asking.", [ToolCall("c1", "refund", {"order": "42"})])
+        return ModelReply(f"Done: {request.messages[-1].result}")
+
+    store = PostgresStore(psycopg.conninfo.make_conninfo(pg_dsn, application_name=name))
+    rt = Runtime([Agent("ops", tools=[refund])], store, scripted(reply))
+    admin = psycopg.connect(pg_dsn, autocommit=True)
+    locker = psycopg.connect(pg_dsn)
+    try:
+        session = rt.session("ops", "s1")
+        await session.start("refund 42", turn_id="t1")
+        async with asyncio.timeout(pgkit.CHILD_TIMEOUT):
+            await inside.wait()
+        # The test holds the step log's lock: request_input's read of its answer waits on
+        # it, and is then killed, as often as it is tried, until the tool has met the error.
+        locker.execute("LOCK TABLE log IN ACCESS EXCLUSIVE MODE")
+        go.set()
+        killed = 0
+        deadline = time.monotonic() + pgkit.CHILD_TIMEOUT
+        while not met:
+            assert time.monotonic() < deadline, "request_input's read never failed"
+            row = admin.execute("SELECT pid FROM pg_stat_activity WHERE application_name = %s "
+                                "AND wait_event_type = 'Lock'", (name,)).fetchone()
+            if row is not None:
+                admin.execute("SELECT pg_terminate_backend(%s)", (row[0],))
+                killed += 1
+            await asyncio.sleep(0.01)
+        locker.rollback()
+        assert met == ["StoreError"] and killed >= 1
+        async with asyncio.timeout(pgkit.CHILD_TIMEOUT):
+            parked = await session.result("t1")
+            assert parked.status == "suspended", parked
+            await session.resume("t1", "approve", True)
+            done = await session.result("t1")
+        events = await session.events()
+    finally:
+        locker.close()
+        admin.close()
+        await rt.close()
+    assert [e.request.id for e in events if isinstance(e, InputRequested)] == ["approve"]
+    assert [e.result for e in events if isinstance(e, ActionCompleted)] == [{"refunded": True}]
+    assert (done.status, done.text) == ("completed", "Done: {'refunded': True}")

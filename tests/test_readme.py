@@ -1,7 +1,8 @@
 """README.md's examples run as written.
 
-Every ```python block runs in a fresh interpreter, in an empty temporary directory, with no
-``ANTHROPIC_*``/``OPENAI_*`` variables, and must exit 0. A ```bash block whose first line
+Every ```python block runs in a fresh interpreter, in a temporary directory that holds only
+a copy of the repository's ``examples/`` (the README's commands run from a checkout's root),
+with no ``ANTHROPIC_*``/``OPENAI_*`` variables, and must exit 0. A ```bash block whose first line
 starts with ``durable-turns`` runs the same way (in bash, with this interpreter's scripts on
 ``PATH``); other shell blocks (installing, a console transcript) are not run. A block that is
 a fragment on purpose is preceded by ``<!-- not-run: why -->``; it is still compiled.
@@ -12,6 +13,7 @@ from __future__ import annotations
 import ast
 import os
 import re
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -75,6 +77,7 @@ def clean_env() -> dict[str, str]:
 
 def run(argv: list[str], tmp_path: Path,
         extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    shutil.copytree(README.parent / "examples", tmp_path / "examples")
     return subprocess.run(argv, cwd=tmp_path, env={**clean_env(), **(extra_env or {})},
                           capture_output=True, text=True, timeout=TIMEOUT,
                           stdin=subprocess.DEVNULL)

@@ -454,7 +454,7 @@ async def test_openapi_describes_every_route(host: Host) -> None:
     base = "/agents/{agent}/sessions/{session}"
     assert set(doc["paths"]) == {
         "/", "/agents", "/agents/{agent}/sessions", "/agents/{agent}/pending", base,
-        *(f"{base}/{r}" for r in ("turn", "chat", "resume", "cancel", "reset", "events",
+        *(f"{base}/{r}" for r in ("turn", "chat", "resume", "cancel", "reset", "retry", "events",
                                   "timeline", "history", "fork", "replay"))}
     assert "text" in doc["components"]["schemas"]["TurnBody"]["properties"]
 
@@ -519,10 +519,10 @@ async def test_a_store_that_cannot_be_used_is_503_and_its_details_stay_in_the_lo
     rt = Runtime([agent()], SqliteStore(db), scripted(reply))
     transport = httpx.ASGITransport(app=create_app(rt))
     async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as c:
-        with caplog.at_level(logging.ERROR, logger="durable_turns.server"):
+        with caplog.at_level(logging.WARNING, logger="durable_turns.server"):
             r = await c.get("/agents/desk/sessions")
-    assert r.status_code == 503
-    assert r.json()["error"]["type"] == "Unavailable"
-    assert str(db) not in r.text and "retry later" in r.json()["error"]["message"]
+    assert r.status_code == 503 and r.headers["retry-after"] == "2"
+    assert r.json()["error"]["type"] == "StoreUnavailable"
+    assert str(db) not in r.text and "store cannot be used" in r.json()["error"]["message"]
     assert "not a SQLite database" in caplog.text
     await rt.close()

@@ -196,3 +196,25 @@ async def test_the_last_turns_only_read_from_their_first_event_on(store: Session
             assert refused.status_code == 400, bad
             assert refused.json()["error"]["type"] == "MalformedQuery"
     await rt.close()
+
+
+async def test_a_reset_leaves_the_archived_turns_out_of_the_session_s_turns(
+        store: SessionStore) -> None:
+    rt = Runtime([Agent("ops", "You help.")], store,
+                 scripted(lambda request: ModelReply("Hi.")))
+    app = create_app(rt)
+    async with rt, httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                     base_url="http://127.0.0.1") as client:
+        s1 = "/agents/ops/sessions/s1"
+        assert (await client.post(f"{s1}/chat", json={"text": "before"})).status_code == 200
+        assert (await client.post(f"{s1}/reset", json={})).status_code == 200
+        shown = (await client.get(s1)).json()
+        assert (shown["status"], shown["transcript"], shown["turns"]) == ("new", [], [])
+        assert (await client.get(f"{s1}/timeline")).json()["turns"] == []
+        archived = await rt.session("ops", "s1").archive(0)
+        assert [m.text for m in archived.messages] == ["before", "Hi."]
+        await client.post(f"{s1}/chat", json={"text": "after"})
+        shown = (await client.get(s1)).json()
+        assert [t["opening"] for t in shown["turns"]] == ["after"]
+        assert [t.opening.text for t in await rt.session("ops", "s1").turns()
+                if t.opening] == ["after"]

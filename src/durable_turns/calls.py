@@ -27,16 +27,23 @@ import dataclasses
 import hashlib
 import inspect
 import logging
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from collections.abc import Awaitable, Callable, Collection, Mapping
+from typing import Any, TypeVar
 
 import jsonschema
 
 from .agent import Agent
 from .batch import BatchState
 from .checkpoints import Checkpoints
-from .context import Host, ToolContext
-from .errors import ConfigurationError, FatalToolError, Parked, ToolCrashedError
+from .context import Host, ToolContext, Watcher
+from .errors import (
+    RUNTIME_FAILURES,
+    ConfigurationError,
+    FatalToolError,
+    Parked,
+    ToolCrashedError,
+    runtime_failure,
+)
 from .events import ActionCompleted, ActionRetry, TurnEvent
 from .hitl import default_answerers
 from .inbound import InboundEvent
@@ -48,16 +55,20 @@ from .records import (
     ChildStepId,
     InputRequest,
     InputStepId,
+    SessionKey,
     StepId,
     StepResult,
     ToolMemo,
     ToolStepId,
+    TurnRecord,
+    TurnResult,
 )
 from .stores import Transaction
 from .tools import Tool, compile_schema
 from .tracing import StepSpan
 
 log = logging.getLogger("durable_turns")
+T = TypeVar("T")
 
 ERROR_LIMIT = 2000
 """A tool error's text is cut to this many characters before the model reads it."""
@@ -138,6 +149,13 @@ def _run_local(tool: Tool, args: dict[str, Any], ctx: ToolContext | None, limit:
     return _checked_result(out, limit)
 
 
+def _abandon_if_failed(services: Any) -> None:
+    """Raise the runtime failure a tool met through its context, if it met one: its attempt
+    is abandoned (nothing of the step commits) whatever it returned or raised."""
+    if isinstance(services, CallServices) and services.failure is not None:
+        raise services.failure
+
+
 class CallServices:
     """What a remote call's step offers its tool (``ctx.services``): see
     :class:`~durable_turns.context.StepServices`."""
@@ -148,10 +166,24 @@ class CallServices:
         self._turn_id = turn_id
         self._call_id = call_id
         self._event = event
+        self._host = _GuardedHost(calls.host, self)
+        self.failure: BaseException | None = None
+        """The first runtime failure (``errors.RUNTIME_FAILURES``) a call of the tool on its
+        context met: the tool's attempt is then abandoned, whatever the tool made of it."""
 
     @property
     def host(self) -> Host:
-        return self._calls.host
+        return self._host
+
+    async def guard(self, running: Awaitable[T]) -> T:
+        """Await a call the tool made on its context, keeping a runtime failure it meets."""
+        try:
+            return await running
+        except Exception as e:
+            found = runtime_failure(e)
+            if found is not None and self.failure is None:
+                self.failure = found
+            raise
 
     def cancel_reason(self) -> str | None:
         calls = self._calls
@@ -160,7 +192,7 @@ class CallServices:
     async def ask(self, input_id: str, prompt: str, schema: Mapping[str, Any] | None,
                   answerers: Mapping[str, Any] | None) -> Any:
         step = InputStepId(self._turn_id, input_id)
-        stored = await self._calls.read_step(step)
+        stored = await self.guard(self._calls.read_step(step))
         if isinstance(stored, Answer):
             trace = self._calls.checkpoints.trace
             if trace is not None:
@@ -177,7 +209,7 @@ class CallServices:
                                   self._turn_id, self._call_id))
 
     async def remember(self, step: ChildStepId, memo: ChildMemo) -> ChildMemo:
-        stored = await self._calls.read_step(step)
+        stored = await self.guard(self._calls.read_step(step))
         if isinstance(stored, ChildMemo):
             return stored
         turn_id = self._turn_id
@@ -186,7 +218,7 @@ class CallServices:
             tx.add_step(step, turn_id, memo)
             return []
 
-        await self._calls.checkpoints.beside(fill, shielded=True)
+        await self.guard(self._calls.checkpoints.beside(fill, shielded=True))
         return memo
 
     async def forward(self, events: list[TurnEvent]) -> None:
@@ -196,13 +228,52 @@ class CallServices:
             # Each event names its child already; it joins this turn's stream.
             return [tx.add_event(dataclasses.replace(e, seq=0, **ids)) for e in events]
 
-        await self._calls.checkpoints.beside(fill, shielded=True)
+        await self.guard(self._calls.checkpoints.beside(fill, shielded=True))
 
     def forward_live(self, event: TurnEvent) -> None:
         checkpoints = self._calls.checkpoints
         # After this turn's last durable event, as every live event is.
         self._calls.publish_live(dataclasses.replace(
             event, seq=checkpoints.lease.last_seq, **checkpoints.ids(self._turn_id)))
+
+
+class _GuardedHost:
+    """The runtime's sessions as a remote tool reaches them (``ctx.services.host``): each call
+    goes through :meth:`CallServices.guard`, so a store failure it meets abandons the step."""
+
+    def __init__(self, host: Host, services: CallServices) -> None:
+        self._h = host
+        self._s = services
+
+    def agent_names(self) -> Collection[str]:
+        return self._h.agent_names()
+
+    async def start(self, key: SessionKey, text: str, *, turn_id: str,
+                    event: InboundEvent | None = None) -> None:
+        await self._s.guard(self._h.start(key, text, turn_id=turn_id, event=event))
+
+    async def wait(self, key: SessionKey, turn_id: str, *,
+                   timeout: float | None = None) -> TurnResult:
+        return await self._s.guard(self._h.wait(key, turn_id, timeout=timeout))
+
+    async def interrupt(self, key: SessionKey, turn_id: str, *, reason: str) -> list[str]:
+        return await self._s.guard(self._h.interrupt(key, turn_id, reason=reason))
+
+    async def reset(self, key: SessionKey, entry_id: str) -> None:
+        await self._s.guard(self._h.reset(key, entry_id))
+
+    async def entry(self, key: SessionKey, turn_id: str) -> TurnRecord | None:
+        return await self._s.guard(self._h.entry(key, turn_id))
+
+    async def events(self, key: SessionKey, *, after_seq: int = 0,
+                     turn_id: str | None = None) -> list[TurnEvent]:
+        return await self._s.guard(self._h.events(key, after_seq=after_seq, turn_id=turn_id))
+
+    def watch(self, key: SessionKey, watcher: Watcher) -> Callable[[], None]:
+        return self._h.watch(key, watcher)
+
+    def live(self, key: SessionKey, taker: Callable[[TurnEvent], None]) -> Callable[[], None]:
+        return self._h.live(key, taker)
 
 
 class ToolCalls:
@@ -323,7 +394,14 @@ class ToolCalls:
         async def run() -> Any:
             return _checked_result(await tool.call(args, ctx, on_retry), limit)
 
-        return await self._outcome(run(), tool, call, turn_id)
+        services = ctx.services if ctx is not None else None
+        try:
+            outcome = await self._outcome(run(), tool, call, turn_id)
+        except Parked:
+            _abandon_if_failed(services)
+            raise
+        _abandon_if_failed(services)
+        return outcome
 
     async def _run_local_in(self, tx: Transaction, call: ToolCall, turn_id: str,
                             local: Local) -> CallOutcome:
@@ -349,7 +427,9 @@ class ToolCalls:
             raise ToolCrashedError(tool.name, e, session=str(key), turn_id=turn_id,
                                    call_id=call.id) from e
         except (FatalToolError, ConfigurationError):
-            raise
+            raise  # the turn fails
+        except RUNTIME_FAILURES:
+            raise  # the runtime's own failure (a tool's raised it on): the step is abandoned
         except Exception as e:
             error = error_text(e)
             return CallOutcome({"error": error}, error)
@@ -476,8 +556,9 @@ class ToolCalls:
                     if t.exception() is not None:
                         raise t.exception()  # type: ignore[misc]
         except BaseException as e:
-            if not isinstance(e, asyncio.CancelledError):
-                # The turn fails: calls still running stop, a subagent's child with them.
+            if not isinstance(e, asyncio.CancelledError) and runtime_failure(e) is None:
+                # The turn fails: calls still running stop, a subagent's child with them. (A
+                # runtime failure fails nothing: the step is driven again, children kept.)
                 self.failing = f"turn failed: {e}"
             for t in tasks:
                 t.cancel()

@@ -15,17 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from .agent import Agent
+from .cli_args import MODEL_HELP, load, store_of, store_options
 from .errors import ConfigurationError
-from .loader import load_agent
 from .messages import Message
-from .models.resolve import resolve_model
 from .models.scripted import scripted
 from .records import SessionSummary, TurnRecord
 from .replay import replay
 from .runtime import Runtime
-from .stores import SessionStore
-from .stores.registry import file_of, store_for
-from .stores.sqlite import SqliteStore
 
 LEASE_WAIT = 30.0
 """How long a ``sessions`` command waits for a process that drives the session."""
@@ -57,12 +53,11 @@ def add_session_commands(sessions: argparse.ArgumentParser, *, run_action: Comma
                     "(Runtime.recover()).")
     again.add_argument("app", nargs="?", type=Path, metavar="APP_DIR",
                        help="the app folder whose agent drives the turn")
-    _store_options(again)
+    store_options(again)
     again.add_argument("--turn", required=True, metavar="TURN", help="the failed turn's id")
     again.add_argument("--session", metavar="AGENT/ID",
                        help="the turn's session, if two sessions have a turn of that id")
-    again.add_argument("--model", metavar="PROVIDER:NAME",
-                       help="the model, when the app's agent.py names none")
+    again.add_argument("--model", metavar="PROVIDER:NAME", help=MODEL_HELP)
     again.set_defaults(run=run_retry)
     for name, summary in SESSION_ACTIONS.items():
         cmd = commands.add_parser(name, help=summary, description=summary + ".")
@@ -71,20 +66,12 @@ def add_session_commands(sessions: argparse.ArgumentParser, *, run_action: Comma
                              help="the session, as agent/session")
         else:
             cmd.add_argument("--agent", metavar="NAME", help="only this agent's sessions")
-        _store_options(cmd)
+        store_options(cmd)
         if name == "cancel":
             cmd.add_argument("--turn", metavar="TURN",
                              help="the turn to cancel (default: every unfinished one)")
             cmd.add_argument("--reason", default="cancelled by request", help="why")
         cmd.set_defaults(run=run_action)
-
-
-def _store_options(cmd: argparse.ArgumentParser) -> None:
-    where_ = cmd.add_mutually_exclusive_group(required=True)
-    where_.add_argument("--db", type=Path, metavar="PATH", help="the SQLite file")
-    where_.add_argument("--store", "--dsn", dest="store", metavar="DSN_OR_PATH",
-                        help="postgresql://… or 'host=… dbname=…' (PostgreSQL, extra "
-                             "'postgres'), or a SQLite file")
 
 
 def _session_key(text: str) -> tuple[str, str]:
@@ -94,44 +81,6 @@ def _session_key(text: str) -> tuple[str, str]:
     return agent, session
 
 
-def store_from_spec(spec: str, *, lease_ttl: float = 15.0) -> SessionStore:
-    """The store ``spec`` names (``durable_turns.stores.store_for``: a URL, a libpq
-    ``key=value`` string, ``memory:`` or a SQLite file's path).
-
-    Args:
-        lease_ttl: for a store whose leases expire (PostgreSQL), how long a dead holder's
-            sessions wait for takeover.
-    """
-    return store_for(spec, lease_ttl=lease_ttl)
-
-
-def where(spec: str, store: SessionStore) -> str:
-    """How messages name the store: a file by its path, any other store by its ``repr``
-    (which names its storage, never a password)."""
-    return spec if file_of(spec) is not None else repr(store)
-
-
-def _store(args: argparse.Namespace) -> tuple[Callable[[], SessionStore], str]:
-    """The store a ``sessions`` command names (``--db PATH``, or ``--store``/``--dsn``): a
-    maker of it (each runtime opens its own) and how messages name it. The commands manage
-    sessions that exist, so a SQLite file that does not is bad input.
-
-    Raises:
-        LookupError: a SQLite file that does not exist.
-    """
-    if args.store is None:
-        path: Path = args.db
-        if not path.exists():
-            raise LookupError(f"{path} does not exist")
-        return (lambda: SqliteStore(path)), str(path)
-    spec: str = args.store
-    store = store_from_spec(spec)
-    file = file_of(spec)
-    if file is not None and not file.exists():
-        raise LookupError(f"{file} does not exist")
-    return (lambda: store_from_spec(spec)), where(spec, store)
-
-
 async def session_action(args: argparse.Namespace) -> int:
     """``sessions list|show|cancel|reset``; returns the exit status.
 
@@ -139,7 +88,7 @@ async def session_action(args: argparse.Namespace) -> int:
         LookupError: the store or the session does not exist.
         StoreError: the store cannot be opened.
     """
-    make, named = _store(args)
+    make, named = store_of(args, create=False)
     if args.action == "list":
         async with Runtime([], make(), drive=False) as rt:
             agents = [args.agent] if args.agent else await rt.queries.agents()
@@ -163,7 +112,7 @@ async def session_action(args: argparse.Namespace) -> int:
             print(f"{session.key} reset: history archived as {done.previous_session}, "
                   f"generation {done.generation}")
         else:
-            _show(summary, await session.chain(), await session.transcript())
+            _show(summary, await session.turns(), await session.transcript())
         await rt.idle()
     return 0
 
@@ -176,7 +125,7 @@ async def retry(args: argparse.Namespace) -> int:
         ConfigurationError: the app folder is another agent's, or names no model.
         TurnConflictError: the turn did not fail, or a later turn ran after it.
     """
-    make, named = _store(args)
+    make, named = store_of(args, create=False)
     async with Runtime([], make(), drive=False) as probe:
         keys = await probe.queries.find_turn(args.turn)
     if args.session:
@@ -187,13 +136,10 @@ async def retry(args: argparse.Namespace) -> int:
         raise LookupError(f"turn {args.turn!r} is in {len(keys)} sessions "
                           f"({', '.join(map(str, keys))}); name one with --session AGENT/ID")
     (key,) = keys
-    agent = load_agent(args.app) if args.app else Agent(key.agent)
+    agent = load(args.app, args.model).agent if args.app else Agent(key.agent)
     if agent.name != key.agent:
         raise ConfigurationError(f"{args.app} is agent {agent.name!r}; the turn is {key}'s")
-    model = resolve_model(args.model) if args.model else None
-    if args.app and agent.model is None and model is None:
-        raise ConfigurationError(f"{args.app}'s agent.py names no model: pass --model")
-    async with Runtime([agent], make(), model, drive=args.app is not None) as rt:
+    async with Runtime([agent], make(), drive=args.app is not None) as rt:
         session = rt.session(key.agent, key.session)
         await session.retry(args.turn)
         if args.app is None:
@@ -225,8 +171,8 @@ def add_replay_command(commands: Any, *, run: Command) -> None:
     cmd.add_argument("--app", type=Path, required=True, metavar="APP_DIR",
                      help="the app folder whose agent (prompt, tools) replays it")
     cmd.add_argument("--model", metavar="PROVIDER:NAME",
-                     help="the model to replay with (default: the app's)")
-    _store_options(cmd)
+                     help="the model to replay with (default: the app's); " + MODEL_HELP)
+    store_options(cmd)
     cmd.add_argument("--tools", choices=("recorded", "live"), default="recorded",
                      help="a call the recording lacks: an error result for the model "
                           "(recorded, the default) or the real tool (live)")
@@ -242,34 +188,30 @@ async def replay_action(args: argparse.Namespace) -> int:
         LookupError: the store or the session does not exist.
         ConfigurationError: the app folder is another agent's, or names no model.
     """
-    make, named = _store(args)
-    agent = load_agent(args.app)
+    make, named = store_of(args, create=False)
+    agent = load(args.app, args.model).agent  # --model replaces the app's
     name, session_id = args.session
     if agent.name != name:
         raise ConfigurationError(f"{args.app} is agent {agent.name!r}; the session is "
                                  f"{name}/{session_id}")
-    model = resolve_model(args.model) if args.model else None
-    if agent.model is None and model is None:
-        raise ConfigurationError(f"{args.app}'s agent.py names no model: pass --model")
-    async with Runtime([agent], make(), model, drive=False) as rt:
+    async with Runtime([agent], make(), drive=False) as rt:
         session = rt.session(name, session_id)
         if not (await session.summary()).exists:
             raise LookupError(f"{named} has no session {session.key}")
-        report = await replay(session, model=model, tools=args.tools, to=args.to)
+        report = await replay(session, model=agent.model, tools=args.tools, to=args.to)
     print(json.dumps(report.to_dict()) if args.json else report.render())
     return 0 if report.identical else 1
 
 
-def _show(summary: SessionSummary, chain: list[TurnRecord], transcript: list[Message]) -> None:
+def _show(summary: SessionSummary, turns: list[TurnRecord], transcript: list[Message]) -> None:
     print(f"{summary.key}: {summary.status}, generation {summary.generation}")
     pending = summary.pending
     if pending is not None:
         print(f"parked: turn {pending.turn_id} waits for input {pending.id!r}: "
               f"{pending.prompt}")
-    for t in chain:
-        if t.kind == "turn":
-            print(f"turn {t.turn_id}: {t.status}"
-                  + "".join(f" — {v}" for v in (t.text, t.error, t.reason) if v))
+    for t in turns:
+        print(f"turn {t.turn_id}: {t.status.value}"
+              + "".join(f" — {v}" for v in (t.text, t.error, t.reason) if v))
     for m in transcript:
         calls = ", ".join(f"{c.name}({json.dumps(c.input)})" for c in m.tool_calls)
         body = m.text or calls or json.dumps(m.result)
@@ -277,5 +219,4 @@ def _show(summary: SessionSummary, chain: list[TurnRecord], transcript: list[Mes
 
 
 __all__ = ["LEASE_WAIT", "SESSION_ACTIONS", "Command", "add_replay_command",
-           "add_session_commands", "replay_action", "retry", "session_action",
-           "store_from_spec", "where"]
+           "add_session_commands", "replay_action", "retry", "session_action"]

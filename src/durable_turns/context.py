@@ -74,8 +74,8 @@ class Host(Protocol):
         ...
 
     def live(self, key: SessionKey, taker: Callable[[TurnEvent], None]) -> Callable[[], None]:
-        """Hand ``taker`` the session's live events (text as it streams) from the turns this
-        runtime drives; returns the function that stops it."""
+        """Hand ``taker`` the session's live events (text as it streams), from whichever
+        process drives its turns; returns the function that stops it."""
         ...
 
 

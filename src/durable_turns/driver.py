@@ -16,6 +16,7 @@ only the flag, never the store.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
@@ -172,7 +173,7 @@ class SessionDriver:
                                 self.key, e, delay)
                     self._transcripts.forget(self.key)
                     self._wanted = True
-                    await asyncio.sleep(delay)
+                    await self._back_off(delay)
         except LeaseLostError as e:
             log.warning("durable_turns: %s; stopped driving it", e)
             self._transcripts.forget(self.key)
@@ -189,6 +190,19 @@ class SessionDriver:
         finally:
             for t in list(self._tasks):
                 t.cancel()
+
+    async def _back_off(self, delay: float) -> None:
+        """Wait ``delay`` seconds before driving again after a store failure, or less: the
+        store's feed reports a change of the session when it hears from the database again
+        (a listener that reconnected), and the turn goes on at once."""
+        changed = asyncio.Event()
+        unwatch = self._store.watch(self.key, lambda _events: changed.set())
+        try:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(delay):
+                    await changed.wait()
+        finally:
+            unwatch()
 
     async def _drive_once(self) -> None:
         lease, self._claimed = self._claimed, None

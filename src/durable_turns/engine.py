@@ -27,12 +27,11 @@ from .calls import ERROR_LIMIT, CancelReason, PublishLive, ReadStep, ToolCalls, 
 from .checkpoints import TRACE, Checkpoints, Publish
 from .context import Host
 from .errors import (
+    RUNTIME_FAILURES,
     Cancelled,
     ConfigurationError,
     FatalToolError,
-    LeaseLostError,
     ModelError,
-    StoreError,
     ToolCrashedError,
 )
 from .events import (
@@ -42,6 +41,7 @@ from .events import (
     MessageCompleted,
     MessageDelta,
     MessageRetry,
+    MessageThinking,
     TurnCancelled,
     TurnCompleted,
     TurnEvent,
@@ -67,6 +67,8 @@ from .tools import Tool
 from .tracing import begin_turn
 
 log = logging.getLogger("durable_turns")
+_ABANDONED: tuple[type[BaseException], ...] = (*RUNTIME_FAILURES, ToolCrashedError)
+"""What abandons a step without ending its turn: it is driven again."""
 T = TypeVar("T")
 
 
@@ -199,7 +201,7 @@ class TurnEngine:
         except Cancelled as c:
             return await self._finish(TurnResult(turn_id, TurnStatus.CANCELLED,
                                                  reason=c.reason))
-        except (LeaseLostError, StoreError, ToolCrashedError):
+        except _ABANDONED:
             raise  # nothing of the step was written: the turn stays for another drive
         except (ModelError, FatalToolError, ConfigurationError) as e:
             return await self._finish(TurnResult(turn_id, TurnStatus.FAILED, error=str(e)))
@@ -266,6 +268,10 @@ class TurnEngine:
             if self._wants_live():
                 self._publish_live(MessageDelta(**ids, seq=self.lease.last_seq, text=text))
 
+        def on_thinking(text: str) -> None:
+            if self._wants_live():
+                self._publish_live(MessageThinking(**ids, seq=self.lease.last_seq, text=text))
+
         def on_retry(attempt: int, delay: float, error: ModelError) -> None:
             if span is not None:
                 span.retry(attempt, delay, str(error))
@@ -277,7 +283,8 @@ class TurnEngine:
                                             error=str(error)))
 
         got = await self._interruptible(
-            ask(self.model, request, self._retry, on_text=on_text, on_retry=on_retry), turn_id)
+            ask(self.model, request, self._retry, on_text=on_text, on_retry=on_retry,
+                on_thinking=on_thinking), turn_id)
         text, calls, stop = got.text, got.calls, got.stop
         if stop.reason in ABNORMAL_STOPS and not text and not calls:
             raise ModelError(

@@ -26,6 +26,10 @@ Failures (subclasses of ``Exception``, names ending in ``Error``)::
 Control-flow signals (subclasses of ``BaseException``, so a tool's ``except Exception``
 cannot swallow them): :class:`Parked` and :class:`Cancelled`.
 
+:data:`RUNTIME_FAILURES` (``StoreError``, ``LeaseLostError``, ``LeaseTimeoutError``) are the
+runtime's own failures: a step that meets one is abandoned and driven again, whatever a tool
+that met it through its context did with it.
+
 How hosts answer them is one table, :data:`ERRORS` (looked up with :func:`error_kind`): the
 HTTP status the server answers with and the exit status of the command line, for these and
 for the builtins hosts meet (``ValueError``, ``LookupError``, ``TimeoutError``).
@@ -290,6 +294,34 @@ class AuthorizeAnswerError(DurableTurnsError):
         super().__init__(message)
         self.input_id = input_id
         self.by = by
+
+
+RUNTIME_FAILURES: tuple[type[DurableTurnsError], ...] = (StoreError, LeaseLostError,
+                                                         LeaseTimeoutError)
+"""Failures of the runtime's own machinery (its store, its lease), never of a tool. Met by
+anything a tool calls on its context (``request_input``, a subagent's child session, a
+checkpoint), one abandons the step: nothing of it commits, it is never the tool's
+``{"error": …}`` result, a tool's ``retries`` do not retry it, and the turn is driven again."""
+
+
+def runtime_failure(exc: BaseException) -> BaseException | None:
+    """The runtime failure behind ``exc``: ``exc`` itself, or the first of its causes (``raise
+    … from``) or contexts that is one of :data:`RUNTIME_FAILURES`; ``None`` when there is none.
+
+    Args:
+        exc: what a call raised.
+
+    Returns:
+        The failure, or ``None``.
+    """
+    seen: set[int] = set()
+    found: BaseException | None = exc
+    while found is not None and id(found) not in seen:
+        if isinstance(found, RUNTIME_FAILURES):
+            return found
+        seen.add(id(found))
+        found = found.__cause__ or found.__context__
+    return None
 
 
 class Parked(BaseException):

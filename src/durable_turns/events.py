@@ -22,6 +22,7 @@ from .records import InputRequest
 EventType = Literal[
     "turn.started",
     "message.delta",
+    "message.thinking",
     "message.retry",
     "message.completed",
     "action.requested",
@@ -114,6 +115,17 @@ class MessageDelta(TurnEvent):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class MessageThinking(TurnEvent):
+    """A piece of the model's reasoning as it streams (a ``ThinkingDelta``), never answer
+    text. Live only, like ``message.delta``: never stored (the reply's thinking blocks are
+    kept with its message)."""
+
+    type: ClassVar[EventType] = "message.thinking"
+    durable: ClassVar[bool] = False
+    text: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class MessageRetry(TurnEvent):
     """A model call failed transiently and will be asked again after ``delay`` seconds.
 
@@ -197,7 +209,8 @@ class TurnCancelled(TurnEvent):
     reason: str
 
 
-LIVE_EVENTS: tuple[type[TurnEvent], ...] = (MessageDelta, MessageRetry, ActionRetry)
+LIVE_EVENTS: tuple[type[TurnEvent], ...] = (MessageDelta, MessageThinking, MessageRetry,
+                                             ActionRetry)
 """The events that are never stored: published live only, each carrying the ``seq`` of the
 durable event before it."""
 TURN_ENDS: tuple[type[TurnEvent], ...] = (TurnCompleted, TurnFailed, TurnCancelled)
@@ -210,6 +223,7 @@ _BY_TYPE: dict[str, type[TurnEvent]] = {
     for cls in (
         TurnStarted,
         MessageDelta,
+        MessageThinking,
         MessageRetry,
         MessageCompleted,
         ActionRequested,

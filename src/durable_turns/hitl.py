@@ -54,6 +54,20 @@ def default_answerers(
     )
 
 
+def who_may_answer(answerers: Mapping[str, Any] | None) -> str:
+    """Who may answer a request with these answerers, in words (what a host prints).
+
+    Args:
+        answerers: an :class:`~durable_turns.records.InputRequest`'s ``answerers``.
+    """
+    if not answerers:
+        return "anyone may answer"
+    if "user" in answerers:
+        return f"only {answerers['user']} may answer"
+    return (f"whoever the agent's policy {answerers.get('policy')!r} allows may answer "
+            f"(scope {answerers.get('scope')!r})")
+
+
 def validate_answer(request: InputRequest, value: Any) -> None:
     """Check an answer against the request's schema.
 

@@ -53,7 +53,7 @@ class RuntimeHost:
         return self._rt.store.watch(key, watcher)
 
     def live(self, key: SessionKey, taker: Callable[[TurnEvent], None]) -> Callable[[], None]:
-        sub = self._rt.subscribe(key, None, deltas=True)
+        sub = self._rt.subscribe(key, None, deltas=True)  # from whichever process drives it
 
         def live_only(e: TurnEvent) -> None:
             if not e.durable:

@@ -62,18 +62,20 @@ LAYERS: tuple[Layer, ...] = (
     ),
     Layer(
         "adapters",
-        "what implements a seam: the store kit (its feed, its SQL store written once over a "
-        "dialect) and the stores, a module per model vendor, MCP tools, the store "
+        "what implements a seam: the store kit (its feed, its live relay, its SQL store written "
+        "once over a dialect) and the stores, a module per model vendor, MCP tools, the store "
         "conformance suite",
         (
             "models",
             "stores.feed",
+            "stores.live",
             "stores.worker",
             "stores.kit",
             "stores.sql",
             "stores.memory",
             "stores.sqlite",
             "stores._sqlite_files",
+            "stores._sqlite_live",
             "stores.postgres",
             "stores._postgres_leases",
             "stores._postgres_listen",
@@ -91,9 +93,10 @@ LAYERS: tuple[Layer, ...] = (
     ),
     Layer(
         "composition",
-        "the CLI (the only asyncio.run) and its sessions commands, the package's "
-        "re-exports, this table",
-        ("cli", "cli_sessions", "__init__", "layers"),
+        "the CLI (the only asyncio.run): its options and errors, the approvals of any app, "
+        "the demo's and the sessions commands; the package's re-exports, this table",
+        ("cli", "cli_args", "cli_approvals", "cli_demo", "cli_sessions", "__init__",
+         "layers"),
     ),
 )
 """Bottom first: a module may import from its own layer and the layers before it."""

@@ -7,7 +7,7 @@ hosts pass them around. This module imports nothing of the package but ``message
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, ClassVar, Literal, cast
@@ -237,6 +237,18 @@ class TurnRecord:
                                           and self.cancel is not None)
 
 
+def live_turns(chain: Sequence[TurnRecord]) -> list[TurnRecord]:
+    """The turns of a chain's live generation: those accepted after the last reset that ran
+    (a reset archives the turns before it, F8; one still queued archives nothing yet).
+
+    Args:
+        chain: a session's chain entries in order (turns and commands).
+    """
+    resets = [t.ordinal for t in chain if t.kind == "reset" and t.status == TurnStatus.COMPLETED]
+    live_from = max(resets, default=-1)
+    return [t for t in chain if t.kind == "turn" and t.ordinal > live_from]
+
+
 @dataclass(frozen=True, slots=True)
 class NewEntry:
     """A chain entry to accept (``SessionStore.enqueue``): a turn or a command."""
@@ -256,6 +268,10 @@ class NewEntry:
     """The channel (by name) that owes the turn a delivery: set when a channel accepts it,
     read back as ``TurnRecord.deliver`` and listed by ``SessionStore.owed_deliveries``
     until settled."""
+    data: dict[str, Any] | None = None
+    """Names of the entry's data set as it is accepted, in the same write (``TurnRecord.
+    data``): what must never exist without the entry, nor the entry without it (an HTTP
+    request's idempotency fingerprint)."""
 
 
 def encode_entry(entry: NewEntry) -> str:

@@ -96,8 +96,10 @@ def _checked_stop(model: Model, ev: Stop) -> Stop:
 
 
 async def stream_reply(model: Model, request: ModelRequest,
-                       on_text: Callable[[str], None]) -> Reply:
-    """Stream one reply, handing text to ``on_text`` as it comes, and check it.
+                       on_text: Callable[[str], None],
+                       on_thinking: Callable[[str], None] | None = None) -> Reply:
+    """Stream one reply, handing text to ``on_text`` (and reasoning to ``on_thinking``) as it
+    comes, and check it.
 
     Raises:
         ModelError: the model failed (its own ``ModelError``), raised anything else, or
@@ -122,7 +124,10 @@ async def stream_reply(model: Model, request: ModelRequest,
                     calls.append(_checked_call(model, ev, ids))
                 elif isinstance(ev, Stop):
                     stop = _checked_stop(model, ev)
-                elif not isinstance(ev, ThinkingDelta):
+                elif isinstance(ev, ThinkingDelta):
+                    if on_thinking is not None and isinstance(ev.text, str):
+                        on_thinking(ev.text)
+                else:
                     raise _broken(model, f"it yielded a {type(ev).__name__} ({ev!r:.80}); a "
                                          "Model yields TextDelta, ThinkingDelta, ToolCall, Stop")
     except (ModelError, Cancelled, asyncio.CancelledError):
@@ -140,7 +145,8 @@ async def stream_reply(model: Model, request: ModelRequest,
 
 async def ask(model: Model, request: ModelRequest, policy: RetryPolicy, *,
               on_text: Callable[[str], None],
-              on_retry: Callable[[int, float, ModelError], None]) -> Reply:
+              on_retry: Callable[[int, float, ModelError], None],
+              on_thinking: Callable[[str], None] | None = None) -> Reply:
     """:func:`stream_reply`, asked again after transient failures.
 
     ``on_retry(attempt, delay, error)`` is told before each wait.
@@ -151,7 +157,7 @@ async def ask(model: Model, request: ModelRequest, policy: RetryPolicy, *,
     attempt = 1
     while True:
         try:
-            return await stream_reply(model, request, on_text)
+            return await stream_reply(model, request, on_text, on_thinking)
         except ModelError as e:
             if not e.retryable or attempt > policy.retries:
                 if attempt > 1:

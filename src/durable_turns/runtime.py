@@ -8,7 +8,8 @@ host) is built on it:
 - :meth:`Runtime.wait` returns an entry's result once it ends or parks, whichever process
   drives it (woken by the store's event feed);
 - :meth:`Runtime.subscribe` yields a session's events after a cursor, then live ones, with
-  live text (``message.delta``) from the turns this runtime drives;
+  live text (``message.delta``) from whichever process drives the turn (the store carries
+  it: ``TurnStore.publish_live``);
 - :meth:`Runtime.interrupt` asks turns to cancel, durably, and stops a running one at once.
 
 A crash loses nothing: an accepted entry is in the store before ``accept`` returns, and
@@ -35,6 +36,7 @@ from .errors import (
     TurnConflictError,
     UnknownAgentError,
     UnknownTurnError,
+    runtime_failure,
 )
 from .events import EventSink, TurnEvent
 from .host import RuntimeHost
@@ -48,6 +50,10 @@ log = logging.getLogger("durable_turns")
 
 TRANSCRIPT_CACHE = 64
 """How many recent sessions' transcripts a runtime keeps, so a step never re-reads history."""
+AWAY_POLL = 0.1
+"""Seconds between a worker's looks for work while its store refuses them."""
+AWAY_LOG_EVERY = 30.0
+"""Seconds between a worker's warnings that its store refuses its looks."""
 
 
 class Runtime:
@@ -109,7 +115,6 @@ class Runtime:
         self._drivers: dict[SessionKey, SessionDriver] = {}
         self._transcripts = TranscriptCache(TRANSCRIPT_CACHE)
         self._waiting: dict[tuple[SessionKey, str], list[asyncio.Future[TurnResult | None]]] = {}
-        self._live: dict[SessionKey, list[Subscription]] = {}
         self._failed: dict[SessionKey, BaseException] = {}
         self.queries = Queries(store, self.open)
         """What hosts read across sessions (summaries, an inbox, owed deliveries)."""
@@ -231,15 +236,32 @@ class Runtime:
         # the poll makes a lost notification only a delay.
         stop = self.store.watch(None, lambda _events: wake.set())
         agents = list(self.agents)
+        loop = asyncio.get_running_loop()
+        away_since: float | None = None
+        said = 0.0
         try:
             while True:
                 wake.clear()
                 room = max_sessions - len(self._drivers)
+                pause = poll_interval
                 try:
                     claimed = await self.store.claim_ready(agents, room) if room > 0 else ()
-                except StoreError as e:  # the database is away: look again at the next poll
-                    log.warning("worker: cannot claim sessions (retrying): %s", e)
+                except StoreError as e:
+                    # The database is away: look again soon (a refused look costs little),
+                    # so the work it kept waiting starts as soon as it is back; said once
+                    # in a while, not at every look.
+                    now = loop.time()
+                    if away_since is None or now - said > AWAY_LOG_EVERY:
+                        log.warning("worker: cannot claim sessions (retrying): %s", e)
+                        said = now
+                    away_since = now if away_since is None else away_since
                     claimed = ()
+                    pause = min(poll_interval, AWAY_POLL)
+                else:
+                    if away_since is not None:
+                        log.warning("worker: the store answers again (it was away for %.1fs)",
+                                    loop.time() - away_since)
+                        away_since = None
                 for lease in claimed:
                     driver = self._drivers.get(lease.key)
                     if driver is not None and driver.alive:
@@ -251,7 +273,7 @@ class Runtime:
                 # Not asyncio.wait_for: on Python 3.11 it swallows a cancellation that comes
                 # as the wait ends, and work() would never stop.
                 with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(poll_interval):
+                    async with asyncio.timeout(pause):
                         await wake.wait()
         finally:
             stop()
@@ -308,8 +330,11 @@ class Runtime:
         Raises:
             UnknownTurnError: the session has no such entry.
             TimeoutError: ``timeout`` seconds passed first.
-            DurableTurnsError: this runtime's driver of the session failed (the turn stays
-                unfinished in the store for ``recover()``).
+            StoreError: the store cannot be read, or this runtime's driver of the session
+                gave up because it could not be written (the turn stays unfinished; a
+                redelivery or ``recover()`` drives it again).
+            DurableTurnsError: this runtime's driver of the session failed otherwise (the
+                turn stays unfinished in the store for ``recover()``).
         """
         await self.open()
         loop = asyncio.get_running_loop()
@@ -351,7 +376,10 @@ class Runtime:
                 if done.done():  # this runtime's driver ended without ending the turn
                     failure = self._failed.get(key)
                     if failure is not None and key not in self._drivers:
-                        raise DurableTurnsError(
+                        # A store that failed is a StoreError here too (a host answers 503:
+                        # retry, and the turn is driven again); anything else a failure.
+                        kind = StoreError if runtime_failure(failure) else DurableTurnsError
+                        raise kind(
                             f"driving session {key} failed, turn {turn_id!r} is unfinished "
                             f"(Runtime.recover() retries it): {type(failure).__name__}: "
                             f"{failure}"
@@ -383,23 +411,11 @@ class Runtime:
                   deltas: bool = True) -> Subscription:
         """The session's events after ``after_seq`` (stored ones first), then live ones.
 
-        ``None`` starts at the newest stored event. With ``deltas``, live text of the turns
-        this runtime drives is interleaved (``message.delta``, never stored, never replayed).
-        Close it (or use ``async with``) when done.
+        ``None`` starts at the newest stored event. With ``deltas``, live text is interleaved
+        (``message.delta`` and the other live events, never stored, never replayed), from
+        whichever process drives the turn. Close it (or use ``async with``) when done.
         """
-        sub = self.store.subscribe(key, after_seq)
-        if deltas:
-            subs = self._live.setdefault(key, [])
-            subs.append(sub)
-
-            def forget() -> None:
-                if sub in subs:
-                    subs.remove(sub)
-                if not subs and self._live.get(key) is subs:
-                    del self._live[key]
-
-            sub.on_close(forget)
-        return sub
+        return self.store.subscribe(key, after_seq, live=deltas)
 
     async def interrupt(self, key: SessionKey, turn_id: str | None = None, *,
                         reason: str = "cancelled by request") -> list[str]:
@@ -470,9 +486,8 @@ class Runtime:
                 log.exception("event sink failed on %s", e.type)
 
     def _wants_live(self, key: SessionKey) -> bool:
-        return self.sink is not None or key in self._live
+        return self.sink is not None or self.store.wants_live(key)
 
     def _publish_live(self, event: TurnEvent) -> None:
-        for sub in self._live.get(SessionKey(event.agent, event.session), ()):
-            sub.offer(event)
+        self.store.publish_live(event)
         self._publish([event])

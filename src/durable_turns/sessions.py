@@ -10,6 +10,7 @@ whose checks it runs before accepting it. It depends on the runtime through
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 import uuid
@@ -44,6 +45,7 @@ from .records import (
     TurnRecord,
     TurnResult,
     TurnStatus,
+    live_turns,
 )
 from .stores import SessionStore, Subscription
 
@@ -124,6 +126,7 @@ class AgentSession:
         trigger: Trigger | None = None,
         replace: bool = False,
         deliver: str | None = None,
+        data: Mapping[str, Any] | None = None,
     ) -> StartedTurn:
         """Accept a turn and return once it is durable, without waiting for it to run.
 
@@ -134,6 +137,8 @@ class AgentSession:
             deliver: the channel (by name) that owes this turn a delivery: the turn stays in
                 ``runtime.queries.owed_deliveries(channel)`` until the channel calls
                 :meth:`settle_delivery` (its durable outbox, what it recovers after a crash).
+            data: names of the turn's data to set with it, in the same write (a redelivery
+                leaves the stored ones as they are: read them with :meth:`entry`).
 
         Raises:
             SessionBusyError: the session is parked on another turn.
@@ -154,6 +159,7 @@ class AgentSession:
         _rec, new = await self.runtime.accept(self.key, NewEntry(
             turn_id, opening, event=event.to_dict() if event else None, policy=policy,
             supersede=f"superseded by turn {turn_id}" if replace else None, deliver=deliver,
+            data=dict(data) if data else None,
         ))
         return StartedTurn(turn_id, new)
 
@@ -334,9 +340,12 @@ class AgentSession:
     async def _repeated(self, rec: TurnRecord, resume: Resume) -> None:
         given = Resume.from_entry(rec)
         if not given.same_answer(resume):
+            # Say what differs: a double click is one answer only from the same person.
+            differs = ("with the same answer" if given.value == resume.value
+                       else "with another answer than this one")
             raise ResumeConflictError(
                 f"input {resume.input_id!r} of turn {resume.turn_id!r} was answered "
-                f"already (by {given.by!r}), with another answer",
+                f"already by {given.by!r} ({json.dumps(given.value)}), {differs}",
                 session=str(self.key), turn_id=resume.turn_id, input_id=resume.input_id,
             )
         self._applied(await self.runtime.wait(self.key, rec.turn_id), resume)
@@ -365,6 +374,11 @@ class AgentSession:
         in their place (resets, answers, retries), with how each ended."""
         await self.runtime.open()
         return await self.runtime.store.turns(self.key)
+
+    async def turns(self) -> list[TurnRecord]:
+        """The turns of the live generation, in order: the chain's turns since the last reset
+        that ran (the archived ones stay readable through :meth:`archive`)."""
+        return live_turns(await self.chain())
 
     async def entry(self, turn_id: str) -> TurnRecord | None:
         """The chain entry ``turn_id`` (a turn or a command), or ``None``."""

@@ -42,7 +42,7 @@ from typing import Any
 
 from .context import Host, StepServices, ToolContext
 from .errors import ConfigurationError, Parked
-from .events import MessageCompleted, MessageDelta, TurnEvent
+from .events import MessageCompleted, MessageDelta, MessageThinking, TurnEvent
 from .records import ChildMemo, ChildStepId, InputRequest, SessionKey, TurnRecord, TurnStatus
 from .tools import Tool, ToolSpec
 
@@ -152,8 +152,8 @@ async def _follow(ctx: ToolContext, services: StepServices, key: SessionKey, tur
     unwatch = host.watch(key, lambda _events: changed.set())
 
     def on_live(e: TurnEvent) -> None:
-        # The child's live text, if this runtime drives it: handed on as it streams.
-        if isinstance(e, MessageDelta) and e.turn_id == turn_id:
+        # The child's live text, from whichever process drives it: handed on as it streams.
+        if isinstance(e, MessageDelta | MessageThinking) and e.turn_id == turn_id:
             services.forward_live(replace(e, child={**tag, "seq": e.seq}))
 
     stop_live = host.live(key, on_live)

@@ -25,7 +25,7 @@ import jsonschema
 import pydantic
 
 from .context import ActionContext, ToolContext
-from .errors import ConfigurationError, FatalToolError
+from .errors import ConfigurationError, FatalToolError, runtime_failure
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,8 +133,9 @@ class Tool:
 
         Returns the first attempt's result that did not raise; raises the last attempt's
         exception (a timeout as ``TimeoutError`` naming the tool and the limit). Exceptions
-        outside ``retry_on``, :class:`~durable_turns.errors.FatalToolError` and the runtime's
-        own signals (``BaseException``) are raised at once.
+        outside ``retry_on``, :class:`~durable_turns.errors.FatalToolError`, the runtime's
+        own failures (``errors.RUNTIME_FAILURES``, met through the context) and its signals
+        (``BaseException``) are raised at once.
         """
         if self.timeout is None and not self.retries:
             return await self.run(args, ctx)  # type: ignore[arg-type]  # None: unused
@@ -146,8 +147,8 @@ class Tool:
                 return await self._attempt(args, ctx)
             except Exception as e:
                 if attempt > self.retries or isinstance(e, FatalToolError) \
-                        or not isinstance(e, self.retry_on):
-                    raise
+                        or not isinstance(e, self.retry_on) or runtime_failure(e) is not None:
+                    raise  # the runtime's own failure abandons the step: never retried here
                 ceiling = min(self.retry_delay * 2.0 ** (attempt - 1), RETRY_BACKOFF_CAP)
                 delay = ceiling / 2 + random.uniform(0, ceiling / 2)  # "equal jitter"
                 if on_retry is not None:

@@ -11,7 +11,7 @@ then live ones) and the :class:`~durable_turns.AgentSession` façade.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from ..agent import Agent
@@ -50,10 +50,11 @@ class ChannelContext:
 
     async def open_turn(self, text: str, *, session: str, replace: bool = False,
                         event: InboundEvent | None = None, turn_id: str | None = None,
-                        trigger: Trigger | None = None,
-                        deliver: str | None = None) -> TurnStream:
+                        trigger: Trigger | None = None, deliver: str | None = None,
+                        data: Mapping[str, Any] | None = None) -> TurnStream:
         """Start a turn and return its stream (for a host that must answer an error before
-        it streams). The turn is durable when this returns.
+        it streams). The turn is durable when this returns; ``data``: names of its data set
+        with it (``AgentSession.start``).
 
         Raises:
             SessionBusyError: the session is parked on another turn.
@@ -65,7 +66,7 @@ class ChannelContext:
         try:
             await sub.ready()
             started = await s.start(text, turn_id=turn_id, event=event, replace=replace,
-                                    trigger=trigger, deliver=deliver)
+                                    trigger=trigger, deliver=deliver, data=data)
             if not started.new:
                 sub.close()
                 sub = self.runtime.subscribe(s.key, 0)

@@ -118,8 +118,9 @@ def slack_from_env(env: Mapping[str, str]) -> SlackChannel:
     """
     token = env.get("SLACK_BOT_TOKEN")
     if not token:
-        raise ConfigurationError("the Slack channel needs SLACK_BOT_TOKEN (and, to serve "
-                                 "Slack's requests, SLACK_SIGNING_SECRET) in the environment")
+        # Only the token: delivering (receive) needs nothing else, and serving Slack's
+        # requests says it needs the signing secret when it is mounted.
+        raise ConfigurationError("the Slack channel needs SLACK_BOT_TOKEN in the environment")
     return SlackChannel(env.get("SLACK_SIGNING_SECRET") or None, token, agent=None,
                         replace_in_flight=False, base_url=env.get("SLACK_API_URL") or None,
                         stream_idle=STREAM_IDLE, rate_limit_retries=3, clock=None)

@@ -1,4 +1,5 @@
-"""``durable-turns refund | approve | pending``: an approval that outlives its process (F6).
+"""``durable-turns demo refund | approve | pending``: an approval that outlives its process
+(F6).
 
 - ``refund``: this process starts the ops agent's turn "Refund $30 on order 42." as an
   attested CLI user; ``issue_refund`` parks it on ``approve-refund``; the command prints the
@@ -26,6 +27,7 @@ from rich.console import Console
 from rich.text import Text
 
 from ..errors import ResumeAuthorizationError, ResumeConflictError, SessionBusyError
+from ..hitl import who_may_answer
 from ..inbound import InboundEvent
 from ..records import InputRequest, SessionKey, TurnResult
 from ..runtime import Runtime
@@ -112,10 +114,10 @@ async def run_refund(opts: RefundOptions, console: Console) -> int:
         try:
             await session.start(event=event, turn_id=turn_id)
         except SessionBusyError as e:
-            raise DemoInputError(f"{e} (see: durable-turns pending --db {db})") from None
+            raise DemoInputError(f"{e} (see: durable-turns demo pending --db {db})") from None
         # Nothing awaited since start() returned: the turn's first event prints after this.
-        console.print(Text("durable-turns refund: a refund that waits for a person's approval",
-                           style="bold"))
+        console.print(Text("durable-turns demo refund: a refund that waits for a person's "
+                           "approval", style="bold"))
         _kv(console, [
             ("store", f"{db} (SqliteStore, WAL)"),
             ("model", opts.model.label),
@@ -148,7 +150,7 @@ def _report_refund(console: Console, db: Path, session_id: str, result: TurnResu
             ("answerer", f"user {who}" if who else compact(req.answerers)),
         ])
         console.print()
-        approve = (f"durable-turns approve --db {db} --turn {req.turn_id} --input {req.id}"
+        approve = (f"durable-turns demo approve --db {db} --turn {req.turn_id} --input {req.id}"
                    + (f" --by {who}" if who else ""))
         console.print("Approve it (from another shell, now or later):")
         console.print(f"  {approve}", markup=False, highlight=False)
@@ -185,6 +187,8 @@ async def run_approve(opts: ApproveOptions, console: Console) -> int:
         session = runtime.session(AGENT_NAME, key.session)
         printer = EventPrinter(console, await session.transcript())
         session.observe(printer, turn_id=opts.turn_id)
+        waiting = await session.pending()
+        fresh = waiting is not None and waiting.turn_id == opts.turn_id
         try:
             await session.resume(opts.turn_id, opts.input_id, opts.approve, by=opts.by)
         except ResumeAuthorizationError as e:
@@ -197,16 +201,20 @@ async def run_approve(opts: ApproveOptions, console: Console) -> int:
         # Nothing awaited since resume() returned, so the replay's first event cannot print
         # before this header: the observer that prints it has not run yet.
         answer = "yes (approve)" if opts.approve else "no (--deny)"
-        console.print(Text("durable-turns approve: answer a parked turn from another process",
-                           style="bold"))
+        console.print(Text("durable-turns demo approve: answer a parked turn from another "
+                           "process", style="bold"))
         _kv(console, [
             ("store", str(db)),
             ("model", opts.model.label),
             ("session", f"{key}, turn {opts.turn_id}"),
-            ("answer", f"{opts.input_id} = {answer}, by {opts.by} (stored)"),
+            ("answer", f"{opts.input_id} = {answer}, by {opts.by} "
+                       + ("(stored)" if fresh else "(given already: the same answer)")),
         ])
-        console.print(Text(f"pid {os.getpid()} replays the turn: the parked tool runs again "
-                           "from the top, and request_input returns the answer", style="bold"))
+        console.print(Text(
+            f"pid {os.getpid()} replays the turn: the parked tool runs again from the top, "
+            "and request_input returns the answer" if fresh else
+            "The turn had this answer already: it is one answer, and nothing runs again.",
+            style="bold"))
         result = await asyncio.wait_for(session.result(opts.turn_id), _timeout(opts.model))
         printer.end_line()
         refunds = read_refunds(store.unwrap())
@@ -230,8 +238,8 @@ async def _session_of(store: SqliteStore, db: Path, turn_id: str,
     where = f" of session {session!r}" if session else ""
     if not keys:
         raise DemoInputError(
-            f"no turn {turn_id!r}{where} in {db} (durable-turns pending --db {db} lists the "
-            "turns waiting for input)"
+            f"no turn {turn_id!r}{where} in {db} (durable-turns demo pending --db {db} lists "
+            "the turns waiting for input)"
         )
     if len(keys) > 1:
         raise DemoInputError(
@@ -240,8 +248,8 @@ async def _session_of(store: SqliteStore, db: Path, turn_id: str,
         )
     if keys[0].agent != AGENT_NAME:
         raise DemoInputError(
-            f"turn {turn_id!r} belongs to agent {keys[0].agent!r}; this CLI runs only the "
-            f"{AGENT_NAME!r} demo agent"
+            f"turn {turn_id!r} belongs to agent {keys[0].agent!r}, not the demo's: answer it "
+            f"with its app, durable-turns approve APP_DIR --db {db} --turn {turn_id}"
         )
     return keys[0]
 
@@ -303,24 +311,16 @@ async def run_pending(db: Path, console: Console) -> int:
     t = table(console, "session", "turn", "input", "asked by", "who may answer", "prompt")
     for p in parked:
         t.add_row(str(p.key), p.request.turn_id, p.request.id, p.asked_by or "-",
-                  _answerers(p.request.answerers), p.request.prompt)
+                  who_may_answer(p.request.answerers), p.request.prompt)
     console.print(t)
     console.print()
     console.print("Answer one with:")
     for p in parked:
         who = (p.request.answerers or {}).get("user")
-        cmd = (f"durable-turns approve --db {db} --turn {p.request.turn_id} "
+        cmd = (f"durable-turns demo approve --db {db} --turn {p.request.turn_id} "
                f"--input {p.request.id}" + (f" --by {who}" if who else "") + "  [--deny]")
         if p.key.agent != AGENT_NAME:
-            cmd = f"(agent {p.key.agent!r} is not the demo's: answer it with its own app)"
+            cmd = (f"(agent {p.key.agent!r} is not the demo's: answer it with its own app, "
+                   f"durable-turns approve APP_DIR --db {db} --turn {p.request.turn_id})")
         console.print(f"  {cmd}", markup=False, highlight=False)
     return 0
-
-
-def _answerers(answerers: dict[str, Any] | None) -> str:
-    if not answerers:
-        return "anyone (no restriction)"
-    if "user" in answerers:
-        return f"user {answerers['user']}"
-    return f"policy {answerers.get('policy')} / {answerers.get('scope')}"
-

@@ -28,7 +28,7 @@ from ..agent import Agent
 from ..context import ToolContext
 from ..errors import FatalToolError, StoreError
 from ..tools import Tool, tool
-from .refunds import ensure_refunds_schema, refund_tool
+from .refunds import REFUND_COLUMNS, ensure_refunds_schema, refund_tool
 
 AGENT_NAME = "ops"
 INSTRUCTIONS = (
@@ -93,6 +93,21 @@ def ensure_schema(conn: sqlite3.Connection) -> None:
             f"(columns {', '.join(columns)}); point --db at a fresh file"
         )
     ensure_refunds_schema(conn)
+
+
+def check_schema(conn: sqlite3.Connection) -> None:
+    """Check that the database is one the demo made, creating nothing.
+
+    Raises:
+        StoreError: it has no ``orders`` or ``refunds`` table of the demo's shape.
+    """
+    for table, columns in (("orders", ORDER_COLUMNS), ("refunds", REFUND_COLUMNS)):
+        found = tuple(r[1] for r in conn.execute(f"PRAGMA table_info({table})"))
+        if found != columns:
+            raise StoreError(
+                "the database is not one the demo made (it has no demo "
+                f"'{table}' table): the demo's commands answer the demo's refunds only; "
+                "answer an app's parked turn with durable-turns approve APP_DIR")
 
 
 def read_orders(conn: sqlite3.Connection, turn_id: str | None = None) -> list[OrderRow]:

@@ -65,7 +65,7 @@ async def read_state(db: Path, session_id: str, turn_id: str) -> StoreState:
         orders = read_orders(store.unwrap(), turn_id)
     return StoreState(
         session_status=status,
-        turn_status=rec.status if rec else None,
+        turn_status=rec.status.value if rec else None,
         turn_text=rec.text if rec else None,
         messages=[(i, m) for i, m in enumerate(transcript) if m.turn_id == turn_id],
         orders=orders,

@@ -27,7 +27,7 @@ from rich.text import Text
 from ..errors import StoreError
 from ..stores.sqlite import SqliteStore
 from .choice import OFFLINE, ModelChoice
-from .ops import AGENT_NAME, REQUEST, ensure_schema, outbox_path
+from .ops import AGENT_NAME, REQUEST, check_schema, ensure_schema, outbox_path
 from .report import StoreState, judge, read_state, render
 from .term import rule
 from .worker import KILL_POINTS, UNREACHABLE
@@ -101,9 +101,13 @@ async def run_demo(opts: DemoOptions, console: Console) -> int:
 async def prepare_db(db: Path, *, create: bool = True) -> None:
     """Check that ``db`` is (or, with ``create``, may become) the demo's SQLite store.
 
+    Without ``create`` nothing is created in it: it must be a database the demo made (its
+    ``orders`` and ``refunds`` tables), so that the demo's agent never runs on an app's.
+
     Raises:
         DemoInputError: it is a directory, its directory is missing, it does not exist
-            (without ``create``), or it is not a durable_turns store (left untouched).
+            (without ``create``), it is not a durable_turns store, or (without ``create``)
+            not the demo's (left untouched).
     """
     if db.is_dir():
         raise DemoInputError(f"--db {db} is a directory; give the path of a file")
@@ -114,7 +118,7 @@ async def prepare_db(db: Path, *, create: bool = True) -> None:
     store = SqliteStore(db)
     try:
         await store.open()
-        ensure_schema(store.unwrap())
+        (ensure_schema if create else check_schema)(store.unwrap())
     except StoreError as e:
         raise DemoInputError(str(e)) from e
     finally:

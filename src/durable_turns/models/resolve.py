@@ -1,4 +1,5 @@
-"""Provider strings: ``"anthropic:claude-…"`` or ``"openai:gpt-…"`` → a :class:`Model`.
+"""Provider strings: ``"anthropic:claude-…"`` or ``"openai:gpt-…"`` → a :class:`Model`;
+``"scripted"`` → the offline model (:mod:`durable_turns.models.offline`).
 
 The adapter module, and so its SDK, is imported only when a string names it.
 """
@@ -10,6 +11,7 @@ from typing import Any
 
 from ..errors import ConfigurationError
 from ..model import Model
+from .offline import SPEC, offline_model
 
 PROVIDERS: dict[str, tuple[str, str, str]] = {
     "anthropic": ("anthropic_messages", "anthropic", "anthropic"),
@@ -22,8 +24,10 @@ def resolve_model(spec: str | Model, **options: Any) -> Model:
     """The model a provider string names; a :class:`Model` is returned as it is.
 
     ``"anthropic:claude-sonnet-4-5"`` → ``anthropic(model="claude-sonnet-4-5", **options)``;
-    ``"openai:gpt-4o"`` → ``openai_compatible(model="gpt-4o", **options)``. Credentials and
-    base URLs come from ``options`` or from the SDK's environment variables.
+    ``"openai:gpt-4o"`` → ``openai_compatible(model="gpt-4o", **options)``;
+    ``"scripted"`` → :func:`~durable_turns.models.offline.offline_model` (offline: it calls
+    the agent's tools by name, no key needed). Credentials and base URLs come from
+    ``options`` or from the SDK's environment variables.
 
     Raises:
         ConfigurationError: a malformed string, an unknown provider, or the provider's SDK
@@ -31,10 +35,12 @@ def resolve_model(spec: str | Model, **options: Any) -> Model:
     """
     if not isinstance(spec, str):
         return spec
+    if spec.strip().lower() == SPEC:
+        return offline_model()
     prefix, sep, name = spec.partition(":")
     if not sep or not prefix.strip() or not name.strip():
         raise ConfigurationError(
-            f"model {spec!r}: expected '<provider>:<model>', e.g. "
+            f"model {spec!r}: expected 'scripted' (offline) or '<provider>:<model>', e.g. "
             "'anthropic:claude-sonnet-4-5' or 'openai:gpt-4o'"
         )
     entry = PROVIDERS.get(prefix.strip().lower())

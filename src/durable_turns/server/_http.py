@@ -18,7 +18,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse
 
 from ..access import principal_id
-from ..errors import error_kind
+from ..errors import StoreError, error_kind
 from ..events import TurnEvent
 from ..wire import BODY_TIMEOUT, HttpError, loads, read_limited
 
@@ -34,31 +34,47 @@ or ``None`` (or an exception) to refuse with 401."""
 B = TypeVar("B", bound=BaseModel)
 
 
+RETRY_AFTER = 2
+"""Seconds a 503's ``Retry-After`` asks a client to wait before it tries again."""
+
 _UNAVAILABLE = {
-    503: ("Unavailable", "the service cannot answer now (its store is away, or another "
-                         "process holds the session); retry later"),
+    503: ("Unavailable", "the service cannot answer now (another process holds the "
+                         "session); retry later"),
     504: ("Timeout", "the server gave up waiting; retry later"),
 }
 """What a 5xx says in place of its exception's message (which may name a database)."""
+_STORE_AWAY = (
+    "StoreUnavailable",
+    f"the session store cannot be used now (its database is away or failing); retry in "
+    f"{RETRY_AFTER} s: a request that started a turn is safe to repeat with the same "
+    "Idempotency-Key (or turn_id), which never starts a second one")
+"""What a 503 of a store failure says: its cause, without the database's name."""
 
 
 def error_response(exc: BaseException) -> JSONResponse:
     """The JSON answer for ``exc``: its status from ``errors.ERRORS``, the message of a 4xx;
-    a 5xx says only what kind of failure it was (the error goes to the log)."""
+    a 5xx says only what kind of failure it was (the error goes to the log). A 503 carries
+    ``Retry-After``."""
     if isinstance(exc, HttpError):
         return _error(exc.status, exc.type, exc.message)
     kind = error_kind(exc)
     if kind is not None and (kind.status < 500 or kind.said):
         return _error(kind.status, type(exc).__name__, str(exc))
     status = kind.status if kind is not None else 500
-    log.error("request failed (%d)", status, exc_info=exc)
-    type_, message = _UNAVAILABLE.get(
-        status, ("InternalError", "the server failed; the error is in its log"))
+    if isinstance(exc, StoreError):  # the database is away: expected, said in one line
+        log.warning("request refused (%d): %s", status, exc)
+        type_, message = _STORE_AWAY
+    else:
+        log.error("request failed (%d)", status, exc_info=exc)
+        type_, message = _UNAVAILABLE.get(
+            status, ("InternalError", "the server failed; the error is in its log"))
     return _error(status, type_, message)
 
 
 def _error(status: int, type_: str, message: str) -> JSONResponse:
-    return JSONResponse({"error": {"type": type_, "message": message}}, status_code=status)
+    headers = {"Retry-After": str(RETRY_AFTER)} if status == 503 else None
+    return JSONResponse({"error": {"type": type_, "message": message}}, status_code=status,
+                        headers=headers)
 
 
 async def read_body(request: Request, model: type[B], *,

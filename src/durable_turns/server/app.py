@@ -20,7 +20,7 @@ from starlette.routing import BaseRoute, Route
 from ..access import Authorize, default_authorize
 from ..agent import check_surfaces
 from ..channels import Channel, ChannelContext, TurnStream, mount_agent
-from ..errors import ConfigurationError
+from ..errors import ConfigurationError, TurnConflictError
 from ..events import TurnEvent
 from ..inbound import InboundEvent
 from ..model import Model
@@ -29,11 +29,28 @@ from ..records import TurnRecord
 from ..runtime import Runtime
 from ..sessions import AgentSession
 from ..wire import BODY_TIMEOUT, HttpError, cursor
-from ._http import Authenticate, error_response, is_durable, read_body
+from ._http import (
+    RETRY_AFTER,
+    Authenticate,
+    error_response,
+    is_durable,
+    read_body,
+)
 from .console import console_routes
-from .fanout import HEADERS, MAX_BACKLOG, EventStreamApp, FrameCache, Outbox, Pacer, Streams
+from .fanout import (
+    BACK,
+    HEADERS,
+    MAX_BACKLOG,
+    OUTAGE,
+    EventStreamApp,
+    FrameCache,
+    Outbox,
+    Pacer,
+    Streams,
+)
 from .guard import Guard
 from .headers import with_security_headers
+from .idempotency import HEADER, conflict, idempotent
 from .lifespan import GRACE, host_lifespan
 from .openapi import openapi
 from .timeline import last_activity
@@ -91,9 +108,16 @@ class ResetBody(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)  # JSON types, not coerced
 
 
+class RetryBody(BaseModel):
+    """``POST /retry``: the failed turn to re-open where it failed (F2)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)  # JSON types, not coerced
+    turn_id: str = Field(min_length=1)
+
+
 BODIES: dict[str, type[BaseModel]] = {
     "turn": TurnBody, "chat": TurnBody, "resume": ResumeBody, "cancel": CancelBody,
-    "reset": ResetBody, **TIME_TRAVEL_BODIES,
+    "reset": ResetBody, "retry": RetryBody, **TIME_TRAVEL_BODIES,
 }
 
 
@@ -153,7 +177,8 @@ def create_app(runtime: Runtime, authenticate: Authenticate | None = None,
 
     Returns:
         The app. ``app.state.end_streams()`` ends every open ``GET …/events`` stream (the
-        lifespan's shutdown and ``serve``'s SIGTERM call it).
+        lifespan's shutdown and ``serve``'s SIGTERM call it); ``app.state.channel_routes``
+        maps each channel's name to its routes (``"POST /slack/events"``, …).
 
     Raises:
         ConfigurationError: a channel that is no :class:`~durable_turns.channels.Channel`,
@@ -164,6 +189,7 @@ def create_app(runtime: Runtime, authenticate: Authenticate | None = None,
         raise ConfigurationError("authorize decides what an authenticated principal may do: "
                                  "pass authenticate=… too")
     mounted: list[BaseRoute] = []
+    served: dict[str, list[str]] = {}
     sources = {SOURCE}
     for ch in channels:
         if not isinstance(ch, Channel):
@@ -173,7 +199,9 @@ def create_app(runtime: Runtime, authenticate: Authenticate | None = None,
         if ch.name in sources:
             raise ConfigurationError(f"two channels (or a channel and the API) named "
                                      f"{ch.name!r}")
-        mounted.extend(ch.mount(runtime))
+        its = ch.mount(runtime)
+        mounted.extend(its)
+        served[ch.name] = _paths(its)
         sources.add(ch.name)
     for agent in runtime.agents.values():
         check_surfaces(agent, sources)
@@ -182,7 +210,15 @@ def create_app(runtime: Runtime, authenticate: Authenticate | None = None,
                  Guard(runtime, authenticate, authorize or default_authorize, origins,
                        body_timeout=body_timeout))
     lifespan = host_lifespan(runtime, list(channels), host.streams.end_all, grace=grace)
-    return host.app([*mounted, *routes], lifespan, api=api)
+    app = host.app([*mounted, *routes], lifespan, api=api)
+    app.state.channel_routes = served
+    return app
+
+
+def _paths(routes: Sequence[BaseRoute]) -> list[str]:
+    """``METHOD PATH`` of each route (what a banner shows of a channel's routes)."""
+    return [f"{'/'.join(sorted((getattr(r, 'methods', None) or set()) - {'HEAD'}))} "
+            f"{getattr(r, 'path', '?')}".strip() for r in routes]
 
 
 class _Host:
@@ -218,6 +254,8 @@ class _Host:
             Route(f"{base}/cancel", g(self.cancel, "cancel", body=CancelBody),
                   methods=["POST"]),
             Route(f"{base}/reset", g(self.reset, "reset", body=ResetBody), methods=["POST"]),
+            # A retry runs a failed turn on: what starting a turn may.
+            Route(f"{base}/retry", g(self.retry, "turn", body=RetryBody), methods=["POST"]),
             Route(f"{base}/events", g(self.events, "read", claim=True), methods=["GET"]),
             *timetravel_routes(self.rt, g, self.replay_models),
             *console_routes(self.rt, g, self.authenticate is None),
@@ -309,7 +347,7 @@ class _Host:
         return JSONResponse({
             **found.to_dict(),
             "transcript": [_message(m) for m in await s.transcript()],
-            "turns": [_turn(t) for t in await s.chain() if t.kind == "turn"],
+            "turns": [_turn(t) for t in await s.turns()],
         })
 
     async def _start(self, request: Request) -> TurnStream:
@@ -321,8 +359,21 @@ class _Host:
             # Attested: the principal's id, or (development mode) what the body says, which
             # that mode trusts by design (it serves loopback only).
             event = InboundEvent(SOURCE, {"id": by, "attested": True}, body.text)
-        return await ch.open_turn(body.text, session=request.path_params["session"],
-                                  replace=body.replace, event=event, turn_id=body.turn_id)
+        idem = idempotent(request.headers.get(HEADER), body.model_dump(), by)
+        try:
+            stream = await ch.open_turn(
+                body.text, session=request.path_params["session"], replace=body.replace,
+                event=event, turn_id=idem.turn_id if idem else body.turn_id,
+                data=idem.data if idem else None)
+        except TurnConflictError as e:
+            raise conflict(e, idem) from None
+        if idem is not None:
+            try:
+                await idem.check(stream.session)
+            except BaseException:
+                stream.close()
+                raise
+        return stream
 
     async def turn(self, request: Request) -> Response:
         stream = await self._start(request)
@@ -365,6 +416,14 @@ class _Host:
         return JSONResponse({"previous_session": done.previous_session,
                              "generation": done.generation})
 
+    async def retry(self, request: Request) -> Response:
+        body = await read_body(request, RetryBody)
+        s = self.session(request)
+        # Accepted once the retry has re-opened the turn; the turn then runs on, and its
+        # events follow on the session's stream.
+        await s.retry(body.turn_id)
+        return JSONResponse({"turn_id": body.turn_id, "retried": True})
+
     async def events(self, request: Request) -> Response:
         s = self.session(request)
         # Both are checked; the header (what EventSource sends on a reconnect) wins.
@@ -393,8 +452,20 @@ class _Host:
                 sub.close()
 
         sub.on_close(outbox.end)
+        sub.on_outage(self.outage_notice(outbox))
         sub.deliver_to(take)
         return self.streams.response(outbox, sub.close)
+
+    @staticmethod
+    def outage_notice(outbox: Outbox) -> Any:
+        """What tells an open stream's client that the store is away (a retry hint) and back
+        (its events then follow from its cursor, with no gap)."""
+        hint = OUTAGE % (RETRY_AFTER * 1000)
+
+        def notice(error: BaseException | None) -> None:
+            outbox.put(hint if error is not None else BACK)
+
+        return notice
 
 
 def _message(m: Any) -> dict[str, Any]:

@@ -64,6 +64,12 @@ FRAME_CACHE = 1024
 """How many recent events' SSE frames are kept for the other subscribers."""
 HEADERS = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
 """An event stream's headers, as sse-starlette sets them: no cache, no proxy buffering."""
+OUTAGE = (b": the store is unavailable; this stream goes on from its cursor when it is "
+          b"back\nretry: %d\n\n")
+"""What a stream says when its store cannot be read: a comment, and ``retry:`` (ms), the
+time an EventSource waits should the connection drop meanwhile (``%d``: filled in)."""
+BACK = b": the store is back\n\n"
+"""What a stream says when its store answers again (its events follow, from its cursor)."""
 
 
 class FrameCache:

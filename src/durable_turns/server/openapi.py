@@ -108,6 +108,7 @@ def openapi(bodies: dict[str, type[BaseModel]], agents: list[str],
     schemas["ReplayBody"]["properties"]["model"] = {"anyOf": offered, "default": None}
 
     def errors(*codes: int) -> dict[str, Any]:
+        # 503 (with Retry-After) on every route: the store may be away.
         return {str(c): _ERROR for c in sorted({401, 403, 503, *codes})}
 
     def post(name: str, summary: str, ok: dict[str, Any], *codes: int,
@@ -172,8 +173,9 @@ def openapi(bodies: dict[str, type[BaseModel]], agents: list[str],
                 "responses": {"200": _json({"allOf": [_ref("Summary"), _object(
                     seq={"type": "integer"}, earlier={"type": "integer"},
                     turns={"type": "array"})]}), **errors(400, 404)}}},
-            f"{base}/turn": post("turn", "start a turn; its events", turn, 409),
-            f"{base}/chat": post("chat", "start a turn; its result or its events", chat, 409),
+            f"{base}/turn": _keyed(post("turn", "start a turn; its events", turn, 409, 422)),
+            f"{base}/chat": _keyed(post("chat", "start a turn; its result or its events", chat,
+                                        409, 422)),
             f"{base}/resume": post("resume", "answer a parked turn", result, 409, 422, 500),
             f"{base}/cancel": post("cancel", "cancel a turn or every unfinished one", _json(
                 _object(cancelled={"type": "array", "items": {"type": "string"}})),
@@ -181,6 +183,8 @@ def openapi(bodies: dict[str, type[BaseModel]], agents: list[str],
             f"{base}/reset": post("reset", "archive the session's history", _json(_object(
                 previous_session={"type": "string"}, generation={"type": "integer"})),
                 required=False),
+            f"{base}/retry": post("retry", "re-open a failed turn where it failed", _json(
+                _object(turn_id={"type": "string"}, retried={"type": "boolean"})), 409),
             f"{base}/history": {"get": {
                 "summary": "the session's checkpoints, oldest first: each commit's place "
                            "(generation, seq, sub), kind, steps and events",
@@ -211,3 +215,14 @@ def openapi(bodies: dict[str, type[BaseModel]], agents: list[str],
         },
         "components": {"schemas": schemas},
     }
+
+
+def _keyed(route: dict[str, Any]) -> dict[str, Any]:
+    """A route that starts a turn takes an ``Idempotency-Key`` (``server/idempotency.py``)."""
+    post = route["post"]
+    post["parameters"] = [*post["parameters"], {
+        "name": "Idempotency-Key", "in": "header", "required": False,
+        "description": "the same key with the same body is the same turn; with another "
+                       "body, 422",
+        "schema": {"type": "string", "pattern": "^[ -~]{1,255}$"}}]
+    return route

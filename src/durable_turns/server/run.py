@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
+import socket
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from types import FrameType
 
 import uvicorn
@@ -51,10 +54,50 @@ class _Server(uvicorn.Server):
         super().handle_exit(sig, frame)
 
 
+@dataclass(frozen=True, slots=True)
+class Listening:
+    """Where a server listens, once it does (what ``serve``'s ``on_listening`` is told)."""
+
+    url: str
+    """The base URL, with the port bound (``http://127.0.0.1:8000``)."""
+    channel_routes: dict[str, list[str]]
+    """Each channel's routes by its name: ``{"slack": ["POST /slack/events", …]}``."""
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host:port`` (``port`` 0: one the system picks).
+
+    Raises:
+        ConfigurationError: the address cannot be bound (in use, not this machine's, a port
+            out of range), said with the address.
+    """
+    if not 0 <= port <= 65535:
+        raise ConfigurationError(f"port {port} is not a TCP port (1 to 65535)")
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                   flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        raise ConfigurationError(f"cannot listen on {host}:{port}: {e.strerror}") from None
+    family, kind, proto, _name, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        # As uvicorn binds: a restarted server takes its port back at once (TIME_WAIT).
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(2048)
+    except OSError as e:
+        sock.close()
+        raise ConfigurationError(f"cannot listen on {host}:{port}: "
+                                 f"{(e.strerror or str(e)).lower()}") from None
+    sock.setblocking(False)
+    return sock
+
+
 async def serve(runtime: Runtime, *, host: str = "127.0.0.1", port: int = 8000,
                 authenticate: Authenticate | None = None, grace: float = GRACE,
                 on_ready: Callable[[str], None] | None = None,
-                channels: Sequence[Channel] = (), api: bool = True) -> None:
+                channels: Sequence[Channel] = (), api: bool = True,
+                on_listening: Callable[[Listening], None] | None = None) -> None:
     """Serve ``create_app(runtime, authenticate, channels)`` with uvicorn until SIGTERM or
     SIGINT.
 
@@ -65,14 +108,19 @@ async def serve(runtime: Runtime, *, host: str = "127.0.0.1", port: int = 8000,
     closes.
 
     Args:
+        port: the TCP port; 0 lets the system pick one (``on_ready`` is told which).
         on_ready: called with the base URL once the server listens.
         channels: the channels to serve (``create_app(channels=…)``).
         api: serve the API and the console too (``create_app(api=…)``).
+        on_listening: called with :class:`Listening` once the server listens (the URL and
+            the channels' routes).
 
     Raises:
         ConfigurationError: no ``authenticate`` (development mode), the API served and
-            ``host`` not loopback; or a channel that cannot serve this runtime.
-        StoreError: the store cannot be opened (before the port is bound).
+            ``host`` not loopback; the address cannot be bound (a port in use); a channel
+            that cannot serve this runtime.
+        StoreError: the store cannot be opened (after the port is bound, before it is
+            served).
         Exception: whatever the lifespan's start raised (a channel's ``start``).
     """
     if authenticate is None and api and not is_loopback(host):
@@ -80,30 +128,50 @@ async def serve(runtime: Runtime, *, host: str = "127.0.0.1", port: int = 8000,
             f"development mode (no authenticate) serves loopback only, not {host!r}: "
             "bind 127.0.0.1, or pass authenticate=… to create_app")
     app = create_app(runtime, authenticate, channels, grace=grace, api=api)
-    # Opened here first, so that a store that cannot be opened is this call's error, before
-    # the port is bound, rather than a line in uvicorn's log (the lifespan's open is then a
-    # no-op).
-    await runtime.open()
+    # Bound here rather than by uvicorn, which logs a failed bind and exits the process: a
+    # port in use is this call's error, found before the store is touched, and the port the
+    # system picked is known.
+    sock = bind(host, port)
+    try:
+        # Opened here, so that a store that cannot be opened is this call's error rather
+        # than a line in uvicorn's log (the lifespan's open is then a no-op).
+        await runtime.open()
+    except BaseException:
+        sock.close()
+        raise
     stopped: list[int] = []
     # uvicorn re-raises the signal it caught once it has shut down; these handlers take it,
     # so the runtime closes in order instead of the process dying with the signal.
     previous = {sig: signal.signal(sig, lambda s, _f: stopped.append(s))
                 for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
+        bound = sock.getsockname()[1]
         # HttpProtocol: uvicorn's, with a deadline for a request's headers (deadlines.py).
-        config = uvicorn.Config(app, host=host, port=port, lifespan="on", http=HttpProtocol,
+        config = uvicorn.Config(app, host=host, port=bound, lifespan="on", http=HttpProtocol,
                                 timeout_graceful_shutdown=int(grace) or 1, log_level="info")
         server = _Server(config, app.state.end_streams, asyncio.get_running_loop())
-        task = asyncio.create_task(server.serve())
+        task = asyncio.create_task(server.serve(sockets=[sock]))
         while not server.started and not task.done():  # uvicorn has no event for it
             await asyncio.sleep(0.01)
-        if server.started and on_ready is not None:
-            on_ready(f"http://{host}:{port}")
-        await task
+        if server.started:
+            url = f"http://{_url_host(host)}:{bound}"
+            if on_ready is not None:
+                on_ready(url)
+            if on_listening is not None:
+                on_listening(Listening(url, dict(app.state.channel_routes)))
+        with contextlib.suppress(SystemExit):  # uvicorn's exit when the lifespan's start failed
+            await task
         failed = getattr(app.state, "lifespan_error", None)
         if failed is not None:
             raise failed
+        if not server.started:
+            raise ConfigurationError("the server did not start (see the log above)")
     finally:
+        sock.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         await runtime.close()  # a no-op once the lifespan closed it
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host

@@ -30,7 +30,7 @@ from ..events import (
     TurnStarted,
 )
 from ..messages import Message
-from ..records import TurnRecord, TurnStatus
+from ..records import TurnRecord, TurnStatus, live_turns
 from ..sessions import AgentSession
 
 Row = dict[str, Any]
@@ -202,13 +202,6 @@ class _Turn:
                "error": self.error, "reason": self.reason, "steps": self.rows}
         _duration(out)
         return out
-
-
-def live_turns(chain: Sequence[TurnRecord]) -> list[TurnRecord]:
-    """The turns of the live generation: those accepted after the last reset that ran."""
-    resets = [t.ordinal for t in chain if t.kind == "reset" and t.status == TurnStatus.COMPLETED]
-    live_from = max(resets, default=-1)
-    return [t for t in chain if t.kind == "turn" and t.ordinal > live_from]
 
 
 def timeline(chain: Sequence[TurnRecord], events: Sequence[TurnEvent],

@@ -29,7 +29,9 @@ that need no lease are single atomic writes any process may make: accepting an e
 for a cancel, setting a name of a turn's data, settling a delivery.
 
 **The feed.** :meth:`TurnStore.subscribe` yields a session's stored events after a cursor,
-then live ones, woken by the store itself, whichever process committed them.
+then live ones, woken by the store itself, whichever process committed them; live events
+that are never stored (text as a model streams it) reach it through
+:meth:`TurnStore.publish_live`, from whichever process drives the turn.
 
 **Capabilities.** A store declares what it can do in :attr:`TurnStore.capabilities`
 (:class:`StoreCapabilities`), once, instead of being probed: whether it is durable, who may
@@ -135,10 +137,16 @@ class Subscription(Protocol):
     key: SessionKey
     cursor: int | None
     """The seq of the last durable event handed over (or to start after)."""
+    live: bool
+    """Whether it takes live events (see :meth:`TurnStore.publish_live`)."""
 
     async def ready(self) -> None:
         """Wait until the cursor is fixed (``after_seq=None``: at the newest event then) and
-        the backlog is queued. Events committed after ``ready()`` returns are delivered."""
+        the backlog is queued. Events committed after ``ready()`` returns are delivered.
+
+        Raises:
+            StoreError: the store could not be read (the subscription is closed then).
+        """
         ...
 
     def offer(self, event: TurnEvent) -> None:
@@ -153,6 +161,11 @@ class Subscription(Protocol):
 
     def on_close(self, fn: Callable[[], None]) -> None:
         """Call ``fn`` when the subscription closes."""
+        ...
+
+    def on_outage(self, fn: Callable[[BaseException | None], None]) -> None:
+        """Call ``fn(error)`` when the store cannot be read for it (it stays open and resumes
+        from its cursor, with no gap, once the store answers again) and ``fn(None)`` then."""
         ...
 
     def close(self) -> None:
@@ -373,10 +386,29 @@ class TurnStore(Protocol):
         """The session's logged events after ``after_seq``, in order (of one turn if given)."""
         ...
 
-    def subscribe(self, key: SessionKey, after_seq: int | None = None) -> Subscription:
+    def subscribe(self, key: SessionKey, after_seq: int | None = None, *,
+                  live: bool = True) -> Subscription:
         """The session's events after ``after_seq`` (stored ones first), then live ones, with
-        no gap and no duplicate; ``None`` starts at the newest event. Never raises for an
-        unknown session: it yields what that session gets."""
+        no gap and no duplicate; ``None`` starts at the newest event. With ``live``, the live
+        events :meth:`publish_live` hands over (from any process) are slotted in after the
+        durable event whose ``seq`` they carry. Never raises for an unknown session: it
+        yields what that session gets."""
+        ...
+
+    def publish_live(self, event: TurnEvent) -> None:
+        """Hand a live event (never stored: ``message.delta``, ``message.thinking``,
+        ``message.retry``, ``action.retry``) to the session's subscribers that take live
+        events: this process's at once, and, where other processes share the storage
+        (``capabilities.shared_by``), theirs, coalesced and bounded (the kit's
+        ``LiveRelay``). Best effort: one lost or late never corrupts a stream (a subscriber
+        drops it once the next durable event was handed over; ``message.completed`` carries
+        the whole text). Never blocks, never raises."""
+        ...
+
+    def wants_live(self, key: SessionKey) -> bool:
+        """Whether a live event of the session may reach anyone now: a subscriber in this
+        process, or other processes that may subscribe. Cheap (asked for every piece of
+        text a model streams): a turn makes no live text when this says no."""
         ...
 
     def watch(self, key: SessionKey | None, watcher: Watcher) -> Callable[[], None]:

@@ -91,6 +91,22 @@ class RowLeases:
         self._d = dialect
         self.held: dict[Beat, tuple[int, int]] = {}
         """The heartbeats running, with their lease's ``(sid, epoch)``."""
+        self.unreleased: dict[int, int] = {}
+        """Leases whose release failed (the database was away), ``sid: epoch``: released
+        by this store's next claim, so a worker takes its own sessions back as soon as the
+        database returns instead of after ``lease_ttl``."""
+
+    def _release_pending(self, c: Any) -> dict[int, int]:
+        """In a lease job: free the leases whose release failed; returns those it freed."""
+        pending = dict(self.unreleased)
+        for sid, epoch in pending.items():
+            c.execute(_RELEASE, (sid, epoch))
+        return pending
+
+    def _released(self, pending: dict[int, int]) -> None:
+        for sid, epoch in pending.items():
+            if self.unreleased.get(sid) == epoch:
+                del self.unreleased[sid]
 
     def _grant(self, key: SessionKey, sid: int, epoch: int, gen: int, seq: int,
                count: int) -> Grant:
@@ -104,14 +120,19 @@ class RowLeases:
         transaction."""
         d, st = self._d, store.statements
 
+        freed: dict[int, int] = {}
+
         def try_claim(c: Any) -> tuple[int, int, int, int, int] | None:
+            freed.update(self._release_pending(c))
             sid = st.sid(c, key, create=True)
             if c.execute(_TRY_LEASE, (d.lease_ttl, d.owner, sid)).fetchone() is None:
                 return None
             return st.claim(c, key)
 
         async def attempt() -> tuple[int, int, int, int, int] | None:
-            return await d.run_lease_job(lambda c: store.in_transaction(c, try_claim))
+            got = await d.run_lease_job(lambda c: store.in_transaction(c, try_claim))
+            self._released(freed)
+            return got
 
         sid, epoch, gen, seq, count = await retry_until(attempt, key, timeout,
                                                         first_pause=0.005)
@@ -124,7 +145,15 @@ class RowLeases:
             return []
         d = self._d
         params = {"agents": list(agents), "limit": limit, "owner": d.owner, "ttl": d.lease_ttl}
-        rows = await d.run_lease_job(lambda c: c.execute(_CLAIM_READY, params).fetchall())
+        freed: dict[int, int] = {}
+
+        def claim(c: Any) -> list[Any]:
+            freed.update(self._release_pending(c))
+            rows: list[Any] = c.execute(_CLAIM_READY, params).fetchall()
+            return rows
+
+        rows = await d.run_lease_job(claim)
+        self._released(freed)
         out = []
         for sid, agent, session, epoch, gen, seq, last_gen, n in rows:
             key = SessionKey(agent, session)
@@ -168,6 +197,7 @@ class RowLeases:
         d, sid, epoch = self._d, lease.sid, lease.epoch
         try:
             await d.run_lease_job(lambda c: c.execute(_RELEASE, (sid, epoch)))
-        except StoreError as e:  # the lease expires on its own
-            log.warning("release of %s failed (it expires in %ss): %s", lease.key,
-                        d.lease_ttl, e)
+        except StoreError as e:  # the next claim releases it, or it expires on its own
+            self.unreleased[sid] = epoch
+            log.warning("release of %s failed (the next claim here releases it; else it "
+                        "expires in %ss): %s", lease.key, d.lease_ttl, e)

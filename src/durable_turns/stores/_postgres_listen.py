@@ -1,5 +1,6 @@
-"""The PostgreSQL store's wake-ups: ``NOTIFY`` in every transaction that changes a session,
-``LISTEN`` on one connection while anyone subscribes or watches.
+"""The PostgreSQL store's wake-ups and live events: ``NOTIFY`` in every transaction that
+changes a session, ``LISTEN`` on one connection while anyone subscribes or watches; live
+events (``message.delta``…) as frames on a channel of their own (:class:`NotifyWire`).
 
 A payload is JSON, ``{"from": store, "changes": [[agent, session, seq], ...]}`` (``seq`` the
 newest event committed, ``null`` for a change of the chain: a new turn, a resume, a cancel),
@@ -8,14 +9,23 @@ already), coalesces what arrives together (one re-read per session, none when it
 subscribers already have that seq) and tells the feed; it also re-reads every
 ``poll_interval`` seconds and after a reconnect, so a lost notification is only a delay.
 Workers wake only on chain changes.
+
+Live events travel on the channel ``durable_turns_live`` (``LIVE_CHANNEL``): the store's
+``LiveRelay`` (``stores.live``) hands :class:`NotifyWire` frames of at most 7,900 bytes, which
+it sends from a connection of its own (``application_name`` ``durable_turns live``, with
+``synchronous_commit`` off: a frame needs no durability, and a NOTIFY's commit would otherwise
+wait for a WAL flush), several frames in one statement; the listening connection listens on
+both channels and hands live frames to the relay.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import psycopg
@@ -28,8 +38,18 @@ CHANNEL = "durable_turns"
 ``{"from": origin, "changes": [[agent, session, seq], ...]}``."""
 LISTENER_NAME = "durable_turns listener"
 """The ``application_name`` of a store's listening connection (in ``pg_stat_activity``)."""
+LIVE_CHANNEL = "durable_turns_live"
+"""The NOTIFY channel of live events' frames (``stores.live``)."""
+LIVE_NAME = "durable_turns live"
+"""The ``application_name`` of the connection that sends a store's live frames."""
 _NOTIFY_LIMIT = 7900  # PostgreSQL refuses payloads of 8000 bytes or more
 _NOTIFY = "SELECT pg_notify(%s, %s)"
+_LIVE_RETRY = 1.0  # seconds a wire that failed to connect sends nothing (frames dropped)
+RECONNECT_PAUSE = 0.25
+"""The longest pause between the listener's attempts to reconnect: a refused connect costs
+little, and its first success wakes every worker and subscriber (the database is back)."""
+LINGER = 10.0
+"""Seconds the listening connection stays after the last subscriber or watcher left."""
 
 log = logging.getLogger("durable_turns")
 
@@ -45,9 +65,17 @@ def payload(origin: str, changes: Changes) -> str:
     return text if len(text.encode()) < _NOTIFY_LIMIT else json.dumps({"from": origin})
 
 
-def notify(c: psycopg.Connection[Any], origin: str, key: SessionKey, seq: int | None) -> None:
-    """In the caller's transaction: tell every listener that ``key`` changed."""
-    c.execute(_NOTIFY, (CHANNEL, payload(origin, [(key, seq)])))
+def notify(c: psycopg.Connection[Any], origin: str, key: SessionKey, seq: int | None,
+           live: Sequence[str] = ()) -> None:
+    """In the caller's transaction: tell every listener that ``key`` changed, after the frames
+    of its live events ``live`` (one statement: notifications of one transaction arrive in
+    the order they were made)."""
+    if not live:
+        c.execute(_NOTIFY, (CHANNEL, payload(origin, [(key, seq)])))
+        return
+    params = [x for frame in live for x in (LIVE_CHANNEL, frame)]
+    c.execute("SELECT " + ", ".join(["pg_notify(%s, %s)"] * (len(live) + 1)),
+              (*params, CHANNEL, payload(origin, [(key, seq)])))
 
 
 def parse_payload(text: str) -> tuple[str | None, Changes | None]:
@@ -65,31 +93,123 @@ def parse_payload(text: str) -> tuple[str | None, Changes | None]:
     return (None if origin is None else str(origin)), (out or None)
 
 
+class NotifyWire:
+    """PostgreSQL's ``LiveWire``: frames of live events as notifications on
+    :data:`LIVE_CHANNEL`, sent from a connection of its own (see the module docstring).
+
+    Args:
+        dsn: the store's DSN.
+        connect_args: the store's connection arguments.
+        origin: the store's name in its payloads.
+    """
+
+    limit = _NOTIFY_LIMIT
+    transactional = True
+
+    def __init__(self, dsn: str, connect_args: dict[str, Any], origin: str) -> None:
+        self.origin = origin
+        self._dsn = dsn
+        self._connect_args = connect_args
+        self._conn: psycopg.AsyncConnection[Any] | None = None
+        self._receive: Callable[[str], None] | None = None
+        self._quiet_until = 0.0
+
+    def peers(self) -> bool:
+        """``LiveWire.peers``: other processes may always listen on a database server."""
+        return True
+
+    def on_frame(self, receive: Callable[[str], None]) -> None:
+        """``LiveWire.on_frame``."""
+        self._receive = receive
+
+    def received(self, payload: str) -> None:
+        """A notification of :data:`LIVE_CHANNEL` (the listener hands it over)."""
+        if self._receive is not None:
+            self._receive(payload)
+
+    async def send(self, frames: list[str]) -> None:
+        """``LiveWire.send``: every frame in one statement (one round trip, one commit).
+
+        Raises:
+            psycopg.Error: the database is away (the frames are dropped; for a second after
+                a failed connect, nothing is tried).
+        """
+        conn = self._conn
+        if conn is None or conn.closed:
+            if time.monotonic() < self._quiet_until:
+                raise psycopg.OperationalError("the live connection is down")
+            try:
+                conn = self._conn = await psycopg.AsyncConnection.connect(
+                    self._dsn, **self._connect_args, application_name=LIVE_NAME)
+                await conn.execute("SET synchronous_commit = off")
+            except psycopg.Error:
+                self._quiet_until = time.monotonic() + _LIVE_RETRY
+                await self.close()
+                raise
+        params = [x for frame in frames for x in (LIVE_CHANNEL, frame)]
+        try:
+            await conn.execute("SELECT " + ", ".join(["pg_notify(%s, %s)"] * len(frames)),
+                               params)
+        except psycopg.Error:
+            await self.close()
+            raise
+
+    async def close(self) -> None:
+        """Close the sending connection (the next send opens another)."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(psycopg.Error):  # it is gone either way
+                await conn.close()
+
+
 async def listen(feed: Feed, dsn: str, connect_args: dict[str, Any], origin: str,
-                 poll_interval: float, is_open: Callable[[], bool]) -> None:
-    """Tell ``feed`` of other connections' commits while it is active and ``is_open()``;
+                 poll_interval: float, is_open: Callable[[], bool],
+                 wire: NotifyWire | None = None) -> None:
+    """Tell ``feed`` of other connections' commits while it is active (and ``LINGER`` seconds
+    after) and ``is_open()``, and hand ``wire`` the live frames that come meanwhile;
     reconnects with a backoff when the connection is lost."""
+    loop = asyncio.get_running_loop()
+    idle_since = loop.time()
+
+    def wanted() -> bool:
+        # Subscribers come and go (a request each): a listener that stayed a moment is
+        # listening already when the next one comes, and misses none of its live text.
+        nonlocal idle_since
+        if feed.active:
+            idle_since = loop.time()
+            return True
+        return loop.time() - idle_since < LINGER
+
     pause = 0.05
-    while feed.active and is_open():
+    said = -LINGER * 3
+    while wanted() and is_open():
         try:
             conn = await psycopg.AsyncConnection.connect(
                 dsn, **connect_args, application_name=LISTENER_NAME)
         except psycopg.Error as e:
-            log.warning("cannot listen for notifications (retrying): %s", e)
+            if loop.time() - said > LINGER * 3:  # said once in a while, not at every try
+                log.warning("cannot listen for notifications (retrying): %s", e)
+                said = loop.time()
             feed.changed_any()  # meanwhile, the re-poll
             await asyncio.sleep(pause)
-            pause = min(pause * 2, poll_interval)
+            pause = min(pause * 2, poll_interval, RECONNECT_PAUSE)
             continue
         try:
             async with conn:
                 await conn.execute(f"LISTEN {CHANNEL}")
+                if wire is not None:
+                    await conn.execute(f"LISTEN {LIVE_CHANNEL}")
                 pause = 0.05
                 # Listening now: what committed before it (or while the connection was
                 # down) is read once, by everyone.
                 feed.changed_any()
-                while feed.active:
+                while wanted():
                     batch = _Batch(feed, origin)
                     async for n in conn.notifies(timeout=poll_interval):
+                        if n.channel == LIVE_CHANNEL:
+                            if wire is not None:
+                                wire.received(n.payload)
+                            continue
                         batch.add(n.payload)
                     batch.flush()
                     feed.changed_any()  # the periodic re-read

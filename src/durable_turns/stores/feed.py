@@ -14,8 +14,10 @@ Every store owns one :class:`Feed`. It learns of new events in two ways:
 A :class:`Subscription` replays the stored events after its cursor, then goes live, with no gap
 and no duplicate: it registers with the topic *before* reading its backlog, buffers what
 arrives meanwhile, and drops anything at or below its cursor. Live, non-durable events
-(``message.delta``) are offered by the runtime through :meth:`Subscription.offer` and ordered
-by the durable ``seq`` they follow.
+(``message.delta``) reach it through :meth:`Feed.live` (published in this process, or
+received from another by the store's ``LiveRelay``) and are ordered by the durable ``seq``
+they follow: one whose durable event has not come yet is held until it comes (at most
+:data:`MAX_HELD` of them), one whose durable successor was handed over already is dropped.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from . import Watcher
 if TYPE_CHECKING:
     from ..records import SessionKey
 
-__all__ = ["Feed", "Newest", "ReadAfter", "Subscription"]
+__all__ = ["MAX_HELD", "Feed", "Newest", "ReadAfter", "Subscription"]
 
 log = logging.getLogger("durable_turns")
 
@@ -40,10 +42,13 @@ ReadAfter = Callable[["SessionKey", int], Awaitable[list[TurnEvent]]]
 """Reads a session's stored events after a seq, in order."""
 Newest = Callable[["SessionKey"], Awaitable[int]]
 """Reads a session's newest stored seq (0 when none)."""
+MAX_HELD = 4096
+"""Live events a subscription holds while it waits for the durable event they follow; past
+that the oldest go (live text is best effort: ``message.completed`` carries it whole)."""
 
 
 class _Topic:
-    __slots__ = ("again", "key", "last", "reader", "ready", "subs", "watchers")
+    __slots__ = ("again", "error", "key", "last", "reader", "ready", "subs", "watchers")
 
     def __init__(self, key: SessionKey) -> None:
         self.key = key
@@ -54,6 +59,25 @@ class _Topic:
         self.ready = asyncio.Event()
         self.reader: asyncio.Task[None] | None = None
         self.again = False
+        self.error: BaseException | None = None
+        """Why the store cannot be read for this topic now (its subscribers were told)."""
+
+    def failed(self, e: BaseException, what: str) -> None:
+        """A read failed: tell the subscribers once per outage (they go on, and resume from
+        their cursor when the store answers again)."""
+        if self.error is None:
+            log.warning("event feed of %s could not %s (it goes on at the next change): %s",
+                        self.key, what, e)
+            for s in list(self.subs):
+                s._outage(e)
+        self.error = e
+
+    def recovered(self) -> None:
+        if self.error is not None:
+            self.error = None
+            log.warning("event feed of %s reads again", self.key)
+            for s in list(self.subs):
+                s._outage(None)
 
     def deliver(self, events: list[TurnEvent]) -> None:
         for e in events:
@@ -122,6 +146,21 @@ class Feed:
         if topic.subs and (seq is None or topic.last is None or seq > topic.last):
             self._reread(topic)
 
+    def live(self, key: SessionKey, event: TurnEvent) -> None:
+        """A live event of ``key`` (never stored): offered to its subscribers that take live
+        events, after the durable event whose ``seq`` it carries."""
+        topic = self._topics.get(key)
+        if topic is None:
+            return
+        for s in list(topic.subs):
+            if s.live:
+                s.offer(event)
+
+    def takes_live(self, key: SessionKey) -> bool:
+        """Whether a subscriber of ``key`` in this process takes live events."""
+        topic = self._topics.get(key)
+        return topic is not None and any(s.live for s in topic.subs)
+
     def changed_any(self) -> None:
         """Something may have changed elsewhere, in any session."""
         for w in list(self._everyone):
@@ -137,10 +176,11 @@ class Feed:
 
     # -- subscribers and watchers ----------------------------------------------------------
 
-    def subscribe(self, key: SessionKey, after_seq: int | None) -> Subscription:
-        """A :class:`Subscription` of ``key``'s events after ``after_seq``
-        (``TurnStore.subscribe``)."""
-        return Subscription(self, key, after_seq)
+    def subscribe(self, key: SessionKey, after_seq: int | None, *,
+                  live: bool = True) -> Subscription:
+        """A :class:`Subscription` of ``key``'s events after ``after_seq``, live events
+        included unless ``live`` is false (``TurnStore.subscribe``)."""
+        return Subscription(self, key, after_seq, live=live)
 
     def watch(self, key: SessionKey | None, watcher: Watcher) -> Callable[[], None]:
         """Watch ``key`` (``None``: every session); returns the function that stops it
@@ -234,17 +274,21 @@ class Feed:
                     s.cursor = topic.last
             topic.ready.set()
             topic.reader = None
+            topic.recovered()
             for s in topic.subs:
                 s._wake.set()
             if topic.again:
                 self._reread(topic)
         except asyncio.CancelledError:
             raise
-        except Exception:
-            if not self._closed:
-                log.exception("event feed of %s could not start; retrying on the next change",
-                              topic.key)
+        except Exception as e:
             topic.reader = None
+            if not self._closed:
+                # A subscriber waiting in ready() is told (it raises); the next one starts
+                # the topic again.
+                topic.failed(e, "start")
+                for s in topic.subs:
+                    s._wake.set()
 
     def _reread(self, topic: _Topic) -> None:
         if topic.reader is not None:
@@ -261,15 +305,15 @@ class Feed:
             while True:
                 topic.again = False
                 events = await self._read_after(topic.key, topic.last or 0)
+                topic.recovered()
                 topic.deliver(events)
                 if not topic.again:
                     return
         except asyncio.CancelledError:
             raise
-        except Exception:
+        except Exception as e:
             if not self._closed:
-                log.exception("event feed of %s could not read; retrying on the next change",
-                              topic.key)
+                topic.failed(e, "read")
         finally:
             if topic.reader is asyncio.current_task():
                 topic.reader = None
@@ -282,10 +326,13 @@ class Subscription:
     Iteration ends when the subscription (or its store) is closed.
     """
 
-    def __init__(self, feed: Feed, key: SessionKey, after_seq: int | None) -> None:
+    def __init__(self, feed: Feed, key: SessionKey, after_seq: int | None, *,
+                 live: bool = True) -> None:
         self.key = key
         self.cursor: int | None = after_seq
         """The seq of the last durable event handed over (or to start after)."""
+        self.live = live
+        """Whether it takes live events (``message.delta``, retries)."""
         self._feed = feed
         self._queue: deque[TurnEvent] = deque()
         self._held: deque[TurnEvent] = deque()  # deltas whose durable event has not come yet
@@ -294,6 +341,7 @@ class Subscription:
         self._closed = False
         self._started = False
         self._on_close: list[Callable[[], None]] = []
+        self._on_outage: list[Callable[[BaseException | None], None]] = []
         self._callback: Callable[[TurnEvent], None] | None = None
         self._topic = feed._attach(key, self)
         if after_seq is None and self._topic.ready.is_set():
@@ -301,14 +349,29 @@ class Subscription:
 
     async def ready(self) -> None:
         """Wait until the cursor is fixed (``after_seq=None``: at the newest event then) and
-        the backlog is queued. Events committed after ``ready()`` returns are delivered."""
+        the backlog is queued. Events committed after ``ready()`` returns are delivered.
+
+        Raises:
+            StoreError: the store could not be read (the subscription is closed then).
+        """
         if self._started:
             return
         self._started = True
-        self._feed._start(self._topic)
-        while not self._topic.ready.is_set():
+        try:
+            await self._fix()
+        except BaseException:
+            self.close()
+            raise
+
+    async def _fix(self) -> None:
+        topic = self._topic
+        topic.error = None if not topic.ready.is_set() else topic.error
+        self._feed._start(topic)
+        while not topic.ready.is_set():
             if self._closed:
                 return
+            if topic.error is not None and topic.reader is None:
+                raise topic.error
             self._wake.clear()
             await self._wake.wait()
         if self._pending is not None and not self._closed:
@@ -332,6 +395,8 @@ class Subscription:
         elif self.cursor is None or event.seq == self.cursor:
             self._hand(event)
         elif event.seq > self.cursor:
+            if len(self._held) >= MAX_HELD:
+                self._held.popleft()
             self._held.append(event)
 
     def deliver_to(self, callback: Callable[[TurnEvent], None]) -> None:
@@ -387,6 +452,19 @@ class Subscription:
     def on_close(self, fn: Callable[[], None]) -> None:
         """Call ``fn`` when the subscription closes."""
         self._on_close.append(fn)
+
+    def on_outage(self, fn: Callable[[BaseException | None], None]) -> None:
+        """Call ``fn(error)`` when the store cannot be read for this subscription (it stays
+        open, and resumes from its cursor, with no gap, once the store answers again), and
+        ``fn(None)`` when it answers again."""
+        self._on_outage.append(fn)
+
+    def _outage(self, error: BaseException | None) -> None:
+        for fn in self._on_outage:
+            try:
+                fn(error)
+            except Exception:
+                log.exception("outage callback of %s failed", self.key)
 
     def close(self) -> None:
         """End the subscription: its iteration ends, its close callbacks run."""

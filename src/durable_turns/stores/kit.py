@@ -11,7 +11,10 @@
 - claim helpers: :func:`retry_until` (a claim that waits, backing off) and
   :func:`claim_found` (``claim_ready`` from a list of candidates and a claim that does not
   wait);
-- :class:`Worker` (from ``stores.worker``): a thread of its own for a driver that blocks.
+- :class:`Worker` (from ``stores.worker``): a thread of its own for a driver that blocks;
+- live events across processes (from ``stores.live``): :class:`LiveRelay` coalesces a store's
+  live events into frames over the :class:`LiveWire` its dialect brings, and offers the
+  frames other processes send to the feed.
 
 A SQL backend needs less than this: ``durable_turns.stores.sql`` uses the kit and leaves a
 dialect only its connection, its SQL's differences and its wake-ups.
@@ -38,12 +41,15 @@ from ..records import (
     TurnStatus,
 )
 from .feed import Feed, Subscription
+from .live import LiveRelay, LiveWire
 from .worker import Worker
 
 __all__ = [
     "BufferedTransaction",
     "Feed",
     "LeaseCounters",
+    "LiveRelay",
+    "LiveWire",
     "Subscription",
     "Worker",
     "Writes",

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
 from ..errors import StoreError
@@ -133,13 +133,17 @@ class MemoryDialect:
         """``Dialect.lost``."""
         return False
 
-    def notify(self, c: Any, key: SessionKey, seq: int | None) -> None:
+    def notify(self, c: Any, key: SessionKey, seq: int | None,
+               live: Sequence[str] = ()) -> None:
         """``Dialect.notify``."""
         return None  # nobody else to tell
 
     def listen(self, feed: Feed) -> None:
         """``Dialect.listen``."""
         return None  # every commit is this process's: the store publishes it
+
+    live = None
+    """``Dialect.live``: no other process shares the storage."""
 
 
 class MemoryStore(SqlStore):

@@ -3,14 +3,19 @@ the SQL kit (``stores.sql``), which writes its statements, its write path and it
 
 - Statements are not serialised: every write locks its session's row first (``lock_rows``:
   ``FOR UPDATE``), so the chain rules and the fencing check see no concurrent writer.
-- Connections come from a ``psycopg_pool.ConnectionPool`` (sync psycopg connections; the pool
-  replaces a connection found broken and sets each new one up). A job that uses one runs on
-  one of the store's threads (a ``Worker``), so the event loop never blocks and a local tool
-  gets the step's connection (``ctx.store.unwrap()``) inside the step's transaction: its
-  writes commit with the step, exactly once. A step holds a pooled connection from its first
-  local tool (or its commit) until its commit ends; reads take one for a statement. Leases
-  (claim, heartbeat, release) use a pool of their own, so a pool busy with long local tools
-  never starves a heartbeat.
+- Connections: each of the store's threads (a ``Worker``: ``pool_size`` of them for steps and
+  reads, one for leases, so long local tools never starve a heartbeat) keeps one sync psycopg
+  connection, so the event loop never blocks and a local tool gets the step's connection
+  (``ctx.store.unwrap()``) inside the step's transaction: its writes commit with the step,
+  exactly once. A step holds a thread and its connection from its first local tool (or its
+  commit) until its commit ends; a read or a write takes one for a statement. Before a job
+  begins, a thread looks (one ``select``, no round trip) whether the server hung up on its
+  idle connection (a restart, a killed backend) and connects again at once: the first
+  request after the database comes back works, with no backoff to wait out.
+- Bounded waits: a read or a write waits at most ``wait_timeout`` (5 s) for a connection,
+  a free one or a new one, then fails with ``StoreError`` having written nothing; a database
+  that refuses connections (stopped, restarting) fails it at once. TCP keepalives end a
+  connection whose server stopped answering within a few seconds.
 - Step connections have ``idle_in_transaction_session_timeout`` (``idle_timeout``, by
   default the lease TTL): a worker paused inside a local tool has its transaction ended by
   the server, so its row locks in the application's tables never block the worker that
@@ -33,22 +38,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
+import select
 import socket
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, TypeVar
 
 import psycopg
-import psycopg_pool
 from psycopg import pq
-from psycopg_pool import ConnectionPool
 
 from ..errors import StoreError
 from ..records import SessionKey
 from . import StoreCapabilities
 from ._postgres_leases import Beat, RowLeases
-from ._postgres_listen import CHANNEL, LISTENER_NAME, listen, notify
+from ._postgres_listen import CHANNEL, LISTENER_NAME, NotifyWire, listen, notify
 from .feed import Feed
 from .kit import Worker
 from .sql import (
@@ -93,55 +98,99 @@ CREATE: tuple[str, ...] = tuple(create_statements(SYNTAX))
 """The statements that create a new store's tables and indexes."""
 
 _MIGRATION_LOCK = 0x44545552  # "DTUR": the advisory lock key around migrations
+WAIT_TIMEOUT = 5.0
+"""Seconds a read or a write waits for a connection (a free one, or a new one) by default."""
+
+
 def _idle(c: psycopg.Connection[Any]) -> bool:
     return c.info.transaction_status == pq.TransactionStatus.IDLE
 
 
-class _Lane:
-    """One of the store's threads, with the pooled connection it holds (while it holds one).
+def _gone(c: psycopg.Connection[Any]) -> bool:
+    """Whether an idle connection's server hung up: nothing is due on it, so anything to read
+    (the FATAL it sent as it went, or the end of the stream) says so. One ``select``."""
+    try:
+        readable, _w, _x = select.select([c.fileno()], [], [], 0)
+    except (OSError, ValueError, psycopg.Error):
+        return True
+    return bool(readable)
 
-    Every method but :meth:`run` runs on the lane's thread.
+
+class _Lane:
+    """One of the store's threads and the connection it keeps: made at its first job, and
+    made again, before a job begins, when the server hung up on it meanwhile (a restart, a
+    killed backend), so the first request after a database comes back works at once.
+
+    Every method but the worker's ``run`` runs on the lane's thread.
     """
 
-    def __init__(self, name: str, pool: ConnectionPool[psycopg.Connection[Any]],
-                 timeout: float) -> None:
+    def __init__(self, name: str, connect: Callable[[], psycopg.Connection[Any]]) -> None:
         self.worker = Worker(name)
-        self._pool = pool
-        self._timeout = timeout
+        self._connect = connect
         self.conn: psycopg.Connection[Any] | None = None
 
-    def connection(self) -> psycopg.Connection[Any]:
-        if self.conn is None:
-            self.conn = self._pool.getconn(self._timeout)
-        return self.conn
+    def fresh(self) -> psycopg.Connection[Any]:
+        """The connection, idle and working as far as can be told without a round trip.
 
-    def put_back(self) -> None:
-        """Return the connection to the pool (a broken one is replaced by the pool)."""
-        conn, self.conn = self.conn, None
-        if conn is not None:
-            self._pool.putconn(conn)
+        Raises:
+            StoreError: no new connection could be made.
+        """
+        self.reset()
+        c = self.conn
+        if c is None or _gone(c):
+            self.drop()
+            c = self.conn = self._connect()
+        return c
+
+    def reset(self) -> None:
+        """Leave the connection idle (a job that failed mid-transaction), or drop it."""
+        c = self.conn
+        if c is None:
+            return
+        if c.closed or c.broken:
+            self.drop()
+        elif not _idle(c):
+            try:
+                c.execute("ROLLBACK")
+            except psycopg.Error:
+                self.drop()
+
+    def drop(self) -> None:
+        c, self.conn = self.conn, None
+        if c is not None:
+            with contextlib.suppress(Exception):
+                c.close()
 
     def once(self, fn: Callable[[psycopg.Connection[Any]], T]) -> T:
-        """``fn`` on a pooled connection, given back at once."""
+        """``fn`` on a fresh connection, left idle after."""
+        c = self.fresh()
         try:
-            return fn(self.connection())
+            return fn(c)
         finally:
-            self.put_back()
-
-    async def run(self, fn: Callable[[psycopg.Connection[Any]], T]) -> T:
-        return await self.worker.run(lambda: fn(self.connection()))
+            self.reset()
 
 
 class _Link:
-    """A step's link (``StepLink``): a lane and its pooled connection, taken at the step's
-    first local tool or at its commit and kept until the commit ends."""
+    """A step's link (``StepLink``): a lane and its connection, taken at the step's first
+    local tool or at its commit and kept until the commit ends. Its connection is made fresh
+    at the first job only: one lost mid-step is never replaced (the step is abandoned)."""
 
     def __init__(self, dialect: PostgresDialect) -> None:
         self._dialect = dialect
         self._lane: _Lane | None = None
+        self._began = False
 
     def connection(self) -> psycopg.Connection[Any] | None:
         return None if self._lane is None else self._lane.conn
+
+    def _conn(self, lane: _Lane) -> psycopg.Connection[Any]:
+        if not self._began:
+            self._began = True
+            return lane.fresh()
+        if lane.conn is None:
+            raise StoreError("the step's connection was lost mid-step; nothing of the step "
+                             "was committed")
+        return lane.conn
 
     async def _take(self) -> _Lane:
         if self._lane is None:
@@ -151,20 +200,13 @@ class _Link:
     async def run_local(self, job: Callable[[Any], T]) -> T:
         lane = await self._take()
         # Not guarded: what the tool raises (a psycopg error of its own SQL too) is its error.
-        return await lane.run(job)
+        return await lane.worker.run(lambda: job(self._conn(lane)))
 
     async def commit(self, job: Callable[[Any], None], *, began: bool,
                      waiting: Callable[[Any], None] | None = None) -> None:
         try:
             lane = await self._take()
-
-            def commit() -> None:
-                try:
-                    job(lane.connection())
-                finally:
-                    lane.put_back()
-
-            await self._dialect.guard(lane.worker.run(commit))
+            await self._dialect.guard(lane.worker.run(lambda: job(self._conn(lane))))
         finally:
             await self.end()
 
@@ -174,11 +216,8 @@ class _Link:
             return
 
         def rollback() -> None:
-            try:
-                if lane.conn is not None:
-                    job(lane.conn)
-            finally:
-                lane.put_back()
+            if lane.conn is not None and not lane.conn.broken:
+                job(lane.conn)
 
         try:
             with contextlib.suppress(StoreError):  # the error that got us here matters
@@ -189,9 +228,10 @@ class _Link:
     async def end(self) -> None:
         lane, self._lane = self._lane, None
         if lane is not None:
-            if lane.conn is not None:  # a job failed before giving it back
-                await lane.worker.run(lane.put_back)
-            self._dialect.give_lane(lane)
+            try:
+                await lane.worker.run(lane.reset)  # idle again, or dropped
+            finally:
+                self._dialect.give_lane(lane)  # cancelled too: run() waits for the job first
 
 
 class PostgresDialect:
@@ -203,11 +243,13 @@ class PostgresDialect:
     syntax = SYNTAX
 
     def __init__(self, dsn: str, *, lease_ttl: float, pool_size: int, poll_interval: float,
-                 connect_timeout: float, idle_timeout: float | None) -> None:
+                 connect_timeout: float, idle_timeout: float | None,
+                 wait_timeout: float = WAIT_TIMEOUT, live: bool = True) -> None:
         self.dsn = dsn
         self.lease_ttl = lease_ttl
         self.poll_interval = poll_interval
         self.idle_timeout = idle_timeout
+        self.wait_timeout = wait_timeout
         self.capabilities = StoreCapabilities(
             durable=True, shared_by="machines", exactly_once_local=True, lease_ttl=lease_ttl,
             paramstyle="format")
@@ -216,7 +258,9 @@ class PostgresDialect:
         self.leases = RowLeases(self)
         self._pool_size = pool_size
         self._connect_timeout = connect_timeout
-        self._pools: list[ConnectionPool[psycopg.Connection[Any]]] = []
+        self.live = NotifyWire(dsn, self._connect_args(), self.origin) if live else None
+        """``Dialect.live``: NOTIFY on the channel ``durable_turns_live`` (``None``: live
+        text stays in this process)."""
         self._lanes: list[_Lane] = []
         self._free: asyncio.Queue[_Lane] = asyncio.Queue()
         self._leases_lane: _Lane | None = None
@@ -239,7 +283,14 @@ class PostgresDialect:
     # -- opening ---------------------------------------------------------------------------
 
     def _connect_args(self) -> dict[str, Any]:
-        return {"autocommit": True, "connect_timeout": max(1, round(self._connect_timeout))}
+        # libpq's connect_timeout is whole seconds, 2 at least. The keepalives and the user
+        # timeout end a connection whose server stopped answering (a host that went away,
+        # a cut network) within a few seconds, instead of the kernel's many minutes.
+        wait = min(self._connect_timeout, self.wait_timeout)
+        return {"autocommit": True, "connect_timeout": max(2, math.ceil(wait)),
+                "keepalives": 1, "keepalives_idle": max(1, round(self.wait_timeout)),
+                "keepalives_interval": 1, "keepalives_count": 3,
+                "tcp_user_timeout": max(1000, round(self.wait_timeout * 1000))}
 
     def _connect(self) -> psycopg.Connection[Any]:
         try:
@@ -247,41 +298,37 @@ class PostgresDialect:
         except psycopg.Error as e:
             raise StoreError(f"cannot connect to PostgreSQL ({self!r}): {e}") from e
 
-    def _configure(self, c: psycopg.Connection[Any]) -> None:
-        """Set up a new pooled connection (on a pool thread)."""
-        assert self.idle_timeout is not None
-        c.execute("SELECT set_config('idle_in_transaction_session_timeout', %s, false)",
-                  (f"{max(1, round(self.idle_timeout * 1000))}ms",))
-
-    def _pool(self, name: str, size: int) -> ConnectionPool[psycopg.Connection[Any]]:
-        pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
-            self.dsn, kwargs=self._connect_args(), min_size=size, max_size=size, open=False,
-            configure=self._configure if self.idle_timeout is not None else None, name=name,
-            timeout=self._connect_timeout,
-            reconnect_timeout=max(self._connect_timeout, 60.0), num_workers=1)
-        self._pools.append(pool)
-        return pool
+    def _open_connection(self) -> psycopg.Connection[Any]:
+        """A lane's new connection, set up (on the lane's thread)."""
+        c = self._connect()
+        if self.idle_timeout is not None:
+            try:
+                c.execute("SELECT set_config('idle_in_transaction_session_timeout', %s, false)",
+                          (f"{max(1, round(self.idle_timeout * 1000))}ms",))
+            except psycopg.Error as e:
+                c.close()
+                raise StoreError(f"cannot set up a connection to PostgreSQL ({self!r}): "
+                                 f"{e}") from e
+        return c
 
     async def open(self, store: SqlStore) -> None:
         """``Dialect.open``."""
         if self._leases_lane is not None:
             return
-        leases_pool = self._pool("durable-turns-leases", 1)
-        steps_pool = self._pool("durable-turns-steps", self._pool_size)
-        leases = _Lane("durable-turns-pg-leases", leases_pool, self._connect_timeout)
-        lanes: list[_Lane] = []
+        leases = _Lane("durable-turns-pg-leases", self._open_connection)
+        lanes = [_Lane(f"durable-turns-pg-{i}", self._open_connection)
+                 for i in range(self._pool_size)]
         try:
-            # A plain connection first: a server that is down or refuses us is said at once,
-            # with its reason (a pool would retry quietly until its timeout).
             self._inspect = await leases.worker.run(self._connect)
-            await self.guard(leases.worker.run(lambda: self._open_pools(store, leases)))
-            lanes = [_Lane(f"durable-turns-pg-{i}", steps_pool, self._connect_timeout)
-                     for i in range(self._pool_size)]
+            migrate = lambda c: store.in_transaction(c, self._migrate)  # noqa: E731
+            await self.guard(leases.worker.run(lambda: leases.once(migrate)))
+            # Every lane's connection now, together: a step never waits for one to be made.
+            await asyncio.gather(*(lane.worker.run(lane.fresh) for lane in lanes))
         except BaseException:
             inspect, self._inspect = self._inspect, None
             if inspect is not None:
                 inspect.close()
-            await self._stop([leases])
+            await self._stop([*lanes, leases])
             raise
         self._leases_lane, self._lanes = leases, lanes
         self._free = asyncio.Queue()
@@ -292,15 +339,6 @@ class PostgresDialect:
             # found the store closed and ended, and the feed starts one only when it gets
             # its first listener.
             self.listen(store.feed)
-
-    def _open_pools(self, store: SqlStore, leases: _Lane) -> None:
-        try:
-            for pool in self._pools:
-                pool.open(wait=True, timeout=self._connect_timeout)
-        except psycopg_pool.PoolTimeout as e:
-            raise StoreError(f"cannot open a pool of connections to PostgreSQL ({self!r}) "
-                             f"in {self._connect_timeout}s") from e
-        leases.once(lambda c: store.in_transaction(c, self._migrate))
 
     @staticmethod
     def _migrate(c: psycopg.Connection[Any]) -> None:
@@ -317,6 +355,8 @@ class PostgresDialect:
 
     async def close(self) -> None:
         """``Dialect.close``."""
+        if self.live is not None:
+            await self.live.close()
         if self._listener is not None:
             self._listener.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -334,17 +374,10 @@ class PostgresDialect:
             await leases.worker.run(inspect.close)
         await self._stop([*lanes, leases])
 
-    async def _stop(self, lanes: list[_Lane]) -> None:
-        pools, self._pools = self._pools, []
-        closer, timeout = lanes[-1].worker, self._connect_timeout
-
-        def close_pools() -> None:
-            for pool in pools:
-                with contextlib.suppress(Exception):
-                    pool.close(timeout=timeout)
-
-        await closer.run(close_pools)
+    @staticmethod
+    async def _stop(lanes: list[_Lane]) -> None:
         for lane in lanes:
+            await lane.worker.run(lane.drop)
             lane.worker.stop()
 
     def unwrap(self) -> psycopg.Connection[Any]:
@@ -357,7 +390,7 @@ class PostgresDialect:
 
     @property
     def leases_lane(self) -> _Lane:
-        """The lane of the leases' own pool.
+        """The lane the leases use (its own connection, so heartbeats never wait for steps).
 
         Raises:
             StoreError: the store is not open.
@@ -367,7 +400,7 @@ class PostgresDialect:
         return self._leases_lane
 
     async def run_lease_job(self, job: Callable[[Any], T]) -> T:
-        """Run ``job`` on a connection of the leases' own pool (guarded).
+        """Run ``job`` on the leases' own connection (guarded).
 
         Raises:
             StoreError: the store is not open, or PostgreSQL failed.
@@ -376,15 +409,23 @@ class PostgresDialect:
         out: T = await self.guard(lane.worker.run(lambda: lane.once(job)))
         return out
 
-    async def take_lane(self) -> _Lane:
-        """A lane of the steps' pool, waiting for one to come free.
+    async def take_lane(self, wait: float | None = None) -> _Lane:
+        """A lane for steps and reads, waiting for one to come free (at most ``wait``
+        seconds; ``None``: as long as it takes).
 
         Raises:
-            StoreError: the store is not open.
+            StoreError: the store is not open, or none came free in time.
         """
         if self._leases_lane is None:
             raise StoreError(f"{self!r} is not open; await store.open()")
-        return await self._free.get()
+        if wait is None:
+            return await self._free.get()
+        try:
+            async with asyncio.timeout(wait):
+                return await self._free.get()
+        except TimeoutError:
+            raise StoreError(f"no connection to PostgreSQL came free in {wait:g}s ({self!r}): "
+                             "every one is busy, or the database is slow") from None
 
     def give_lane(self, lane: _Lane) -> None:
         """Give back a lane of :meth:`take_lane`."""
@@ -392,7 +433,7 @@ class PostgresDialect:
 
     @contextlib.asynccontextmanager
     async def _lane(self) -> AsyncIterator[_Lane]:
-        lane = await self.take_lane()
+        lane = await self.take_lane(self.wait_timeout)
         try:
             yield lane
         finally:
@@ -405,18 +446,15 @@ class PostgresDialect:
             return await job
         except psycopg.Error as e:
             raise StoreError(f"PostgreSQL failed ({self!r}): {e}") from e
-        except psycopg_pool.PoolTimeout as e:
-            raise StoreError(f"no PostgreSQL connection came free in "
-                             f"{self._connect_timeout}s ({self!r}): {e}") from e
 
     async def read(self, job: Callable[[Any], T]) -> T:
-        """``Dialect.read``."""
+        """``Dialect.read``: waits at most ``wait_timeout`` for a connection."""
         async with self._lane() as lane:
             try:
                 out: T = await lane.worker.run(lambda: lane.once(job))
             except psycopg.OperationalError:
-                # A pooled connection whose backend went away since its last use (a server
-                # restart, pg_terminate_backend): the pool replaces it; read once more.
+                # The backend went away between the lane's look and the statement (a
+                # restart, pg_terminate_backend): a read may simply be made again.
                 out = await self.guard(lane.worker.run(lambda: lane.once(job)))
             except psycopg.Error as e:
                 raise StoreError(f"PostgreSQL failed ({self!r}): {e}") from e
@@ -424,7 +462,7 @@ class PostgresDialect:
 
     async def write(self, job: Callable[[Any], T], *,
                     waiting: Callable[[Any], T] | None = None) -> T:
-        """``Dialect.write``."""
+        """``Dialect.write``: waits at most ``wait_timeout`` for a connection."""
         async with self._lane() as lane:
             out: T = await self.guard(lane.worker.run(lambda: lane.once(job)))
             return out
@@ -441,16 +479,17 @@ class PostgresDialect:
         """``Dialect.lost``."""
         return bool(c.broken or c.closed)
 
-    def notify(self, c: Any, key: SessionKey, seq: int | None) -> None:
-        """``Dialect.notify``."""
-        notify(c, self.origin, key, seq)
+    def notify(self, c: Any, key: SessionKey, seq: int | None,
+               live: Sequence[str] = ()) -> None:
+        """``Dialect.notify``: the live frames first, in the same statement."""
+        notify(c, self.origin, key, seq, live)
 
     def listen(self, feed: Feed) -> None:
         """``Dialect.listen``."""
         if self._listener is None or self._listener.done():
             self._listener = asyncio.ensure_future(listen(
                 feed, self.dsn, self._connect_args(), self.origin, self.poll_interval,
-                lambda: self.is_open))
+                lambda: self.is_open, self.live))
 
 
 class PostgresStore(SqlStore):
@@ -460,28 +499,35 @@ class PostgresStore(SqlStore):
         dsn: a libpq connection string or URL (``postgresql://user@host:5432/db``).
         lease_ttl: seconds a lease outlives its holder's last heartbeat; a crashed or paused
             worker's sessions are taken over this long after it stopped.
-        pool_size: pooled connections for steps and reads (besides one for leases and one
-            for ``unwrap()``, and one listening while anyone subscribes).
+        pool_size: connections (each with a thread) for steps and reads (besides one for
+            leases and one for ``unwrap()``, one listening while anyone subscribes, and one
+            sending live text while a turn streams).
         poll_interval: seconds between re-reads while anyone subscribes, in case a
             notification was lost.
-        connect_timeout: seconds to wait for a connection.
+        connect_timeout: seconds to wait for a new connection (at most ``wait_timeout``).
+        wait_timeout: seconds a read or a write (what a host's request asks) waits for a
+            connection, a free one or a new one, before it fails with ``StoreError``,
+            nothing written: the bound of a request while the database is away.
+        live: carry live text (``message.delta``…) to the subscribers of other processes,
+            as ``NOTIFY`` frames (``False``: only this process's subscribers get it).
         idle_timeout: seconds a step's transaction may sit idle (a local tool between two
             statements) before the server ends it, releasing its locks; the step is then
             abandoned and driven again. Default: ``lease_ttl`` (by then a paused worker's
             session is another's anyway). ``None``: never.
 
     Raises:
-        ValueError: a ``lease_ttl``, ``poll_interval``, ``pool_size`` or ``idle_timeout``
-            out of range.
+        ValueError: a ``lease_ttl``, ``poll_interval``, ``pool_size``, ``idle_timeout`` or
+            ``wait_timeout`` out of range.
     """
 
     dialect: PostgresDialect
 
     def __init__(self, dsn: str, *, lease_ttl: float = 15.0, pool_size: int = 4,
                  poll_interval: float = 1.0, connect_timeout: float = 10.0,
-                 idle_timeout: float | _Default | None = _DEFAULT) -> None:
-        if lease_ttl <= 0 or poll_interval <= 0:
-            raise ValueError("lease_ttl and poll_interval must be positive")
+                 idle_timeout: float | _Default | None = _DEFAULT,
+                 wait_timeout: float = WAIT_TIMEOUT, live: bool = True) -> None:
+        if lease_ttl <= 0 or poll_interval <= 0 or wait_timeout <= 0:
+            raise ValueError("lease_ttl, poll_interval and wait_timeout must be positive")
         if pool_size < 1:
             raise ValueError("pool_size must be at least 1")
         if isinstance(idle_timeout, _Default):
@@ -490,8 +536,10 @@ class PostgresStore(SqlStore):
             raise ValueError("idle_timeout must be positive (or None)")
         super().__init__(PostgresDialect(
             dsn, lease_ttl=lease_ttl, pool_size=pool_size, poll_interval=poll_interval,
-            connect_timeout=connect_timeout, idle_timeout=idle_timeout))
+            connect_timeout=connect_timeout, idle_timeout=idle_timeout,
+            wait_timeout=wait_timeout, live=live))
         self.dsn = dsn
+        self.wait_timeout = wait_timeout
         self.lease_ttl = lease_ttl
         self.poll_interval = poll_interval
         self.idle_timeout = idle_timeout

@@ -27,7 +27,9 @@ schema.
   every commit checks it, so a released (or taken-over) lease can never write.
 - The event feed learns of other processes' commits from ``PRAGMA data_version`` of the
   writer connection (its own commits leave it unchanged), read every ``poll_interval``
-  seconds while anyone subscribes or waits: one cheap call, no table scan.
+  seconds while anyone subscribes or waits: one cheap call, no table scan. Live events (text
+  as a model streams it, never written to the file) reach the other processes' subscribers
+  as datagrams (``_sqlite_live``).
 - Opening a new file is safe when many processes do it at once (``_sqlite_files``: the WAL
   switch and the migration under an OS lock; a foreign file refused).
 """
@@ -38,7 +40,7 @@ import asyncio
 import contextlib
 import os
 import sqlite3
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -46,6 +48,7 @@ from ..errors import StoreError
 from ..records import SessionKey
 from . import StoreCapabilities
 from ._sqlite_files import FileLocks, busy, connect, open_writer
+from ._sqlite_live import SocketWire
 from .feed import Feed
 from .kit import Worker
 
@@ -124,6 +127,8 @@ class SqliteDialect:
         self.leases = LocalLeases(self._locks)
         self._feed: Feed | None = None
         self._detector: asyncio.Task[None] | None = None
+        self.live = SocketWire(self.path)
+        """``Dialect.live``: datagrams to the other processes on this file."""
 
     def __repr__(self) -> str:
         return f"SqliteStore({str(self.path)!r})"
@@ -195,6 +200,7 @@ class SqliteDialect:
         if self._detector is not None:
             self._detector.cancel()
             self._detector = None
+        self.live.close()
         writer, reader = self._writer, self._reader
         write_pool, read_pool = self._write_pool, self._read_pool
         self._writer = self._reader = None
@@ -350,7 +356,8 @@ class SqliteDialect:
         """``Dialect.lost``."""
         return False  # a file does not go away under an open connection
 
-    def notify(self, c: Any, key: SessionKey, seq: int | None) -> None:
+    def notify(self, c: Any, key: SessionKey, seq: int | None,
+               live: Sequence[str] = ()) -> None:
         """``Dialect.notify``."""
         return None  # other processes look (PRAGMA data_version)
 
@@ -363,32 +370,38 @@ class SqliteDialect:
             self._detector = asyncio.ensure_future(self._detect(feed))
 
     async def _detect(self, feed: Feed) -> None:
-        """Tell the feed when another connection committed, while anyone listens."""
+        """Tell the feed when another connection committed, while anyone listens; and take
+        other processes' live events meanwhile."""
         seen: int | None = None
         loop = asyncio.get_running_loop()
         idle_since = loop.time()
-        # It lingers a moment after the last listener leaves: turns come and go, and a
-        # detector started afresh must wake everyone once (see below).
-        while self._writer is not None and (
-            feed.active or loop.time() - idle_since < DETECTOR_LINGER
-        ):
-            if feed.active:
-                idle_since = loop.time()
-            # Asked of the writer connection, whose own commits leave it unchanged: it
-            # moves only when another process committed.
-            async with self.write_lock:
-                if self._writer is None:
-                    return
-                try:
-                    version = int(self._writer.execute("PRAGMA data_version").fetchone()[0])
-                except sqlite3.Error:
-                    version = -1  # look again next time; tell everyone to re-read now
-            # The first look only sets the mark: tell everyone once, so a commit made
-            # between their own read and this mark is not missed.
-            if version != seen:
-                feed.changed_any()
-            seen = version
-            await asyncio.sleep(self.poll_interval)
+        self.live.start()
+        try:
+            # It lingers a moment after the last listener leaves: turns come and go, and a
+            # detector started afresh must wake everyone once (see below).
+            while self._writer is not None and (
+                feed.active or loop.time() - idle_since < DETECTOR_LINGER
+            ):
+                if feed.active:
+                    idle_since = loop.time()
+                # Asked of the writer connection, whose own commits leave it unchanged: it
+                # moves only when another process committed.
+                async with self.write_lock:
+                    if self._writer is None:
+                        return
+                    try:
+                        version = int(self._writer.execute("PRAGMA data_version")
+                                      .fetchone()[0])
+                    except sqlite3.Error:
+                        version = -1  # look again next time; tell everyone to re-read now
+                # The first look only sets the mark: tell everyone once, so a commit made
+                # between their own read and this mark is not missed.
+                if version != seen:
+                    feed.changed_any()
+                seen = version
+                await asyncio.sleep(self.poll_interval)
+        finally:
+            self.live.stop()
 
 
 class SqliteStore(SqlStore):

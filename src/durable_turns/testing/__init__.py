@@ -5,8 +5,9 @@ the checks of two tiers:
 
 - :data:`REQUIRED`: every store passes every one (leases and epochs, atomic commits, every
   write read back as written, the chain's rules, generations, workers' claims, turn data,
-  the feed, the queries hosts read (sessions' owners, and what a listing shows whom), a
-  session's history and its forks, and a well-formed declaration of capabilities);
+  the feed and its live events, the queries hosts read (sessions' owners, and what a
+  listing shows whom), a session's history and its forks, and a well-formed declaration of
+  capabilities);
 - :data:`OPTIONAL`: checks keyed by the capability they need (``store.capabilities``, a
   :class:`~durable_turns.stores.StoreCapabilities`). A store passes the checks of every
   capability it declares, and :func:`run_check` skips the others; a store that declares
@@ -16,7 +17,8 @@ the checks of two tiers:
     step and roll back with it (a raising tool, a failed step, a refused commit);
   - ``durable``: a store opened afterwards on the same storage reads what one committed;
   - ``shared_by`` (``processes`` or ``machines``): two stores open on one storage see each
-    other's writes, exclude each other's leases and wake each other's subscribers;
+    other's writes, exclude each other's leases, wake each other's subscribers and carry
+    each other's live events (``publish_live``) to them;
   - ``lease_ttl``: a lease nobody renews is taken over after about that long.
 
 Which tiers the shipped stores pass (``tests/test_store_conformance.py`` runs every tier on
@@ -98,6 +100,7 @@ REQUIRED: list[Check] = [
     chain.check_supersede_cancels_unfinished_turns_but_not_a_park,
     log.check_events_are_read_by_turn,
     leases.check_subscribe_replays_then_goes_live,
+    leases.check_live_events_are_slotted_after_their_durable_event,
     leases.check_watchers_hear_commits_and_cancels,
     leases.check_two_holders_contend_for_one_session,
     log.check_a_stale_epoch_is_refused,
@@ -109,7 +112,8 @@ REQUIRED: list[Check] = [
 OPTIONAL: dict[str, list[Check]] = {
     "exactly_once_local": [capabilities.check_local_writes_join_the_transaction],
     "durable": [capabilities.check_commits_outlive_the_store],
-    "shared_by": [capabilities.check_stores_on_one_storage_share_sessions],
+    "shared_by": [capabilities.check_stores_on_one_storage_share_sessions,
+                  capabilities.check_live_events_reach_a_store_on_the_same_storage],
     "lease_ttl": [capabilities.check_an_unrenewed_lease_expires],
 }
 """The checks a store passes when it declares the capability they are keyed by."""
@@ -129,6 +133,7 @@ declare)."""
 _WITH_FACTORY = frozenset({
     capabilities.check_commits_outlive_the_store,
     capabilities.check_stores_on_one_storage_share_sessions,
+    capabilities.check_live_events_reach_a_store_on_the_same_storage,
     capabilities.check_an_unrenewed_lease_expires,
 })
 

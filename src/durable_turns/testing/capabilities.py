@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import LeaseLostError, LeaseTimeoutError
-from ..events import TurnStarted
+from ..events import MessageDelta, TurnEvent, TurnStarted
 from ..messages import Message
 from ..records import NewEntry, SessionKey, TurnResult, TurnStatus
 from ..stores import SessionStore, StoreCapabilities
@@ -174,3 +174,46 @@ async def check_an_unrenewed_lease_expires(store: SessionStore, factory: StoreFa
         await taken.release()
     finally:
         await other.close()
+
+
+async def check_live_events_reach_a_store_on_the_same_storage(store: SessionStore,
+                                                              factory: StoreFactory) -> None:
+    """``shared_by`` processes or machines: live events one store publishes (text a turn
+    streams) reach the subscribers of another store on the same storage, each after the
+    durable event whose ``seq`` it carries, with no stored copy. Best effort by contract, so
+    the check publishes until one arrives (a receiver may start listening late); each turn
+    of it streams a text, then commits the event that follows."""
+    other = factory()
+    await other.open()
+    got: list[TurnEvent] = []
+    try:
+        async with other.subscribe(KEY, after_seq=0) as sub:
+            deadline = asyncio.get_running_loop().time() + WAIT
+            seq = 0
+            while not any(e.type == "message.delta" for e in got):
+                assert asyncio.get_running_loop().time() < deadline, \
+                    "no live event reached the other store"
+                lease = await store.claim(KEY)
+                async with lease.transaction() as tx:
+                    seq = tx.add_event(TurnStarted(**event_ids("t1"), text="go")).seq
+                if store.wants_live(KEY):
+                    store.publish_live(MessageDelta(**event_ids("t1"), seq=seq, text="hel"))
+                    store.publish_live(MessageDelta(**event_ids("t1"), seq=seq, text="lo"))
+                async with lease.transaction() as tx:  # the step that follows the text
+                    seq = tx.add_event(TurnStarted(**event_ids("t1"), text="next")).seq
+                await lease.release()
+                async with asyncio.timeout(WAIT):
+                    while not got or got[-1].seq != seq:
+                        got.append(await anext(sub))
+    finally:
+        await other.close()
+    durable = [e.seq for e in got if e.durable]
+    assert durable == list(range(1, durable[-1] + 1)), "durable events: no gap, no duplicate"
+    for i, e in enumerate(got):
+        if e.durable:
+            continue
+        before = [d for d in got[:i] if d.durable]
+        assert before and before[-1].seq == e.seq, f"{e} is not right after event {e.seq}"
+        assert before[-1].text == "go"  # type: ignore[attr-defined]
+    texts = "".join(getattr(e, "text", "") for e in got if not e.durable)
+    assert texts and set(texts.split("hello")) == {""}, texts

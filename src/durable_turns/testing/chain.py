@@ -71,6 +71,16 @@ async def check_turn_data_is_set_without_a_lease(store: SessionStore) -> None:
     assert t.data == {"stream": {"ts": "1.1"}, "prompt": "3.3"}
     assert await store.set_turn_data(KEY, "nope", "x", 1) is None
     assert await store.set_turn_data(SessionKey("agent", "none"), "t1", "x", 1) is None
+    # Data accepted with its entry, in the same write (a new session, then a known one).
+    for key in (SessionKey("agent", "with-data"), SessionKey("agent", "with-data")):
+        tid = f"d{len(await store.turns(key))}"
+        rec, new = await store.enqueue(key, NewEntry(tid, opening(tid), data={"k": [1, "a"]}))
+        assert new and rec.data == {"k": [1, "a"]}
+        (found,) = await store.turns(key, turn_id=tid)
+        assert found.data == {"k": [1, "a"]}
+        assert await store.set_turn_data(key, tid, "other", 2) == 2
+        (found,) = await store.turns(key, turn_id=tid)
+        assert found.data == {"k": [1, "a"], "other": 2}
 
 
 async def check_turn_data_of_two_writers_merges(store: SessionStore) -> None:

@@ -6,6 +6,7 @@ import asyncio
 
 from ..errors import LeaseTimeoutError
 from ..events import (
+    MessageDelta,
     TurnCompleted,
     TurnEvent,
     TurnStarted,
@@ -113,6 +114,38 @@ async def check_subscribe_replays_then_goes_live(store: SessionStore) -> None:
     # An unknown session is no error: it has nothing yet.
     async with store.subscribe(SessionKey("agent", "none"), after_seq=0) as empty:
         assert empty.cursor == 0
+
+
+async def check_live_events_are_slotted_after_their_durable_event(store: SessionStore) -> None:
+    """Live events (``publish_live``) reach this process's subscribers that take them, right
+    after the durable event whose ``seq`` they carry: one published before that event waits
+    for it, one whose durable successor was handed over is dropped; a subscription made
+    with ``live=False`` gets none."""
+    ids = event_ids("t1")
+    await commit_events(store, KEY, "t1", 1)
+    got: list[TurnEvent] = []
+    plain: list[TurnEvent] = []
+    async with store.subscribe(KEY, after_seq=0) as sub, \
+            store.subscribe(KEY, after_seq=0, live=False) as durable_only:
+        async with asyncio.timeout(10):
+            got.append(await anext(sub))
+            plain.append(await anext(durable_only))
+        assert store.wants_live(KEY), "a subscriber takes live events: a turn must make them"
+        store.publish_live(MessageDelta(**ids, seq=1, text="a"))
+        store.publish_live(MessageDelta(**ids, seq=2, text="early"))  # its event is not in yet
+        await commit_events(store, KEY, "t1", 1)
+        store.publish_live(MessageDelta(**ids, seq=1, text="late"))  # after seq 2: dropped
+        store.publish_live(MessageDelta(**ids, seq=2, text="b"))
+        await commit_events(store, KEY, "t1", 1)
+        async with asyncio.timeout(10):
+            while not got or got[-1].seq != 3 or not got[-1].durable:
+                got.append(await anext(sub))
+            while len(plain) < 3:
+                plain.append(await anext(durable_only))
+    assert [(e.seq, getattr(e, "text", "")) for e in got] == [
+        (1, "e1"), (1, "a"), (2, "e2"), (2, "early"), (2, "b"), (3, "e3")]
+    assert [e.type for e in got].count("message.delta") == 3
+    assert [e.seq for e in plain] == [1, 2, 3] and all(e.durable for e in plain)
 
 
 async def check_watchers_hear_commits_and_cancels(store: SessionStore) -> None:

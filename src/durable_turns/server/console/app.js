@@ -43,6 +43,12 @@
     return app.development ? (localStorage.getItem(ME) || "").trim() || undefined : app.by;
   }
 
+  // A new Idempotency-Key (crypto.randomUUID needs a secure context; this does not).
+  function idempotencyKey() {
+    const bytes = crypto.getRandomValues(new Uint8Array(16));
+    return Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("");
+  }
+
   class ApiError extends Error {
     constructor(status, type, message) {
       super(message);
@@ -51,9 +57,9 @@
     }
   }
 
-  async function api(path, body, keep) {
+  async function api(path, body, keep, headers) {
     const init = body === undefined ? {} : {
-      method: "POST", headers: { "Content-Type": "application/json" },
+      method: "POST", headers: { "Content-Type": "application/json", ...(headers || {}) },
       body: JSON.stringify(body),
     };
     const r = await fetch(path, { ...init, credentials: "same-origin" });
@@ -81,7 +87,12 @@
     }[e.status] || `Refused (${e.status})`;
     let hint = "";
     if (e.status === 409 && /answered already/.test(e.message)) {
-      hint = " Someone answered this request first; their answer stands.";
+      // The server names who answered: one's own earlier answer (another tab, a click
+      // before a reload) is not "someone else's".
+      const first = (e.message.match(/answered already by '([^']*)'/) || [])[1];
+      hint = first !== undefined && first === me() ?
+        " You answered it yourself, in another tab or window; your first answer stands." :
+        " Someone answered this request first; their answer stands.";
     } else if (e.status === 409 && /parked on turn .* waiting for input/.test(e.message)) {
       hint = " The session is waiting for an answer: answer it (here or in the inbox) first.";
     }
@@ -116,27 +127,41 @@
 
   // -- answering a parked turn -------------------------------------------------------------
 
+  const answeredAlready = (e) => e instanceof ApiError && e.status === 409 &&
+    /answered already/.test(e.message);
+
   // A form for `request`: Approve / Deny for a boolean, else fields built from its JSON schema.
+  // Once the request is answered (here, or as a refusal says, elsewhere) its buttons stay off;
+  // `form.settle()` turns them off from outside (an inbox card whose request went away).
   function answerForm(request, send) {
     const schema = request.schema || {};
     const out = el("div", { class: "outcome" });
     const buttons = [];
+    let settled = false;
+    function settle() {
+      settled = true;
+      buttons.forEach((b) => { b.disabled = true; });
+    }
     async function submit(value) {
+      if (settled) return;
       buttons.forEach((b) => { b.disabled = true; });
       out.replaceChildren(el("span", { class: "muted", text: "Answering…" }));
       try {
         out.replaceChildren(await send(value));
+        settle();
       } catch (e) {
         out.replaceChildren(notice("error", explain(e)));
+        if (answeredAlready(e)) settle();
       } finally {
-        buttons.forEach((b) => { b.disabled = false; });
+        if (!settled) buttons.forEach((b) => { b.disabled = false; });
       }
     }
+    const done = (form) => Object.assign(el("div", { class: "answer" }, form, out), { settle });
     if (schema.type === "boolean") {
       buttons.push(el("button", { type: "button", onclick: () => submit(true), text: "Approve" }),
         el("button", { type: "button", class: "danger", onclick: () => submit(false),
           text: "Deny" }));
-      return el("div", {}, el("form", { onsubmit: (ev) => ev.preventDefault() }, buttons), out);
+      return done(el("form", { onsubmit: (ev) => ev.preventDefault() }, buttons));
     }
     const fields = [];
     const props = schema.type === "object" && schema.properties ? schema.properties : null;
@@ -188,7 +213,7 @@
     }, fields.map(({ name, s, input }) => el("label", {},
       el("span", { text: `${s.title || name}${props && required.has(name) ? " *" : ""}` }),
       input)), go);
-    return el("div", {}, form, out);
+    return done(form);
   }
 
   function resumeOutcome(result) {
@@ -247,19 +272,21 @@
         const key = `${it.agent}/${it.session}/${it.request.turn_id}/${it.request.id}`;
         seen.add(key);
         if (cards.has(key)) continue;
+        const form = answerForm(it.request, resume(it.agent, it.session, it.request));
         const card = el("div", { class: "card request", "data-session": it.session },
           el("div", {}, el("a", { href: `#/s/${enc(it.agent)}/${enc(it.session)}`,
             text: `${it.agent} / ${it.session}` })),
           el("div", { class: "prompt", text: it.request.prompt }),
           el("div", { class: "muted answerers", text: whoMay(it.request.answerers) }),
-          el("div", { class: "gone" }),
-          answerForm(it.request, resume(it.agent, it.session, it.request)));
-        cards.set(key, card);
+          el("div", { class: "gone" }), form);
+        cards.set(key, { card, form });
         list.append(card);
       }
-      for (const [key, card] of cards) {
-        // Left in place (its outcome or its buttons may still matter), but said to be gone.
-        card.querySelector(".gone").replaceChildren(seen.has(key) ? "" :
+      for (const [key, { card, form }] of cards) {
+        if (seen.has(key)) continue;
+        // Left in place (its outcome may still matter), said to be gone, its buttons off.
+        form.settle();
+        card.querySelector(".gone").replaceChildren(
           el("span", { class: "muted", text: "No longer waiting (answered, or reset)." }));
       }
       if (!cards.size) list.replaceChildren(el("p", { class: "muted", text: "Nothing is waiting." }));
@@ -324,9 +351,19 @@
   // -- one session -------------------------------------------------------------------------
 
   function showSession(agent, session) {
+    if (!app.agents.some((a) => a.agent === agent)) {
+      // Nothing to start, cancel or reset here: say so, and offer what is served.
+      const served = app.agents.map((a) => `“${a.agent}”`).join(", ") || "none";
+      view.replaceChildren(
+        el("h1", {}, el("a", { href: "#/", text: "Sessions" }), " / ", agent, " / ", session),
+        el("div", { id: "session-notice" }, notice("error",
+          `There is no agent “${agent}” here; the agents served are: ${served}.`)));
+      return { close: () => {} };
+    }
     const base = sessionPath(agent, session);
     const s = { snap: null, live: null, fetching: false, again: false, closed: false,
-      tab: "transcript", es: null, opened: new Set(), last: 20 };
+      tab: "transcript", es: null, opened: new Set(), last: 20, sending: null,
+      forms: new Map() };
     const title = el("span", { id: "session-status" });
     const body = el("div", { id: "turns" });
     const status = el("div", { id: "session-notice" });
@@ -355,9 +392,14 @@
       if (!t) return;
       send.disabled = true;
       status.replaceChildren();
+      // A send that got no answer (the server or its store away) is sent again with its
+      // Idempotency-Key: the server starts its turn once, however often it is sent.
+      if (!s.sending || s.sending.text !== t) s.sending = { text: t, key: idempotencyKey() };
       try {
         // Accepted (durably) once the answer's headers come; the turn goes on without us.
-        await api(`${base}/turn`, { text: t, by: me() }, "headers");
+        await api(`${base}/turn`, { text: t, by: me() }, "headers",
+          { "Idempotency-Key": s.sending.key });
+        s.sending = null;
         text.value = "";
       } catch (e) {
         status.replaceChildren(notice("error", explain(e)));
@@ -393,6 +435,15 @@
       refresh();
     }
 
+    async function doRetry(turnId) {
+      status.replaceChildren();
+      try {
+        await api(`${base}/retry`, { turn_id: turnId });
+        status.replaceChildren(notice("ok", "Retrying: the turn goes on from the step that failed."));
+      } catch (e) { status.replaceChildren(notice("error", explain(e))); }
+      refresh();
+    }
+
     async function refresh() {
       if (s.fetching) { s.again = true; return; }
       s.fetching = true;
@@ -401,7 +452,9 @@
         if (s.closed) return;
         s.snap = snap;
         if (s.live && s.live.seq < snap.seq) s.live = null;
-        if (!s.es) follow(snap.seq);
+        // A stream the browser gave up on (its reconnect met a 503 while the store was
+        // away) is followed again from the snapshot's cursor.
+        if (!s.es || s.es.readyState === EventSource.CLOSED) follow(snap.seq);
         render();
       } catch (e) {
         status.replaceChildren(notice("error", explain(e)));
@@ -416,10 +469,13 @@
       const durable = ["turn.started", "message.completed", "action.requested",
         "action.completed", "input.requested", "turn.completed", "turn.failed",
         "turn.cancelled"];
+      const inbox = new Set(["input.requested", "turn.completed", "turn.failed",
+        "turn.cancelled"]);
       for (const type of durable) {
         s.es.addEventListener(type, (ev) => {
           const e = JSON.parse(ev.data);
           if (s.snap && e.seq <= s.snap.seq) return; // already in the snapshot
+          if (inbox.has(type)) updateCount(); // a park (or its end) changes the inbox
           refresh();
         });
       }
@@ -518,11 +574,17 @@
         box.append(el("div", {}, badge("answered"), ` ${JSON.stringify(step.value)}` +
           (step.by ? ` by ${step.by}` : "")));
       } else if (t.status === "suspended") {
-        box.append(answerForm(request, async (value) => {
-          const out = await resume(agent, session, request)(value);
-          refresh();
-          return out;
-        }));
+        // One form per request for the page's life: a render (every snapshot) moves it
+        // rather than making a new one, so what it says (a refusal explained) stays.
+        const key = `${t.turn_id}/${request.id}`;
+        if (!s.forms.has(key)) {
+          s.forms.set(key, answerForm(request, async (value) => {
+            const out = await resume(agent, session, request)(value);
+            refresh();
+            return out;
+          }));
+        }
+        box.append(s.forms.get(key));
       } else {
         box.append(badge(t.status));
       }
@@ -538,9 +600,14 @@
       const what = { completed: "", failed: t.error, cancelled: t.reason,
         suspended: "waiting for an answer", running: "running…", queued: "queued" }[t.status];
       const usage = usageText(t.usage);
+      // The last turn, failed: it may be re-opened where it failed (F2).
+      const last = s.snap.turns[s.snap.turns.length - 1];
+      const retry = t.status === "failed" && last && last.turn_id === t.turn_id ?
+        [" ", el("button", { type: "button", class: "secondary", "data-role": "retry",
+          onclick: () => doRetry(t.turn_id), text: "Retry" })] : "";
       return el("div", { class: `turn-end ${t.status}` }, badge(t.status), " ", what || "",
         t.duration !== null ? ` · ${took(t.duration)}` : "", usage ? " · " : "",
-        el("span", { class: "usage", text: usage }));
+        el("span", { class: "usage", text: usage }), retry);
     }
 
     function timelineTurn(t) {
@@ -560,8 +627,8 @@
             el("th", { text: "step" }), el("th", { text: "status" }),
             el("th", { class: "num", text: "time" }), el("th", { text: "" }))),
           el("tbody", {}, rows)),
-        el("div", { class: "turn-end" }, t.duration !== null ? `turn: ${took(t.duration)} ` : "",
-          usageText(t.usage)));
+        el("div", { class: "turn-end" }, [t.duration !== null ? `turn: ${took(t.duration)}` : "",
+          usageText(t.usage)].filter(Boolean).join(" · ")));
     }
 
     refresh();

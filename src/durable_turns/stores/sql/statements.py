@@ -166,11 +166,11 @@ class Statements:
             "UPDATE turns SET cancel = ? WHERE sid = ? AND cancel IS NULL "
             "AND status IN ('queued', 'running')")
         self._insert_turn = q(
-            "INSERT INTO turns (sid, turn_id, kind, status, opening, event, policy, deliver) "
-            "VALUES (?, ?, ?, 'queued', ?, ?, ?, ?) RETURNING ordinal")
+            "INSERT INTO turns (sid, turn_id, kind, status, opening, event, policy, deliver, "
+            "data) VALUES (?, ?, ?, 'queued', ?, ?, ?, ?, ?) RETURNING ordinal")
         self._enqueue_plain = q(
-            "INSERT INTO turns (sid, turn_id, kind, status, opening, event, policy, deliver) "
-            "SELECT s.sid, ?, 'turn', 'queued', ?, ?, ?, ? FROM sessions s "
+            "INSERT INTO turns (sid, turn_id, kind, status, opening, event, policy, deliver, "
+            "data) SELECT s.sid, ?, 'turn', 'queued', ?, ?, ?, ?, ? FROM sessions s "
             "WHERE s.agent = ? AND s.session = ? AND NOT EXISTS (SELECT 1 FROM turns t "
             "WHERE t.sid = s.sid AND t.status = 'suspended' AND t.cancel IS NULL) "
             "ON CONFLICT (sid, turn_id) DO NOTHING RETURNING ordinal")
@@ -326,7 +326,7 @@ class Statements:
             c.execute(self._supersede, (reason, sid))
         ordinal = c.execute(self._insert_turn, (
             sid, entry.turn_id, entry.kind, encode_entry(entry), _dump(entry.event),
-            _dump(entry.policy), entry.deliver,
+            _dump(entry.policy), entry.deliver, _dump(entry.data),
         )).fetchone()[0]
         return _accepted(entry, int(ordinal)), True
 
@@ -340,7 +340,7 @@ class Statements:
         state."""
         rows = c.execute(self._enqueue_plain, (
             entry.turn_id, encode_entry(entry), _dump(entry.event), _dump(entry.policy),
-            entry.deliver, key.agent, key.session,
+            entry.deliver, _dump(entry.data), key.agent, key.session,
         )).fetchall()
         if not rows:
             return None
@@ -569,7 +569,8 @@ class Statements:
 def _accepted(entry: NewEntry, ordinal: int) -> TurnRecord:
     """The record of an entry just accepted."""
     return TurnRecord(entry.turn_id, ordinal, TurnStatus.QUEUED, entry.opening, entry.event,
-                      entry.policy, kind=entry.kind, args=entry.args, deliver=entry.deliver)
+                      entry.policy, kind=entry.kind, args=entry.args,
+                      data=dict(entry.data) if entry.data else None, deliver=entry.deliver)
 
 
 def counters(last_row: Any, generation: int) -> tuple[int, int]:

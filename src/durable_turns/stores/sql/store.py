@@ -42,6 +42,7 @@ from ...records import (
 from .. import StoreCapabilities, Watcher
 from ..feed import Feed, Subscription
 from ..kit import BufferedTransaction, LeaseCounters
+from ..live import LiveRelay, LiveWire
 from .schema import Syntax
 from .statements import Statements
 from .timeline import checkpoints as read_checkpoints
@@ -198,16 +199,26 @@ class Dialect(Protocol):
         """Whether ``c`` broke (a killed backend): a transaction begun on it is gone."""
         ...
 
-    def notify(self, c: Any, key: SessionKey, seq: int | None) -> None:
+    def notify(self, c: Any, key: SessionKey, seq: int | None,
+               live: Sequence[str] = ()) -> None:
         """Inside a write's transaction: tell other processes that ``key`` changed (``seq``:
-        its newest event; ``None``: its chain). A dialect whose wake-ups look for changes
-        themselves (SQLite's ``data_version``) does nothing. Not called for the one-statement
-        writes of a serialised dialect."""
+        its newest event; ``None``: its chain), after ``live``: frames of the session's live
+        events (``stores.live``) that must reach them first (given only where
+        ``self.live.transactional``). A dialect whose wake-ups look for changes themselves
+        (SQLite's ``data_version``) does nothing. Not called for the one-statement writes of
+        a serialised dialect."""
         ...
 
     def listen(self, feed: Feed) -> None:
         """The feed got its first listener: tell it of other processes' commits
-        (``feed.changed``, ``feed.changed_any``) while ``feed.active``."""
+        (``feed.changed``, ``feed.changed_any``) while ``feed.active``; and hand the frames
+        of live events other processes send to :attr:`live`'s receiver meanwhile."""
+        ...
+
+    @property
+    def live(self) -> LiveWire | None:
+        """What carries live events (``TurnStore.publish_live``) to the other processes that
+        share the storage; ``None`` where only this process uses it."""
         ...
 
 
@@ -224,6 +235,10 @@ class SqlStore:
         """The dialect's statements."""
         self.feed = Feed(self._events_after, self._newest_seq, on_active=self._listen)
         """The store's event feed (its dialect's wake-ups tell it)."""
+        wire = dialect.live
+        self.relay = None if wire is None else LiveRelay(wire, self.feed.live)
+        """What carries this store's live events to other processes (``None``: no other
+        process shares the storage)."""
 
     def _listen(self) -> None:
         self.dialect.listen(self.feed)
@@ -240,6 +255,8 @@ class SqlStore:
     async def close(self) -> None:
         """``TurnStore.close``."""
         self.feed.close()
+        if self.relay is not None:
+            await self.relay.close()
         await self.dialect.close()
 
     def unwrap(self) -> Any:
@@ -402,9 +419,21 @@ class SqlStore:
 
     # -- the feed --------------------------------------------------------------------------
 
-    def subscribe(self, key: SessionKey, after_seq: int | None = None) -> Subscription:
+    def subscribe(self, key: SessionKey, after_seq: int | None = None, *,
+                  live: bool = True) -> Subscription:
         """``TurnStore.subscribe``."""
-        return self.feed.subscribe(key, after_seq)
+        return self.feed.subscribe(key, after_seq, live=live)
+
+    def publish_live(self, event: TurnEvent) -> None:
+        """``TurnStore.publish_live``: this process's subscribers now, the others' through
+        the relay."""
+        self.feed.live(SessionKey(event.agent, event.session), event)
+        if self.relay is not None:
+            self.relay.put(event)
+
+    def wants_live(self, key: SessionKey) -> bool:
+        """``TurnStore.wants_live``."""
+        return self.feed.takes_live(key) or (self.relay is not None and self.relay.wanted())
 
     def watch(self, key: SessionKey | None, watcher: Watcher) -> Callable[[], None]:
         """``TurnStore.watch``."""
@@ -467,6 +496,7 @@ class SqlTransaction(BufferedTransaction):
         self._link = self._dialect.step()
         self._begun = False
         self._fast = self._dialect.syntax.serialised
+        self._live: list[str] = []  # the session's live frames, sent ahead of this commit
 
     def unwrap(self) -> Any:
         """``Transaction.unwrap``.
@@ -490,6 +520,13 @@ class SqlTransaction(BufferedTransaction):
     async def __aexit__(self, exc_type: object, exc: object, tb: object) -> None:
         link = self._link
         if exc_type is None:
+            relay = self._store.relay
+            if relay is not None and not relay.idle and self.writes.events:
+                # The text streamed before this step's events goes out first (stores.live).
+                self._live = await relay.take(self.lease.key)
+                if self._live and not relay.wire.transactional:
+                    live, self._live = self._live, []
+                    await relay.wire.send(live)
             if self._fast and not self._begun and Statements.one_row(self.writes):
                 # One fenced statement, its own transaction; where it would wait for another
                 # writer, the whole transaction instead.
@@ -517,7 +554,7 @@ class SqlTransaction(BufferedTransaction):
             if not self._write(c):
                 raise LeaseLostError(str(lease.key), lease.epoch)
             if w.events:
-                d.notify(c, lease.key, w.events[-1].seq)
+                d.notify(c, lease.key, w.events[-1].seq, self._live)
             c.execute("COMMIT")
         except BaseException:
             self._rollback(c)
