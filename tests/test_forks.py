@@ -70,8 +70,12 @@ def runtime(store: SessionStore) -> Runtime:
 
 async def test_history_and_a_fork_at_every_kind_of_checkpoint(store: SessionStore) -> None:
     rt = runtime(store)
-    s = rt.session("ops", "s1")
-    await s.turn("look twice", turn_id="t1")
+    await rt.session("ops", "s1").turn("look twice", turn_id="t1")
+    # Forks made where nothing drives (a server of workers) keep what they copied as it was:
+    # a turn under way stays queued for whoever drives the fork.
+    viewer = Runtime([Agent("ops", "You help.", [lookup, refund])], store, drive=False,
+                     owns_store=False)
+    s = viewer.session("ops", "s1")
     source = await s.transcript()
     history = await s.history()
     assert [cp.kind for cp in history] == ["start", "model", "tool", "model", "tool", "model"]
@@ -93,10 +97,15 @@ async def test_history_and_a_fork_at_every_kind_of_checkpoint(store: SessionStor
     assert (r.status, r.text) == ("completed", "Done with: look twice")
     assert len(effects) == 3 and effects[2] not in effects[:2]
     assert [m.text for m in await middle.transcript()] == [m.text for m in source]
+    # A runtime that drives goes on with a fork's turn at once.
+    eager = await rt.session("ops", "s1").fork("f9", history[2])
+    r = await eager.result("t1", timeout=WAIT)
+    assert (r.status, r.text) == ("completed", "Done with: look twice") and len(effects) == 4
     with pytest.raises(SessionExistsError):
         await s.fork("f2", history[0])
     with pytest.raises(LookupError):
-        await rt.session("ops", "nobody").fork("f9")
+        await rt.session("ops", "nobody").fork("f10")
+    await viewer.close()
     await rt.close()
 
 

@@ -439,6 +439,12 @@ class Runtime:
 
     # -- drivers ---------------------------------------------------------------------------
 
+    def drive_session(self, key: SessionKey) -> None:
+        """Drive the session's unfinished entries here, now (what ``accept`` does for a new
+        one; a fork's turn under way, for one). A runtime with ``drive=False`` leaves them to
+        its workers, which the store's feed tells."""
+        self._drive(key)
+
     def _drive(self, key: SessionKey, *, try_once: bool = False,
                lease: Lease | None = None) -> None:
         if not self.drive:

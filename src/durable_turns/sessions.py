@@ -431,8 +431,8 @@ class AgentSession:
 
         Each turn is in the fork as it stood at ``at``: ended turns with their outcome, a
         parked one with its request (answerable in the fork, on its own), one under way
-        queued (the fork's ``result(turn_id)``, or ``Runtime.recover()``, goes on from the
-        checkpoint). Subagent children the copied steps started are forked too, under ids
+        queued and driven on from the checkpoint (by this runtime, or with ``drive=False``
+        by its workers). Subagent children the copied steps started are forked too, under ids
         derived from the fork. The fork is a new timeline: idempotency keys derive from the
         session, so a remote tool run after the fork point is a new effect.
 
@@ -464,6 +464,8 @@ class AgentSession:
                              "at a turn's end to start another turn with then=…")
         await rt.store.fork(plans)
         forked = rt.session(dst.agent, dst.session)
+        if under_way:
+            rt.drive_session(dst)  # it goes on from the checkpoint, as a redelivery would
         if then is not None:
             await forked.start(then, turn_id=turn_id, event=event)
         return forked

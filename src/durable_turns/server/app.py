@@ -258,7 +258,7 @@ class _Host:
             Route(f"{base}/retry", g(self.retry, "turn", body=RetryBody), methods=["POST"]),
             Route(f"{base}/events", g(self.events, "read", claim=True), methods=["GET"]),
             *timetravel_routes(self.rt, g, self.replay_models),
-            *console_routes(self.rt, g, self.authenticate is None),
+            *console_routes(self.rt, g, self.authenticate is None, list(self.replay_models)),
         ]
         routes += extra
         app = EventStreamApp(routes=routes, lifespan=lifespan, exception_handlers={
