@@ -144,7 +144,7 @@ async def _round(port: int, front: Runtime, run: str, turns: int
     watchers = []
     for i in range(turns):
         path = f"/agents/{AGENT}/sessions/{run}-{i}/events?after=0&until=turn"
-        w = Watcher(f"GET {path} HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n"
+        w = Watcher(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
                     .encode())
         await loop.create_connection(lambda w=w: w, "127.0.0.1", port)  # type: ignore[misc]
         watchers.append(w)

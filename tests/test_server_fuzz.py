@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 import uvicorn
+from schemathesis.core.warnings import SchemathesisWarning
 
 from durable_turns import Agent, MemoryStore, ModelReply, Runtime, scripted
 from durable_turns.server import create_app
@@ -66,15 +67,27 @@ def served(authenticate: Any) -> Iterator[str]:
         sock.close()
 
 
+WARNINGS = ",".join(w.value for w in SchemathesisWarning
+                    if w is not SchemathesisWarning.MISSING_TEST_DATA)
+"""Every warning but missing test data: ``POST …/retry`` answers 404 to every turn id the
+fuzzer makes up (only a turn that failed may be retried, and it cannot make one fail)."""
+
+
 @pytest.mark.parametrize("authenticate", [None, lambda _request: {"id": "fuzzer"}],
                          ids=["development", "authenticated"])
 def test_schemathesis_with_every_check_finds_nothing(authenticate: Any,
                                                      tmp_path: Path) -> None:
+    # A turn's Idempotency-Key sent again with another body is refused, 422 (the IETF
+    # draft's answer), which the fuzzer, reusing its keys, meets with valid bodies.
+    (tmp_path / "schemathesis.toml").write_text(
+        '[checks.positive_data_acceptance]\nexpected-statuses = '
+        '["2xx", "3xx", 401, 403, 404, 409, 422, 429, "5xx"]\n')
     with served(authenticate) as url:
         run = subprocess.run(
             [sys.executable, "-c", "from schemathesis.cli import schemathesis; schemathesis()",
              "run", f"{url}/openapi.json", "--checks", "all", "--workers", "1",
-             "--max-examples", str(EXAMPLES), "--suppress-health-check", "all"],
+             "--max-examples", str(EXAMPLES), "--suppress-health-check", "all",
+             "--warnings", WARNINGS],
             capture_output=True, text=True, timeout=RUN, cwd=tmp_path,
             env={**os.environ, "NO_COLOR": "1", "SCHEMATHESIS_HOOKS": ""})
     report = run.stdout + run.stderr
