@@ -27,9 +27,9 @@ def test_the_manifest_points_slack_at_the_channel_routes() -> None:
     assert "app_mention" in settings["event_subscriptions"]["bot_events"]
     scopes = manifest["oauth_config"]["scopes"]["bot"]
     assert {"app_mentions:read", "chat:write"} <= set(scopes)
-    readme = (ROOT / "README.md").read_text()
+    guide = (ROOT / "docs" / "guides" / "slack.md").read_text()
     for scope in scopes:
-        assert f"`{scope}`" in readme, f"the README does not say what {scope} is for"
+        assert f"`{scope}`" in guide, f"the Slack guide does not say what {scope} is for"
 
 
 def _brain(request: ModelRequest) -> ModelReply:
