@@ -10,14 +10,31 @@ registry, installed here by ``npm ci --prefix docs_build`` (``.ci/run`` does it)
   page from ``file://`` may not start; the shim runs it in an iframe (``extra.polyfills``).
 
 Without that install the site still builds, and a browser that is online fetches them.
+
+The pages are written as GitHub renders Markdown (they were the README's sections, and they
+still read as files): a nested list or a list item's next paragraph is indented by two
+spaces. Python-Markdown wants four, and would run such an item's paragraphs together, so the
+site's Markdown counts two (``TwoSpaceIndent``); the pages indent no code block (they fence it).
+It also wants a blank line before an item that follows an item's second paragraph, where
+GitHub needs none (``ItemAfterParagraph``).
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import shutil
 from pathlib import Path
 from typing import Any
+
+from markdown import Extension, Markdown
+from markdown.blockprocessors import build_block_parser
+from markdown.preprocessors import Preprocessor
+
+ITEM = re.compile(r"^( *)(?:[-*+]|\d+\.) ")
+"""A list item's first line."""
+INTERRUPTS = re.compile(r"^( *)(?:[-*+]|1\.) ")
+"""An item that may begin a list right after a paragraph (GitHub's rule: "409." may not)."""
 
 HERE = Path(__file__).resolve().parent
 MODULES = HERE / "node_modules"
@@ -30,15 +47,83 @@ SCRIPTS = {
 log = logging.getLogger("mkdocs.hooks.durable_turns")
 
 
+class ItemAfterParagraph(Preprocessor):
+    """A blank line before a list item that ends a paragraph, as GitHub reads it.
+
+    GitHub lets a list begin right after a paragraph, and starts the next item at its marker
+    after an item's later paragraph (a block begun indented, after a blank line).
+    Python-Markdown would read either item as the paragraph's next line, unless a blank line
+    parts them. A block that began as a list item at this item's indent or less is that
+    list, and is left alone.
+    """
+
+    def run(self, lines: list[str]) -> list[str]:
+        """Insert the blank lines (fenced code is left as it is).
+
+        Args:
+            lines: the page's lines.
+
+        Returns:
+            The lines, with a blank line before each such item.
+        """
+        out: list[str] = []
+        fenced = False
+        start = ""  # the first line of the current block (since the last blank line)
+        for line in lines:
+            if line.lstrip().startswith("```"):
+                fenced = not fenced
+            item = None if fenced else ITEM.match(line)
+            if item and out and out[-1].strip() and self.parts(start, line, len(item.group(1))):
+                out.append("")
+                start = line
+            if not line.strip():
+                start = ""
+            elif not start:
+                start = line
+            out.append(line)
+        return out
+
+
+    @staticmethod
+    def parts(start: str, line: str, indent: int) -> bool:
+        """Whether the item ``line`` (at ``indent``) is parted from the block begun ``start``."""
+        began = ITEM.match(start)
+        if began and len(began.group(1)) <= indent:
+            return False  # the same list, or an item nested in it
+        if len(start) - len(start.lstrip()) > indent:
+            return True  # an item's later block ends: the next item begins
+        return INTERRUPTS.match(line) is not None  # a list right after a paragraph
+
+
+class TwoSpaceIndent(Extension):
+    """Python-Markdown reading two spaces as one level of a list's indentation."""
+
+    def extendMarkdown(self, md: Markdown) -> None:
+        """Count two spaces, and make the block parser again with it.
+
+        The block processors build their patterns from ``tab_length`` when they are made, so
+        the parser is made again; this extension comes first (``on_config``), before any
+        other adds its processors to it.
+
+        Args:
+            md: the page's Markdown instance.
+        """
+        md.tab_length = 2
+        md.parser = build_block_parser(md)
+        # before the other preprocessors (fences' placeholders hide nothing it needs)
+        md.preprocessors.register(ItemAfterParagraph(md), "item_after_paragraph", 40)
+
+
 def on_config(config: Any, **_: Any) -> Any:
-    """Name the local shim as the page's polyfill, or Material's CDN one without it.
+    """Count two spaces an indent; name the local shim as the pages' polyfill.
 
     Args:
         config: the MkDocs configuration.
 
     Returns:
-        The configuration, with ``extra.polyfills`` set.
+        The configuration, with the indentation's extension and ``extra.polyfills`` set.
     """
+    config["markdown_extensions"].insert(0, TwoSpaceIndent())
     if SCRIPTS["js/iframe-worker-shim.js"].is_file():
         # Set before Material's offline plugin looks: it adds the CDN's only when no
         # polyfill named iframe-worker is there.

@@ -84,7 +84,7 @@ def test_the_docs_point_only_inside_the_repository() -> None:
         for target in LINK.findall(text):
             assert not re.match(r"[a-z]+:", target), f"{name} links outside the site: {target}"
             file = target.split("#")[0]
-            assert not file or (page.parent / file).resolve().is_relative_to(DOCS) \
-                and (page.parent / file).exists(), f"{name} links to {target}, which is not a page"
+            assert not file or ((page.parent / file).resolve().is_relative_to(DOCS) \
+                and (page.parent / file).exists()), f"{name} links to {target}, which is not a page"
         checked += _check_paths(name, LINK.sub("]", text))
     assert checked >= 20
