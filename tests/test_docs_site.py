@@ -78,6 +78,12 @@ def test_the_reference_documents_every_public_name(site: Path) -> None:
     assert missing == [], f"the reference of durable_turns lacks {missing}"
     for module in ("stores", "models", "channels", "server", "testing", "errors"):
         assert (site / "reference" / f"{module}.html").is_file()
+    for page in (site / "reference").glob("*.html"):  # docs_build/griffe_roles.py at work
+        roles = re.findall(r":(?:class|meth|func|attr|exc|mod):`", page.read_text())
+        assert roles == [], f"{page.name} shows Sphinx roles as written"
+    assert re.search(r":(class|meth|func):`", (ROOT / "src" / "durable_turns" / "sessions.py")
+                     .read_text()), "the docstrings use no role: this check checks nothing"
+
 
 
 ITEM = re.compile(r"^ *(?:[-*+]|\d+\.) ")
@@ -144,6 +150,16 @@ async def drawn(page: Page) -> None:
     for diagram in await page.locator("article div.mermaid").all():
         box = await diagram.bounding_box()
         assert box is not None and box["height"] > 100, box
+
+
+@browser_only
+async def test_the_home_page_renders_with_its_diagram(site: Path) -> None:
+    async with reading(site) as page:
+        await expect(page.locator("article h1").first).to_have_text(re.compile("^durable_turns"))
+        await expect(page.locator("article table").first).to_contain_text("exactly once")
+        if MERMAID.is_file():  # the site's own Mermaid, as .ci/run installs it
+            await drawn(page)
+            assert await page.locator("article div.mermaid").count() == 1
 
 
 @browser_only
