@@ -63,8 +63,8 @@ LAYERS: tuple[Layer, ...] = (
     Layer(
         "adapters",
         "what implements a seam: the store kit (its feed, its live relay, its SQL store written "
-        "once over a dialect) and the stores, a module per model vendor, MCP tools, the store "
-        "conformance suite",
+        "once over a dialect) and the stores, a module per model vendor, MCP tools, Temporal's "
+        "scheduler and worker, the store conformance suite",
         (
             "models",
             "stores.feed",
@@ -81,6 +81,7 @@ LAYERS: tuple[Layer, ...] = (
             "stores._postgres_listen",
             "stores.registry",
             "mcp",
+            "temporal",
             "testing",
         ),
     ),
