@@ -96,13 +96,16 @@ class TemporalScheduler:
         client: a connected Temporal client.
         task_queue: where the sessions' workflows and steps run (the workers' queue).
         idle: seconds a session's workflow waits with nothing to do before it ends.
+        heartbeat: the heartbeat timeout of a run's first step (the workers set the next
+            ones' from their own ``WorkerSettings.heartbeat``).
     """
 
     def __init__(self, client: Client, task_queue: str = TASK_QUEUE, *,
-                 idle: float = 60.0) -> None:
+                 idle: float = 60.0, heartbeat: float = 2.0) -> None:
         self.client = client
         self.task_queue = task_queue
         self.idle = idle
+        self.heartbeat = heartbeat
 
     async def wake(self, key: SessionKey) -> None:
         """Signal the session's workflow, starting it if it does not run.
@@ -114,8 +117,9 @@ class TemporalScheduler:
         try:
             await self.client.start_workflow(
                 SessionWorkflow.run,
-                SessionStart(key.agent, key.session, self.idle, True, StepOptions()),
-                id=workflow_id(key.agent, key.session),
+                SessionStart(key.agent, key.session, self.idle, True,
+                             StepOptions(heartbeat=self.heartbeat)),
+                id=workflow_id(self.task_queue, key.agent, key.session),
                 task_queue=self.task_queue,
                 start_signal=WAKE,
                 static_summary=f"session {key}",

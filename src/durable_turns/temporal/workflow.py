@@ -35,22 +35,26 @@ STEPS_PER_RUN = 500
 """Steps before the workflow continues as new (a run's history stays small)."""
 
 
-def workflow_id(agent: str, session: str) -> str:
+def workflow_id(task_queue: str, agent: str, session: str) -> str:
     """The workflow id of a session: readable, and the same from every process.
 
+    The task queue is part of it: two deployments (two stores) on one Temporal namespace
+    use two queues, and their sessions of the same name stay apart.
+
     Args:
+        task_queue: the deployment's task queue.
         agent: the session's agent.
         session: the session id.
 
     Returns:
-        ``durable-turns/<agent>/<session>``, or that with a hash in place of a long session
+        ``<task_queue>/<agent>/<session>``, or that with a hash in place of a long session
         id (Temporal ids are bounded).
     """
-    wid = f"durable-turns/{agent}/{session}"
+    wid = f"{task_queue}/{agent}/{session}"
     if len(wid) <= 400:
         return wid
     digest = hashlib.sha256(session.encode()).hexdigest()[:32]
-    return f"durable-turns/{agent}/{session[:200]}…{digest}"
+    return f"{task_queue}/{agent}/{session[:200]}…{digest}"
 
 
 @dataclass
