@@ -29,16 +29,18 @@ import asyncio
 import json
 import logging
 import os
+import subprocess
 import sys
+import uuid
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import crashkit  # noqa: E402  (beside this file)
-
-from durable_turns import (  # noqa: E402
+import crashkit
+from durable_turns import (
     Agent,
     Model,
     ModelReply,
@@ -51,11 +53,11 @@ from durable_turns import (  # noqa: E402
     scripted,
     tool,
 )
-from durable_turns.model import Stop  # noqa: E402
-from durable_turns.models import ModelEvent  # noqa: E402
-from durable_turns.models.scripted import calls_this_turn  # noqa: E402
-from durable_turns.stores import SessionStore  # noqa: E402
-from durable_turns.temporal import (  # noqa: E402
+from durable_turns.model import Stop
+from durable_turns.models import ModelEvent
+from durable_turns.models.scripted import calls_this_turn
+from durable_turns.stores import SessionStore
+from durable_turns.temporal import (
     Connection,
     TemporalScheduler,
     WorkerSettings,
@@ -183,6 +185,67 @@ def main() -> None:
     a = p.parse_args()
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     asyncio.run(child(a))
+
+
+# -- the test side ----------------------------------------------------------------------------
+
+WAIT = 60.0
+"""The bound on every wait of the tests."""
+KIT = Path(__file__).resolve()
+
+
+def queue() -> str:
+    """A task queue of its own for one test (its sessions' workflow ids are its own too)."""
+    return f"q-{uuid.uuid4().hex[:12]}"
+
+
+def spawn(target: str, q: str, work: Path, tag: str, *args: str) -> subprocess.Popen[bytes]:
+    """A worker child of this script; what it logs goes to ``err-<tag>.log`` in ``work``."""
+    with (work / f"err-{tag}.log").open("ab") as err:
+        return subprocess.Popen([sys.executable, str(KIT), target, q, "--tag", tag, *args],
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=err)
+
+
+def logged(work: Path, tag: str) -> str:
+    """What the worker child ``tag`` logged so far."""
+    path = work / f"err-{tag}.log"
+    return path.read_text() if path.exists() else ""
+
+
+def stop(proc: subprocess.Popen[bytes], work: Path, tag: str) -> str:
+    """Ask a worker child to stop, wait for it, and return what it logged."""
+    (work / f"stop-{tag}").touch()
+    try:
+        proc.wait(timeout=WAIT)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=WAIT)
+    return logged(work, tag)
+
+
+@asynccontextmanager
+async def front(target: str, q: str, agent: Agent, store: SessionStore) -> AsyncIterator[Runtime]:
+    """A runtime that accepts and answers but drives nothing: Temporal's workers do."""
+    client = await connect(Connection(target))
+    rt = Runtime([agent], store, drive=False,
+                 scheduler=TemporalScheduler(client, q, heartbeat=HEARTBEAT))
+    async with rt:
+        yield rt
+
+
+@asynccontextmanager
+async def inline_worker(target: str, q: str, agent: Agent, model: Model,
+                        store: SessionStore, more: list[Agent] | None = None,
+                        ) -> AsyncIterator[Runtime]:
+    """A worker in the test's own process (its own runtime and store) of ``agent`` and
+    ``more``."""
+    client = await connect(Connection(target))
+    rt = Runtime([agent, *(more or [])], store, model,
+                 scheduler=TemporalScheduler(client, q, heartbeat=HEARTBEAT))
+    settings = WorkerSettings(task_queue=q, heartbeat=HEARTBEAT, sticky_timeout=0.5)
+    async with rt, temporal_worker(rt, client, settings):
+        yield rt
 
 
 if __name__ == "__main__":

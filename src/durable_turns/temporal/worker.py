@@ -47,7 +47,7 @@ class WorkerSettings:
     waits on its child's steps: give it room for both."""
     heartbeat: float = 2.0
     """Seconds without a heartbeat before Temporal runs a step again elsewhere (a dead
-    worker's step re-runs after about 1.8 × this)."""
+    worker's step re-runs after about 1.8 times this)."""
     sticky_timeout: float = 1.0
     """Seconds a workflow task waits for this worker's sticky queue before any worker takes
     it (Temporal's default is 10: a dead worker's sessions would wait that long)."""
@@ -89,7 +89,7 @@ def step_options(agent: Agent, state: ChainState, settings: WorkerSettings) -> S
             parts.append(name)
             continue
         total += _tool_limit(tool)
-        parts.append(f"{name} ({tool.timeout:g}s × {tool.retries + 1})")
+        parts.append(f"{name} (timeout {tool.timeout:g}s, retries {tool.retries})")
     base.timeout = min(total + MARGIN, settings.step_timeout)
     base.summary = "tool " + ", ".join(parts)
     return base

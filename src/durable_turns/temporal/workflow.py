@@ -17,7 +17,6 @@ This module is imported into workflow code: it imports nothing but the standard 
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -67,7 +66,7 @@ class StepOptions:
     """Seconds without a heartbeat before Temporal takes the step as lost and runs it again."""
     retry_initial: float = 0.2
     """Seconds before the step runs again after its worker was lost or the store refused it."""
-    retry_max: float = 10.0
+    retry_max: float = 2.0
     """The longest pause between two such runs."""
     summary: str = "step"
     """What Temporal's UI shows for the activity (``model``, ``tool create_order``, …)."""
@@ -131,7 +130,7 @@ class SessionWorkflow:
                 try:
                     await workflow.wait_condition(
                         lambda: self._woken, timeout=None if parked else start.idle)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     if not self._woken:
                         return "idle"
             if steps >= STEPS_PER_RUN or workflow.info().is_continue_as_new_suggested():
