@@ -9,6 +9,7 @@ is sent, so a lost signal loses no turn: a redelivery of the same turn id signal
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -93,19 +94,37 @@ class TemporalScheduler:
     """Tells sessions' workflows they have work (signal-with-start); see the module docstring.
 
     Args:
-        client: a connected Temporal client.
+        client: a connected Temporal client, or where to connect on the first wake (a host
+            whose runtime is made before its event loop runs: ``serve --temporal``).
         task_queue: where the sessions' workflows and steps run (the workers' queue).
         idle: seconds a session's workflow waits with nothing to do before it ends.
         heartbeat: the heartbeat timeout of a run's first step (the workers set the next
             ones' from their own ``WorkerSettings.heartbeat``).
     """
 
-    def __init__(self, client: Client, task_queue: str = TASK_QUEUE, *,
+    def __init__(self, client: Client | Connection, task_queue: str = TASK_QUEUE, *,
                  idle: float = 60.0, heartbeat: float = 2.0) -> None:
-        self.client = client
+        self._client = client if isinstance(client, Client) else None
+        self._connection = client if isinstance(client, Connection) else None
+        self._connecting: asyncio.Lock | None = None
         self.task_queue = task_queue
         self.idle = idle
         self.heartbeat = heartbeat
+
+    async def client(self) -> Client:
+        """The Temporal client (connected on the first call, when given a ``Connection``).
+
+        Raises:
+            StoreError: Temporal cannot be reached.
+        """
+        if self._client is not None:
+            return self._client
+        assert self._connection is not None
+        self._connecting = self._connecting or asyncio.Lock()
+        async with self._connecting:
+            if self._client is None:
+                self._client = await connect(self._connection)
+        return self._client
 
     async def wake(self, key: SessionKey) -> None:
         """Signal the session's workflow, starting it if it does not run.
@@ -114,8 +133,9 @@ class TemporalScheduler:
             StoreError: Temporal refused or could not be reached (the entry stays durable;
                 deliver it again to wake the session).
         """
+        client = await self.client()
         try:
-            await self.client.start_workflow(
+            await client.start_workflow(
                 SessionWorkflow.run,
                 SessionStart(key.agent, key.session, self.idle, True,
                              StepOptions(heartbeat=self.heartbeat)),
