@@ -85,7 +85,7 @@ CALC = [ModelReply("Adding.", [ToolCall("c1", "add", {"a": 2, "b": 3})]),
 
 async def test_a_turn_runs_as_a_workflow_with_one_activity_per_step(
         temporal_target: str, tmp_path: Path) -> None:
-    q, effects = queue(), []
+    q, effects = queue(), list[str]()
     agent = calc_agent(effects)
     model = scripted(lambda r: CALC[calls_this_turn(r)])
     client = await connect(Connection(temporal_target))
