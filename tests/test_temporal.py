@@ -189,3 +189,30 @@ async def test_a_paused_worker_cannot_commit_after_another_took_over(
     assert sorted(e["tag"] for e in lines) == ["a", "b"]
     assert len({e["key"] for e in lines}) == 1
     assert Counter(m.role for m in committed) == {"user": 1, "assistant": 2, "tool": 1}
+
+
+async def test_a_long_chain_continues_as_new_and_goes_on(
+        temporal_target: str, tmp_path: Path) -> None:
+    q, effects = queue(), list[str]()
+    agent = calc_agent(effects)
+    model = scripted(lambda r: CALC[calls_this_turn(r)])
+    client = await connect(Connection(temporal_target))
+    scheduler = TemporalScheduler(client, q, steps_per_run=2)
+    worker_rt = Runtime([agent], SqliteStore(tmp_path / "db"), model, scheduler=scheduler)
+    front_rt = Runtime([agent], SqliteStore(tmp_path / "db"), drive=False, scheduler=scheduler)
+    async with front_rt, worker_rt, \
+            temporal_worker(worker_rt, client, WorkerSettings(task_queue=q)):
+        session = front_rt.session("calc", "s1")
+        await session.start("what is 2 + 3? tell them", turn_id="t1")
+        res = await session.result("t1", timeout=WAIT)
+        assert (res.status, res.text) == ("completed", "It is 5.")
+    # Five steps, two a run: the first run's history ends in a continue-as-new, and the
+    # chain went on in the next runs (one workflow id throughout).
+    wid = workflow_id(q, "calc", "s1")
+    info = (await client.get_workflow_handle(wid).describe()).raw_description
+    first = client.get_workflow_handle(
+        wid, run_id=info.workflow_execution_info.first_run_id)
+    events = [e.event_type for e in (await first.fetch_history()).events]
+    assert events[-1] == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW
+    assert events.count(EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED) == 2
+    assert len(effects) == 1

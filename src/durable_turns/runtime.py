@@ -411,9 +411,10 @@ class Runtime:
                     done = loop.create_future()
                     done.add_done_callback(rouse)
                     waiters.append(done)
-                if self.drive and not kicked and key not in self._drivers:
-                    kicked = True
-                    await self._kick(key)
+                if self.drive and self.scheduler is None and not kicked \
+                        and key not in self._drivers:
+                    kicked = True  # (a scheduler was told when the entry was accepted)
+                    self._drive(key)
                 remaining = None if deadline is None else deadline - loop.time()
                 if remaining is None:
                     await wake

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 
 from temporalio.client import Client, TLSConfig
@@ -18,7 +19,7 @@ from temporalio.service import RPCError
 
 from ..errors import ConfigurationError, StoreError
 from ..records import SessionKey
-from .workflow import WAKE, SessionStart, SessionWorkflow, StepOptions, workflow_id
+from .workflow import STEPS_PER_RUN, WAKE, SessionStart, SessionWorkflow, StepOptions, workflow_id
 
 TASK_QUEUE = "durable-turns"
 """The task queue sessions' workflows and steps run on, unless told otherwise."""
@@ -100,16 +101,24 @@ class TemporalScheduler:
         idle: seconds a session's workflow waits with nothing to do before it ends.
         heartbeat: the heartbeat timeout of a run's first step (the workers set the next
             ones' from their own ``WorkerSettings.heartbeat``).
+        task_timeout: seconds a workflow task may take on a worker before another worker
+            gets it. A session's workflow task takes milliseconds; Temporal's default of 10 s
+            is how long a session whose worker died in the middle of one would stall.
+        steps_per_run: steps before a session's workflow continues as new (its history
+            stays small).
     """
 
     def __init__(self, client: Client | Connection, task_queue: str = TASK_QUEUE, *,
-                 idle: float = 60.0, heartbeat: float = 2.0) -> None:
+                 idle: float = 60.0, heartbeat: float = 2.0,
+                 task_timeout: float = 2.0, steps_per_run: int = STEPS_PER_RUN) -> None:
         self._client = client if isinstance(client, Client) else None
         self._connection = client if isinstance(client, Connection) else None
         self._connecting: asyncio.Lock | None = None
         self.task_queue = task_queue
         self.idle = idle
         self.heartbeat = heartbeat
+        self.task_timeout = task_timeout
+        self.steps_per_run = steps_per_run
 
     async def client(self) -> Client:
         """The Temporal client (connected on the first call, when given a ``Connection``).
@@ -138,10 +147,11 @@ class TemporalScheduler:
             await client.start_workflow(
                 SessionWorkflow.run,
                 SessionStart(key.agent, key.session, self.idle, True,
-                             StepOptions(heartbeat=self.heartbeat)),
+                             StepOptions(heartbeat=self.heartbeat), self.steps_per_run),
                 id=workflow_id(self.task_queue, key.agent, key.session),
                 task_queue=self.task_queue,
                 start_signal=WAKE,
+                task_timeout=timedelta(seconds=self.task_timeout),
                 static_summary=f"session {key}",
             )
         except RPCError as e:

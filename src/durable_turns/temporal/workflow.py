@@ -83,6 +83,8 @@ class SessionStart:
     woken: bool = True
     """Whether to run a step at once (a run continued as new with work left does)."""
     options: StepOptions = field(default_factory=StepOptions)
+    steps_per_run: int = STEPS_PER_RUN
+    """Steps before the workflow continues as new."""
 
 
 @dataclass
@@ -133,9 +135,11 @@ class SessionWorkflow:
                 except TimeoutError:
                     if not self._woken:
                         return "idle"
-            if steps >= STEPS_PER_RUN or workflow.info().is_continue_as_new_suggested():
-                workflow.continue_as_new(SessionStart(start.agent, start.session, start.idle,
-                                                      True, options))
+            if steps >= start.steps_per_run or workflow.info().is_continue_as_new_suggested():
+                workflow.continue_as_new(
+                    SessionStart(start.agent, start.session, start.idle, True, options,
+                                 start.steps_per_run),
+                    task_timeout=workflow.info().task_timeout)
             self._woken = False
             out: StepOutcome = await workflow.execute_activity(
                 ACTIVITY, StepInput(start.agent, start.session),
