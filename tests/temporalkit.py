@@ -225,11 +225,13 @@ def stop(proc: subprocess.Popen[bytes], work: Path, tag: str) -> str:
 
 
 @asynccontextmanager
-async def front(target: str, q: str, agent: Agent, store: SessionStore) -> AsyncIterator[Runtime]:
-    """A runtime that accepts and answers but drives nothing: Temporal's workers do."""
+async def front(target: str, q: str, agent: Agent, store: SessionStore,
+                **scheduler: Any) -> AsyncIterator[Runtime]:
+    """A runtime that accepts and answers but drives nothing: Temporal's workers do
+    (``scheduler``: more of its ``TemporalScheduler``'s options)."""
     client = await connect(Connection(target))
     rt = Runtime([agent], store, drive=False,
-                 scheduler=TemporalScheduler(client, q, heartbeat=HEARTBEAT))
+                 scheduler=TemporalScheduler(client, q, heartbeat=HEARTBEAT, **scheduler))
     async with rt:
         yield rt
 

@@ -14,7 +14,14 @@ import pytest
 
 from deploykit import deployment, write_app
 from temporalkit import queue
-from test_live_processes import AGENT_PY, _store_option, check_stream, stream_turn, watch
+from test_live_processes import (
+    AGENT_PY,
+    _store_option,
+    check_stream,
+    stream_turn,
+    warm_up,
+    watch,
+)
 
 WAIT = 30.0
 
@@ -27,13 +34,7 @@ async def test_serve_streams_turns_that_temporal_workers_drive(
     async with deployment(app, store, tmp_path, workers=2 if kind == "postgres" else 1,
                           temporal=(temporal_target, queue())) as d, \
             httpx.AsyncClient(base_url=d.url, timeout=WAIT) as client:
-        # A process takes other processes' live text a moment after its first subscriber
-        # came: a first turn whose deltas arrived says it has.
-        async with asyncio.timeout(WAIT):
-            for i in range(100):
-                warm = await stream_turn(client, f"warm{i}", "hello")
-                if any(k == "message.delta" for _s, k, _d in warm):
-                    break
+        await warm_up(client)
         async with asyncio.timeout(WAIT):
             watcher = asyncio.create_task(watch(client, "s1"))
             frames = await stream_turn(client, "s1", "when?")
