@@ -59,3 +59,23 @@ def test_temporal_worker_says_what_is_wrong_in_one_line(tmp_path: Path) -> None:
     assert nobody.returncode != 0
     assert len(nobody.stderr.strip().splitlines()) == 1, nobody.stderr
     assert "cannot reach Temporal at 127.0.0.1:9" in nobody.stderr
+
+
+def test_temporal_connection_options_are_checked_before_connecting(tmp_path: Path) -> None:
+    app = write_app(tmp_path, "You run ops.", AGENT_PY)
+    cert = tmp_path / "client.pem"
+    cert.write_text("not a certificate")
+    cli = [sys.executable, "-m", "durable_turns.cli", "temporal-worker", str(app),
+           "--db", str(tmp_path / "db"), "--temporal", "127.0.0.1:9"]
+    alone = subprocess.run([*cli, "--tls-cert", str(cert)], capture_output=True, text=True,
+                           timeout=WAIT, check=False)
+    assert alone.returncode == 2
+    assert alone.stderr.strip().splitlines() == [
+        "durable-turns temporal-worker: error: a client certificate needs its key "
+        "(--tls-cert with --tls-key)"]
+    missing = subprocess.run([*cli, "--tls-cert", str(cert), "--tls-key",
+                              str(tmp_path / "nope.pem")],
+                             capture_output=True, text=True, timeout=WAIT, check=False)
+    assert missing.returncode == 2
+    assert len(missing.stderr.strip().splitlines()) == 1
+    assert "cannot read a TLS file" in missing.stderr and "nope.pem" in missing.stderr
