@@ -486,16 +486,18 @@ class Runtime:
         """
         await self.open()
         agent = self.agents[key.agent]
+        wait = self.lease_timeout if lease_timeout is None else lease_timeout
         running = self._drivers.get(key)
         if running is not None and running.alive:
             # A step of this session still runs here (one its scheduler gave up on): it
-            # ends at its next boundary, or its commit is refused once this one claims.
-            await asyncio.gather(running.task, return_exceptions=True)
+            # ends at its next boundary; past the wait, the claim below waits for its lease.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(wait):
+                    await asyncio.gather(running.task, return_exceptions=True)
         driver = SessionDriver(
             key, agent, self.model_for(agent), self.store, transcripts=self._transcripts,
             publish=self._publish, publish_live=self._publish_live, finished=self._finished,
-            lease_timeout=self.lease_timeout if lease_timeout is None else lease_timeout,
-            host=self.host, wants_live=self._wants_live, steps=1,
+            lease_timeout=wait, host=self.host, wants_live=self._wants_live, steps=1,
         )
         self._drivers[key] = driver
         driver.task.add_done_callback(lambda _t: self._driver_done(driver))

@@ -46,8 +46,8 @@ class WorkerSettings:
     """Steps this worker runs at once (``max_concurrent_activities``). A subagent's step
     waits on its child's steps: give it room for both."""
     heartbeat: float = 2.0
-    """Seconds without a heartbeat before Temporal runs a step again elsewhere (a dead
-    worker's step re-runs after about 1.8 times this)."""
+    """Seconds without a heartbeat before Temporal runs a step again elsewhere (measured: a
+    dead worker's turn goes on 2.5 to 3 times this after its death, ``bench/temporal.py``)."""
     sticky_timeout: float = 1.0
     """Seconds a workflow task waits for this worker's sticky queue before any worker takes
     it (Temporal's default is 10: a dead worker's sessions would wait that long)."""
@@ -149,7 +149,8 @@ def temporal_worker(runtime: Runtime, client: Client,
     or ``async with w:``.
 
     The workflow runs unsandboxed: its module imports only ``temporalio`` and the standard
-    library and is deterministic, and the sandbox costs ~13 ms of CPU per workflow task.
+    library and is deterministic, and the sandbox is dear (an empty workflow: 31 ms
+    sandboxed, 18 ms not, on a dev server of this machine).
 
     Args:
         runtime: the runtime whose agents and store the steps use (open it first).
