@@ -156,3 +156,25 @@ async def test_a_subagent_runs_as_a_child_session_with_its_own_workflow(
     scheduled = [e for e in history.events if e.HasField(
         "activity_task_scheduled_event_attributes")]
     assert len(scheduled) >= 1  # the child's model call ran as its own workflow's step
+
+
+async def test_an_idle_workflow_ends_and_the_next_turn_starts_it_again(
+        temporal_target: str, tmp_path: Path) -> None:
+    db, q = tmp_path / "db", queue()
+    agent = Agent("stall", "You think.", [])
+    client = await connect(Connection(temporal_target))
+    handle = client.get_workflow_handle(workflow_id(q, "stall", "s1"))
+    async with front(temporal_target, q, agent, SqliteStore(db), idle=0.2) as rt, \
+            inline_worker(temporal_target, q, agent, StallModel(tmp_path, "w"), SqliteStore(db)):
+        session = rt.session("stall", "s1")
+        await session.start("quick one", turn_id="t1")
+        assert (await session.result("t1", timeout=WAIT)).text == "quick answer"
+        async with asyncio.timeout(WAIT):
+            while (first := await handle.describe()).status == WorkflowExecutionStatus.RUNNING:
+                await asyncio.sleep(0.05)  # a poll of the workflow, bounded by the timeout
+        assert first.status == WorkflowExecutionStatus.COMPLETED
+        assert await handle.result() == "idle"
+        await session.start("quick two", turn_id="t2")
+        assert (await session.result("t2", timeout=WAIT)).text == "quick answer"
+        second = await handle.describe()
+        assert second.run_id != first.run_id
