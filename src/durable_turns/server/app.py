@@ -50,6 +50,7 @@ from .guard import Guard
 from .headers import with_security_headers
 from .idempotency import HEADER, conflict, idempotent
 from .lifespan import GRACE, host_lifespan
+from .mounts import ProtocolSeam
 from .openapi import openapi
 from .timeline import last_activity
 
@@ -225,6 +226,8 @@ class _Host:
         self.pacer = Pacer()
         self.mounted: dict[str, ChannelContext] = {
             name: mount_agent(agent, runtime) for name, agent in runtime.agents.items()}
+        # What mount_ai_sdk and mount_ag_ui add their routes through (server/mounts.py).
+        self.protocols = ProtocolSeam(runtime, guard, self.mounted, ping)
 
     def app(self, extra: Sequence[BaseRoute], lifespan: Any, *, api: bool) -> Starlette:
         base = "/agents/{agent}/sessions/{session}"
@@ -254,6 +257,8 @@ class _Host:
         app.router.redirect_slashes = False
         app.wrap_send = with_security_headers
         app.state.end_streams = self.streams.end_all
+        if api:
+            app.state.protocols = self.protocols
         return app
 
     # -- plumbing --------------------------------------------------------------------------
@@ -301,7 +306,10 @@ class _Host:
     # -- routes ----------------------------------------------------------------------------
 
     async def openapi(self, request: Request) -> Response:
-        return JSONResponse(openapi(BODIES, sorted(self.rt.agents)))
+        doc = openapi(BODIES, sorted(self.rt.agents))
+        doc["paths"].update(self.protocols.paths)  # the mounted protocols' routes
+        doc["components"]["schemas"].update(self.protocols.schemas)
+        return JSONResponse(doc)
 
     async def list_sessions(self, request: Request) -> Response:
         agent = request.path_params["agent"]

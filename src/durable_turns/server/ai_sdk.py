@@ -1,0 +1,324 @@
+"""The Vercel AI SDK's UI message stream (v1, as ``ai`` v7 reads it): ``useChat`` and
+``DefaultChatTransport`` talk to a durable session.
+
+``mount_ai_sdk(app)`` serves, for each agent:
+
+- ``POST /agents/{agent}/ai-sdk/chat``: the transport's request ``{id, messages, trigger,
+  messageId, …}``. ``id`` is the session. Only the last message is read (the stored transcript
+  is the history, never the client's copy): a user message starts a turn with its text; an
+  assistant message whose tool parts carry approval responses (what ``addToolApprovalResponse``
+  leaves) answers the turn's requests. The answer is the turn's UI message stream.
+- ``GET /agents/{agent}/ai-sdk/chat/{session}/stream``: the transport's resume request
+  (``useChat({resume: true})`` after a reload, ``resumeStream()``): the running turn's stream
+  from its start, then live; 204 when no turn runs. The store is the stream.
+
+A turn's events become chunks (``turnparts.py`` says how text is shown once, whole): ``start``
+(its ``messageId`` is the turn id), ``start-step``/``finish-step`` per model step,
+``text-*``, ``reasoning-*`` (live only), ``tool-input-available``, ``tool-output-available``
+or ``tool-output-error``, a ``tool-approval-request`` for a yes/no request of a tool call
+(its ``approvalId``: ``input:<turn_id>:<input_id>``), a ``data-input-request`` part for any
+other request, ``finish``; a failed turn sends ``error`` first, a cancelled one ``abort``.
+A request refused after it was read (a wrong answerer, an approval nothing waits for, a busy
+session) is a stream of one ``error`` chunk: nothing is stored.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route
+
+from ..access import Action
+from ..channels import ChannelContext, TurnStream
+from ..errors import TurnConflictError
+from ..records import InputRequest, TurnStatus
+from ..wire import HttpError
+from ._http import read_body
+from .idempotency import conflict, idempotent
+from .mounts import ProtocolSeam, jsonable, protocol_seam, refusal
+from .turnparts import (
+    Ended,
+    Parked,
+    Part,
+    ReasoningDelta,
+    ReasoningEnd,
+    ReasoningStart,
+    ResetStep,
+    StepEnd,
+    StepStart,
+    TextDelta,
+    TextEnd,
+    TextStart,
+    ToolInput,
+    ToolOutput,
+    TurnParts,
+    is_yes_no,
+    request_id,
+)
+
+SOURCE = "http"
+"""The event source of the turns this mount starts: the API's (an agent's policy for
+``"http"`` applies to them too)."""
+HEADERS = {"x-vercel-ai-ui-message-stream": "v1", "x-accel-buffering": "no"}
+"""What marks a response as a UI message stream (and keeps a proxy from buffering it)."""
+DATA_INPUT = "data-input-request"
+"""The data part of a request that is no yes/no question of a tool call."""
+
+
+class UIMessage(BaseModel):
+    """A message of the request, as the AI SDK's ``UIMessage`` (only ``role`` and ``parts``
+    of the last one are read)."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+    id: str = ""
+    role: Literal["system", "user", "assistant"]
+    parts: list[dict[str, Any]]
+
+
+class ChatRequest(BaseModel):
+    """``POST …/ai-sdk/chat``: what ``DefaultChatTransport`` sends (fields it adds, and the
+    app's own ``body``, are allowed and ignored)."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+    id: str = Field(min_length=1, max_length=200)
+    """The chat: the session."""
+    messages: list[UIMessage] = Field(min_length=1)
+    trigger: str | None = None
+    """``submit-message`` or ``regenerate-message``: a regenerate always starts a new turn."""
+    by: str | None = None
+    """Development mode only: who speaks or answers (with ``authenticate``, the principal)."""
+
+
+def _asked(body: ChatRequest) -> str | list[tuple[str, bool]]:
+    """The last message's text (a new turn), or its approval responses ``(id, approved)``.
+
+    Raises:
+        HttpError: 400 neither.
+    """
+    last = body.messages[-1]
+    if last.role == "user":
+        text = "\n".join(p["text"] for p in last.parts
+                         if p.get("type") == "text" and isinstance(p.get("text"), str))
+        if not text.strip():
+            raise HttpError(400, "MalformedBody", "the last message (the user's) has no text")
+        return text
+    answers = []
+    for part in last.parts:
+        approval = part.get("approval")
+        if part.get("state") == "approval-responded" and isinstance(approval, dict):
+            if not isinstance(approval.get("id"), str) or \
+                    not isinstance(approval.get("approved"), bool):
+                raise HttpError(400, "MalformedBody",
+                                "an approval response needs an id and approved: true|false")
+            answers.append((approval["id"], approval["approved"]))
+    if last.role != "assistant" or not answers:
+        raise HttpError(400, "MalformedBody",
+                        "the last message is neither the user's nor an assistant message "
+                        "with approval responses")
+    return answers
+
+
+def _action(body: ChatRequest) -> Action:
+    return "turn" if isinstance(_asked(body), str) else "resume"
+
+
+def chunks(part: Part) -> list[dict[str, Any]]:
+    """The UI message stream's chunks for one part of a turn."""
+    match part:
+        case StepStart():
+            return [{"type": "start-step"}]
+        case StepEnd():
+            return [{"type": "finish-step"}]
+        case ResetStep():
+            return [{"type": "reset-step"}]
+        case TextStart(id=i):
+            return [{"type": "text-start", "id": i}]
+        case TextDelta(id=i, text=t):
+            return [{"type": "text-delta", "id": i, "delta": t}]
+        case TextEnd(id=i):
+            return [{"type": "text-end", "id": i}]
+        case ReasoningStart(id=i):
+            return [{"type": "reasoning-start", "id": i}]
+        case ReasoningDelta(id=i, text=t):
+            return [{"type": "reasoning-delta", "id": i, "delta": t}]
+        case ReasoningEnd(id=i):
+            return [{"type": "reasoning-end", "id": i}]
+        case ToolInput(call=c):
+            return [{"type": "tool-input-available", "toolCallId": c.id, "toolName": c.name,
+                     "input": jsonable(c.input)}]
+        case ToolOutput(call=c, error=str() as error):
+            return [{"type": "tool-output-error", "toolCallId": c.id, "errorText": error}]
+        case ToolOutput(call=c, result=r):
+            return [{"type": "tool-output-available", "toolCallId": c.id,
+                     "output": jsonable(r)}]
+        case Parked(requests=rs):
+            return [*(_request(r) for r in rs), {"type": "finish", "finishReason": "tool-calls"}]
+        case Ended(status="completed"):
+            return [{"type": "finish", "finishReason": "stop"}]
+        case Ended(status="failed", detail=d):
+            return [{"type": "error", "errorText": d}, {"type": "finish", "finishReason": "error"}]
+        case Ended(detail=d):
+            return [{"type": "abort", "reason": d}, {"type": "finish", "finishReason": "other"}]
+    return []
+
+
+def _request(r: InputRequest) -> dict[str, Any]:
+    if is_yes_no(r) and r.call_id:
+        return {"type": "tool-approval-request", "approvalId": request_id(r),
+                "toolCallId": r.call_id, "reason": r.prompt}
+    return {"type": DATA_INPUT, "id": request_id(r), "data": {
+        "id": request_id(r), "turn_id": r.turn_id, "input_id": r.id, "call_id": r.call_id,
+        "prompt": r.prompt, "schema": r.schema}}
+
+
+async def ui_stream(stream: TurnStream) -> AsyncIterator[str]:
+    """A turn's UI message stream: each chunk's JSON, then ``[DONE]``."""
+    yield json.dumps({"type": "start", "messageId": stream.turn_id})
+    parts = TurnParts(stream.turn_id, stream.joined)
+    async for event in stream:
+        for part in parts.feed(event):
+            for chunk in chunks(part):
+                yield json.dumps(chunk)
+    yield "[DONE]"
+
+
+async def _refused(kind: str, message: str) -> AsyncIterator[str]:
+    yield json.dumps({"type": "error", "errorText": f"{kind}: {message}"})
+    yield "[DONE]"
+
+
+class _AiSdk:
+    def __init__(self, seam: ProtocolSeam) -> None:
+        self.seam = seam
+
+    def routes(self, base: str) -> list[BaseRoute]:
+        g = self.seam.guard
+        return [
+            Route(base, g(self.chat, _action, body=ChatRequest, session=lambda b: b.id),
+                  methods=["POST"]),
+            Route(f"{base}/{{session}}/stream", g(self.resume, "read"), methods=["GET"]),
+        ]
+
+    async def chat(self, request: Request) -> Response:
+        body = await read_body(request, ChatRequest)
+        ch = self.seam.channel(request)
+        by, principal = self.seam.speaker(request, body.by)
+        asked = _asked(body)
+        try:
+            if isinstance(asked, str):
+                stream = await self._start(ch, body, asked, by)
+            else:
+                stream = await self._answer(ch, body.id, asked, by, principal)
+        except Exception as e:
+            said = refusal(e)
+            if said is None:
+                raise
+            return self.seam.sse(_refused(*said), headers=HEADERS)
+        return self.seam.sse(ui_stream(stream), stream, HEADERS)
+
+    async def _start(self, ch: ChannelContext, body: ChatRequest, text: str,
+                     by: str | None) -> TurnStream:
+        # The user message's id keys the turn (as an Idempotency-Key would): a request sent
+        # again gets the same turn's stream, never a second turn. A regenerate asks anew.
+        key = body.messages[-1].id if body.trigger != "regenerate-message" else None
+        idem = idempotent(key or None, {"text": text}, by)
+        try:
+            stream = await ch.open_turn(
+                text, session=body.id, event=self.seam.inbound(by, text, SOURCE),
+                turn_id=idem.turn_id if idem else None, data=idem.data if idem else None)
+        except TurnConflictError as e:
+            raise conflict(e, idem) from None
+        if idem is not None:
+            try:
+                await idem.check(stream.session)
+            except BaseException:
+                stream.close()
+                raise
+        return stream
+
+    async def _answer(self, ch: ChannelContext, session: str, answers: list[tuple[str, bool]],
+                      by: str | None, principal: Any) -> TurnStream:
+        waiting = {request_id(r): r for r in await _requests(ch, session)}
+        chosen = []
+        for approval, approved in answers:
+            found = waiting.get(approval)
+            if found is None:
+                raise HttpError(409, "NoSuchApproval",
+                                f"nothing waits for approval {approval!r} in chat {session!r}")
+            chosen.append((found, approved))
+        s = ch.session(session)
+        for r, approved in chosen[:-1]:
+            await s.resume(r.turn_id, r.id, approved, by=by, authorize=True, principal=principal)
+        last, approved = chosen[-1]
+        return await ch.open_resume(last.turn_id, last.id, approved, session=session, by=by,
+                                    authorize=True, principal=principal)
+
+    async def resume(self, request: Request) -> Response:
+        ch = self.seam.channel(request)
+        session = request.path_params["session"]
+        running = [t for t in await ch.session(session).turns()
+                   if t.status in (TurnStatus.QUEUED, TurnStatus.RUNNING)]
+        if not running:
+            return Response(status_code=204)
+        stream = await ch.follow(running[0].turn_id, session=session)
+        return self.seam.sse(ui_stream(stream), stream, HEADERS)
+
+
+async def _requests(ch: ChannelContext, session: str) -> tuple[InputRequest, ...]:
+    pending = await ch.session(session).pending()
+    return pending.all if pending is not None else ()
+
+
+def mount_ai_sdk(app: Starlette, *, path: str = "/agents/{agent}/ai-sdk/chat") -> None:
+    """Serve the AI SDK's UI message stream protocol on ``app`` (see the module).
+
+    Args:
+        app: an app of ``create_app(runtime, …)`` serving the API: its ``authenticate`` and
+            ``authorize`` apply (a new turn is the ``turn`` action, approval responses are
+            ``resume``, the resume request is ``read``).
+        path: the chat route, with ``{agent}`` (what ``DefaultChatTransport({api})`` is given
+            once the agent is filled in); the resume route is ``{path}/{id}/stream``.
+
+    Raises:
+        ConfigurationError: ``app`` is no such app, or the protocol is mounted already.
+    """
+    seam = protocol_seam(app)
+    seam.add(app, "ai-sdk", _AiSdk(seam).routes(path), _openapi(path),
+             {"AiSdkChatRequest": ChatRequest.model_json_schema(
+                 ref_template="#/components/schemas/{model}")})
+
+
+def _openapi(path: str) -> dict[str, Any]:
+    params = [{"name": "agent", "in": "path", "required": True, "schema": {"type": "string"}}]
+    error = {"description": "refused: {\"error\": {\"type\", \"message\"}}",
+             "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
+    chunk = {"type": "object", "required": ["data"], "properties": {"data": {"type": "string"}}}
+    stream = {"description": "the turn's UI message stream (header "
+                             "x-vercel-ai-ui-message-stream: v1)",
+              "content": {"text/event-stream": {"itemSchema": chunk}}}
+    return {
+        path: {"post": {
+            "summary": "AI SDK chat: start a turn with the last user message, or answer "
+                       "approvals; the UI message stream",
+            "parameters": params,
+            "requestBody": {"required": True, "content": {"application/json": {
+                "schema": {"$ref": "#/components/schemas/AiSdkChatRequest"}}}},
+            "responses": {"200": stream,
+                          **{str(c): error for c in (400, 401, 403, 404, 408, 413, 415, 503)}}}},
+        f"{path}/{{session}}/stream": {"get": {
+            "summary": "AI SDK resume: the running turn's stream from its start, then live",
+            "parameters": [*params, {"name": "session", "in": "path", "required": True,
+                                     "schema": {"type": "string", "minLength": 1}}],
+            "responses": {"200": stream, "204": {"description": "no turn runs"},
+                          **{str(c): error for c in (401, 403, 404, 503)}}}},
+    }
+
+
+__all__ = ["DATA_INPUT", "HEADERS", "SOURCE", "ChatRequest", "chunks", "mount_ai_sdk",
+           "ui_stream"]
