@@ -80,7 +80,7 @@ class DeskModel:
             yield ToolCall("call-1", name, args)
             yield Stop("tool_use")
         elif "refund" in opening or "color" in opening:
-            yield TextDelta(f"Done: {request.messages[-1].text}.")
+            yield TextDelta(f"Done: {request.messages[-1].result}.")
             yield Stop("end_turn")
         elif "gated" in opening:
             for piece in ("One, ", "two, "):

@@ -246,7 +246,7 @@ class _AgUi:
             if said is None:
                 raise
             return self.seam.sse(run_events(None, thread, run, RunErrorEvent(
-                message=f"{said[0]}: {said[1]}", code=said[0])))
+                message=said[1], code=said[0])))
         return self.seam.sse(run_events(stream, thread, run, done), stream)
 
     async def _resume(self, ch: ChannelContext, thread: str, entries: list[ResumeEntry],

@@ -95,7 +95,9 @@ class ProtocolSeam:
                 if stream is not None:
                     stream.close()
 
-        return EventSourceResponse(body(), ping=self.ping, headers=dict(headers or {}))
+        # "\n" between lines: AG-UI's client splits events on a blank line of "\n\n" only.
+        return EventSourceResponse(body(), ping=self.ping, headers=dict(headers or {}),
+                                   sep="\n")
 
 
 def protocol_seam(app: Starlette) -> ProtocolSeam:

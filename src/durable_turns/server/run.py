@@ -18,6 +18,7 @@ from ..errors import ConfigurationError
 from ..runtime import Runtime
 from ._http import Authenticate, is_loopback
 from .app import create_app
+from .frontends import mount_frontends
 from .deadlines import HttpProtocol
 from .lifespan import GRACE
 
@@ -128,6 +129,8 @@ async def serve(runtime: Runtime, *, host: str = "127.0.0.1", port: int = 8000,
             f"development mode (no authenticate) serves loopback only, not {host!r}: "
             "bind 127.0.0.1, or pass authenticate=… to create_app")
     app = create_app(runtime, authenticate, channels, grace=grace, api=api)
+    if api:  # useChat and AG-UI clients: the same sessions, behind the same guard
+        mount_frontends(app)
     # Bound here rather than by uvicorn, which logs a failed bind and exits the process: a
     # port in use is this call's error, found before the store is touched, and the port the
     # system picked is known.

@@ -234,7 +234,7 @@ class TurnParts:
             shown = None
         if shown is None and whole:
             out += [TextStart(self._id("text")), TextDelta(self._id("text"), whole)]
-            shown = ""
+            shown = whole
         if shown is not None:
             if len(whole) > len(shown):
                 out.append(TextDelta(self._id("text"), whole[len(shown):]))
