@@ -253,12 +253,22 @@ def test_the_routes_go_through_the_guard_and_refuse_with_json(
                       headers={**ann, "origin": "https://evil.example"}).status_code == 403
         for bad in ({"id": "chat-guard", "messages": []},
                     {"id": "chat-guard", "messages": [{"role": "user", "parts": "hi"}]},
-                    {"id": "chat-guard", "messages": [
-                        {"id": "u2", "role": "user", "parts": [{"type": "text", "text": " "}]}]},
-                    {"id": "chat-guard", "messages": [
-                        {"id": "a1", "role": "assistant", "parts": [{"type": "text"}]}]}):
+                    {"messages": chat["messages"]}):
             r = c.post("/agents/desk/ai-sdk/chat", json=bad, headers=ann)
             assert r.status_code == 400 and r.json()["error"]["type"] == "MalformedBody", bad
+        # Messages that say nothing, or answer nothing: the protocol's error part.
+        for said, bad in (("has no text", [{"id": "u2", "role": "user",
+                                            "parts": [{"type": "text", "text": " "}]}]),
+                          ("neither", [{"id": "a1", "role": "assistant",
+                                        "parts": [{"type": "text", "text": "hm"}]}])):
+            r = c.post("/agents/desk/ai-sdk/chat", json={"id": "chat-guard", "messages": bad},
+                       headers=ann)
+            assert r.status_code == 200 and r.headers["x-vercel-ai-ui-message-stream"] == "v1"
+            frames = [json.loads(line[6:]) for line in r.text.splitlines()
+                      if line.startswith("data: {")]
+            assert len(frames) == 1 and frames[0]["type"] == "error", frames
+            assert frames[0]["errorText"].startswith("MalformedBody: ") and \
+                said in frames[0]["errorText"]
         r = c.post("/agents/desk/ag-ui", json={"threadId": "chat-guard"}, headers=ann)
         assert r.status_code == 400 and r.json()["error"]["type"] == "MalformedBody"
         r = c.post("/agents/desk/ag-ui", json={**run, "runId": "has space"}, headers=ann)

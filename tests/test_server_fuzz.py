@@ -27,7 +27,7 @@ import pytest
 import uvicorn
 
 from durable_turns import Agent, MemoryStore, ModelReply, Runtime, scripted
-from durable_turns.server import create_app
+from durable_turns.server import create_app, mount_ag_ui, mount_ai_sdk
 
 WAIT = 30.0
 """The bound on the server's start and shutdown."""
@@ -42,6 +42,8 @@ def served(authenticate: Any) -> Iterator[str]:
     rt = Runtime([Agent("desk", "You help.")], MemoryStore(),
                  scripted(lambda _request: ModelReply("ok")))
     app = create_app(rt, authenticate)
+    mount_ai_sdk(app)
+    mount_ag_ui(app)
 
     async def ending_streams(scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http" and scope["path"].endswith("/events"):
@@ -79,4 +81,4 @@ def test_schemathesis_with_every_check_finds_nothing(authenticate: Any,
             env={**os.environ, "NO_COLOR": "1", "SCHEMATHESIS_HOOKS": ""})
     report = run.stdout + run.stderr
     assert run.returncode == 0, report[-6000:]
-    assert "Selected: 13/13" in report and "No issues found" in report, report[-3000:]
+    assert "Selected: 16/16" in report and "No issues found" in report, report[-3000:]

@@ -68,7 +68,7 @@ from ..channels import ChannelContext, TurnStream
 from ..records import InputRequest
 from ..wire import HttpError
 from ._http import read_body
-from .mounts import ProtocolSeam, jsonable, protocol_seam, refusal
+from .mounts import ProtocolSeam, component_schemas, jsonable, protocol_seam, refusal
 from .turnparts import (
     Ended,
     Parked,
@@ -287,13 +287,16 @@ def mount_ag_ui(app: Starlette, *, path: str = "/agents/{agent}/ag-ui") -> None:
         ConfigurationError: ``app`` is no such app, or the protocol is mounted already.
     """
     seam = protocol_seam(app)
-    seam.add(app, "ag-ui", _AgUi(seam).routes(path), _openapi(path), {
-        "RunAgentInput": {"type": "object", "required": ["threadId", "runId", "messages"],
-                          "properties": {"threadId": {"type": "string", "minLength": 1},
-                                         "runId": {"type": "string", "pattern": RUN_ID},
-                                         "messages": {"type": "array"},
-                                         "resume": {"type": "array"},
-                                         "forwardedProps": {}}}})
+    schemas = component_schemas(RunAgentInput, "RunAgentInput",
+                                threadId={"minLength": 1, "maxLength": 200},
+                                runId={"pattern": RUN_ID})
+    for schema in schemas.values():
+        # A constant field (a message's role, a part's type) tells which model it is, its
+        # union's discriminator: required, though the generated schemas give it a default.
+        tags = {k for k, v in schema.get("properties", {}).items() if "const" in v}
+        if tags:
+            schema["required"] = sorted({*schema.get("required", ()), *tags})
+    seam.add(app, "ag-ui", _AgUi(seam).routes(path), _openapi(path), schemas)
 
 
 def _openapi(path: str) -> dict[str, Any]:

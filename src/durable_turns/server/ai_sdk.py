@@ -18,12 +18,15 @@ A turn's events become chunks (``turnparts.py`` says how text is shown once, who
 or ``tool-output-error``, a ``tool-approval-request`` for a yes/no request of a tool call
 (its ``approvalId``: ``input:<turn_id>:<input_id>``), a ``data-input-request`` part for any
 other request, ``finish``; a failed turn sends ``error`` first, a cancelled one ``abort``.
-A request refused after it was read (a wrong answerer, an approval nothing waits for, a busy
-session) is a stream of one ``error`` chunk: nothing is stored.
+A request refused after it was read (messages that neither say something nor answer an
+approval, a wrong answerer, an approval nothing waits for, a busy session) is a stream of one
+``error`` chunk: nothing is stored. A body that is no such request at all (not JSON, no
+``id``, no ``messages``) is refused as every route refuses it (400 with a JSON error).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import AsyncIterator
 from typing import Any, Literal
@@ -41,7 +44,7 @@ from ..records import InputRequest, TurnStatus
 from ..wire import HttpError
 from ._http import read_body
 from .idempotency import conflict, idempotent
-from .mounts import ProtocolSeam, jsonable, protocol_seam, refusal
+from .mounts import ProtocolSeam, component_schemas, jsonable, protocol_seam, refusal
 from .turnparts import (
     Ended,
     Parked,
@@ -125,7 +128,9 @@ def _asked(body: ChatRequest) -> str | list[tuple[str, bool]]:
 
 
 def _action(body: ChatRequest) -> Action:
-    return "turn" if isinstance(_asked(body), str) else "resume"
+    # An assistant message can only answer; what it holds is checked by the handler, which
+    # refuses in the protocol's own shape.
+    return "resume" if body.messages[-1].role == "assistant" else "turn"
 
 
 def chunks(part: Part) -> list[dict[str, Any]]:
@@ -209,8 +214,8 @@ class _AiSdk:
         body = await read_body(request, ChatRequest)
         ch = self.seam.channel(request)
         by, principal = self.seam.speaker(request, body.by)
-        asked = _asked(body)
         try:
+            asked = _asked(body)
             if isinstance(asked, str):
                 stream = await self._start(ch, body, asked, by)
             else:
@@ -224,10 +229,14 @@ class _AiSdk:
 
     async def _start(self, ch: ChannelContext, body: ChatRequest, text: str,
                      by: str | None) -> TurnStream:
-        # The user message's id keys the turn (as an Idempotency-Key would): a request sent
-        # again gets the same turn's stream, never a second turn. A regenerate asks anew.
-        key = body.messages[-1].id if body.trigger != "regenerate-message" else None
-        idem = idempotent(key or None, {"text": text}, by)
+        # The user message's id keys the turn (as an Idempotency-Key would: a request sent
+        # again gets the same turn's stream, never a second turn), hashed into a name of its
+        # own, apart from the keys of POST …/turn. A regenerate asks anew.
+        message = body.messages[-1].id
+        key = None
+        if message and body.trigger != "regenerate-message":
+            key = "ai-sdk:" + hashlib.sha256(message.encode()).hexdigest()[:40]
+        idem = idempotent(key, {"text": text}, by)
         try:
             stream = await ch.open_turn(
                 text, session=body.id, event=self.seam.inbound(by, text, SOURCE),
@@ -290,8 +299,7 @@ def mount_ai_sdk(app: Starlette, *, path: str = "/agents/{agent}/ai-sdk/chat") -
     """
     seam = protocol_seam(app)
     seam.add(app, "ai-sdk", _AiSdk(seam).routes(path), _openapi(path),
-             {"AiSdkChatRequest": ChatRequest.model_json_schema(
-                 ref_template="#/components/schemas/{model}")})
+             component_schemas(ChatRequest, "AiSdkChatRequest"))
 
 
 def _openapi(path: str) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import BaseModel
 from sse_starlette import EventSourceResponse
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -126,10 +127,23 @@ def refusal(exc: Exception) -> tuple[str, str] | None:
     return type(exc).__name__, str(exc)
 
 
+def component_schemas(model: type[BaseModel], name: str,
+                      **properties: dict[str, Any]) -> dict[str, Any]:
+    """The OpenAPI component schemas of a body model: its own as ``name`` (each of
+    ``properties`` merged into the property of that name: what the route checks beyond the
+    model), and those it refers to, each under its own name."""
+    schema = model.model_json_schema(by_alias=True, ref_template="#/components/schemas/{model}")
+    out: dict[str, Any] = schema.pop("$defs", {})
+    for field_name, more in properties.items():
+        schema["properties"][field_name] = {**schema["properties"][field_name], **more}
+    out[name] = schema
+    return out
+
+
 def jsonable(value: Any) -> Any:
     """``value`` as JSON values (a tool's result may hold what ``json`` cannot write)."""
     return json.loads(json.dumps(value, default=str))
 
 
-__all__ = ["ProtocolSeam", "jsonable", "protocol_seam", "refusal"]
+__all__ = ["ProtocolSeam", "component_schemas", "jsonable", "protocol_seam", "refusal"]
 
