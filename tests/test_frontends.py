@@ -251,18 +251,22 @@ def test_the_routes_go_through_the_guard_and_refuse_with_json(
         # unknown agent 404, and the session is as the one good request left it.
         assert c.post("/agents/desk/ai-sdk/chat", json=chat,
                       headers={**ann, "origin": "https://evil.example"}).status_code == 403
-        for bad in ({"id": "chat-guard", "messages": []},
-                    {"id": "chat-guard", "messages": [{"role": "user", "parts": "hi"}]},
-                    {"messages": chat["messages"]}):
+        malformed: list[dict[str, Any]] = [
+            {"id": "chat-guard", "messages": []},
+            {"id": "chat-guard", "messages": [{"role": "user", "parts": "hi"}]},
+            {"messages": chat["messages"]}]
+        for bad in malformed:
             r = c.post("/agents/desk/ai-sdk/chat", json=bad, headers=ann)
             assert r.status_code == 400 and r.json()["error"]["type"] == "MalformedBody", bad
         # Messages that say nothing, or answer nothing: the protocol's error part.
-        for said, bad in (("has no text", [{"id": "u2", "role": "user",
-                                            "parts": [{"type": "text", "text": " "}]}]),
-                          ("neither", [{"id": "a1", "role": "assistant",
-                                        "parts": [{"type": "text", "text": "hm"}]}])):
-            r = c.post("/agents/desk/ai-sdk/chat", json={"id": "chat-guard", "messages": bad},
-                       headers=ann)
+        nothing: list[tuple[str, dict[str, Any]]] = [
+            ("has no text", {"id": "u2", "role": "user",
+                             "parts": [{"type": "text", "text": " "}]}),
+            ("neither", {"id": "a1", "role": "assistant",
+                         "parts": [{"type": "text", "text": "hm"}]})]
+        for said, message in nothing:
+            r = c.post("/agents/desk/ai-sdk/chat",
+                       json={"id": "chat-guard", "messages": [message]}, headers=ann)
             assert r.status_code == 200 and r.headers["x-vercel-ai-ui-message-stream"] == "v1"
             frames = [json.loads(line[6:]) for line in r.text.splitlines()
                       if line.startswith("data: {")]

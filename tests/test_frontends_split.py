@@ -128,7 +128,7 @@ async def test_ag_ui_on_a_server_that_drives_nothing(tmp_path: Path) -> None:
             r = await client.post("/agents/ops/ag-ui", json=run)
     assert r.status_code == 200, d.log()
     events = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: ")]
-    assert [e["type"] for e in events][0] == "RUN_STARTED"
+    assert events[0]["type"] == "RUN_STARTED"
     assert events[-1] == {"type": "RUN_FINISHED", "threadId": "t1", "runId": "r1",
                           "result": "You said: hello", "outcome": {"type": "success"}}
     assert "".join(e["delta"] for e in events if e["type"] == "TEXT_MESSAGE_CONTENT") == \

@@ -18,8 +18,8 @@ from ..errors import ConfigurationError
 from ..runtime import Runtime
 from ._http import Authenticate, is_loopback
 from .app import create_app
-from .frontends import mount_frontends
 from .deadlines import HttpProtocol
+from .frontends import mount_frontends
 from .lifespan import GRACE
 
 log = logging.getLogger("durable_turns.server")
