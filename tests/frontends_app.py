@@ -10,24 +10,22 @@ Served by uvicorn on loopback in a thread of the test process, with ``authentica
 from __future__ import annotations
 
 import asyncio
-import socket
-import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import uvicorn
 from starlette.requests import Request
 
 from durable_turns import Agent, MemoryStore, Runtime, ToolContext, tool
 from durable_turns.messages import ToolCall
 from durable_turns.model import ModelEvent, ModelRequest, Stop, TextDelta, ThinkingDelta
 from durable_turns.server import create_app, mount_ag_ui, mount_ai_sdk
+from servekit import served_in_thread
 
 WAIT = 30.0
-"""The bound on the server's start and stop, and on the gate."""
+"""The bound on the gate."""
 BOSS = "boss"
 """Who may approve a refund."""
 
@@ -123,19 +121,8 @@ def build(gate: Path) -> tuple[Runtime, Any]:
 def served(gate: Path) -> Iterator[tuple[str, Runtime]]:
     """The app on ``127.0.0.1`` (a free port) in a thread: its URL and runtime."""
     rt, app = build(gate)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + WAIT
-    while not server.started:  # uvicorn has no event for it: a bounded poll
-        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.01)
     try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}", rt
+        with served_in_thread(app, lifespan="on") as url:
+            yield url, rt
     finally:
         app.state.end_streams()
-        server.should_exit = True
-        thread.join(WAIT)
-        sock.close()

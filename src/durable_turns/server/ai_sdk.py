@@ -39,11 +39,10 @@ from starlette.routing import BaseRoute, Route
 
 from ..access import Action
 from ..channels import ChannelContext, TurnStream
-from ..errors import TurnConflictError
 from ..records import InputRequest, TurnStatus
 from ..wire import HttpError
 from ._http import read_body
-from .idempotency import conflict, idempotent
+from .idempotency import idempotent, open_keyed
 from .mounts import ProtocolSeam, component_schemas, jsonable, protocol_seam, refusal
 from .turnparts import (
     Ended,
@@ -236,20 +235,8 @@ class _AiSdk:
         key = None
         if message and body.trigger != "regenerate-message":
             key = "ai-sdk:" + hashlib.sha256(message.encode()).hexdigest()[:40]
-        idem = idempotent(key, {"text": text}, by)
-        try:
-            stream = await ch.open_turn(
-                text, session=body.id, event=self.seam.inbound(by, text, SOURCE),
-                turn_id=idem.turn_id if idem else None, data=idem.data if idem else None)
-        except TurnConflictError as e:
-            raise conflict(e, idem) from None
-        if idem is not None:
-            try:
-                await idem.check(stream.session)
-            except BaseException:
-                stream.close()
-                raise
-        return stream
+        return await open_keyed(ch, text, idempotent(key, {"text": text}, by), session=body.id,
+                                event=self.seam.inbound(by, text, SOURCE))
 
     async def _answer(self, ch: ChannelContext, session: str, answers: list[tuple[str, bool]],
                       by: str | None, principal: Any) -> TurnStream:

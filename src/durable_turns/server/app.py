@@ -20,7 +20,7 @@ from starlette.routing import BaseRoute, Route
 from ..access import Authorize, default_authorize
 from ..agent import check_surfaces
 from ..channels import Channel, ChannelContext, TurnStream, mount_agent
-from ..errors import ConfigurationError, TurnConflictError
+from ..errors import ConfigurationError
 from ..events import TurnEvent
 from ..inbound import InboundEvent
 from ..records import TurnRecord
@@ -48,7 +48,7 @@ from .fanout import (
 )
 from .guard import Guard
 from .headers import with_security_headers
-from .idempotency import HEADER, conflict, idempotent
+from .idempotency import HEADER, idempotent, open_keyed
 from .lifespan import GRACE, host_lifespan
 from .mounts import ProtocolSeam
 from .openapi import openapi
@@ -353,20 +353,8 @@ class _Host:
             # that mode trusts by design (it serves loopback only).
             event = InboundEvent(SOURCE, {"id": by, "attested": True}, body.text)
         idem = idempotent(request.headers.get(HEADER), body.model_dump(), by)
-        try:
-            stream = await ch.open_turn(
-                body.text, session=request.path_params["session"], replace=body.replace,
-                event=event, turn_id=idem.turn_id if idem else body.turn_id,
-                data=idem.data if idem else None)
-        except TurnConflictError as e:
-            raise conflict(e, idem) from None
-        if idem is not None:
-            try:
-                await idem.check(stream.session)
-            except BaseException:
-                stream.close()
-                raise
-        return stream
+        return await open_keyed(ch, body.text, idem, session=request.path_params["session"],
+                                event=event, replace=body.replace, turn_id=body.turn_id)
 
     async def turn(self, request: Request) -> Response:
         stream = await self._start(request)
