@@ -36,12 +36,17 @@ def lookup(city: str) -> dict[str, Any]:
     return {"city": city, "celsius": 21}
 
 
-@tool
-async def refund(order: str, ctx: ToolContext) -> str:
-    """Refund an order, once the boss said yes."""
-    yes = await ctx.request_input("approve", f"Refund order {order}?", {"type": "boolean"},
-                                  {"user": BOSS})
-    return f"refunded {order}" if yes else f"kept {order}"
+def refund_tool(answerers: dict[str, str] | None) -> Any:
+    """``refund``: refunds an order once ``answerers`` said yes (``None``: anyone may)."""
+
+    @tool
+    async def refund(order: str, ctx: ToolContext) -> str:
+        """Refund an order, once it is approved."""
+        yes = await ctx.request_input("approve", f"Refund order {order}?", {"type": "boolean"},
+                                      answerers)
+        return f"refunded {order}" if yes else f"kept {order}"
+
+    return refund
 
 
 @tool
@@ -60,7 +65,7 @@ class DeskModel:
         self.gate = gate
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
-        opening = next(m.text for m in reversed(request.messages) if m.is_opening)
+        opening = next(m.text for m in reversed(request.messages) if m.is_opening).lower()
         done = request.messages[-1].role == "tool"
         if "weather" in opening and not done:
             yield ThinkingDelta("The user wants the weather; ")
@@ -107,20 +112,25 @@ def bearer(request: Request) -> dict[str, str] | None:
     return {"id": header[7:]} if header.startswith("Bearer ") and header[7:] else None
 
 
-def build(gate: Path) -> tuple[Runtime, Any]:
-    """The runtime and the app (both protocols mounted)."""
-    agent = Agent("desk", "You help.", tools=[lookup, refund, ask_color])
+def build(gate: Path, *, name: str = "desk",
+          development: bool = False) -> tuple[Runtime, Any]:
+    """The runtime and the app (both protocols mounted): authenticated, where only the boss
+    may approve a refund; or in development mode, where anyone may."""
+    refund = refund_tool(None if development else {"user": BOSS})
+    agent = Agent(name, "You help.", tools=[lookup, refund, ask_color])
     rt = Runtime([agent], MemoryStore(), DeskModel(gate))
-    app = create_app(rt, bearer)
+    app = create_app(rt, None if development else bearer)
     mount_ai_sdk(app)
     mount_ag_ui(app)
     return rt, app
 
 
 @contextmanager
-def served(gate: Path) -> Iterator[tuple[str, Runtime]]:
-    """The app on ``127.0.0.1`` (a free port) in a thread: its URL and runtime."""
-    rt, app = build(gate)
+def served(gate: Path, *, name: str = "desk",
+           development: bool = False) -> Iterator[tuple[str, Runtime]]:
+    """The app of :func:`build` on ``127.0.0.1`` (a free port) in a thread: its URL and
+    runtime."""
+    rt, app = build(gate, name=name, development=development)
     try:
         with served_in_thread(app, lifespan="on") as url:
             yield url, rt

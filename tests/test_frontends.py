@@ -8,6 +8,7 @@ leaves in the store (nothing).
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -299,3 +300,23 @@ def test_a_protocol_mounts_once_and_only_on_an_app_that_serves_the_api(tmp_path:
         mount_ai_sdk(app)
     with pytest.raises(ConfigurationError, match="serves the API"):
         mount_ai_sdk(create_app(rt, api=False))
+
+
+def test_the_readme_s_ag_ui_client_runs(tmp_path: Path) -> None:
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    section = readme[readme.index("### AG-UI"):]
+    snippet = section[section.index("```js\n") + 6:section.index("\n```", section.index("```js"))]
+    if shutil.which("node") is None or not (JS / "node_modules" / "@ag-ui").is_dir():
+        pytest.fail("the frontend tests need Node and tests/js's packages: "
+                    "cd tests/js && npm ci")
+    with served(tmp_path / "gate", name="ops", development=True) as (url, _rt):
+        run = subprocess.run(["node", "--input-type=module", "-e", snippet], cwd=JS,
+                             env={**os.environ, "BASE": url}, capture_output=True, text=True,
+                             timeout=NODE_WAIT)
+    assert run.returncode == 0, run.stderr[-4000:]
+    # The first run parks on the approval (the interrupt's fields printed), the second one
+    # answers it and streams the rest.
+    parked, _, answered = run.stdout.partition("\nsuccess")
+    assert parked.lstrip().startswith("interrupt") and "Refund order A-12?" in parked, run.stdout
+    assert parked.rstrip().endswith("Done: refunded A-12.") and answered.strip() == "", \
+        run.stdout
