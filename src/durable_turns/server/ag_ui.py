@@ -76,6 +76,7 @@ from .turnparts import (
     ReasoningDelta,
     ReasoningEnd,
     ReasoningStart,
+    ResetStep,
     TextDelta,
     TextEnd,
     TextStart,
@@ -123,32 +124,44 @@ def _action(body: RunAgentInput) -> Action:
     return "resume" if body.resume else "turn"
 
 
-class _Events:
-    """A turn's parts as AG-UI events (what stays open is closed before the run ends)."""
+class Frames:
+    """A turn's parts as AG-UI events, a valid sequence: what is open is closed before the
+    run ends, and a step that starts over (:class:`ResetStep`) closes what it had open and
+    shows the rest under new message ids (AG-UI cannot take back what a client was shown)."""
 
     def __init__(self) -> None:
         self.text: str | None = None
         self.reasoning: str | None = None
+        self.resets = 0
+
+    def _id(self, part_id: str) -> str:
+        return part_id if not self.resets else f"{part_id}~{self.resets}"
 
     def events(self, part: Part) -> list[BaseEvent]:
+        """The events of ``part`` (often none)."""
         match part:
             case TextStart(id=i):
-                self.text = i
-                return [TextMessageStartEvent(message_id=i, role="assistant")]
-            case TextDelta(id=i, text=t) if t:
-                return [TextMessageContentEvent(message_id=i, delta=t)]
-            case TextEnd(id=i):
-                self.text = None
-                return [TextMessageEndEvent(message_id=i)]
+                self.text = self._id(i)
+                return [TextMessageStartEvent(message_id=self.text, role="assistant")]
+            case TextDelta(text=t) if t and self.text is not None:
+                return [TextMessageContentEvent(message_id=self.text, delta=t)]
+            case TextEnd() if self.text is not None:
+                done, self.text = self.text, None
+                return [TextMessageEndEvent(message_id=done)]
             case ReasoningStart(id=i):
-                self.reasoning = i
-                return [ReasoningStartEvent(message_id=i),
-                        ReasoningMessageStartEvent(message_id=i, role="reasoning")]
-            case ReasoningDelta(id=i, text=t) if t:
-                return [ReasoningMessageContentEvent(message_id=i, delta=t)]
-            case ReasoningEnd(id=i):
-                self.reasoning = None
-                return [ReasoningMessageEndEvent(message_id=i), ReasoningEndEvent(message_id=i)]
+                self.reasoning = self._id(i)
+                return [ReasoningStartEvent(message_id=self.reasoning),
+                        ReasoningMessageStartEvent(message_id=self.reasoning, role="reasoning")]
+            case ReasoningDelta(text=t) if t and self.reasoning is not None:
+                return [ReasoningMessageContentEvent(message_id=self.reasoning, delta=t)]
+            case ReasoningEnd() if self.reasoning is not None:
+                done, self.reasoning = self.reasoning, None
+                return [ReasoningMessageEndEvent(message_id=done),
+                        ReasoningEndEvent(message_id=done)]
+            case ResetStep():
+                closed = self.close()
+                self.resets += 1
+                return closed
             case ToolInput(call=c):
                 return [ToolCallStartEvent(tool_call_id=c.id, tool_call_name=c.name),
                         ToolCallArgsEvent(tool_call_id=c.id, delta=json.dumps(jsonable(c.input))),
@@ -157,8 +170,7 @@ class _Events:
                 content = json.dumps(jsonable(r) if err is None else {"error": err})
                 return [ToolCallResultEvent(message_id=f"result:{c.id}", tool_call_id=c.id,
                                             content=content, role="tool")]
-        # A step's start or end and a reset show nothing here (AG-UI's steps are optional;
-        # what a reset voids was shown already): what is open stays open until it ends.
+        # A step's start or end shows nothing here (AG-UI's steps are optional).
         return []
 
     def close(self) -> list[BaseEvent]:
@@ -196,7 +208,7 @@ async def run_events(stream: TurnStream | None, thread: str, run: str,
     encode = EventEncoder().encode
     yield _data(encode(RunStartedEvent(thread_id=thread, run_id=run)))
     if stream is not None:
-        shown = _Events()
+        shown = Frames()
         parts = TurnParts(stream.turn_id, stream.joined)
         async for event in stream:
             for part in parts.feed(event):
@@ -314,4 +326,4 @@ def _openapi(path: str) -> dict[str, Any]:
                       **{str(c): error for c in (400, 401, 403, 404, 408, 413, 415, 503)}}}}}
 
 
-__all__ = ["mount_ag_ui", "run_events"]
+__all__ = ["Frames", "mount_ag_ui", "run_events"]
