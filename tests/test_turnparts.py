@@ -8,6 +8,7 @@ from typing import Any
 
 from durable_turns.events import (
     ActionCompleted,
+    EventIds,
     InputRequested,
     MessageCompleted,
     MessageDelta,
@@ -23,7 +24,7 @@ from durable_turns.server.ag_ui import Frames
 from durable_turns.server.ai_sdk import chunks
 from durable_turns.server.turnparts import Part, TurnParts
 
-IDS = {"agent": "ops", "session": "s1", "turn_id": "t1"}
+IDS: EventIds = {"agent": "ops", "session": "s1", "turn_id": "t1"}
 CALL = ToolCall("c1", "lookup", {"city": "Paris"})
 
 
