@@ -131,7 +131,7 @@ def test_ag_ui_frames_stay_a_valid_sequence_across_a_reset() -> None:
     opened: set[str] = set()
     seen: set[str] = set()
     for e in events:
-        kind, mid = e.type.value, getattr(e, "message_id", None)
+        kind, mid = e.type.value, str(getattr(e, "message_id", ""))
         if kind == "TEXT_MESSAGE_START":
             assert mid not in seen, "a message id is used once"
             opened.add(mid)
@@ -141,5 +141,6 @@ def test_ag_ui_frames_stay_a_valid_sequence_across_a_reset() -> None:
             if kind == "TEXT_MESSAGE_END":
                 opened.remove(mid)
     assert not opened
-    contents = [e.delta for e in events if e.type.value == "TEXT_MESSAGE_CONTENT"]
+    contents = [getattr(e, "delta", None) for e in events
+                if e.type.value == "TEXT_MESSAGE_CONTENT"]
     assert contents[-1] == "Hello there."  # the stored reply, in a message of its own
