@@ -117,8 +117,8 @@ def test_ai_sdk_forged_approval_is_an_error_part_and_stores_nothing(
     url, _gate = server
     out = node("ai_sdk.mjs", "forged", url, "chat-forged")["forged"]
     assert out["status"] == "error"
-    assert out["error"].startswith("NoSuchApproval: nothing waits for approval "
-                                   "'input:no-such-turn:approve'")
+    assert out["error"].startswith("NoSuchRequest: nothing waits for "
+                                   "'resume:no-such-turn:approve'")
     stored = session(url, "chat-forged")
     assert stored["status"] == "suspended" and stored["pending"]["id"] == "approve"
     assert [m["role"] for m in stored["transcript"]] == ["user", "assistant"]
@@ -189,7 +189,7 @@ def test_ag_ui_interrupt_then_a_wrong_answerer_then_the_resume_that_answers_it(
                                "TOOL_CALL_END", "RUN_FINISHED"]
     assert parked["finished"]["outcome"] == "interrupt"
     assert parked["finished"]["interrupts"] == [{
-        "id": "input:run-1:approve", "reason": "approval", "message": "Refund order A-12?",
+        "id": "resume:run-1:approve", "reason": "approval", "message": "Refund order A-12?",
         "toolCallId": "call-1", "responseSchema": {"type": "boolean"}}]
     refused = out["refused"]
     assert refused["types"] == ["RUN_STARTED", "RUN_ERROR"]
@@ -216,7 +216,7 @@ def test_ag_ui_bad_requests_are_run_errors_and_store_nothing(server: tuple[str, 
         "RUN_ERROR MalformedBody: messages has no user message to run"
     assert out["forged"]["types"] == ["RUN_STARTED", "RUN_ERROR"]
     assert out["forged"]["error"].startswith(
-        "RUN_ERROR NoSuchInterrupt: nothing waits for interrupt 'input:run-2:not-asked'")
+        "RUN_ERROR NoSuchRequest: nothing waits for 'resume:run-2:not-asked'")
     stored = session(url, "thread-bad")
     assert stored["status"] == "suspended" and stored["pending"]["id"] == "approve"
     assert [t["turn_id"] for t in stored["turns"]] == ["run-2"]
@@ -320,3 +320,37 @@ def test_the_readme_s_ag_ui_client_runs(tmp_path: Path) -> None:
     assert parked.lstrip().startswith("interrupt") and "Refund order A-12?" in parked, run.stdout
     assert parked.rstrip().endswith("Done: refunded A-12.") and answered.strip() == "", \
         run.stdout
+
+
+def test_an_answer_delivered_again_is_one_answer_in_both_protocols(tmp_path: Path) -> None:
+    def frames(r: httpx.Response) -> list[dict[str, Any]]:
+        assert r.status_code == 200, r.text
+        return [json.loads(line[6:]) for line in r.text.splitlines()
+                if line.startswith("data: {")]
+
+    with served(tmp_path / "gate", development=True) as (url, _rt), \
+            httpx.Client(base_url=url) as c:
+        run = {"threadId": "t-again", "runId": "r1",
+               "messages": [{"id": "u1", "role": "user", "content": "refund order A-12"}]}
+        parked = frames(c.post("/agents/desk/ag-ui", json=run))
+        interrupt = parked[-1]["outcome"]["interrupts"][0]["id"]
+        answer = {**run, "runId": "r2", "resume": [
+            {"interruptId": interrupt, "status": "resolved", "payload": True}]}
+        first = frames(c.post("/agents/desk/ag-ui", json=answer))
+        again = frames(c.post("/agents/desk/ag-ui", json=answer))  # a retry: the same answer
+        other = frames(c.post("/agents/desk/ag-ui", json={**answer, "resume": [
+            {"interruptId": interrupt, "status": "resolved", "payload": False}]}))
+        # The AI SDK's approval response for the same request, sent again: the same answer.
+        approval = {"id": "t-again", "messages": [{"id": "a1", "role": "assistant", "parts": [
+            {"type": "tool-refund", "toolCallId": "call-1", "state": "approval-responded",
+             "approval": {"id": interrupt, "approved": True}}]}]}
+        ui = frames(c.post("/agents/desk/ai-sdk/chat", json=approval))
+        stored = session(url, "t-again")
+    assert first[-1]["result"] == again[-1]["result"] == "Done: refunded A-12."
+    assert [f["type"] for f in again] == ["RUN_STARTED", "RUN_FINISHED"]
+    assert [f["type"] for f in other] == ["RUN_STARTED", "RUN_ERROR"]
+    assert other[-1]["code"] == "ResumeConflictError"
+    assert ui == [{"type": "start", "messageId": "r1"},
+                  {"type": "finish", "finishReason": "stop"}]  # where the turn stands: ended
+    assert [m["result"] for m in stored["transcript"] if m["role"] == "tool"] == \
+        ["refunded A-12"]

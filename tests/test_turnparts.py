@@ -116,10 +116,10 @@ def test_a_park_asks_for_approval_or_input_then_finishes() -> None:
                     yes_no.id, yes_no.prompt, yes_no.schema, turn_id="t1", call_id="c1",
                     more=(other,)))])
     assert found[-3:] == [
-        {"type": "tool-approval-request", "approvalId": "input:t1:ok", "toolCallId": "c1",
+        {"type": "tool-approval-request", "approvalId": "resume:t1:ok", "toolCallId": "c1",
          "reason": "Refund?"},
-        {"type": "data-input-request", "id": "input:t1:color", "data": {
-            "id": "input:t1:color", "turn_id": "t1", "input_id": "color", "call_id": "c2",
+        {"type": "data-input-request", "id": "resume:t1:color", "data": {
+            "id": "resume:t1:color", "turn_id": "t1", "input_id": "color", "call_id": "c2",
             "prompt": "Which?", "schema": {"type": "string"}}},
         {"type": "finish", "finishReason": "tool-calls"}]
 

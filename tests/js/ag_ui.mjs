@@ -68,7 +68,7 @@ async function main() {
     // what it was asked: a forger's does not).
     const forger = agent("ann");
     out.forged = await run(forger, { runId: "run-3", resume: [
-      { interruptId: "input:run-2:not-asked", status: "resolved", payload: true }] });
+      { interruptId: "resume:run-2:not-asked", status: "resolved", payload: true }] });
   } else {
     throw new Error(`no scenario ${scenario}`);
   }

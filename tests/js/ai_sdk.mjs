@@ -100,7 +100,7 @@ async function main() {
     for (const p of forged.parts) {
       if (p.type === "tool-refund") {
         p.state = "approval-responded";
-        p.approval = { id: "input:no-such-turn:approve", approved: true };
+        p.approval = { id: "resume:no-such-turn:approve", approved: true };
       }
     }
     const d = chat([c.messages[0], forged]);

@@ -13,7 +13,7 @@ reasoning as ``REASONING_START``, ``REASONING_MESSAGE_START/CONTENT/END``, ``REA
 ``TOOL_CALL_RESULT``; then ``RUN_FINISHED`` (outcome ``success`` with the turn's text as
 ``result``, or ``cancelled``) or ``RUN_ERROR`` (a failed turn, or a request refused). A park
 ends the run with the ``interrupt`` outcome: one interrupt per request (its ``id``:
-``input:<turn_id>:<input_id>``, ``reason`` ``approval`` for a yes/no question, else
+``resume:<turn_id>:<input_id>``, ``reason`` ``approval`` for a yes/no question, else
 ``input``, the prompt as ``message``, the JSON schema as ``responseSchema``). The next run's
 ``resume`` entries answer them (``resolved`` with the answer as ``payload``; ``cancelled``
 cancels the turn), under the same rules as ``POST …/resume``.
@@ -68,7 +68,14 @@ from ..channels import ChannelContext, TurnStream
 from ..records import InputRequest
 from ..wire import HttpError
 from ._http import read_body
-from .mounts import ProtocolSeam, component_schemas, jsonable, protocol_seam, refusal
+from .mounts import (
+    ProtocolSeam,
+    answer_all,
+    component_schemas,
+    jsonable,
+    protocol_seam,
+    refusal,
+)
 from .turnparts import (
     Ended,
     Parked,
@@ -264,26 +271,17 @@ class _AgUi:
     async def _resume(self, ch: ChannelContext, thread: str, entries: list[ResumeEntry],
                       by: str | None, principal: Any) -> TurnStream | None:
         """Answer the interrupts; ``None`` when the client cancelled them (and so the turn)."""
-        pending = await ch.session(thread).pending()
-        waiting = {request_id(r): r for r in (pending.all if pending else ())}
-        chosen = []
-        for entry in entries:
-            found = waiting.get(entry.interrupt_id)
-            if found is None:
-                raise HttpError(409, "NoSuchInterrupt",
-                                f"nothing waits for interrupt {entry.interrupt_id!r} in "
-                                f"thread {thread!r}")
-            chosen.append((found, entry))
-        s = ch.session(thread)
-        if any(entry.status == "cancelled" for _r, entry in chosen):
-            await s.cancel(chosen[0][0].turn_id, reason="the client cancelled the interrupt")
+        if any(entry.status == "cancelled" for entry in entries):
+            pending = await ch.session(thread).pending()
+            asked = {request_id(r): r.turn_id for r in (pending.all if pending else ())}
+            turn_id = asked.get(entries[0].interrupt_id)
+            if turn_id is None:
+                raise HttpError(409, "NoSuchRequest", f"nothing waits for "
+                                f"{entries[0].interrupt_id!r} in session {thread!r}")
+            await ch.session(thread).cancel(turn_id, reason="the client cancelled the interrupt")
             return None
-        for r, entry in chosen[:-1]:
-            await s.resume(r.turn_id, r.id, entry.payload, by=by, authorize=True,
-                           principal=principal)
-        last, entry = chosen[-1]
-        return await ch.open_resume(last.turn_id, last.id, entry.payload, session=thread,
-                                    by=by, authorize=True, principal=principal)
+        return await answer_all(ch, thread, [(e.interrupt_id, e.payload) for e in entries],
+                                by=by, principal=principal)
 
 
 def mount_ag_ui(app: Starlette, *, path: str = "/agents/{agent}/ag-ui") -> None:

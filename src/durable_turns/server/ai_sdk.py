@@ -16,7 +16,7 @@ A turn's events become chunks (``turnparts.py`` says how text is shown once, who
 (its ``messageId`` is the turn id), ``start-step``/``finish-step`` per model step,
 ``text-*``, ``reasoning-*`` (live only), ``tool-input-available``, ``tool-output-available``
 or ``tool-output-error``, a ``tool-approval-request`` for a yes/no request of a tool call
-(its ``approvalId``: ``input:<turn_id>:<input_id>``), a ``data-input-request`` part for any
+(its ``approvalId``: ``resume:<turn_id>:<input_id>``), a ``data-input-request`` part for any
 other request, ``finish``; a failed turn sends ``error`` first, a cancelled one ``abort``.
 A request refused after it was read (messages that neither say something nor answer an
 approval, a wrong answerer, an approval nothing waits for, a busy session) is a stream of one
@@ -43,7 +43,14 @@ from ..records import InputRequest, TurnStatus
 from ..wire import HttpError
 from ._http import read_body
 from .idempotency import idempotent, open_keyed
-from .mounts import ProtocolSeam, component_schemas, jsonable, protocol_seam, refusal
+from .mounts import (
+    ProtocolSeam,
+    answer_all,
+    component_schemas,
+    jsonable,
+    protocol_seam,
+    refusal,
+)
 from .turnparts import (
     Ended,
     Parked,
@@ -218,7 +225,8 @@ class _AiSdk:
             if isinstance(asked, str):
                 stream = await self._start(ch, body, asked, by)
             else:
-                stream = await self._answer(ch, body.id, asked, by, principal)
+                stream = await answer_all(ch, body.id, list(asked), by=by,
+                                          principal=principal)
         except Exception as e:
             said = refusal(e)
             if said is None:
@@ -238,23 +246,6 @@ class _AiSdk:
         return await open_keyed(ch, text, idempotent(key, {"text": text}, by), session=body.id,
                                 event=self.seam.inbound(by, text, SOURCE))
 
-    async def _answer(self, ch: ChannelContext, session: str, answers: list[tuple[str, bool]],
-                      by: str | None, principal: Any) -> TurnStream:
-        waiting = {request_id(r): r for r in await _requests(ch, session)}
-        chosen = []
-        for approval, approved in answers:
-            found = waiting.get(approval)
-            if found is None:
-                raise HttpError(409, "NoSuchApproval",
-                                f"nothing waits for approval {approval!r} in chat {session!r}")
-            chosen.append((found, approved))
-        s = ch.session(session)
-        for r, approved in chosen[:-1]:
-            await s.resume(r.turn_id, r.id, approved, by=by, authorize=True, principal=principal)
-        last, approved = chosen[-1]
-        return await ch.open_resume(last.turn_id, last.id, approved, session=session, by=by,
-                                    authorize=True, principal=principal)
-
     async def resume(self, request: Request) -> Response:
         ch = self.seam.channel(request)
         session = request.path_params["session"]
@@ -264,11 +255,6 @@ class _AiSdk:
             return Response(status_code=204)
         stream = await ch.follow(running[0].turn_id, session=session)
         return self.seam.sse(ui_stream(stream), stream, HEADERS)
-
-
-async def _requests(ch: ChannelContext, session: str) -> tuple[InputRequest, ...]:
-    pending = await ch.session(session).pending()
-    return pending.all if pending is not None else ()
 
 
 def mount_ai_sdk(app: Starlette, *, path: str = "/agents/{agent}/ai-sdk/chat") -> None:

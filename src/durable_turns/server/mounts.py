@@ -21,11 +21,13 @@ from starlette.requests import Request
 from starlette.routing import BaseRoute
 
 from ..channels import ChannelContext, TurnStream
+from ..commands import Resume
 from ..errors import ConfigurationError, error_kind
 from ..inbound import InboundEvent
 from ..runtime import Runtime
 from ..wire import HttpError
 from .guard import Guard
+from .turnparts import request_id
 
 
 @dataclass(slots=True)
@@ -140,10 +142,46 @@ def component_schemas(model: type[BaseModel], name: str,
     return out
 
 
+async def answer_all(ch: ChannelContext, session: str, answers: list[tuple[str, Any]], *,
+                     by: str | None, principal: Any) -> TurnStream:
+    """Answer the requests a protocol names by :func:`~.turnparts.request_id`, under the rules
+    of ``POST …/resume`` (``authorize_answer`` included), and stream what follows the last.
+
+    An id the session waits for is answered; one whose answer is stored already is that
+    answer again (the same one by the same person is a redelivery, another is refused).
+
+    Raises:
+        HttpError: 409 an id neither waited for nor answered.
+        ResumeAuthorizationError: ``by`` may not answer.
+        ResumeConflictError: another answer was given already.
+        InvalidInputError: an answer that does not fit its request's schema.
+    """
+    s = ch.session(session)
+    pending = await s.pending()
+    waiting = {request_id(r): (r.turn_id, r.id) for r in (pending.all if pending else ())}
+    named: list[tuple[str, str, Any]] = []
+    for rid, value in answers:
+        found = waiting.get(rid)
+        if found is None:
+            given = await s.entry(rid)
+            if given is None or given.kind != "resume":
+                raise HttpError(409, "NoSuchRequest",
+                                f"nothing waits for {rid!r} in session {session!r}")
+            earlier = Resume.from_entry(given)
+            found = (earlier.turn_id, earlier.input_id)
+        named.append((*found, value))
+    for turn_id, input_id, value in named[:-1]:
+        await s.resume(turn_id, input_id, value, by=by, authorize=True, principal=principal)
+    turn_id, input_id, value = named[-1]
+    return await ch.open_resume(turn_id, input_id, value, session=session, by=by,
+                                authorize=True, principal=principal)
+
+
 def jsonable(value: Any) -> Any:
     """``value`` as JSON values (a tool's result may hold what ``json`` cannot write)."""
     return json.loads(json.dumps(value, default=str))
 
 
-__all__ = ["ProtocolSeam", "component_schemas", "jsonable", "protocol_seam", "refusal"]
+__all__ = ["ProtocolSeam", "answer_all", "component_schemas", "jsonable", "protocol_seam",
+           "refusal"]
 

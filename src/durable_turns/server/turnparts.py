@@ -30,7 +30,7 @@ from ..events import (
     TurnFailed,
 )
 from ..messages import ToolCall
-from ..records import InputRequest
+from ..records import InputRequest, resume_entry_id
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,9 +131,10 @@ Part = (StepStart | StepEnd | ResetStep | TextStart | TextDelta | TextEnd | Reas
 
 
 def request_id(request: InputRequest) -> str:
-    """The id a protocol gives a person's request (an approval's id, an interrupt's):
-    the answer's step id, ``input:<turn_id>:<input_id>``."""
-    return f"input:{request.turn_id}:{request.id}"
+    """The id a protocol gives a person's request (an approval's id, an interrupt's): the id
+    of its answer's chain entry, ``resume:<turn_id>:<input_id>`` (so an answer given again
+    finds the one stored)."""
+    return resume_entry_id(request.turn_id, request.id)
 
 
 def is_yes_no(request: InputRequest) -> bool:
