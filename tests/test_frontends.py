@@ -354,3 +354,38 @@ def test_an_answer_delivered_again_is_one_answer_in_both_protocols(tmp_path: Pat
                   {"type": "finish", "finishReason": "stop"}]  # where the turn stands: ended
     assert [m["result"] for m in stored["transcript"] if m["role"] == "tool"] == \
         ["refunded A-12"]
+
+
+def test_other_requests_are_a_data_part_and_a_cancelled_interrupt_cancels_the_turn(
+        tmp_path: Path) -> None:
+    def frames(r: httpx.Response) -> list[dict[str, Any]]:
+        assert r.status_code == 200, r.text
+        return [json.loads(line[6:]) for line in r.text.splitlines()
+                if line.startswith("data: {")]
+
+    with served(tmp_path / "gate", development=True) as (url, _rt), \
+            httpx.Client(base_url=url) as c:
+        chat = {"id": "c-color", "messages": [{"id": "u1", "role": "user", "parts": [
+            {"type": "text", "text": "pick a color"}]}]}
+        asked = frames(c.post("/agents/desk/ai-sdk/chat", json=chat))
+        part = next(f for f in asked if f["type"] == "data-input-request")
+        # Answered as any request is (POST …/resume), with the ids the part carries.
+        data = part["data"]
+        r = c.post("/agents/desk/sessions/c-color/resume",
+                   json={"turn_id": data["turn_id"], "input_id": data["input_id"],
+                         "value": "teal"})
+        assert r.status_code == 200 and r.json()["text"] == "Done: painted teal."
+
+        run = {"threadId": "t-cancel", "runId": "r1",
+               "messages": [{"id": "u1", "role": "user", "content": "refund order A-12"}]}
+        parked = frames(c.post("/agents/desk/ag-ui", json=run))
+        interrupt = parked[-1]["outcome"]["interrupts"][0]["id"]
+        cancelled = frames(c.post("/agents/desk/ag-ui", json={**run, "runId": "r2", "resume": [
+            {"interruptId": interrupt, "status": "cancelled"}]}))
+        stored = session(url, "t-cancel")
+    assert part == {"type": "data-input-request", "id": f"resume:{data['turn_id']}:color",
+                    "data": {**data, "prompt": "Which color?", "schema": {"type": "string"}}}
+    assert cancelled == [{"type": "RUN_STARTED", "threadId": "t-cancel", "runId": "r2"},
+                         {"type": "RUN_FINISHED", "threadId": "t-cancel", "runId": "r2",
+                          "outcome": {"type": "cancelled"}}]
+    assert stored["pending"] is None and stored["turns"][0]["status"] == "cancelled"
