@@ -389,3 +389,18 @@ def test_other_requests_are_a_data_part_and_a_cancelled_interrupt_cancels_the_tu
                          {"type": "RUN_FINISHED", "threadId": "t-cancel", "runId": "r2",
                           "outcome": {"type": "cancelled"}}]
     assert stored["pending"] is None and stored["turns"][0]["status"] == "cancelled"
+
+
+def test_an_answerer_may_not_cancel_through_an_interrupt(server: tuple[str, Path]) -> None:
+    url, _gate = server
+    run = {"threadId": "t-boss", "runId": "r1",
+           "messages": [{"id": "u1", "role": "user", "content": "refund order A-12"}]}
+    with httpx.Client(base_url=url) as c:
+        r = c.post("/agents/desk/ag-ui", json=run, headers={"authorization": "Bearer ann"})
+        assert r.status_code == 200 and '"interrupt"' in r.text
+        cancel = {**run, "runId": "r2", "resume": [
+            {"interruptId": "resume:r1:approve", "status": "cancelled"}]}
+        # The boss may answer Ann's request, not cancel her turn (the cancel action).
+        r = c.post("/agents/desk/ag-ui", json=cancel, headers={"authorization": "Bearer boss"})
+        assert r.status_code == 403 and r.json()["error"]["type"] == "SessionAccessError"
+    assert session(url, "t-boss")["status"] == "suspended"

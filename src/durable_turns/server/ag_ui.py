@@ -128,6 +128,8 @@ def _check(body: RunAgentInput) -> RunAgentInput:
 
 def _action(body: RunAgentInput) -> Action:
     _check(body)
+    if body.resume and any(entry.status == "cancelled" for entry in body.resume):
+        return "cancel"  # it cancels the turn: who may answer may not therefore cancel
     return "resume" if body.resume else "turn"
 
 
@@ -290,7 +292,8 @@ def mount_ag_ui(app: Starlette, *, path: str = "/agents/{agent}/ag-ui") -> None:
     Args:
         app: an app of ``create_app(runtime, …)`` serving the API: its ``authenticate`` and
             ``authorize`` apply (a run is the ``turn`` action, a run that resumes is
-            ``resume``). In development mode, ``forwardedProps.by`` says who speaks.
+            ``resume``, one that cancels its interrupts ``cancel``). In development mode,
+            ``forwardedProps.by`` says who speaks.
         path: the route, with ``{agent}`` (``HttpAgent({url})`` once the agent is filled in).
 
     Raises:
