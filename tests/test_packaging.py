@@ -23,7 +23,7 @@ def _top_level_imports() -> set[str]:
     return found
 
 
-IMPORT_NAMES = {"opentelemetry_api": "opentelemetry"}
+IMPORT_NAMES = {"opentelemetry_api": "opentelemetry", "ag_ui_protocol": "ag_ui"}
 """Distributions whose import name is not their own."""
 
 
