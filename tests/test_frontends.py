@@ -96,6 +96,7 @@ def test_ai_sdk_approval_refused_for_the_wrong_answerer_then_given_by_the_right_
     tool = next(p for p in parked["parts"] if p["type"] == "tool-refund")
     assert tool["state"] == "approval-requested"
     assert tool["approval"]["requestReason"] == "Refund order A-12?"
+    assert out["reloaded"]["messages"] == [parked]  # what the store has: the same message
     # Ann started the chat but only the boss may approve: an error part, nothing stored.
     assert out["refused"]["status"] == "error"
     assert out["refused"]["error"].startswith("ResumeAuthorizationError: only user 'boss'")

@@ -87,6 +87,9 @@ async def test_the_readme_s_use_chat_page_streams_approves_and_resumes_after_a_r
 
             await chat(page, url, "page-refund", "refund order A-12")
             await expect(page.get_by_text("Refund order A-12?")).to_be_visible()
+            # A page reloaded while the turn waits shows the request again, and answers it.
+            await page.reload()
+            await expect(page.get_by_text("Refund order A-12?")).to_be_visible()
             await page.get_by_role("button", name="Yes").click()
             await expect(page.get_by_text("Done: refunded A-12.")).to_be_visible()
 

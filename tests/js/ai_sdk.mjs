@@ -85,6 +85,10 @@ async function main() {
     const c = chat();
     await c.sendMessage({ text: "refund order A-12" });
     out.parked = shape(c);
+    // A reload while the turn waits: the new page's resume request shows the request again.
+    const reloaded = chat();
+    await reloaded.resumeStream();
+    out.reloaded = shape(reloaded);
     const part = c.messages.at(-1).parts.find((p) => p.type === "tool-refund");
     await c.addToolApprovalResponse({ id: part.approval.id, approved: true });
     await c.sendMessage(); // ann may not approve: the boss must

@@ -10,7 +10,9 @@
   leaves) answers the turn's requests. The answer is the turn's UI message stream.
 - ``GET /agents/{agent}/ai-sdk/chat/{session}/stream``: the transport's resume request
   (``useChat({resume: true})`` after a reload, ``resumeStream()``): the running turn's stream
-  from its start, then live; 204 when no turn runs. The store is the stream.
+  from its start, then live; a parked turn's, to the request it waits for (so a reloaded page
+  shows the approval again and can answer it); 204 when no turn runs or waits. The store is
+  the stream.
 
 A turn's events become chunks (``turnparts.py`` says how text is shown once, whole): ``start``
 (its ``messageId`` is the turn id), ``start-step``/``finish-step`` per model step,
@@ -28,7 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -39,6 +41,7 @@ from starlette.routing import BaseRoute, Route
 
 from ..access import Action
 from ..channels import ChannelContext, TurnStream
+from ..events import InputRequested, TurnEvent
 from ..records import InputRequest, TurnStatus
 from ..wire import HttpError
 from ._http import read_body
@@ -188,15 +191,31 @@ def _request(r: InputRequest) -> dict[str, Any]:
         "prompt": r.prompt, "schema": r.schema}}
 
 
-async def ui_stream(stream: TurnStream) -> AsyncIterator[str]:
-    """A turn's UI message stream: each chunk's JSON, then ``[DONE]``."""
-    yield json.dumps({"type": "start", "messageId": stream.turn_id})
-    parts = TurnParts(stream.turn_id, stream.joined)
-    async for event in stream:
+async def ui_stream(events: AsyncIterable[TurnEvent], turn_id: str,
+                    joined: int = 0) -> AsyncIterator[str]:
+    """A turn's UI message stream: each chunk's JSON, then ``[DONE]``.
+
+    Args:
+        events: the turn's events (a :class:`TurnStream`, or what the store has of it).
+        turn_id: the turn (the message's id).
+        joined: ``TurnStream.joined``.
+    """
+    yield json.dumps({"type": "start", "messageId": turn_id})
+    parts = TurnParts(turn_id, joined)
+    async for event in events:
         for part in parts.feed(event):
             for chunk in chunks(part):
                 yield json.dumps(chunk)
     yield "[DONE]"
+
+
+async def _as_parked(events: list[TurnEvent]) -> AsyncIterator[TurnEvent]:
+    """A parked turn's stored events, its earlier parks left out (they were answered: their
+    calls' results follow), so that its stream ends at the request it waits for."""
+    last = max(i for i, e in enumerate(events) if isinstance(e, InputRequested))
+    for i, e in enumerate(events[:last + 1]):
+        if i == last or not isinstance(e, InputRequested):
+            yield e
 
 
 async def _refused(kind: str, message: str) -> AsyncIterator[str]:
@@ -232,7 +251,7 @@ class _AiSdk:
             if said is None:
                 raise
             return self.seam.sse(_refused(*said), headers=HEADERS)
-        return self.seam.sse(ui_stream(stream), stream, HEADERS)
+        return self.seam.sse(ui_stream(stream, stream.turn_id, stream.joined), stream, HEADERS)
 
     async def _start(self, ch: ChannelContext, body: ChatRequest, text: str,
                      by: str | None) -> TurnStream:
@@ -249,12 +268,20 @@ class _AiSdk:
     async def resume(self, request: Request) -> Response:
         ch = self.seam.channel(request)
         session = request.path_params["session"]
-        running = [t for t in await ch.session(session).turns()
-                   if t.status in (TurnStatus.QUEUED, TurnStatus.RUNNING)]
-        if not running:
+        s = ch.session(session)
+        unfinished = [t for t in await s.turns() if not t.status.final]
+        if not unfinished:
             return Response(status_code=204)
-        stream = await ch.follow(running[0].turn_id, session=session)
-        return self.seam.sse(ui_stream(stream), stream, HEADERS)
+        turn = unfinished[0]
+        if turn.status == TurnStatus.SUSPENDED:
+            # Waiting for a person: the page that reloaded shows the request again, as the
+            # store has it (nothing is live), and can answer it.
+            logged = await s.events(turn_id=turn.turn_id)
+            if any(isinstance(e, InputRequested) for e in logged):
+                return self.seam.sse(ui_stream(_as_parked(logged), turn.turn_id),
+                                     headers=HEADERS)
+        stream = await ch.follow(turn.turn_id, session=session)
+        return self.seam.sse(ui_stream(stream, stream.turn_id, stream.joined), stream, HEADERS)
 
 
 def mount_ai_sdk(app: Starlette, *, path: str = "/agents/{agent}/ai-sdk/chat") -> None:
