@@ -54,6 +54,12 @@ def session(url: str, chat: str, who: str = "ann") -> dict[str, Any]:
     return found
 
 
+def frames(r: httpx.Response) -> list[dict[str, Any]]:
+    """The JSON of each event of a protocol's stream (a 200)."""
+    assert r.status_code == 200, r.text
+    return [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
+
+
 def assistant(shape: dict[str, Any]) -> dict[str, Any]:
     last: dict[str, Any] = shape["messages"][-1]
     assert last["role"] == "assistant"
@@ -269,12 +275,11 @@ def test_the_routes_go_through_the_guard_and_refuse_with_json(
         for said, message in nothing:
             r = c.post("/agents/desk/ai-sdk/chat",
                        json={"id": "chat-guard", "messages": [message]}, headers=ann)
-            assert r.status_code == 200 and r.headers["x-vercel-ai-ui-message-stream"] == "v1"
-            frames = [json.loads(line[6:]) for line in r.text.splitlines()
-                      if line.startswith("data: {")]
-            assert len(frames) == 1 and frames[0]["type"] == "error", frames
-            assert frames[0]["errorText"].startswith("MalformedBody: ") and \
-                said in frames[0]["errorText"]
+            assert r.headers["x-vercel-ai-ui-message-stream"] == "v1"
+            found = frames(r)
+            assert len(found) == 1 and found[0]["type"] == "error", found
+            assert found[0]["errorText"].startswith("MalformedBody: ") and \
+                said in found[0]["errorText"]
         r = c.post("/agents/desk/ag-ui", json={"threadId": "chat-guard"}, headers=ann)
         assert r.status_code == 400 and r.json()["error"]["type"] == "MalformedBody"
         r = c.post("/agents/desk/ag-ui", json={**run, "runId": "has space"}, headers=ann)
@@ -324,11 +329,6 @@ def test_the_readme_s_ag_ui_client_runs(tmp_path: Path) -> None:
 
 
 def test_an_answer_delivered_again_is_one_answer_in_both_protocols(tmp_path: Path) -> None:
-    def frames(r: httpx.Response) -> list[dict[str, Any]]:
-        assert r.status_code == 200, r.text
-        return [json.loads(line[6:]) for line in r.text.splitlines()
-                if line.startswith("data: {")]
-
     with served(tmp_path / "gate", development=True) as (url, _rt), \
             httpx.Client(base_url=url) as c:
         run = {"threadId": "t-again", "runId": "r1",
@@ -359,11 +359,6 @@ def test_an_answer_delivered_again_is_one_answer_in_both_protocols(tmp_path: Pat
 
 def test_other_requests_are_a_data_part_and_a_cancelled_interrupt_cancels_the_turn(
         tmp_path: Path) -> None:
-    def frames(r: httpx.Response) -> list[dict[str, Any]]:
-        assert r.status_code == 200, r.text
-        return [json.loads(line[6:]) for line in r.text.splitlines()
-                if line.startswith("data: {")]
-
     with served(tmp_path / "gate", development=True) as (url, _rt), \
             httpx.Client(base_url=url) as c:
         chat = {"id": "c-color", "messages": [{"id": "u1", "role": "user", "parts": [
