@@ -379,6 +379,14 @@ def test_other_requests_are_a_data_part_and_a_cancelled_interrupt_cancels_the_tu
         cancelled = frames(c.post("/agents/desk/ag-ui", json={**run, "runId": "r2", "resume": [
             {"interruptId": interrupt, "status": "cancelled"}]}))
         stored = session(url, "t-cancel")
+        # An approval for a chat the store does not have: an error part, and still no chat.
+        nowhere = frames(c.post("/agents/desk/ai-sdk/chat", json={
+            "id": "c-nowhere", "messages": [{"id": "a1", "role": "assistant", "parts": [
+                {"type": "tool-refund", "toolCallId": "call-1", "state": "approval-responded",
+                 "approval": {"id": "resume:r1:approve", "approved": True}}]}]}))
+        assert c.get("/agents/desk/sessions/c-nowhere").status_code == 404
+    assert nowhere == [{"type": "error", "errorText": "NoSuchRequest: nothing waits for "
+                        "'resume:r1:approve' in session 'c-nowhere'"}]
     assert part == {"type": "data-input-request", "id": f"resume:{data['turn_id']}:color",
                     "data": {**data, "prompt": "Which color?", "schema": {"type": "string"}}}
     assert cancelled == [{"type": "RUN_STARTED", "threadId": "t-cancel", "runId": "r2"},

@@ -2,7 +2,9 @@
 
 Needs the ``server`` extra (``pip install 'durable-turns[server]'``: Starlette, uvicorn,
 sse-starlette). Routes, status codes and the SSE framing are in the README's
-"HTTP/SSE host (F12)" section and at ``/openapi.json``.
+"HTTP/SSE host (F12)" section and at ``/openapi.json``. ``mount_ai_sdk(app)`` and
+``mount_ag_ui(app)`` serve the AI SDK's ``useChat`` and AG-UI clients on the same sessions
+(README: "Frontend protocols"; AG-UI needs the ``ag-ui`` extra).
 """
 
 from __future__ import annotations
