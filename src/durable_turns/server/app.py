@@ -169,7 +169,8 @@ def create_app(runtime: Runtime, authenticate: Authenticate | None = None,
     Returns:
         The app. ``app.state.end_streams()`` ends every open ``GET …/events`` stream (the
         lifespan's shutdown and ``serve``'s SIGTERM call it); ``app.state.channel_routes``
-        maps each channel's name to its routes (``"POST /slack/events"``, …).
+        maps each channel's name to its routes (``"POST /slack/events"``, …); with the API,
+        ``app.state.protocols`` is what ``mount_ai_sdk`` and ``mount_ag_ui`` mount through.
 
     Raises:
         ConfigurationError: a channel that is no :class:`~durable_turns.channels.Channel`,

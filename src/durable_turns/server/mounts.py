@@ -46,6 +46,7 @@ class ProtocolSeam:
     schemas: dict[str, Any] = field(default_factory=dict)
     """OpenAPI component schemas the mounts added."""
     mounted: set[str] = field(default_factory=set)
+    """The protocols mounted (each once)."""
 
     def add(self, app: Starlette, name: str, routes: list[BaseRoute],
             paths: Mapping[str, Any], schemas: Mapping[str, Any] | None = None) -> None:
