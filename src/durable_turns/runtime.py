@@ -72,6 +72,8 @@ class Runtime:
             only good on the runtime (or the runtimes sharing the secret) that issued it.
         drive: ``False`` makes a runtime that accepts entries durably and answers ``wait``
             and ``subscribe`` from the store, but drives nothing (another process does).
+        owns_store: ``False`` for a store another runtime of this process opened and
+            closes (a replay's runtime shares its source's): ``close()`` leaves it open.
     """
 
     def __init__(
@@ -84,6 +86,7 @@ class Runtime:
         lease_timeout: float | None = None,
         secret: bytes | None = None,
         drive: bool = True,
+        owns_store: bool = True,
     ) -> None:
         self.agents: dict[str, Agent] = {}
         for a in agents:
@@ -106,6 +109,7 @@ class Runtime:
         self.lease_timeout = lease_timeout
         self.secret = secret or os.urandom(32)
         self.drive = drive
+        self.owns_store = owns_store
         self._opened = False
         self._open_lock = asyncio.Lock()
         self._drivers: dict[SessionKey, SessionDriver] = {}
@@ -129,13 +133,15 @@ class Runtime:
                 self._opened = True
 
     async def close(self) -> None:
-        """Stop driving (unfinished turns stay durable for ``recover()``) and close the store."""
+        """Stop driving (unfinished turns stay durable for ``recover()``) and close the store
+        (unless another owns it: ``owns_store=False``)."""
         tasks = [d.task for d in self._drivers.values()]
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         if self._opened:
-            await self.store.close()
+            if self.owns_store:
+                await self.store.close()
             self._opened = False
 
     async def __aenter__(self) -> Runtime:
@@ -432,6 +438,12 @@ class Runtime:
         return ids
 
     # -- drivers ---------------------------------------------------------------------------
+
+    def drive_session(self, key: SessionKey) -> None:
+        """Drive the session's unfinished entries here, now (what ``accept`` does for a new
+        one; a fork's turn under way, for one). A runtime with ``drive=False`` leaves them to
+        its workers, which the store's feed tells."""
+        self._drive(key)
 
     def _drive(self, key: SessionKey, *, try_once: bool = False,
                lease: Lease | None = None) -> None:
