@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from rawsse import RawSse
 
 from durable_turns import Agent, PostgresStore, Runtime, Stop, TextDelta
 from durable_turns.model import ModelRequest
@@ -91,43 +92,19 @@ async def _work(dsn: str, live: bool, pieces: int, every: float) -> None:
 
 # -- the clients -----------------------------------------------------------------------------
 
-class Watcher(asyncio.Protocol):
+class Watcher(RawSse):
     """A raw SSE client: the receipt time of every delta, with the time it was made."""
 
     def __init__(self, request: bytes) -> None:
-        self.request = request
-        self.head = b""
-        self.rest = b""
-        self.connected = asyncio.Event()
-        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        super().__init__(request)
         self.lags: list[float] = []
         self.kind = b""
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        transport.write(self.request)  # type: ignore[attr-defined]
-
-    def data_received(self, data: bytes) -> None:
-        now = time.time()
-        if not self.connected.is_set():
-            self.head += data
-            if b"\r\n\r\n" not in self.head:
-                return
-            head, _, data = self.head.partition(b"\r\n\r\n")
-            if b" 200 " not in head.split(b"\r\n", 1)[0]:
-                self.done.set_exception(RuntimeError(f"refused: {head[:200]!r}"))
-                return
-            self.connected.set()
-        lines = (self.rest + data).split(b"\n")
-        self.rest = lines.pop()
-        for line in lines:  # chunk-size lines of the transfer encoding are skipped over
-            if line.startswith(b"event: "):
-                self.kind = line[7:].strip()
-            elif line.startswith(b"data: ") and self.kind == b"message.delta":
-                self.lags.append(now - json.loads(line[6:])["at"])
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if not self.done.done():
-            self.done.set_result(None)
+    def line(self, line: bytes, now: float) -> None:
+        if line.startswith(b"event: "):
+            self.kind = line[7:].strip()
+        elif line.startswith(b"data: ") and self.kind == b"message.delta":
+            self.lags.append(now - json.loads(line[6:])["at"])
 
 
 def _cpu(cluster: Cluster) -> float:
@@ -167,7 +144,7 @@ async def _round(port: int, front: Runtime, run: str, turns: int
     watchers = []
     for i in range(turns):
         path = f"/agents/{AGENT}/sessions/{run}-{i}/events?after=0&until=turn"
-        w = Watcher(f"GET {path} HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n"
+        w = Watcher(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
                     .encode())
         await loop.create_connection(lambda w=w: w, "127.0.0.1", port)  # type: ignore[misc]
         watchers.append(w)

@@ -64,6 +64,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from rawsse import RawSse
 
 AGENT, SESSION = "watched", "s1"
 WAIT = 180.0
@@ -128,47 +129,19 @@ def serve(port: int, db: Path, times: Path, calls: int, pace: float, http: str, 
 # -- the watchers (child processes) -------------------------------------------------------------
 
 
-class Watcher(asyncio.Protocol):
-    """One ``GET …/events`` stream over a raw socket: notes when each ``id:`` line arrives.
-
-    A protocol rather than a stream reader: the watchers share the machine with the server,
-    so each read should cost them as little as it can.
-    """
+class Watcher(RawSse):
+    """One ``GET …/events`` stream (``rawsse``): notes when each ``id:`` line arrives."""
 
     def __init__(self, request: bytes, connected: asyncio.Event) -> None:
-        self.request = request
-        self.connected = connected
-        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        super().__init__(request, connected)
         self.got: list[tuple[int, float]] = []
         self.deltas: list[float] = []
-        self.head = b""
-        self.rest = b""
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        transport.write(self.request)  # type: ignore[attr-defined]
-
-    def data_received(self, data: bytes) -> None:
-        now = time.time()
-        if not self.connected.is_set():
-            self.head += data
-            if b"\r\n\r\n" not in self.head:
-                return
-            head, _, data = self.head.partition(b"\r\n\r\n")
-            if b" 200 " not in head.split(b"\r\n", 1)[0]:
-                self.done.set_exception(RuntimeError(f"refused: {head[:200]!r}"))
-                return
-            self.connected.set()
-        lines = (self.rest + data).split(b"\n")
-        self.rest = lines.pop()
-        for line in lines:
-            if line.startswith(b"id:"):
-                self.got.append((int(line[3:]), now))
-            elif line.startswith(b"event: message.delta"):
-                self.deltas.append(now)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if not self.done.done():
-            self.done.set_result(None)
+    def line(self, line: bytes, now: float) -> None:
+        if line.startswith(b"id:"):
+            self.got.append((int(line[3:]), now))
+        elif line.startswith(b"event: message.delta"):
+            self.deltas.append(now)
 
 
 async def watchers(port: int, after: int, n: int) -> None:

@@ -180,9 +180,11 @@ async def shot(page: Page, name: str) -> None:
 
 @asynccontextmanager
 async def console(agents: list[Agent], store: SessionStore | None = None,
-                  authenticate: Any = None) -> AsyncIterator[Console]:
+                  authenticate: Any = None, **options: Any) -> AsyncIterator[Console]:
+    """The agents served (``create_app(…, **options)``) to a Chromium of the test's own."""
     rt = Runtime(agents, store or MemoryStore())
-    async with rt, serving(create_app(rt, authenticate)) as url, async_playwright() as p:
+    async with rt, serving(create_app(rt, authenticate, **options)) as url, \
+            async_playwright() as p:
         browser = await p.chromium.launch(executable_path=str(CHROMIUM))
         c = Console(url, rt, browser)
         try:
@@ -199,7 +201,7 @@ async def check_public(c: Console) -> None:
     async with httpx.AsyncClient(base_url=c.url, timeout=WAIT, headers=headers) as client:
         spec = (await client.get("/openapi.json")).json()
     routes = [re.compile("^" + re.sub(r"\{[^/]+\}", "[^/]+", p) + "$") for p in spec["paths"]]
-    files = {"/console/app.js", "/console/app.css"}
+    files = {f"/console/{name}" for name in ("kit.js", "timetravel.js", "app.js", "app.css")}
     private = [p for p in c.paths
                if p.split("?")[0] not in files and not any(r.match(p.split("?")[0])
                                                             for r in routes)]

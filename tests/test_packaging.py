@@ -23,7 +23,7 @@ def _top_level_imports() -> set[str]:
     return found
 
 
-IMPORT_NAMES = {"opentelemetry_api": "opentelemetry"}
+IMPORT_NAMES = {"opentelemetry_api": "opentelemetry", "ag_ui_protocol": "ag_ui"}
 """Distributions whose import name is not their own."""
 
 
@@ -53,7 +53,8 @@ example app folder (``app/agent/``, its ``tools/``)."""
 def test_the_readme_points_only_inside_the_repository() -> None:
     text = (ROOT / "README.md").read_text()
     assert "../" not in text, "README.md refers to a path outside the repository"
-    paths = set(re.findall(r"(?<![\w/.:~-])((?:\.?[\w-]+/)(?:[\w.-]+/?)*)", text))
+    # (after an "@": an npm package's scope, not a path)
+    paths = set(re.findall(r"(?<![\w/.:~@-])((?:\.?[\w-]+/)(?:[\w.-]+/?)*)", text))
     checked = 0
     for path in sorted(paths):
         if re.fullmatch(r"[\dx/]+|[A-Z]+/[A-Z]+|(text|application)/[\w.+-]+", path) \

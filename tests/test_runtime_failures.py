@@ -10,6 +10,8 @@ backend inside ``request_input``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -175,21 +177,34 @@ async def test_the_chat_repl_offers_a_line_s_turn_again_and_it_is_started_once()
     from durable_turns.channels import mount_agent
     from durable_turns.channels.repl import chat
 
-    lines = iter(["order a keyboard"])
-
-    def read(_prompt: str) -> str:
-        try:
-            return next(lines)
-        except StopIteration:
-            raise EOFError from None
-
     written: list[str] = []
+
+    class Typed:
+        """A terminal where one line is typed, then the input ends (``channels.Terminal``)."""
+
+        lines = iter(["order a keyboard"])
+
+        async def prompt(self, text: str) -> str:
+            written.append(text)
+            try:
+                return next(self.lines)
+            except StopIteration:
+                raise EOFError from None
+
+        def write(self, text: str) -> None:
+            written.append(text)
+
+        def quiet(self) -> contextlib.AbstractContextManager[None]:
+            return contextlib.nullcontext()
+
+        def on_interrupt(self, handler: Callable[[], None] | None) -> None:
+            pass
+
     store = FailingAccepts(failures=1)
     agent = Agent("ops")
     async with Runtime([agent], store, scripted([ModelReply("Ordered.")])) as rt:
         async with asyncio.timeout(WAIT):
-            await chat(mount_agent(agent, rt), session="s1", user="ann", read=read,
-                       write=written.append)
+            await chat(mount_agent(agent, rt), session="s1", user="ann", terminal=Typed())
         turns = [t for t in await rt.session("ops", "s1").chain() if t.kind == "turn"]
     assert len(turns) == 1 and turns[0].status == "completed"
     out = "".join(written)

@@ -455,7 +455,7 @@ async def test_openapi_describes_every_route(host: Host) -> None:
     assert set(doc["paths"]) == {
         "/", "/agents", "/agents/{agent}/sessions", "/agents/{agent}/pending", base,
         *(f"{base}/{r}" for r in ("turn", "chat", "resume", "cancel", "reset", "retry", "events",
-                                  "timeline"))}
+                                  "timeline", "history", "fork", "replay"))}
     assert "text" in doc["components"]["schemas"]["TurnBody"]["properties"]
 
 

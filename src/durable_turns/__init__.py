@@ -33,6 +33,7 @@ from .messages import Message, ToolCall
 from .model import Model, ModelRequest, Stop, TextDelta
 from .models.scripted import ModelReply, scripted
 from .records import InputRequest, SessionKey, TurnResult, TurnStatus
+from .replay import replay
 from .runtime import Runtime
 from .sessions import AgentSession, ResetResult, StartedTurn, grant_answer
 from .stores.memory import MemoryStore
@@ -88,6 +89,7 @@ __all__ = [
     "load_agent",
     "mount_agent",
     "receive",
+    "replay",
     "scripted",
     "subagent",
     "tool",

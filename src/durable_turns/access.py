@@ -6,9 +6,10 @@ action, ``authorize(principal, action, session)``, in one place, as LangGraph Pl
 
 - ``principal`` is what ``authenticate`` returned (its ``id``, a key or an attribute, is the
   caller's id; ``admin`` set to ``True`` marks an administrator);
-- ``action`` is one of :data:`ACTIONS`: ``read`` (a session's transcript, timeline, events),
-  ``turn`` (start a turn, or retry a failed one), ``cancel``, ``reset``, ``resume`` (answer
-  its parked request), ``list`` (an agent's sessions) and ``inbox`` (an agent's parked requests);
+- ``action`` is one of :data:`ACTIONS`: ``read`` (a session's transcript, timeline, events,
+  history), ``turn`` (start a turn, or retry a failed one), ``cancel``, ``reset``, ``resume``
+  (answer its parked request), ``fork`` (copy it to a new session the caller owns, or replay
+  it into one), ``list`` (an agent's sessions) and ``inbox`` (an agent's parked requests);
 - ``session`` is the session's :class:`~durable_turns.records.SessionSummary` (its
   ``owner``, whether it ``exists``, the request it is ``pending`` on); ``None`` for ``list``
   and ``inbox``.
@@ -49,7 +50,7 @@ __all__ = [
     "principal_id",
 ]
 
-Action = Literal["read", "turn", "cancel", "reset", "resume", "list", "inbox"]
+Action = Literal["read", "turn", "cancel", "reset", "resume", "fork", "list", "inbox"]
 """What a caller asks to do (see the module's docstring)."""
 ACTIONS: tuple[Action, ...] = get_args(Action)
 LISTINGS: frozenset[Action] = frozenset({"list", "inbox"})

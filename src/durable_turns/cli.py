@@ -45,7 +45,13 @@ from .cli_args import (
     store_options,
 )
 from .cli_demo import add_demo_commands
-from .cli_sessions import add_session_commands, retry, session_action
+from .cli_sessions import (
+    add_replay_command,
+    add_session_commands,
+    replay_action,
+    retry,
+    session_action,
+)
 from .cli_temporal import add_temporal_commands, add_temporal_options, scheduler_of
 from .errors import ConfigurationError, DurableTurnsError, error_kind
 from .records import TurnResult
@@ -141,6 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Operate on the sessions of a store: a SQLite file (--db) or PostgreSQL "
                     "(--store postgresql://…).")
     add_session_commands(sessions, run_action=_sessions, run_retry=_sessions_retry)
+    add_replay_command(commands, run=_replay)
 
     work = commands.add_parser(
         "worker", help="drive an app's queued turns from a shared store, until interrupted",
@@ -200,6 +207,10 @@ def _sessions_retry(args: argparse.Namespace) -> int:
 
 
 # -- worker ----------------------------------------------------------------------------------
+
+
+def _replay(args: argparse.Namespace) -> int:
+    return run_command("replay", lambda: asyncio.run(replay_action(args)))
 
 
 def _worker(args: argparse.Namespace) -> int:

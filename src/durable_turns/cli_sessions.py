@@ -12,6 +12,7 @@ import argparse
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from .agent import Agent
 from .cli_args import MODEL_HELP, load, store_of, store_options
@@ -19,6 +20,7 @@ from .errors import ConfigurationError
 from .messages import Message
 from .models.scripted import scripted
 from .records import SessionSummary, TurnRecord
+from .replay import replay
 from .runtime import Runtime
 
 LEASE_WAIT = 30.0
@@ -151,6 +153,56 @@ async def retry(args: argparse.Namespace) -> int:
     return 0 if result.status == "completed" else 1
 
 
+def add_replay_command(commands: Any, *, run: Command) -> None:
+    """``durable-turns replay``: a recorded session's turns again, another model answering.
+
+    Args:
+        commands: the CLI's subparsers.
+        run: runs it (the CLI's wrapper of :func:`replay_action`).
+    """
+    cmd = commands.add_parser(
+        "replay", help="replay a recorded session against another model or prompt",
+        description="Run a recorded session's turns again in a new session (a fork before its "
+                    "first turn) with the app's agent and --model, the tools answered from "
+                    "what they returned then (none runs), and print what differs turn by "
+                    "turn. Exit status 0: every turn came out the same; 1: some differ.")
+    cmd.add_argument("session", metavar="AGENT/ID", type=_session_key,
+                     help="the recorded session, as agent/session")
+    cmd.add_argument("--app", type=Path, required=True, metavar="APP_DIR",
+                     help="the app folder whose agent (prompt, tools) replays it")
+    cmd.add_argument("--model", metavar="PROVIDER:NAME",
+                     help="the model to replay with (default: the app's); " + MODEL_HELP)
+    store_options(cmd)
+    cmd.add_argument("--tools", choices=("recorded", "live"), default="recorded",
+                     help="a call the recording lacks: an error result for the model "
+                          "(recorded, the default) or the real tool (live)")
+    cmd.add_argument("--to", metavar="ID", help="the replay's session id (default: new)")
+    cmd.add_argument("--json", action="store_true", help="print the report as JSON")
+    cmd.set_defaults(run=run)
+
+
+async def replay_action(args: argparse.Namespace) -> int:
+    """``replay``; returns 0 when every turn came out the same, else 1.
+
+    Raises:
+        LookupError: the store or the session does not exist.
+        ConfigurationError: the app folder is another agent's, or names no model.
+    """
+    make, named = store_of(args, create=False)
+    agent = load(args.app, args.model).agent  # --model replaces the app's
+    name, session_id = args.session
+    if agent.name != name:
+        raise ConfigurationError(f"{args.app} is agent {agent.name!r}; the session is "
+                                 f"{name}/{session_id}")
+    async with Runtime([agent], make(), drive=False) as rt:
+        session = rt.session(name, session_id)
+        if not (await session.summary()).exists:
+            raise LookupError(f"{named} has no session {session.key}")
+        report = await replay(session, model=agent.model, tools=args.tools, to=args.to)
+    print(json.dumps(report.to_dict()) if args.json else report.render())
+    return 0 if report.identical else 1
+
+
 def _show(summary: SessionSummary, turns: list[TurnRecord], transcript: list[Message]) -> None:
     print(f"{summary.key}: {summary.status}, generation {summary.generation}")
     pending = summary.pending
@@ -166,5 +218,5 @@ def _show(summary: SessionSummary, turns: list[TurnRecord], transcript: list[Mes
         print(f"  {m.role:<9} {body}")
 
 
-__all__ = ["LEASE_WAIT", "SESSION_ACTIONS", "Command", "add_session_commands", "retry",
-           "session_action"]
+__all__ = ["LEASE_WAIT", "SESSION_ACTIONS", "Command", "add_replay_command",
+           "add_session_commands", "replay_action", "retry", "session_action"]

@@ -8,6 +8,7 @@ Failures (subclasses of ``Exception``, names ending in ``Error``)::
     ├── UnknownAgentError           runtime.session() names an agent the runtime lacks
     ├── UnknownTurnError            a turn id the session never accepted
     ├── SessionBusyError            the session cannot take this turn now
+    ├── SessionExistsError          a fork's new address has a session already
     ├── TurnSuspendedError          turn() parked; resume it instead
     ├── ResumeConflictError         resume() of a turn that is not parked on that input (409)
     ├── ResumeAuthorizationError    the resumer may not answer that input (403)
@@ -67,6 +68,18 @@ class UnknownTurnError(DurableTurnsError, LookupError):
         super().__init__(f"session {session!r} has no turn {turn_id!r}")
         self.session = session
         self.turn_id = turn_id
+
+
+class SessionExistsError(DurableTurnsError):
+    """A new session (a fork) was asked for under an address that has a session already.
+
+    Attributes:
+        session: the address (``agent/session``).
+    """
+
+    def __init__(self, session: str) -> None:
+        super().__init__(f"session {session!r} exists already: a fork needs a new address")
+        self.session = session
 
 
 class SessionBusyError(DurableTurnsError):
@@ -361,6 +374,7 @@ ERRORS: tuple[tuple[type[BaseException], ErrorKind], ...] = (
     (SessionAccessError, ErrorKind(403, 2)),
     (ResumeConflictError, ErrorKind(409, 2)),
     (SessionBusyError, ErrorKind(409, 1)),
+    (SessionExistsError, ErrorKind(409, 2)),
     (TurnConflictError, ErrorKind(409, 1)),
     (TurnSuspendedError, ErrorKind(409, 1)),
     (StoreError, ErrorKind(503, 2)),

@@ -33,7 +33,7 @@ LAYERS: tuple[Layer, ...] = (
     Layer(
         "records",
         "plain data, and errors that carry their ids",
-        ("errors", "messages", "records", "events", "inbound"),
+        ("errors", "messages", "records", "events", "history", "inbound"),
     ),
     Layer(
         "tools",
@@ -57,8 +57,8 @@ LAYERS: tuple[Layer, ...] = (
         "engine",
         "how a step commits, tool steps, the turn loop, commands, subagents, a session's "
         "driver, queries for hosts, AgentSession (a façade), the runtime's host, Runtime",
-        ("checkpoints", "calls", "engine", "commands", "subagents", "driver", "queries",
-         "sessions", "host", "runtime"),
+        ("checkpoints", "calls", "engine", "commands", "subagents", "forks", "driver",
+         "queries", "sessions", "host", "runtime", "replay"),
     ),
     Layer(
         "adapters",

@@ -96,6 +96,8 @@ class Runtime:
             and ``subscribe`` from the store, but drives nothing (another process does).
         scheduler: who drives the sessions (see :class:`Scheduler`); the runtime then only
             tells it of work, and drives a step when the scheduler calls :meth:`step`.
+        owns_store: ``False`` for a store another runtime of this process opened and
+            closes (a replay's runtime shares its source's): ``close()`` leaves it open.
     """
 
     def __init__(
@@ -109,6 +111,7 @@ class Runtime:
         secret: bytes | None = None,
         drive: bool = True,
         scheduler: Scheduler | None = None,
+        owns_store: bool = True,
     ) -> None:
         self.agents: dict[str, Agent] = {}
         for a in agents:
@@ -132,6 +135,7 @@ class Runtime:
         self.secret = secret or os.urandom(32)
         self.drive = drive
         self.scheduler = scheduler
+        self.owns_store = owns_store
         self._opened = False
         self._open_lock = asyncio.Lock()
         self._drivers: dict[SessionKey, SessionDriver] = {}
@@ -155,13 +159,15 @@ class Runtime:
                 self._opened = True
 
     async def close(self) -> None:
-        """Stop driving (unfinished turns stay durable for ``recover()``) and close the store."""
+        """Stop driving (unfinished turns stay durable for ``recover()``) and close the store
+        (unless another owns it: ``owns_store=False``)."""
         tasks = [d.task for d in self._drivers.values()]
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         if self._opened:
-            await self.store.close()
+            if self.owns_store:
+                await self.store.close()
             self._opened = False
 
     async def __aenter__(self) -> Runtime:
@@ -508,6 +514,12 @@ class Runtime:
         return chain_state(pending, self._transcripts.peek(key))
 
     # -- drivers ---------------------------------------------------------------------------
+
+    async def drive_session(self, key: SessionKey) -> None:
+        """Drive the session's unfinished entries now (what ``accept`` does for a new one; a
+        fork's turn under way, for one): here, or through the scheduler. A runtime with
+        ``drive=False`` leaves them to its workers, which the store's feed tells."""
+        await self._kick(key)
 
     async def _kick(self, key: SessionKey) -> None:
         """The session has work: drive it here, or tell the scheduler."""

@@ -29,9 +29,12 @@ from .errors import (
     TurnSuspendedError,
 )
 from .events import TurnEvent, TurnFailed
+from .forks import plan_fork
+from .history import Checkpoint
 from .hitl import Grant, check_answerer, sign, validate_answer
 from .inbound import InboundEvent, Trigger
 from .messages import Message
+from .model import Model
 from .queries import summary_of
 from .records import (
     InputRequest,
@@ -52,6 +55,7 @@ class RuntimeAPI(Protocol):
 
     agents: dict[str, Agent]
     store: SessionStore
+    model: Model | None
     secret: bytes
     drive: bool
 
@@ -67,6 +71,8 @@ class RuntimeAPI(Protocol):
 
     async def interrupt(self, key: SessionKey, turn_id: str | None = None, *,
                         reason: str = ...) -> list[str]: ...
+
+    async def drive_session(self, key: SessionKey) -> None: ...
 
     def session(self, agent: str, session_id: str) -> AgentSession: ...
 
@@ -408,6 +414,63 @@ class AgentSession:
         """
         await self.runtime.open()
         return await self.runtime.store.settle_delivery(self.key, turn_id)
+
+    async def history(self, *, generation: int | None = None) -> list[Checkpoint]:
+        """Every checkpoint of the session in the order it committed — each turn's start,
+        model replies, tool results, parks, answers, ends — across its generations (of one,
+        if given): what :meth:`fork` can start from. A :class:`~durable_turns.history.
+        Checkpoint` has its ``kind``, ``steps`` (id, kind, what each keeps), ``events``,
+        ``generation``, place (``seq``, ``sub``) and ``at``."""
+        await self.runtime.open()
+        return await self.runtime.store.checkpoints(self.key, generation=generation)
+
+    async def fork(self, to: str, at: Checkpoint | None = None, *, then: str | None = None,
+                   turn_id: str | None = None,
+                   event: InboundEvent | None = None) -> AgentSession:
+        """A new session ``to`` (of this agent) whose transcript, steps and events are this
+        session's up to checkpoint ``at`` (default: its last committed one, even while a turn
+        runs), written in one transaction; nothing runs again and this session is untouched.
+
+        Each turn is in the fork as it stood at ``at``: ended turns with their outcome, a
+        parked one with its request (answerable in the fork, on its own), one under way
+        queued and driven on from the checkpoint (by this runtime, or with ``drive=False``
+        by its workers). Subagent children the copied steps started are forked too, under ids
+        derived from the fork. The fork is a new timeline: idempotency keys derive from the
+        session, so a remote tool run after the fork point is a new effect.
+
+        Args:
+            to: the new session's id.
+            at: a checkpoint of :meth:`history`.
+            then: a turn to start in the fork at once (LangGraph's "edit state and
+                continue"); only at a checkpoint where no turn is under way.
+            turn_id: ``then``'s turn id (default: new); wait for it with ``result``.
+            event: ``then``'s inbound event (who speaks).
+
+        Returns:
+            The fork.
+
+        Raises:
+            SessionExistsError: ``to`` exists already.
+            LookupError: no such checkpoint (or none at all).
+            ValueError: ``then`` at a checkpoint where a turn is under way, or an empty id.
+        """
+        rt = self.runtime
+        await rt.open()
+        dst = SessionKey(self.key.agent, to) if to else None
+        if dst is None:
+            raise ValueError("a fork needs a session id")
+        plans = await plan_fork(rt.store, self.key, dst, at)
+        under_way = [t.turn_id for t in plans[-1].chain if t.status == TurnStatus.QUEUED]
+        if then is not None and under_way:
+            raise ValueError(f"turn {under_way[0]!r} is under way at that checkpoint: fork "
+                             "at a turn's end to start another turn with then=…")
+        await rt.store.fork(plans)
+        forked = rt.session(dst.agent, dst.session)
+        if under_way:
+            await rt.drive_session(dst)  # it goes on from the checkpoint, as a redelivery would
+        if then is not None:
+            await forked.start(then, turn_id=turn_id, event=event)
+        return forked
 
     async def transcript(self) -> list[Message]:
         """The session's message log (the live generation)."""

@@ -7,7 +7,7 @@ when the client that started it leaves.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Collection, Sequence
+from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -20,9 +20,11 @@ from starlette.routing import BaseRoute, Route
 from ..access import Authorize, default_authorize
 from ..agent import check_surfaces
 from ..channels import Channel, ChannelContext, TurnStream, mount_agent
-from ..errors import ConfigurationError, TurnConflictError
+from ..errors import ConfigurationError
 from ..events import TurnEvent
 from ..inbound import InboundEvent
+from ..model import Model
+from ..models.resolve import resolve_model
 from ..records import TurnRecord
 from ..runtime import Runtime
 from ..sessions import AgentSession
@@ -48,10 +50,13 @@ from .fanout import (
 )
 from .guard import Guard
 from .headers import with_security_headers
-from .idempotency import HEADER, conflict, idempotent
+from .idempotency import HEADER, idempotent, open_keyed
 from .lifespan import GRACE, host_lifespan
+from .mounts import ProtocolSeam
 from .openapi import openapi
 from .timeline import last_activity
+from .timetravel import BODIES as TIME_TRAVEL_BODIES
+from .timetravel import timetravel_routes
 
 PING = 15.0
 """Seconds between keep-alive comments on an idle event stream."""
@@ -113,7 +118,7 @@ class RetryBody(BaseModel):
 
 BODIES: dict[str, type[BaseModel]] = {
     "turn": TurnBody, "chat": TurnBody, "resume": ResumeBody, "cancel": CancelBody,
-    "reset": ResetBody, "retry": RetryBody,
+    "reset": ResetBody, "retry": RetryBody, **TIME_TRAVEL_BODIES,
 }
 
 
@@ -122,7 +127,8 @@ def create_app(runtime: Runtime, authenticate: Authenticate | None = None,
                origins: Collection[str] = (), api: bool = True,
                body_timeout: float = BODY_TIMEOUT, routes: Sequence[BaseRoute] = (),
                ping: float = PING, max_backlog: int = MAX_BACKLOG,
-               grace: float = GRACE) -> Starlette:
+               grace: float = GRACE,
+               replay_models: Mapping[str, Model | str] | None = None) -> Starlette:
     """The HTTP/SSE host of ``runtime``'s agents (F12), as a Starlette (ASGI) app.
 
     Its lifespan (run by uvicorn and any ASGI server that runs lifespans) opens the
@@ -146,10 +152,11 @@ def create_app(runtime: Runtime, authenticate: Authenticate | None = None,
             (``"http"``) emits is logged as a warning.
         authorize: ``authorize(principal, action, session)`` (sync or async) decides every
             route's action on a session (``read``, ``turn``, ``cancel``, ``reset``,
-            ``resume``) and what ``list`` and ``inbox`` show (see :mod:`durable_turns.access`);
-            by default (``access.default_authorize``) a principal sees and acts on its own
-            sessions, answerers see and answer the requests they may answer, and a principal
-            with ``admin`` set to ``True`` sees all. Needs ``authenticate``.
+            ``resume``, ``fork``: ``history`` reads, ``fork`` and ``replay`` fork) and
+            what ``list`` and ``inbox`` show (see :mod:`durable_turns.access`); by default
+            (``access.default_authorize``) a principal sees and acts on its own sessions,
+            answerers see and answer the requests they may answer, and a principal with
+            ``admin`` set to ``True`` sees all. Needs ``authenticate``.
         origins: origins (``https://console.example``) besides the app's own whose pages may
             call the API from a browser (a proxy in front that changes the ``Host``, a console
             served elsewhere); every other page's requests that would change something are
@@ -164,11 +171,16 @@ def create_app(runtime: Runtime, authenticate: Authenticate | None = None,
         max_backlog: bytes of events a ``GET …/events`` client may leave unread before it
             is cut off (it reconnects with ``Last-Event-ID`` and loses nothing durable).
         grace: seconds the lifespan's shutdown waits for running turns.
+        replay_models: the models ``POST …/replay`` may ask by name (``{"haiku": "anthropic:
+            claude-haiku-4-5"}``: a :class:`~durable_turns.Model` or a provider string); a
+            replay runs on the host's credentials, so the operator chooses. Without it, a
+            replay asks the agent's own model.
 
     Returns:
         The app. ``app.state.end_streams()`` ends every open ``GET …/events`` stream (the
         lifespan's shutdown and ``serve``'s SIGTERM call it); ``app.state.channel_routes``
-        maps each channel's name to its routes (``"POST /slack/events"``, …).
+        maps each channel's name to its routes (``"POST /slack/events"``, …); with the API,
+        ``app.state.protocols`` is what ``mount_ai_sdk`` and ``mount_ag_ui`` mount through.
 
     Raises:
         ConfigurationError: a channel that is no :class:`~durable_turns.channels.Channel`,
@@ -195,7 +207,8 @@ def create_app(runtime: Runtime, authenticate: Authenticate | None = None,
         sources.add(ch.name)
     for agent in runtime.agents.values():
         check_surfaces(agent, sources)
-    host = _Host(runtime, authenticate, ping, max_backlog,
+    models = {name: resolve_model(m) for name, m in (replay_models or {}).items()}
+    host = _Host(runtime, authenticate, ping, max_backlog, models,
                  Guard(runtime, authenticate, authorize or default_authorize, origins,
                        body_timeout=body_timeout))
     lifespan = host_lifespan(runtime, list(channels), host.streams.end_all, grace=grace)
@@ -212,8 +225,10 @@ def _paths(routes: Sequence[BaseRoute]) -> list[str]:
 
 class _Host:
     def __init__(self, runtime: Runtime, authenticate: Authenticate | None,
-                 ping: float, max_backlog: int, guard: Guard) -> None:
+                 ping: float, max_backlog: int, replay_models: dict[str, Model],
+                 guard: Guard) -> None:
         self.rt = runtime
+        self.replay_models = replay_models
         self.authenticate = authenticate
         self.guard = guard
         self.ping = ping
@@ -225,6 +240,8 @@ class _Host:
         self.pacer = Pacer()
         self.mounted: dict[str, ChannelContext] = {
             name: mount_agent(agent, runtime) for name, agent in runtime.agents.items()}
+        # What mount_ai_sdk and mount_ag_ui add their routes through (server/mounts.py).
+        self.protocols = ProtocolSeam(runtime, guard, self.mounted, ping)
 
     def app(self, extra: Sequence[BaseRoute], lifespan: Any, *, api: bool) -> Starlette:
         base = "/agents/{agent}/sessions/{session}"
@@ -244,7 +261,8 @@ class _Host:
             # A retry runs a failed turn on: what starting a turn may.
             Route(f"{base}/retry", g(self.retry, "turn", body=RetryBody), methods=["POST"]),
             Route(f"{base}/events", g(self.events, "read", claim=True), methods=["GET"]),
-            *console_routes(self.rt, g, self.authenticate is None),
+            *timetravel_routes(self.rt, g, self.replay_models),
+            *console_routes(self.rt, g, self.authenticate is None, list(self.replay_models)),
         ]
         routes += extra
         app = EventStreamApp(routes=routes, lifespan=lifespan, exception_handlers={
@@ -254,6 +272,8 @@ class _Host:
         app.router.redirect_slashes = False
         app.wrap_send = with_security_headers
         app.state.end_streams = self.streams.end_all
+        if api:
+            app.state.protocols = self.protocols
         return app
 
     # -- plumbing --------------------------------------------------------------------------
@@ -301,7 +321,10 @@ class _Host:
     # -- routes ----------------------------------------------------------------------------
 
     async def openapi(self, request: Request) -> Response:
-        return JSONResponse(openapi(BODIES, sorted(self.rt.agents)))
+        doc = openapi(BODIES, sorted(self.rt.agents), sorted(self.replay_models))
+        doc["paths"].update(self.protocols.paths)  # the mounted protocols' routes
+        doc["components"]["schemas"].update(self.protocols.schemas)
+        return JSONResponse(doc)
 
     async def list_sessions(self, request: Request) -> Response:
         agent = request.path_params["agent"]
@@ -345,20 +368,8 @@ class _Host:
             # that mode trusts by design (it serves loopback only).
             event = InboundEvent(SOURCE, {"id": by, "attested": True}, body.text)
         idem = idempotent(request.headers.get(HEADER), body.model_dump(), by)
-        try:
-            stream = await ch.open_turn(
-                body.text, session=request.path_params["session"], replace=body.replace,
-                event=event, turn_id=idem.turn_id if idem else body.turn_id,
-                data=idem.data if idem else None)
-        except TurnConflictError as e:
-            raise conflict(e, idem) from None
-        if idem is not None:
-            try:
-                await idem.check(stream.session)
-            except BaseException:
-                stream.close()
-                raise
-        return stream
+        return await open_keyed(ch, body.text, idem, session=request.path_params["session"],
+                                event=event, replace=body.replace, turn_id=body.turn_id)
 
     async def turn(self, request: Request) -> Response:
         stream = await self._start(request)

@@ -10,7 +10,7 @@ the same ``authenticate`` as the API.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from importlib import resources
 
 from starlette.requests import Request
@@ -25,6 +25,8 @@ Handler = Callable[[Request], Awaitable[Response]]
 
 ASSETS = {
     "index.html": "text/html; charset=utf-8",
+    "kit.js": "text/javascript; charset=utf-8",
+    "timetravel.js": "text/javascript; charset=utf-8",
     "app.js": "text/javascript; charset=utf-8",
     "app.css": "text/css; charset=utf-8",
 }
@@ -36,13 +38,15 @@ def _asset(name: str) -> bytes:
 
 
 def console_routes(runtime: Runtime, guard: Callable[..., Handler],
-                   development: bool) -> list[BaseRoute]:
+                   development: bool, replay_models: Sequence[str] = ()) -> list[BaseRoute]:
     """The console's page, its files, ``GET /agents`` and ``GET …/timeline``.
 
     Args:
         guard: wraps each handler (origin, authentication, JSON errors; with the route's
             action, authorization), as for every API route (``guard.Guard``).
         development: whether the host runs without ``authenticate``.
+        replay_models: the names ``POST …/replay`` takes for its ``model`` (the console
+            offers them).
     """
 
     async def page(request: Request) -> Response:
@@ -59,7 +63,7 @@ def console_routes(runtime: Runtime, guard: Callable[..., Handler],
         return JSONResponse({
             "agents": [{"agent": name, "tools": sorted(a.tools_by_name)}
                        for name, a in sorted(runtime.agents.items())],
-            "development": development, "by": by})
+            "development": development, "by": by, "replay_models": sorted(replay_models)})
 
     async def timeline(request: Request) -> Response:
         s = runtime.session(request.path_params["agent"], request.path_params["session"])

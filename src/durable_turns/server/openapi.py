@@ -62,6 +62,16 @@ _SCHEMAS: dict[str, Any] = {
                        "generation": {"type": "integer"},
                        "pending": {"type": ["object", "null"]},
                        "owner": {"type": ["string", "null"]}}},
+    "Checkpoint": {
+        "type": "object",
+        "required": ["generation", "seq", "sub", "kind", "turn_id", "messages", "at", "steps",
+                     "events"],
+        "properties": {"generation": {"type": "integer"}, "seq": {"type": "integer"},
+                       "sub": {"type": "integer"}, "kind": {"type": "string"},
+                       "turn_id": {"type": ["string", "null"]},
+                       "messages": {"type": "integer"}, "at": {"type": ["number", "null"]},
+                       "steps": {"type": "array", "items": {"type": "object"}},
+                       "events": {"type": "array", "items": {"type": "object"}}}},
 }
 
 
@@ -77,9 +87,11 @@ def _object(**properties: Any) -> dict[str, Any]:
     return {"type": "object", "required": sorted(properties), "properties": properties}
 
 
-def openapi(bodies: dict[str, type[BaseModel]], agents: list[str]) -> dict[str, Any]:
-    """The document, with each request body's JSON schema taken from its pydantic model and
-    the ``agent`` path parameter listing the served agents."""
+def openapi(bodies: dict[str, type[BaseModel]], agents: list[str],
+            replay_models: list[str]) -> dict[str, Any]:
+    """The document, with each request body's JSON schema taken from its pydantic model, the
+    ``agent`` path parameter listing the served agents and a replay's ``model`` the models
+    the host offers."""
     params = [
         {"name": "agent", "in": "path", "required": True,
          "schema": {"type": "string", "enum": agents}},
@@ -87,20 +99,25 @@ def openapi(bodies: dict[str, type[BaseModel]], agents: list[str]) -> dict[str, 
          "schema": {"type": "string", "minLength": 1}}]
     schemas: dict[str, Any] = dict(_SCHEMAS)
     for model in bodies.values():
-        schemas[model.__name__] = model.model_json_schema(
-            ref_template="#/components/schemas/{model}")
+        schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        schemas.update(schema.pop("$defs", {}))  # the models it nests, beside it
+        schemas[model.__name__] = schema
+    offered: list[dict[str, Any]] = [{"type": "null"}]
+    if replay_models:
+        offered.insert(0, {"enum": replay_models})
+    schemas["ReplayBody"]["properties"]["model"] = {"anyOf": offered, "default": None}
 
     def errors(*codes: int) -> dict[str, Any]:
         # 503 (with Retry-After) on every route: the store may be away.
         return {str(c): _ERROR for c in sorted({401, 403, 503, *codes})}
 
     def post(name: str, summary: str, ok: dict[str, Any], *codes: int,
-             required: bool = True) -> dict[str, Any]:
+             required: bool = True, status: int = 200) -> dict[str, Any]:
         return {"post": {
             "summary": summary, "parameters": params,
             "requestBody": {"required": required, "content": {"application/json": {
                 "schema": _ref(bodies[name].__name__)}}},
-            "responses": {"200": ok, **errors(400, 404, 408, 413, 415, *codes)}}}
+            "responses": {str(status): ok, **errors(400, 404, 408, 413, 415, *codes)}}}
 
     result = {"description": "the turn's result (JSON), or its events with "
                              "Accept: text/event-stream",
@@ -168,6 +185,22 @@ def openapi(bodies: dict[str, type[BaseModel]], agents: list[str]) -> dict[str, 
                 required=False),
             f"{base}/retry": post("retry", "re-open a failed turn where it failed", _json(
                 _object(turn_id={"type": "string"}, retried={"type": "boolean"})), 409),
+            f"{base}/history": {"get": {
+                "summary": "the session's checkpoints, oldest first: each commit's place "
+                           "(generation, seq, sub), kind, steps and events",
+                "parameters": params, "responses": {"200": _json(_object(
+                    checkpoints={"type": "array", "items": _ref("Checkpoint")})),
+                    **errors(404)}}},
+            f"{base}/fork": post("fork", "copy the session up to a checkpoint into a new one "
+                                 "the caller owns", _json({"allOf": [_ref("Summary"), _object(
+                                     history={"type": "integer"})]}, "the fork"), 409,
+                                 status=201),
+            f"{base}/replay": post("replay", "replay the session's turns in a new session "
+                                   "(another model); the report, turn by turn", _json(_object(
+                                       source={"type": "string"}, replay={"type": "string"},
+                                       identical={"type": "boolean"},
+                                       turns={"type": "array", "items": {"type": "object"}}),
+                                       "the report"), 409, required=False, status=201),
             f"{base}/events": {"get": {
                 "summary": "the session's events after a cursor, then live ones",
                 "parameters": [*params,

@@ -55,6 +55,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol, TypeVar
 
 from ..events import TurnEvent
+from ..history import Checkpoint, ForkPlan
 from ..messages import Message
 from ..records import (
     NewEntry,
@@ -470,6 +471,26 @@ class SessionQueries(Protocol):
         whatever their status (a channel follows running ones and delivers ended ones), in
         the order they were accepted (each session's in chain order): a channel's durable
         outbox."""
+        ...
+
+    async def checkpoints(self, key: SessionKey, *,
+                          generation: int | None = None) -> list[Checkpoint]:
+        """Every commit of the session (of one generation, if given) in the order it was
+        made, across generations: each with its steps, its events, its generation, its place
+        in the log and the transcript's length after it. ``[]`` for an unknown session."""
+        ...
+
+    async def fork(self, plans: Sequence[ForkPlan]) -> None:
+        """Write new sessions, each a copy of its source's log up to a checkpoint of
+        generation ``plan.generation`` (as generation 0, the references to renamed children
+        rewritten), with the chain and status the plan gives: all of them in one transaction,
+        or none. The sources are not touched. Needs no lease (a source may be running: what
+        it commits after the checkpoint is not copied).
+
+        Raises:
+            SessionExistsError: a plan's new session has a chain or a log already (nothing
+                of any plan was written).
+        """
         ...
 
     async def settle_delivery(self, key: SessionKey, turn_id: str) -> bool:

@@ -6,7 +6,8 @@ the checks of two tiers:
 - :data:`REQUIRED`: every store passes every one (leases and epochs, atomic commits, every
   write read back as written, the chain's rules, generations, workers' claims, turn data,
   the feed and its live events, the queries hosts read (sessions' owners, and what a
-  listing shows whom), and a well-formed declaration of capabilities);
+  listing shows whom), a session's history and its forks, and a well-formed declaration of
+  capabilities);
 - :data:`OPTIONAL`: checks keyed by the capability they need (``store.capabilities``, a
   :class:`~durable_turns.stores.StoreCapabilities`). A store passes the checks of every
   capability it declares, and :func:`run_check` skips the others; a store that declares
@@ -51,7 +52,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
 from ..stores import SessionStore, StoreCapabilities
-from . import capabilities, chain, leases, log, queries
+from . import capabilities, chain, leases, log, queries, timeline
 from .capabilities import StoreFactory
 from .helpers import get_turn, step_result
 
@@ -93,6 +94,9 @@ REQUIRED: list[Check] = [
     queries.check_listings_show_what_a_principal_may_see,
     log.check_reset_starts_a_new_generation,
     log.check_a_long_transcript_reads_back_whole,
+    timeline.check_history_lists_every_commit_in_order,
+    timeline.check_a_fork_copies_a_session_up_to_a_checkpoint,
+    timeline.check_a_fork_before_any_checkpoint_is_an_empty_session,
     chain.check_supersede_cancels_unfinished_turns_but_not_a_park,
     log.check_events_are_read_by_turn,
     leases.check_subscribe_replays_then_goes_live,

@@ -10,120 +10,13 @@
 "use strict";
 (() => {
   const view = document.getElementById("view");
-  const ME = "durable_turns.me";
-  const app = { development: true, by: null, agents: [] };
   let page = null; // what the current view holds open: {close()}
 
-  // -- helpers -----------------------------------------------------------------------------
-
-  function el(tag, attrs, ...kids) {
-    const e = document.createElement(tag);
-    for (const [k, v] of Object.entries(attrs || {})) {
-      if (v === null || v === undefined || v === false) continue;
-      if (k.startsWith("on")) e.addEventListener(k.slice(2), v);
-      else if (k === "class") e.className = v;
-      else if (k === "text") e.textContent = v;
-      // Through the CSSOM: the Content-Security-Policy refuses style attributes.
-      else if (k === "style") Object.assign(e.style, v);
-      else e.setAttribute(k, v === true ? "" : v);
-    }
-    for (const kid of kids.flat()) {
-      if (kid === null || kid === undefined || kid === false) continue;
-      e.append(kid instanceof Node ? kid : document.createTextNode(String(kid)));
-    }
-    return e;
-  }
-
-  const json = (v) => JSON.stringify(v, null, 2);
-  const badge = (status) => el("span", { class: `badge ${status}`, text: status });
-  const enc = encodeURIComponent;
-  const sessionPath = (agent, session) => `/agents/${enc(agent)}/sessions/${enc(session)}`;
-
-  function me() {
-    return app.development ? (localStorage.getItem(ME) || "").trim() || undefined : app.by;
-  }
-
-  // A new Idempotency-Key (crypto.randomUUID needs a secure context; this does not).
-  function idempotencyKey() {
-    const bytes = crypto.getRandomValues(new Uint8Array(16));
-    return Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("");
-  }
-
-  class ApiError extends Error {
-    constructor(status, type, message) {
-      super(message);
-      this.status = status;
-      this.type = type;
-    }
-  }
-
-  async function api(path, body, keep, headers) {
-    const init = body === undefined ? {} : {
-      method: "POST", headers: { "Content-Type": "application/json", ...(headers || {}) },
-      body: JSON.stringify(body),
-    };
-    const r = await fetch(path, { ...init, credentials: "same-origin" });
-    if (r.ok && keep === "headers") {
-      // The page follows what comes next on the session's event stream, not on this one.
-      await r.body.cancel();
-      return r.headers;
-    }
-    let data = null;
-    try { data = await r.json(); } catch (_) { data = null; }
-    if (!r.ok) {
-      const err = (data && data.error) || { type: `HTTP ${r.status}`, message: r.statusText };
-      throw new ApiError(r.status, err.type, err.message);
-    }
-    return data;
-  }
-
-  // What a person reads when a call is refused: the server's own words, and what they mean.
-  function explain(e) {
-    if (!(e instanceof ApiError)) return `Could not reach the server (${e.message}).`;
-    const what = {
-      401: "You are not signed in", 403: "You may not do this",
-      404: "Not found", 409: "Conflict", 413: "Too large",
-      422: "That answer does not fit the request",
-    }[e.status] || `Refused (${e.status})`;
-    let hint = "";
-    if (e.status === 409 && /answered already/.test(e.message)) {
-      // The server names who answered: one's own earlier answer (another tab, a click
-      // before a reload) is not "someone else's".
-      const first = (e.message.match(/answered already by '([^']*)'/) || [])[1];
-      hint = first !== undefined && first === me() ?
-        " You answered it yourself, in another tab or window; your first answer stands." :
-        " Someone answered this request first; their answer stands.";
-    } else if (e.status === 409 && /parked on turn .* waiting for input/.test(e.message)) {
-      hint = " The session is waiting for an answer: answer it (here or in the inbox) first.";
-    }
-    return `${what}: ${e.message}.${hint}`;
-  }
-
-  const notice = (kind, text) => el("div", { class: `notice ${kind}`, role: "status", text });
-
-  function ago(t) {
-    if (t === null || t === undefined) return "—";
-    const s = Math.max(0, Date.now() / 1000 - t);
-    if (s < 60) return `${Math.round(s)} s ago`;
-    if (s < 3600) return `${Math.round(s / 60)} min ago`;
-    if (s < 86400) return `${Math.round(s / 3600)} h ago`;
-    return new Date(t * 1000).toLocaleString();
-  }
-
-  function took(d) {
-    if (d === null || d === undefined) return "";
-    return d < 1 ? `${Math.round(d * 1000)} ms` : `${d.toFixed(2)} s`;
-  }
-
-  function whoMay(answerers) {
-    if (!answerers) return "Anyone may answer (no answerer was named).";
-    if (answerers.user !== undefined) return `Only ${answerers.user} may answer.`;
-    if (answerers.policy !== undefined) {
-      return `Whoever the agent's policy “${answerers.policy}” allows may answer` +
-        (answerers.scope !== undefined ? ` (scope ${answerers.scope}).` : ".");
-    }
-    return `Answerers: ${JSON.stringify(answerers)}`;
-  }
+  const {
+    ME, app, el, json, badge, enc, sessionPath, me, idempotencyKey, ApiError, api, explain,
+    notice, ago, took, whoMay,
+  } = window.DurableConsole;
+  const DC = window.DurableConsole; // and timetravel.js's views
 
   // -- answering a parked turn -------------------------------------------------------------
 
@@ -363,7 +256,7 @@
     const base = sessionPath(agent, session);
     const s = { snap: null, live: null, fetching: false, again: false, closed: false,
       tab: "transcript", es: null, opened: new Set(), last: 20, sending: null,
-      forms: new Map() };
+      forms: new Map(), places: null };
     const title = el("span", { id: "session-status" });
     const body = el("div", { id: "turns" });
     const status = el("div", { id: "session-notice" });
@@ -371,7 +264,7 @@
     for (const [name, label] of [["transcript", "Transcript"], ["timeline", "Timeline"]]) {
       tabs[name] = el("button", { type: "button", class: "secondary", id: `tab-${name}`,
         "aria-pressed": String(name === s.tab),
-        onclick: () => { s.tab = name; render(); } }, label);
+        onclick: () => { s.tab = name; render(); if (name === "timeline") refresh(); } }, label);
     }
     const text = el("textarea", { id: "ask", name: "text", placeholder: "Ask the agent…",
       required: true, rows: "2" });
@@ -383,7 +276,7 @@
     view.replaceChildren(
       el("h1", {}, el("a", { href: "#/", text: agent }), " / ", session, " ", title),
       el("div", { class: "toolbar" }, tabs.transcript, tabs.timeline, cancel, reset),
-      status, body,
+      DC.replayForm(agent, session, status), status, body,
       el("form", { class: "ask", onsubmit: doSend }, text, send));
 
     async function doSend(ev) {
@@ -450,6 +343,11 @@
       try {
         const snap = await api(`${base}/timeline${s.last ? `?last=${s.last}` : ""}`);
         if (s.closed) return;
+        // The timeline's "Fork from here" needs each step's checkpoint (a new session has none).
+        if (s.tab === "timeline" && snap.turns.length) {
+          try { s.places = await DC.places(agent, session); } catch (_) { s.places = null; }
+        }
+        if (s.closed) return;
         s.snap = snap;
         if (s.live && s.live.seq < snap.seq) s.live = null;
         // A stream the browser gave up on (its reconnect met a 503 while the store was
@@ -502,7 +400,9 @@
       for (const [name, b] of Object.entries(tabs)) b.setAttribute("aria-pressed", String(name === s.tab));
       title.replaceChildren(badge(snap.status),
         snap.generation ? el("span", { class: "muted", text: ` generation ${snap.generation}` }) : "");
-      const turns = snap.turns.map((t) => (s.tab === "timeline" ? timelineTurn(t) : transcriptTurn(t)));
+      const turns = snap.turns.map((t) => (s.tab === "timeline" ?
+        DC.timelineTurn(t, { agent, session, at: s.places, status, usageText }) :
+        transcriptTurn(t)));
       if (s.live && !snap.turns.some((t) => t.turn_id === s.live.turn)) {
         turns.push(liveBubble());
       }
@@ -610,27 +510,6 @@
         el("span", { class: "usage", text: usage }), retry);
     }
 
-    function timelineTurn(t) {
-      const total = Math.max(t.duration || 0, ...t.steps.map((r) => r.duration || 0), 1e-9);
-      const rows = t.steps.map((r, i) => el("tr", { class: `step ${r.status}`, "data-kind": r.kind },
-        el("td", { class: "num muted hide-narrow", text: String(i + 1) }),
-        el("td", {}, r.kind === "tool" ? `tool ${r.resumed ? "↻ " : ""}${r.name}` :
-          r.kind === "input" ? `input: ${r.prompt}` : "model"),
-        el("td", {}, badge(r.status)),
-        el("td", { class: "num", text: r.duration === null ? (r.ended_at ? "" : "…") : took(r.duration) }),
-        el("td", { class: "bar-cell" }, el("div", { class: `bar ${r.status}`,
-          style: { width: `${r.duration === null ? 2 : Math.max(1, (100 * r.duration) / total)}%` } }))));
-      return el("section", { class: "turn", "data-turn": t.turn_id },
-        el("h2", {}, badge(t.status), " ", t.text.length > 80 ? `${t.text.slice(0, 80)}…` : t.text),
-        el("table", { class: "timeline" },
-          el("thead", {}, el("tr", {}, el("th", { class: "num hide-narrow", text: "#" }),
-            el("th", { text: "step" }), el("th", { text: "status" }),
-            el("th", { class: "num", text: "time" }), el("th", { text: "" }))),
-          el("tbody", {}, rows)),
-        el("div", { class: "turn-end" }, [t.duration !== null ? `turn: ${took(t.duration)}` : "",
-          usageText(t.usage)].filter(Boolean).join(" · ")));
-    }
-
     refresh();
     // What leaves no event behind (a reset or an answer given elsewhere) shows within 10 s.
     const timer = setInterval(refresh, 10000);
@@ -651,7 +530,9 @@
     page = null;
     const hash = location.hash || "#/";
     const m = hash.match(/^#\/s\/([^/]+)\/(.+)$/);
+    const r = hash.match(/^#\/r\/([^/]+)\/(.+)$/);
     if (m) page = showSession(decodeURIComponent(m[1]), decodeURIComponent(m[2]));
+    else if (r) page = DC.showReplay(view, decodeURIComponent(r[1]), decodeURIComponent(r[2]));
     else if (hash.startsWith("#/inbox")) page = showInbox();
     else page = showSessions((hash.match(/status=(\w+)/) || [])[1] || "");
     updateCount();

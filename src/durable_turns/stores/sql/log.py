@@ -31,6 +31,7 @@ events after a seq, the newest seq, the lease's counters (the session's last row
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from ...events import (
@@ -185,3 +186,39 @@ def events_of(agent: str, session: str, seq: int, turn_id: str | None, body: str
                 data["text"] = m.text
         out.append(event_from_fields(agent, session, first + i, tid, etype, data))
     return out
+
+
+def renamed(step: str | None, memo: str | None, events: str | None,
+            renames: Mapping[str, str]) -> tuple[str | None, str | None]:
+    """A row's ``memo`` and ``events`` with every reference to a renamed subagent child
+    session (a child step's record, a forwarded event's ``child``, a request routed to a
+    child) naming its new id; rewritten as JSON, never as text."""
+    if not renames:
+        return memo, events
+    if memo is not None:
+        if step is not None:
+            if step.startswith("child:"):
+                memo = _renamed_memo(memo, renames)
+        else:
+            memo = encode_json([[s, t, _renamed_memo(d, renames) if s.startswith("child:")
+                                 else d] for s, t, d in json.loads(memo)])
+    if events is not None:
+        items = json.loads(events)
+        for _etype, data in items:
+            _rename_child(data.get("child"), renames)
+            request = data.get("request")
+            for r in [request, *(request or {}).get("more", ())] if request else ():
+                _rename_child(r.get("child"), renames)
+        events = encode_json(items)
+    return memo, events
+
+
+def _renamed_memo(memo: str, renames: Mapping[str, str]) -> str:
+    data = json.loads(memo)
+    _rename_child(data, renames)
+    return encode_json(data)
+
+
+def _rename_child(ref: Any, renames: Mapping[str, str]) -> None:
+    if isinstance(ref, dict) and ref.get("session") in renames:
+        ref["session"] = renames[ref["session"]]

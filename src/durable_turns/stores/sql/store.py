@@ -28,22 +28,20 @@ from typing import Any, Protocol, TypeVar
 
 from ...errors import FatalToolError, LeaseLostError, StoreError
 from ...events import TurnEvent
-from ...messages import Message
+from ...history import ForkPlan
 from ...records import (
     NewEntry,
-    SessionInfo,
     SessionKey,
-    SessionSummary,
-    StepRecord,
     TurnRecord,
-    Visibility,
 )
 from .. import StoreCapabilities, Watcher
 from ..feed import Feed, Subscription
 from ..kit import BufferedTransaction, LeaseCounters
 from ..live import LiveRelay, LiveWire
+from .reads import SqlReads
 from .schema import Syntax
 from .statements import Statements
+from .timeline import fork as write_fork
 
 __all__ = ["Dialect", "Grant", "Leases", "SqlLease", "SqlStore", "SqlTransaction", "StepLink"]
 
@@ -219,7 +217,7 @@ class Dialect(Protocol):
         ...
 
 
-class SqlStore:
+class SqlStore(SqlReads):
     """A session store on a SQL database: the ``SessionStore`` seam over a :class:`Dialect`.
 
     Args:
@@ -346,53 +344,19 @@ class SqlStore:
         """``SessionQueries.settle_delivery``."""
         return await self.statement(lambda c: self.statements.settle_delivery(c, key, turn_id))
 
-    # -- reads -----------------------------------------------------------------------------
+    async def fork(self, plans: Sequence[ForkPlan]) -> None:
+        """``SessionQueries.fork``."""
+        st = self.statements
 
-    async def turns(self, key: SessionKey, *, turn_id: str | None = None,
-                    unfinished: bool = False) -> list[TurnRecord]:
-        """``TurnStore.turns``."""
-        return await self.read(lambda c: self.statements.turns(c, key, turn_id, unfinished))
+        def write(c: Any) -> None:
+            for plan in plans:
+                write_fork(st, c, plan)
+            for plan in plans:
+                self.dialect.notify(c, plan.dst, None)
 
-    async def session_info(self, key: SessionKey) -> SessionInfo | None:
-        """``SessionQueries.session_info``."""
-        return await self.read(lambda c: self.statements.session_info(c, key))
-
-    async def read_messages(self, key: SessionKey, *, after: int = 0,
-                            generation: int | None = None) -> list[Message]:
-        """``TurnStore.read_messages``."""
-        return await self.read(
-            lambda c: self.statements.read_messages(c, key, after, generation))
-
-    async def read_steps(self, key: SessionKey, *, generation: int | None = None,
-                         step_id: str | None = None) -> dict[str, StepRecord]:
-        """``TurnStore.read_steps``."""
-        return await self.read(
-            lambda c: self.statements.read_steps(c, key, generation, step_id))
-
-    async def read_events(self, key: SessionKey, *, after_seq: int = 0,
-                          turn_id: str | None = None) -> list[TurnEvent]:
-        """``TurnStore.read_events``."""
-        return await self.read(
-            lambda c: self.statements.read_events(c, key, after_seq, turn_id))
-
-    async def find_sessions(self, which: str | None = None, *,
-                            turn_id: str | None = None) -> list[SessionKey]:
-        """``SessionQueries.find_sessions``."""
-        return await self.read(lambda c: self.statements.find_sessions(c, which, turn_id))
-
-    async def list_sessions(self, agent: str) -> list[SessionKey]:
-        """``SessionQueries.list_sessions``."""
-        return await self.read(lambda c: self.statements.list_sessions(c, agent))
-
-    async def session_summaries(self, agent: str, *, parked_only: bool = False,
-                                visible: Visibility | None = None) -> list[SessionSummary]:
-        """``SessionQueries.session_summaries``."""
-        return await self.read(
-            lambda c: self.statements.session_summaries(c, agent, parked_only, visible))
-
-    async def owed_deliveries(self, channel: str) -> list[tuple[SessionKey, TurnRecord]]:
-        """``SessionQueries.owed_deliveries``."""
-        return await self.read(lambda c: self.statements.owed_deliveries(c, channel))
+        await self.transact(write)
+        for plan in plans:
+            self.feed.changed(plan.dst)
 
     # -- the feed --------------------------------------------------------------------------
 
