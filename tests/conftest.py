@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -73,3 +73,18 @@ async def store(store_factory: Callable[[], SessionStore]) -> AsyncIterator[Sess
     await s.open()
     yield s
     await s.close()
+
+
+@pytest.fixture(scope="session")
+def temporal_target() -> Iterator[str]:
+    """``host:port`` of a Temporal dev server started for the test session (in memory)."""
+    import asyncio
+
+    from durable_turns.temporal.devserver import DevServer
+
+    server = DevServer()
+    asyncio.run(server.start())
+    try:
+        yield server.target
+    finally:
+        server.stop()

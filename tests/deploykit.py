@@ -62,10 +62,13 @@ class Deployment:
 @asynccontextmanager
 async def deployment(app: Path, store: str, tmp_path: Path, *, workers: int,
                      env: Mapping[str, str] | None = None,
-                     worker_args: tuple[str, ...] = ()) -> AsyncIterator[Deployment]:
+                     worker_args: tuple[str, ...] = (),
+                     temporal: tuple[str, str] | None = None) -> AsyncIterator[Deployment]:
     """Start a server that drives nothing and ``workers`` workers of the app folder ``app``
     on ``store`` (a DSN or a SQLite file), wait until the server answers, stop them all at
-    the end (SIGINT, then SIGKILL past :data:`WAIT`)."""
+    the end (SIGINT, then SIGKILL past :data:`WAIT`). With ``temporal`` (a dev server's
+    ``host:port`` and a task queue), the server is ``serve --temporal`` and the workers are
+    ``temporal-worker`` processes."""
     port = free_port()
     cli = [sys.executable, "-m", "durable_turns.cli"]
     logs: list[Path] = []
@@ -77,10 +80,13 @@ async def deployment(app: Path, store: str, tmp_path: Path, *, workers: int,
             return subprocess.Popen([*cli, *args], stdin=subprocess.DEVNULL, stdout=out,
                                     stderr=subprocess.STDOUT, env=environ)
 
+    on = () if temporal is None else ("--temporal", temporal[0], "--task-queue", temporal[1])
     server = spawn("server", "serve", str(app), "--store", store, "--no-drive",
-                   "--port", str(port))
-    procs = [spawn(f"worker{i}", "worker", str(app), "--store", store, "--lease-ttl", "5",
-                   "--poll-interval", "0.1", *worker_args) for i in range(workers)]
+                   "--port", str(port), *on)
+    kind = ("worker", "--poll-interval", "0.1") if temporal is None else \
+        ("temporal-worker", "--heartbeat", "1", "--sticky-timeout", "0.5", *on)
+    procs = [spawn(f"worker{i}", kind[0], str(app), "--store", store, "--lease-ttl", "5",
+                   *kind[1:], *worker_args) for i in range(workers)]
     found = Deployment(f"http://127.0.0.1:{port}", server, procs, logs)
     try:
         async with httpx.AsyncClient(base_url=found.url, timeout=WAIT) as client:

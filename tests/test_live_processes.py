@@ -53,6 +53,20 @@ async def watch(client: httpx.AsyncClient, session: str) -> list[Frame]:
         return await read_sse(r)
 
 
+async def warm_up(client: httpx.AsyncClient) -> None:
+    """Stream turns until one's live text arrives.
+
+    A process starts taking other processes' live text a moment after its first subscriber
+    came (it connects, or binds): a first turn whose deltas arrived says it has (by
+    contract, text before that may be lost).
+    """
+    async with asyncio.timeout(WAIT):
+        for i in range(100):
+            warm = await stream_turn(client, f"warm{i}", "hello")
+            if any(k == "message.delta" for _s, k, _d in warm):
+                return
+
+
 def check_stream(frames: list[Frame], pids: list[int]) -> str:
     """The stream's live text, checked: the durable events in order without a gap, every
     delta after the ``turn.started`` and before the ``message.completed`` it belongs to,
@@ -82,14 +96,7 @@ async def test_a_worker_s_live_text_reaches_every_client_of_a_server(
     app = write_app(tmp_path, "You run ops.", AGENT_PY)
     async with deployment(app, store, tmp_path, workers=workers) as d, \
             httpx.AsyncClient(base_url=d.url, timeout=WAIT) as client:
-        # A process starts taking other processes' live text a moment after its first
-        # subscriber came (it connects, or binds): a first turn whose deltas arrived says it
-        # has (by contract, text before that may be lost).
-        async with asyncio.timeout(WAIT):
-            for i in range(100):
-                warm = await stream_turn(client, f"warm{i}", "hello")
-                if any(k == "message.delta" for _s, k, _d in warm):
-                    break
+        await warm_up(client)
         # Three turns at once, on three sessions; each with a second client following the
         # session's events (GET …/events) beside the one that started it.
         async with asyncio.timeout(WAIT):

@@ -23,7 +23,7 @@ def _top_level_imports() -> set[str]:
     return found
 
 
-IMPORT_NAMES = {"opentelemetry_api": "opentelemetry"}
+IMPORT_NAMES = {"opentelemetry_api": "opentelemetry", "ag_ui_protocol": "ag_ui"}
 """Distributions whose import name is not their own."""
 
 
@@ -57,7 +57,8 @@ LINK = re.compile(r"\]\(([^)\s]+)\)")
 def _check_paths(name: str, text: str) -> int:
     """Assert that every path ``text`` mentions is the repository's; return how many."""
     assert "../" not in text, f"{name} refers to a path outside the repository"
-    paths = set(re.findall(r"(?<![\w/.:~-])((?:\.?[\w-]+/)(?:[\w.-]+/?)*)", text))
+    # (after an "@": an npm package's scope, not a path)
+    paths = set(re.findall(r"(?<![\w/.:~@-])((?:\.?[\w-]+/)(?:[\w.-]+/?)*)", text))
     checked = 0
     for path in sorted(paths):
         if re.fullmatch(r"[\dx/]+|[A-Z]+/[A-Z]+|(text|application)/[\w.+-]+", path) \

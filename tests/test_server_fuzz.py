@@ -13,22 +13,19 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import subprocess
 import sys
-import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
-import uvicorn
 from schemathesis.core.warnings import SchemathesisWarning
 
 from durable_turns import Agent, MemoryStore, ModelReply, Runtime, scripted
-from durable_turns.server import create_app
+from durable_turns.server import create_app, mount_ag_ui, mount_ai_sdk
+from servekit import served_in_thread
 
 WAIT = 30.0
 """The bound on the server's start and shutdown."""
@@ -43,28 +40,16 @@ def served(authenticate: Any) -> Iterator[str]:
     rt = Runtime([Agent("desk", "You help.")], MemoryStore(),
                  scripted(lambda _request: ModelReply("ok")))
     app = create_app(rt, authenticate)
+    mount_ai_sdk(app)  # the frontend protocols' routes are in the document too
+    mount_ag_ui(app)
 
     async def ending_streams(scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http" and scope["path"].endswith("/events"):
             asyncio.get_running_loop().call_later(0.2, app.state.end_streams)
         await app(scope, receive, send)
 
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(ending_streams, log_level="warning",
-                                           lifespan="off"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + WAIT
-    while not server.started:  # uvicorn has no event for it: a bounded poll
-        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(WAIT)
-        sock.close()
+    with served_in_thread(ending_streams) as url:
+        yield url
 
 
 WARNINGS = ",".join(w.value for w in SchemathesisWarning if w not in {
@@ -94,4 +79,4 @@ def test_schemathesis_with_every_check_finds_nothing(authenticate: Any,
             env={**os.environ, "NO_COLOR": "1", "SCHEMATHESIS_HOOKS": ""})
     report = run.stdout + run.stderr
     assert run.returncode == 0, report[-6000:]
-    assert "Selected: 16/16" in report and "No issues found" in report, report[-3000:]
+    assert "Selected: 19/19" in report and "No issues found" in report, report[-3000:]

@@ -198,3 +198,17 @@ async def test_development_mode_forks_too() -> None:
         r = await a.call(None, "POST", "/s/fork", json={"to": "f", "at": first})
         assert r.status_code == 201 and r.json()["owner"] is None, r.text
         assert await a.transcript(None, "f") == ["one", "You said: one"]
+
+
+async def test_a_fork_that_starts_a_turn_where_one_is_under_way_is_a_conflict() -> None:
+    async with api() as a:
+        await _two_turns(a, "alice", "s9")
+        r = await a.call("alice", "GET", "/s9/history")
+        start = next(cp for cp in r.json()["checkpoints"] if cp["kind"] == "start")
+        at = {k: start[k] for k in ("generation", "seq", "sub")}  # the first turn under way
+        r = await a.call("alice", "POST", "/s9/fork",
+                         json={"to": "s9-b", "at": at, "then": "and now?"})
+        assert r.status_code == 409 and r.json()["error"]["type"] == "TurnUnderWay", r.text
+        assert "under way" in r.json()["error"]["message"]
+        r = await a.call("alice", "GET", "/s9-b")
+        assert r.status_code == 404, r.text  # no fork was written

@@ -52,6 +52,7 @@ from .cli_sessions import (
     retry,
     session_action,
 )
+from .cli_temporal import add_temporal_commands, add_temporal_options, scheduler_of
 from .errors import ConfigurationError, DurableTurnsError, error_kind
 from .records import TurnResult
 from .runtime import Runtime
@@ -120,6 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="with --channel and no authentication, serve the API and the "
                             "console too (development mode: 'by' comes from request bodies); "
                             "without it only the channels' routes are served")
+    add_temporal_options(serve, required=False)
     serve.set_defaults(run=_serve)
 
     chat = commands.add_parser(
@@ -166,6 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="sessions this worker drives at once, at most (the rest are left "
                            "to other workers)")
     work.set_defaults(run=_worker)
+    add_temporal_commands(commands, epilog=EXIT_STATUS)
 
     receive = commands.add_parser(
         "receive", help="run a turn nobody typed and deliver it to a channel (F9)",
@@ -251,8 +254,11 @@ def _serving(args: argparse.Namespace) -> int:
             f"{args.host!r}: {DEV_MODE_HINT}")
     channels = [channel_from_env(n, factories=app.channels) for n in dict.fromkeys(names)]
     make, named = store_of(args, create=True)
-    runtime = Runtime([app.agent], make(), drive=args.drive)
-    drives = "" if args.drive else "; not driving: 'durable-turns worker' processes do"
+    scheduler = scheduler_of(args)
+    runtime = Runtime([app.agent], make(), drive=args.drive, scheduler=scheduler)
+    drives = "" if args.drive and scheduler is None else (
+        "; not driving: 'durable-turns temporal-worker' processes do" if scheduler else
+        "; not driving: 'durable-turns worker' processes do")
     auth = (f"authentication: {args.auth or f'{args.app}/agent.py:authenticate'}"
             if authenticate is not None else
             f"development mode: 'by' comes from request bodies; {DEV_MODE_HINT}" if api else

@@ -20,15 +20,16 @@ import contextlib
 import logging
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from .agent import Agent
 from .commands import Place, Reset, command_of
 from .context import Host
 from .engine import TurnEngine
-from .errors import LeaseLostError, LeaseTimeoutError, StoreError
+from .errors import LeaseLostError, LeaseTimeoutError, StepTaken, StoreError
 from .events import TurnEvent
-from .messages import Message, MessageLog
+from .messages import Message, MessageLog, owed_calls
 from .model import Model
 from .records import SessionKey, StepId, StepResult, TurnRecord, TurnResult, TurnStatus
 from .stores import Lease, SessionStore
@@ -41,6 +42,57 @@ STORE_RETRIES = 5
 """How often a driver drives a session again after the store refused a step."""
 STORE_BACKOFF = 0.05
 """Seconds before the first such retry; doubled each time, up to 5 s."""
+
+
+def runnable(pending: Iterable[TurnRecord]) -> list[TurnRecord]:
+    """The chain entries a driver runs next, in chain order, of the session's unfinished ones.
+
+    A parked turn with a cancel runs (to its end) in its place in the chain; while a turn is
+    parked on a standing request, only commands run.
+    """
+    pending = list(pending)
+    out = [t for t in pending if t.needs_driving]
+    if any(t.parked for t in pending):
+        out = [t for t in out if t.kind != "turn"]
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class ChainState:
+    """What is left of a session's chain after a drive: what a scheduler asks for next."""
+
+    more: bool
+    """An entry needs driving now (a queued or running turn, a command, a withdrawn park)."""
+    parked: bool
+    """A turn waits on a person's answer (or a child's end)."""
+    next: str = ""
+    """The next step: ``model``, ``tool`` (a reply's owed calls), or the command's kind."""
+    tools: tuple[str, ...] = ()
+    """For a ``tool`` step: the names of the calls it runs."""
+
+
+def chain_state(pending: Iterable[TurnRecord], transcript: list[Message] | None) -> ChainState:
+    """What is left of a chain, from its unfinished entries and (when known) its live log.
+
+    Args:
+        pending: the session's unfinished chain entries.
+        transcript: the live log the last drive left, to name the next step's tools.
+
+    Returns:
+        The chain's state; ``next`` is ``model`` when the log is not known.
+    """
+    pending = list(pending)
+    entries = runnable(pending)
+    parked = any(t.parked for t in pending)
+    if not entries:
+        return ChainState(False, parked)
+    entry = entries[0]
+    if entry.kind != "turn":
+        return ChainState(True, parked, entry.kind)
+    n, owed = owed_calls(transcript) if transcript else (-1, [])
+    if owed and transcript and transcript[n].turn_id == entry.turn_id:
+        return ChainState(True, parked, "tool", tuple(c.name for c in owed))
+    return ChainState(True, parked, "model")
 
 
 class TranscriptCache:
@@ -75,6 +127,11 @@ class TranscriptCache:
     def forget(self, key: SessionKey) -> None:
         self._logs.pop(key, None)
 
+    def peek(self, key: SessionKey) -> list[Message] | None:
+        """The session's live log as the last drive here left it, if it is kept."""
+        cached = self._logs.get(key)
+        return None if cached is None else cached[1]
+
 
 class SessionDriver:
     """Drives one session's chain while it has work; see the module docstring.
@@ -96,6 +153,10 @@ class SessionDriver:
             (subagents, F13) and the parent-close policy of commands.
         lease: the session's lease, already claimed (``SessionStore.claim_ready``); the
             driver releases it when done. Later looks at the chain claim again (``try_once``).
+        steps: drive this many steps of the chain at most, then release the lease and end
+            (``None``: until nothing is left). A step is a model call, a tool call (a
+            parallel batch is one) or a command; a turn's opening goes with its first step.
+            A scheduler that owns the chain's order (Temporal) drives one at a time.
     """
 
     def __init__(self, key: SessionKey, agent: Agent, model: Model, store: SessionStore, *,
@@ -103,7 +164,8 @@ class SessionDriver:
                  publish_live: Callable[[TurnEvent], None], finished: Finished,
                  lease_timeout: float | None, host: Host, try_once: bool = False,
                  lease: Lease | None = None,
-                 wants_live: Callable[[SessionKey], bool] | None = None) -> None:
+                 wants_live: Callable[[SessionKey], bool] | None = None,
+                 steps: int | None = None) -> None:
         self.key = key
         self.failure: BaseException | None = None
         """Why driving stopped, when it stopped on an error (the turns stay in the store)."""
@@ -126,6 +188,7 @@ class SessionDriver:
         self._checking = False
         self._check_again = False
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._steps = steps
         self.task = asyncio.create_task(self._run(), name=f"durable-turns {key}")
 
     @property
@@ -162,6 +225,8 @@ class SessionDriver:
                 try:
                     await self._drive_once()
                     failures = 0
+                    if self._steps is not None:
+                        break  # its scheduler asks again for the next one
                 except StoreError as e:
                     # The step was abandoned, nothing of it written: drive the turn again
                     # after a pause, from what the store holds.
@@ -233,29 +298,30 @@ class SessionDriver:
                             await self._transcripts.load(store, lease), self._publish,
                             self._publish_live, read_step, self._cancels.get, self._host,
                             wants_live=self._live_wanted())
+        engine.step_budget = self._steps
         self._engine = engine
         while True:
             pending = await store.turns(key, unfinished=True)
-            # A parked turn with a cancel runs (to its end) in its place in the chain; while
-            # a turn is parked on a standing request, only commands run.
-            runnable = [t for t in pending if t.needs_driving]
-            if any(t.parked for t in pending):
-                runnable = [t for t in runnable if t.kind != "turn"]
-            if not runnable:
+            entries = runnable(pending)
+            if not entries:
                 return
             for t in pending:
                 if t.cancel is not None:
                     self._cancels.setdefault(t.turn_id, t.cancel)
-            entry = runnable[0]
+            entry = entries[0]
             if entry.kind == "turn":
-                result = await self._run_turn(engine, entry)
+                try:
+                    result = await self._run_turn(engine, entry)
+                except StepTaken:
+                    return  # the turn goes on in the next drive, from the transcript
             else:
                 result = await self._apply(engine, lease, Place(entry, pending,
                                                                  engine.checkpoints, find))
             self._cancels.pop(entry.turn_id, None)
             log.debug("%s %s of %s: %s", entry.kind, entry.turn_id, key, result.status)
             self._finished(key, result)
-
+            if self._steps is not None:
+                return  # one entry's end is a step of its own
     async def _run_turn(self, engine: TurnEngine, entry: TurnRecord) -> TurnResult:
         if entry.status == TurnStatus.SUSPENDED and entry.cancel is not None:
             # A cancel withdrew the park (parent-close policy): the children it waits on

@@ -32,6 +32,7 @@ from .errors import (
     ConfigurationError,
     FatalToolError,
     ModelError,
+    StepTaken,
     ToolCrashedError,
 )
 from .events import (
@@ -110,6 +111,10 @@ class TurnEngine:
         self.calls = ToolCalls(agent, self.checkpoints, read_step, cancel_reason, publish_live,
                                self._interruptible, host)
         self.turn_id: str | None = None
+        self.step_budget: int | None = None
+        """How many more steps this drive may run (``None``: no limit): at the boundary past
+        it, :class:`~durable_turns.errors.StepTaken` ends the drive (a Temporal activity runs
+        one step)."""
         self._streaming: asyncio.Task[Any] | None = None
         self._interrupted = False
 
@@ -178,6 +183,7 @@ class TurnEngine:
             transcript = self.transcript
             while True:
                 self._check_cancel(turn_id)
+                self._take_step()
                 n, owed = owed_calls(transcript)
                 last = transcript[n] if n >= 0 else None
                 if owed:
@@ -220,6 +226,13 @@ class TurnEngine:
             if m.is_opening:
                 return True
         return False
+
+    def _take_step(self) -> None:
+        budget = self.step_budget
+        if budget is not None:
+            if budget <= 0:
+                raise StepTaken
+            self.step_budget = budget - 1
 
     def _check_cancel(self, turn_id: str) -> None:
         reason = self._cancel_reason(turn_id)

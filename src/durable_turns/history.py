@@ -123,3 +123,6 @@ class ForkPlan:
     """Subagent child sessions (by id) and the ids of their forks: every reference the
     copied checkpoints hold to one (a child step's record, a forwarded event, a request
     routed to a child) names the fork instead."""
+    owner: str | None = None
+    """Who owns the fork (a host's caller), written with it: a fork to a session that another
+    owns already is refused (``SessionExistsError``), as one with a chain or a log is."""

@@ -63,8 +63,8 @@ LAYERS: tuple[Layer, ...] = (
     Layer(
         "adapters",
         "what implements a seam: the store kit (its feed, its live relay, its SQL store written "
-        "once over a dialect) and the stores, a module per model vendor, MCP tools, the store "
-        "conformance suite",
+        "once over a dialect) and the stores, a module per model vendor, MCP tools, Temporal's "
+        "scheduler and worker, the store conformance suite",
         (
             "models",
             "stores.feed",
@@ -81,6 +81,7 @@ LAYERS: tuple[Layer, ...] = (
             "stores._postgres_listen",
             "stores.registry",
             "mcp",
+            "temporal",
             "testing",
         ),
     ),
@@ -94,9 +95,10 @@ LAYERS: tuple[Layer, ...] = (
     Layer(
         "composition",
         "the CLI (the only asyncio.run): its options and errors, the approvals of any app, "
-        "the demo's and the sessions commands; the package's re-exports, this table",
-        ("cli", "cli_args", "cli_approvals", "cli_demo", "cli_sessions", "__init__",
-         "layers"),
+        "the demo's, the sessions and the Temporal commands; the package's re-exports, this "
+        "table",
+        ("cli", "cli_args", "cli_approvals", "cli_demo", "cli_sessions", "cli_temporal",
+         "__init__", "layers"),
     ),
 )
 """Bottom first: a module may import from its own layer and the layers before it."""

@@ -25,10 +25,11 @@ import contextlib
 import logging
 import os
 from collections.abc import Iterable
+from typing import Protocol
 
 from .agent import Agent
 from .context import Host
-from .driver import SessionDriver, TranscriptCache
+from .driver import ChainState, SessionDriver, TranscriptCache, chain_state
 from .errors import (
     ConfigurationError,
     DurableTurnsError,
@@ -56,6 +57,27 @@ AWAY_LOG_EVERY = 30.0
 """Seconds between a worker's warnings that its store refuses its looks."""
 
 
+class Scheduler(Protocol):
+    """Who drives a runtime's sessions when something other than the runtime schedules them.
+
+    With a scheduler, a runtime never starts a driver of its own: it tells the scheduler
+    that a session has work, and the scheduler's workers call :meth:`Runtime.step` until the
+    chain is done or parked (``durable_turns.temporal``: a Temporal workflow per session).
+    """
+
+    async def wake(self, key: SessionKey) -> None:
+        """The session has (or may have) work: an entry, a cancel, an answer, all durable.
+
+        Called after the store holds the change, any number of times (it must be
+        idempotent); it must return once the scheduler has the news, never drive here.
+
+        Raises:
+            StoreError: the scheduler cannot be reached (the change stays durable; a
+                redelivery or ``Runtime.recover()`` wakes the session again).
+        """
+        ...
+
+
 class Runtime:
     """Drives agents' turns on a store.
 
@@ -72,6 +94,8 @@ class Runtime:
             only good on the runtime (or the runtimes sharing the secret) that issued it.
         drive: ``False`` makes a runtime that accepts entries durably and answers ``wait``
             and ``subscribe`` from the store, but drives nothing (another process does).
+        scheduler: who drives the sessions (see :class:`Scheduler`); the runtime then only
+            tells it of work, and drives a step when the scheduler calls :meth:`step`.
         owns_store: ``False`` for a store another runtime of this process opened and
             closes (a replay's runtime shares its source's): ``close()`` leaves it open.
     """
@@ -86,6 +110,7 @@ class Runtime:
         lease_timeout: float | None = None,
         secret: bytes | None = None,
         drive: bool = True,
+        scheduler: Scheduler | None = None,
         owns_store: bool = True,
     ) -> None:
         self.agents: dict[str, Agent] = {}
@@ -109,6 +134,7 @@ class Runtime:
         self.lease_timeout = lease_timeout
         self.secret = secret or os.urandom(32)
         self.drive = drive
+        self.scheduler = scheduler
         self.owns_store = owns_store
         self._opened = False
         self._open_lock = asyncio.Lock()
@@ -199,7 +225,7 @@ class Runtime:
             if key.agent not in self.agents:
                 log.warning("recover: no agent %r in this runtime; skipping %s", key.agent, key)
                 continue
-            self._drive(key)
+            await self._kick(key)
             keys.append(key)
         return keys
 
@@ -226,6 +252,9 @@ class Runtime:
         """
         if not self.drive:
             raise ConfigurationError("Runtime(drive=False) drives nothing; work() needs drive")
+        if self.scheduler is not None:
+            raise ConfigurationError("a runtime with a scheduler is driven by its workers "
+                                     "(Runtime.step), not by work()")
         if poll_interval <= 0:
             raise ValueError("poll_interval must be positive")
         if max_sessions < 1:
@@ -316,7 +345,7 @@ class Runtime:
             if driver is not None:
                 driver.interrupt_running(reason)
         if rec.needs_driving or not rec.status.final:
-            self._drive(key)
+            await self._kick(key)
         return rec, new
 
     async def wait(self, key: SessionKey, turn_id: str, *,
@@ -388,8 +417,9 @@ class Runtime:
                     done = loop.create_future()
                     done.add_done_callback(rouse)
                     waiters.append(done)
-                if self.drive and not kicked and key not in self._drivers:
-                    kicked = True
+                if self.drive and self.scheduler is None and not kicked \
+                        and key not in self._drivers:
+                    kicked = True  # (a scheduler was told when the entry was accepted)
                     self._drive(key)
                 remaining = None if deadline is None else deadline - loop.time()
                 if remaining is None:
@@ -434,15 +464,68 @@ class Runtime:
             driver = self._drivers.get(key)
             if driver is not None:
                 driver.interrupt(ids, reason)
-            self._drive(key)  # a parked turn among them has no driver: its end is ours
+            await self._kick(key)  # a parked turn among them has no driver: its end is ours
         return ids
+
+    async def step(self, key: SessionKey, *, lease_timeout: float | None = None) -> ChainState:
+        """Drive one step of the session's chain in this process, and say what is left.
+
+        What a scheduler's worker calls (a Temporal activity): it claims the session's lease
+        (waiting up to ``lease_timeout`` for another holder, whose lease expires if it
+        died), runs the chain's next step — a turn's model call or tool call (a parallel
+        batch is one step; a turn's opening goes with its first), or a command — commits it
+        fenced by the lease's epoch, and releases the lease. A step found committed is not
+        run again: a repeated call after a crash replays from the transcript.
+
+        Args:
+            key: the session.
+            lease_timeout: seconds to wait for the lease (``None``: the runtime's).
+
+        Returns:
+            Whether more of the chain needs driving, whether a turn is parked, and what the
+            next step is.
+
+        Raises:
+            LeaseTimeoutError: another holder kept the session's lease.
+            StoreError: the store refused the step (nothing of it was written).
+            DurableTurnsError: driving failed otherwise (the turn stays unfinished).
+        """
+        await self.open()
+        agent = self.agents[key.agent]
+        wait = self.lease_timeout if lease_timeout is None else lease_timeout
+        running = self._drivers.get(key)
+        if running is not None and running.alive:
+            # A step of this session still runs here (one its scheduler gave up on): it
+            # ends at its next boundary; past the wait, the claim below waits for its lease.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(wait):
+                    await asyncio.gather(running.task, return_exceptions=True)
+        driver = SessionDriver(
+            key, agent, self.model_for(agent), self.store, transcripts=self._transcripts,
+            publish=self._publish, publish_live=self._publish_live, finished=self._finished,
+            lease_timeout=wait, host=self.host, wants_live=self._wants_live, steps=1,
+        )
+        self._drivers[key] = driver
+        driver.task.add_done_callback(lambda _t: self._driver_done(driver))
+        await driver.task  # cancelling the step (its activity was) abandons it, unwritten
+        if driver.failure is not None:
+            raise driver.failure
+        pending = await self.store.turns(key, unfinished=True)
+        return chain_state(pending, self._transcripts.peek(key))
 
     # -- drivers ---------------------------------------------------------------------------
 
-    def drive_session(self, key: SessionKey) -> None:
-        """Drive the session's unfinished entries here, now (what ``accept`` does for a new
-        one; a fork's turn under way, for one). A runtime with ``drive=False`` leaves them to
-        its workers, which the store's feed tells."""
+    async def drive_session(self, key: SessionKey) -> None:
+        """Drive the session's unfinished entries now (what ``accept`` does for a new one; a
+        fork's turn under way, for one): here, or through the scheduler. A runtime with
+        ``drive=False`` leaves them to its workers, which the store's feed tells."""
+        await self._kick(key)
+
+    async def _kick(self, key: SessionKey) -> None:
+        """The session has work: drive it here, or tell the scheduler."""
+        if self.scheduler is not None:
+            await self.scheduler.wake(key)
+            return
         self._drive(key)
 
     def _drive(self, key: SessionKey, *, try_once: bool = False,

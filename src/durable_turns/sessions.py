@@ -10,6 +10,7 @@ whose checks it runs before accepting it. It depends on the runtime through
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import time
@@ -72,7 +73,7 @@ class RuntimeAPI(Protocol):
     async def interrupt(self, key: SessionKey, turn_id: str | None = None, *,
                         reason: str = ...) -> list[str]: ...
 
-    def drive_session(self, key: SessionKey) -> None: ...
+    async def drive_session(self, key: SessionKey) -> None: ...
 
     def session(self, agent: str, session_id: str) -> AgentSession: ...
 
@@ -425,8 +426,8 @@ class AgentSession:
         return await self.runtime.store.checkpoints(self.key, generation=generation)
 
     async def fork(self, to: str, at: Checkpoint | None = None, *, then: str | None = None,
-                   turn_id: str | None = None,
-                   event: InboundEvent | None = None) -> AgentSession:
+                   turn_id: str | None = None, event: InboundEvent | None = None,
+                   owner: str | None = None) -> AgentSession:
         """A new session ``to`` (of this agent) whose transcript, steps and events are this
         session's up to checkpoint ``at`` (default: its last committed one, even while a turn
         runs), written in one transaction; nothing runs again and this session is untouched.
@@ -445,12 +446,14 @@ class AgentSession:
                 continue"); only at a checkpoint where no turn is under way.
             turn_id: ``then``'s turn id (default: new); wait for it with ``result``.
             event: ``then``'s inbound event (who speaks).
+            owner: who owns the fork (``SessionSummary.owner``; a host's caller), written in
+                the fork's transaction.
 
         Returns:
             The fork.
 
         Raises:
-            SessionExistsError: ``to`` exists already.
+            SessionExistsError: ``to`` exists already (or another owns it).
             LookupError: no such checkpoint (or none at all).
             ValueError: ``then`` at a checkpoint where a turn is under way, or an empty id.
         """
@@ -464,10 +467,12 @@ class AgentSession:
         if then is not None and under_way:
             raise ValueError(f"turn {under_way[0]!r} is under way at that checkpoint: fork "
                              "at a turn's end to start another turn with then=…")
+        if owner is not None:
+            plans[-1] = dataclasses.replace(plans[-1], owner=owner)
         await rt.store.fork(plans)
         forked = rt.session(dst.agent, dst.session)
         if under_way:
-            rt.drive_session(dst)  # it goes on from the checkpoint, as a redelivery would
+            await rt.drive_session(dst)  # it goes on from the checkpoint, as a redelivery would
         if then is not None:
             await forked.start(then, turn_id=turn_id, event=event)
         return forked

@@ -69,12 +69,35 @@ class ChannelContext:
                                     trigger=trigger, deliver=deliver, data=data)
             if not started.new:
                 sub.close()
-                sub = self.runtime.subscribe(s.key, 0)
-                await sub.ready()
+                return await self.follow(started.turn_id, session=session)
         except BaseException:
             sub.close()
             raise
         return TurnStream(s, started.turn_id, sub, fresh=started.new)
+
+    async def follow(self, turn_id: str, *, session: str) -> TurnStream:
+        """The stream of a turn the session has, from its first event: its logged events,
+        then live ones, to its end or its next park (a client that reconnects to a turn).
+
+        Live text of the model step that was under way when the stream joined may have begun
+        before it: :attr:`TurnStream.joined` says up to which event.
+
+        Raises:
+            StoreError: the store could not be read.
+        """
+        s = self.session(session)
+        logged = await s.events(turn_id=turn_id)
+        # From just before the turn's first event: the session's earlier turns are not read.
+        sub = self.runtime.subscribe(s.key, logged[0].seq - 1 if logged else 0)
+        try:
+            await sub.ready()
+            # Read after the subscription is ready: text after a later durable event was
+            # published while it listened.
+            joined = max((e.seq for e in await s.events(turn_id=turn_id)), default=0)
+        except BaseException:
+            sub.close()
+            raise
+        return TurnStream(s, turn_id, sub, fresh=False, joined=joined)
 
     async def run_stream(self, text: str, *, session: str, replace: bool = False,
                          event: InboundEvent | None = None, turn_id: str | None = None,
@@ -166,10 +189,15 @@ class TurnStream:
     """
 
     def __init__(self, session: AgentSession, turn_id: str, sub: Subscription | None, *,
-                 fresh: bool, done: TurnEvent | None = None) -> None:
+                 fresh: bool, done: TurnEvent | None = None, joined: int = 0) -> None:
         self.session = session
         self.turn_id = turn_id
         """The turn streamed."""
+        self.joined = joined
+        """The seq of the turn's newest logged event when the stream joined it (0 for a
+        stream that saw the turn from its start): live text that carries a seq up to it may
+        have begun before the stream did, and only the ``message.completed`` that follows
+        it holds the whole."""
         self._sub = sub
         self._fresh = fresh
         self._done = done

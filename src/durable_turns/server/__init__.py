@@ -2,7 +2,9 @@
 
 Needs the ``server`` extra (``pip install 'durable-turns[server]'``: Starlette, uvicorn,
 sse-starlette). Routes, status codes and the SSE framing are in the README's
-"HTTP/SSE host (F12)" section and at ``/openapi.json``.
+"HTTP/SSE host (F12)" section and at ``/openapi.json``. ``mount_ai_sdk(app)`` and
+``mount_ag_ui(app)`` serve the AI SDK's ``useChat`` and AG-UI clients on the same sessions
+(README: "Frontend protocols"; AG-UI needs the ``ag-ui`` extra).
 """
 
 from __future__ import annotations
@@ -15,8 +17,21 @@ except ImportError as e:  # pragma: no cover - depends on the install
         "durable_turns.server needs the server extra: pip install 'durable-turns[server]'"
     ) from e
 
+from typing import Any
+
 from ._http import MAX_BODY, Authenticate, is_loopback
+from .ai_sdk import mount_ai_sdk
 from .app import PING, create_app
 from .fanout import MAX_BACKLOG
 
-__all__ = ["MAX_BACKLOG", "MAX_BODY", "PING", "Authenticate", "create_app", "is_loopback"]
+__all__ = ["MAX_BACKLOG", "MAX_BODY", "PING", "Authenticate", "create_app", "is_loopback",
+           "mount_ag_ui", "mount_ai_sdk"]
+
+
+def __getattr__(name: str) -> Any:
+    # AG-UI's types come with the ag-ui extra: imported when mount_ag_ui is first asked for.
+    if name == "mount_ag_ui":
+        from .ag_ui import mount_ag_ui
+
+        return mount_ag_ui
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -20,7 +20,7 @@ from starlette.routing import BaseRoute, Route
 from ..access import Authorize, default_authorize
 from ..agent import check_surfaces
 from ..channels import Channel, ChannelContext, TurnStream, mount_agent
-from ..errors import ConfigurationError, TurnConflictError
+from ..errors import ConfigurationError
 from ..events import TurnEvent
 from ..inbound import InboundEvent
 from ..model import Model
@@ -50,8 +50,9 @@ from .fanout import (
 )
 from .guard import Guard
 from .headers import with_security_headers
-from .idempotency import HEADER, conflict, idempotent
+from .idempotency import HEADER, idempotent, open_keyed
 from .lifespan import GRACE, host_lifespan
+from .mounts import ProtocolSeam
 from .openapi import openapi
 from .timeline import last_activity
 from .timetravel import BODIES as TIME_TRAVEL_BODIES
@@ -178,7 +179,8 @@ def create_app(runtime: Runtime, authenticate: Authenticate | None = None,
     Returns:
         The app. ``app.state.end_streams()`` ends every open ``GET …/events`` stream (the
         lifespan's shutdown and ``serve``'s SIGTERM call it); ``app.state.channel_routes``
-        maps each channel's name to its routes (``"POST /slack/events"``, …).
+        maps each channel's name to its routes (``"POST /slack/events"``, …); with the API,
+        ``app.state.protocols`` is what ``mount_ai_sdk`` and ``mount_ag_ui`` mount through.
 
     Raises:
         ConfigurationError: a channel that is no :class:`~durable_turns.channels.Channel`,
@@ -238,6 +240,8 @@ class _Host:
         self.pacer = Pacer()
         self.mounted: dict[str, ChannelContext] = {
             name: mount_agent(agent, runtime) for name, agent in runtime.agents.items()}
+        # What mount_ai_sdk and mount_ag_ui add their routes through (server/mounts.py).
+        self.protocols = ProtocolSeam(runtime, guard, self.mounted, ping)
 
     def app(self, extra: Sequence[BaseRoute], lifespan: Any, *, api: bool) -> Starlette:
         base = "/agents/{agent}/sessions/{session}"
@@ -268,6 +272,8 @@ class _Host:
         app.router.redirect_slashes = False
         app.wrap_send = with_security_headers
         app.state.end_streams = self.streams.end_all
+        if api:
+            app.state.protocols = self.protocols
         return app
 
     # -- plumbing --------------------------------------------------------------------------
@@ -315,8 +321,10 @@ class _Host:
     # -- routes ----------------------------------------------------------------------------
 
     async def openapi(self, request: Request) -> Response:
-        return JSONResponse(openapi(BODIES, sorted(self.rt.agents),
-                                    sorted(self.replay_models)))
+        doc = openapi(BODIES, sorted(self.rt.agents), sorted(self.replay_models))
+        doc["paths"].update(self.protocols.paths)  # the mounted protocols' routes
+        doc["components"]["schemas"].update(self.protocols.schemas)
+        return JSONResponse(doc)
 
     async def list_sessions(self, request: Request) -> Response:
         agent = request.path_params["agent"]
@@ -360,20 +368,8 @@ class _Host:
             # that mode trusts by design (it serves loopback only).
             event = InboundEvent(SOURCE, {"id": by, "attested": True}, body.text)
         idem = idempotent(request.headers.get(HEADER), body.model_dump(), by)
-        try:
-            stream = await ch.open_turn(
-                body.text, session=request.path_params["session"], replace=body.replace,
-                event=event, turn_id=idem.turn_id if idem else body.turn_id,
-                data=idem.data if idem else None)
-        except TurnConflictError as e:
-            raise conflict(e, idem) from None
-        if idem is not None:
-            try:
-                await idem.check(stream.session)
-            except BaseException:
-                stream.close()
-                raise
-        return stream
+        return await open_keyed(ch, body.text, idem, session=request.path_params["session"],
+                                event=event, replace=body.replace, turn_id=body.turn_id)
 
     async def turn(self, request: Request) -> Response:
         stream = await self._start(request)

@@ -23,6 +23,7 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Collection
+from typing import Any
 
 from pydantic import BaseModel
 from starlette.requests import Request
@@ -61,17 +62,23 @@ class Guard:
         self.origins = frozenset(o.rstrip("/").lower() for o in origins)
         self.body_timeout = body_timeout
 
-    def __call__(self, handler: Handler, action: Action | None = None, *,
-                 body: type[BaseModel] | None = None, claim: bool = False) -> Handler:
+    def __call__(self, handler: Handler,
+                 action: Action | Callable[[Any], Action] | None = None, *,
+                 body: type[BaseModel] | None = None, claim: bool = False,
+                 session: Callable[[Any], str] | None = None) -> Handler:
         """``handler`` behind the checks.
 
         Args:
             action: what the route does, for ``authorize`` (``None``: nothing of a session,
-                such as the console's files).
+                such as the console's files); or a function of the route's body that says
+                it (a protocol route that starts a turn or answers one, as its body says).
             body: the route's body model, read and checked before ``authorize`` runs (the
                 handler's own ``read_body`` then returns it).
             claim: a read that takes a session the store does not have (following its
                 events: what a principal follows must not become another's).
+            session: where the route's session is named when its path does not name it: a
+                function of its body (a protocol's chat or thread id). The guard keeps it
+                as ``request.state.session``.
         """
 
         async def guarded(request: Request) -> Response:
@@ -82,11 +89,15 @@ class Guard:
                 else:
                     request.state.by, request.state.principal = await principal_of(
                         request, self.authenticate, None)
+                parsed = None
                 if body is not None:
-                    await read_body(request, body, timeout=self.body_timeout)
+                    parsed = await read_body(request, body, timeout=self.body_timeout)
+                if session is not None:
+                    request.state.session = session(parsed)
                 await self.rt.open()
-                if action is not None and self.authenticate is not None:
-                    await self.check_action(request, action, claim or action in CLAIMS)
+                act = action(parsed) if callable(action) else action
+                if act is not None and self.authenticate is not None:
+                    await self.check_action(request, act, claim or act in CLAIMS)
                 return await handler(request)
             except Exception as e:
                 return error_response(e)
@@ -136,7 +147,7 @@ class Guard:
             self.rt.key(agent, "_")  # raises UnknownAgentError
             request.state.visible = await listing(self.authorize, principal, action)
             return
-        s = self.rt.session(agent, request.path_params["session"])
+        s = self.rt.session(agent, session_of(request))
         found = await s.summary()
         await authorized(self.authorize, principal, action, found)
         # Taken atomically: of two principals starting one session, one owns it, and the
@@ -144,6 +155,13 @@ class Guard:
         if claim and not found.exists and \
                 await self.rt.queries.own(s.key, request.state.by) != request.state.by:
             await authorized(self.authorize, principal, action, await s.summary())
+
+
+def session_of(request: Request) -> str:
+    """The session a guarded request is about: the one its body names (``Guard(session=…)``),
+    else the one its path names."""
+    named = getattr(request.state, "session", None)
+    return named if isinstance(named, str) else str(request.path_params["session"])
 
 
 def own_origin(request: Request) -> str:

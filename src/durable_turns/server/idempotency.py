@@ -33,7 +33,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from ..channels import ChannelContext, TurnStream
 from ..errors import TurnConflictError
+from ..inbound import InboundEvent
 from ..sessions import AgentSession
 from ..wire import HttpError
 
@@ -107,4 +109,30 @@ def conflict(e: TurnConflictError, idem: Idempotent | None) -> Exception:
     return idem.refused() if idem is not None else e
 
 
-__all__ = ["DATA", "HEADER", "Idempotent", "conflict", "idempotent"]
+async def open_keyed(ch: ChannelContext, text: str, idem: Idempotent | None, *, session: str,
+                     event: InboundEvent | None, replace: bool = False,
+                     turn_id: str | None = None) -> TurnStream:
+    """Start a turn (``ChannelContext.open_turn``) as ``idem`` names it, or by ``turn_id``
+    without a key, and return its stream once the key is known to be this request's.
+
+    Raises:
+        HttpError: 422 the key was used with another body (nothing is started).
+        TurnConflictError: ``turn_id`` (no key) was accepted with other text.
+        SessionBusyError: the session is parked on another turn.
+    """
+    try:
+        stream = await ch.open_turn(text, session=session, replace=replace, event=event,
+                                    turn_id=idem.turn_id if idem else turn_id,
+                                    data=idem.data if idem else None)
+    except TurnConflictError as e:
+        raise conflict(e, idem) from None
+    if idem is not None:
+        try:
+            await idem.check(stream.session)
+        except BaseException:
+            stream.close()
+            raise
+    return stream
+
+
+__all__ = ["DATA", "HEADER", "Idempotent", "conflict", "idempotent", "open_keyed"]

@@ -19,6 +19,7 @@ from ..runtime import Runtime
 from ._http import Authenticate, is_loopback
 from .app import create_app
 from .deadlines import HttpProtocol
+from .frontends import mount_frontends
 from .lifespan import GRACE
 
 log = logging.getLogger("durable_turns.server")
@@ -99,7 +100,8 @@ async def serve(runtime: Runtime, *, host: str = "127.0.0.1", port: int = 8000,
                 channels: Sequence[Channel] = (), api: bool = True,
                 on_listening: Callable[[Listening], None] | None = None) -> None:
     """Serve ``create_app(runtime, authenticate, channels)`` with uvicorn until SIGTERM or
-    SIGINT.
+    SIGINT; with the API, the frontend protocols too (``frontends.mount_frontends``: the AI
+    SDK's, and AG-UI with its extra).
 
     The app's lifespan does the rest: at start it recovers the store's unfinished turns and
     each channel's undelivered ones; on the signal the server stops accepting, its event
@@ -128,6 +130,8 @@ async def serve(runtime: Runtime, *, host: str = "127.0.0.1", port: int = 8000,
             f"development mode (no authenticate) serves loopback only, not {host!r}: "
             "bind 127.0.0.1, or pass authenticate=… to create_app")
     app = create_app(runtime, authenticate, channels, grace=grace, api=api)
+    if api:  # useChat and AG-UI clients: the same sessions, behind the same guard
+        mount_frontends(app)
     # Bound here rather than by uvicorn, which logs a failed bind and exits the process: a
     # port in use is this call's error, found before the store is touched, and the port the
     # system picked is known.

@@ -103,8 +103,11 @@ def timetravel_routes(runtime: Runtime, guard: Callable[..., Handler],
         body = await read_body(request, ForkBody)
         s = await known(request)
         at = await _checkpoint(s, body.at)
-        await take(request, SessionKey(s.key.agent, body.to))
-        forked = await s.fork(body.to, at, then=body.then, turn_id=body.turn_id)
+        try:  # the caller owns the fork, written with it (a refused fork writes nothing)
+            forked = await s.fork(body.to, at, then=body.then, turn_id=body.turn_id,
+                                  owner=getattr(request.state, "by", None))
+        except ValueError as e:  # ``then`` where a turn is under way: the fork's state says no
+            raise HttpError(409, "TurnUnderWay", str(e)) from None
         return JSONResponse({**(await forked.summary()).to_dict(),
                              "history": len(await forked.history())}, status_code=201)
 

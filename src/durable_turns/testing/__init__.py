@@ -97,6 +97,7 @@ REQUIRED: list[Check] = [
     timeline.check_history_lists_every_commit_in_order,
     timeline.check_a_fork_copies_a_session_up_to_a_checkpoint,
     timeline.check_a_fork_before_any_checkpoint_is_an_empty_session,
+    timeline.check_a_fork_is_owned_by_its_plan_s_owner,
     chain.check_supersede_cancels_unfinished_turns_but_not_a_park,
     log.check_events_are_read_by_turn,
     leases.check_subscribe_replays_then_goes_live,

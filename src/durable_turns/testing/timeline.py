@@ -157,6 +157,28 @@ async def check_a_fork_before_any_checkpoint_is_an_empty_session(store: SessionS
     assert await store.find_sessions("unfinished") == sorted([KEY, dst])
 
 
+
+async def check_a_fork_is_owned_by_its_plan_s_owner(store: SessionStore) -> None:
+    """A plan's ``owner`` owns the fork, written with it; a fork onto a session that another
+    owns (an empty one, as following its events makes) writes nothing."""
+    entry = replace(await _accepted(store), status=TurnStatus.QUEUED)
+    mine = SessionKey("agent", "mine")
+    await store.fork([ForkPlan(KEY, mine, 0, None, (entry,), "idle", owner="ann")])
+    info = await store.session_info(mine)
+    assert info is not None and info.owner == "ann"
+    taken = SessionKey("agent", "taken")
+    assert await store.own_session(taken, "bob") == "bob"
+    try:
+        await store.fork([ForkPlan(KEY, taken, 0, None, (entry,), "idle", owner="ann")])
+    except SessionExistsError:
+        pass
+    else:
+        raise AssertionError("a fork onto a session another owns was written")
+    assert await store.turns(taken) == []
+    info = await store.session_info(taken)
+    assert info is None or info.owner == "bob"
+
+
 async def _accepted(store: SessionStore) -> TurnRecord:
     rec, _ = await store.enqueue(KEY, NewEntry("t1", opening("t1")))
     return rec

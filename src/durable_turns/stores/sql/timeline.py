@@ -34,6 +34,8 @@ _INSERT_COPY = "INSERT INTO log_transcript (sid, gen, n, seq, body) VALUES (?, 0
 _INSERT_ENTRY = ("INSERT INTO turns (sid, turn_id, kind, status, opening, event, policy, "
                  "request, text, error, reason) VALUES (?, ?, 'turn', ?, ?, ?, ?, ?, ?, ?, ?)")
 _SET_STATUS = "UPDATE sessions SET status = ? WHERE sid = ?"
+_SET_OWNER = "UPDATE sessions SET owner = ? WHERE sid = ? AND owner IS NULL"
+_OWNER = "SELECT owner FROM sessions WHERE sid = ?"
 _HAS_CHAIN = "SELECT 1 FROM turns WHERE sid = ? LIMIT 1"
 _HAS_ROWS = "SELECT 1 FROM log WHERE sid = ? LIMIT 1"
 
@@ -67,7 +69,7 @@ def fork(st: Statements, c: Connection, plan: ForkPlan) -> None:
     """Write one fork (inside the caller's transaction).
 
     Raises:
-        SessionExistsError: the new session has a chain or a log already.
+        SessionExistsError: the new session has a chain or a log already, or another owner.
     """
     src = _sid(st, c, plan.src)
     dst = st.sid(c, plan.dst, create=True)
@@ -91,6 +93,10 @@ def fork(st: Statements, c: Connection, plan: ForkPlan) -> None:
     for t in plan.chain:
         c.execute(st.q(_INSERT_ENTRY), _entry_row(dst, t))
     c.execute(st.q(_SET_STATUS), (plan.status, dst))
+    if plan.owner is not None:
+        c.execute(st.q(_SET_OWNER), (plan.owner, dst))
+        if c.execute(st.q(_OWNER), (dst,)).fetchone()[0] != plan.owner:
+            raise SessionExistsError(str(plan.dst))  # another's: the transaction writes nothing
 
 
 def _json(value: Any) -> str | None:

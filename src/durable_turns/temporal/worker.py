@@ -1,0 +1,170 @@
+"""The worker side: a Temporal worker whose activity runs a session's next step.
+
+:func:`temporal_worker` builds a ``temporalio`` worker for a :class:`~durable_turns.Runtime`
+(made with a :class:`~durable_turns.temporal.TemporalScheduler`, so the subagents its tools
+start wake their own workflows). It runs the session workflow and one activity,
+``durable_turns.step``: ``Runtime.step`` against the runtime's store — the lease claimed,
+the step run and committed fenced by the lease's epoch, the lease released — heartbeating to
+Temporal while it runs. Its outcome tells the workflow how to schedule the next step: a
+tool's timeout and retries become the activity's ``start_to_close`` and its summary in
+Temporal's UI.
+
+Why a regular activity and not a local one: a local activity re-runs with its whole workflow
+task when a worker dies, and its heartbeat-free timeout cannot tell a slow model from a dead
+worker; a regular activity is seen in the UI, heartbeats, and re-runs alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass
+from datetime import timedelta
+
+from temporalio import activity
+from temporalio.client import Client
+from temporalio.worker import UnsandboxedWorkflowRunner, Worker
+
+from ..agent import Agent
+from ..driver import ChainState
+from ..runtime import Runtime
+from ..tools import RETRY_BACKOFF_CAP, Tool
+from .client import TASK_QUEUE
+from .workflow import ACTIVITY, SessionWorkflow, StepInput, StepOptions, StepOutcome
+
+MARGIN = 30.0
+"""Seconds added to a tool step's computed limit: its commit, and a slow store."""
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSettings:
+    """How a worker takes and runs steps (every one a ``temporal-worker`` option)."""
+
+    task_queue: str = TASK_QUEUE
+    """The queue the sessions' workflows and steps run on (the scheduler's)."""
+    max_steps: int = 100
+    """Steps this worker runs at once (``max_concurrent_activities``). A subagent's step
+    waits on its child's steps: give it room for both."""
+    heartbeat: float = 2.0
+    """Seconds without a heartbeat before Temporal runs a step again elsewhere (measured: a
+    dead worker's turn goes on 2.5 to 3 times this after its death, ``bench/temporal.py``)."""
+    sticky_timeout: float = 1.0
+    """Seconds a workflow task waits for this worker's sticky queue before any worker takes
+    it (Temporal's default is 10: a dead worker's sessions would wait that long)."""
+    lease_timeout: float = 30.0
+    """Seconds a step waits for the session's lease (a lost worker's lease expires after
+    the store's ``lease_ttl``)."""
+    step_timeout: float = 86400.0
+    """The limit of a step with no limit of its own (a model call, a tool without
+    ``timeout``); heartbeats, not this, notice a dead worker."""
+
+
+def step_options(agent: Agent, state: ChainState, settings: WorkerSettings) -> StepOptions:
+    """How the workflow should schedule the step ``state`` names.
+
+    A tool step's limit is what its tools may take: each attempt's ``timeout``, its
+    ``retries`` and their backoffs, plus :data:`MARGIN`; the summary names the tools and their
+    limits, so Temporal's UI shows them.
+
+    Args:
+        agent: the session's agent.
+        state: what the last step left.
+        settings: the worker's settings.
+
+    Returns:
+        The next activity's options.
+    """
+    base = StepOptions(timeout=settings.step_timeout, heartbeat=settings.heartbeat)
+    if state.next == "model":
+        base.summary = f"model (retries {agent.model_retries})"
+        return base
+    if state.next != "tool":
+        base.summary = state.next or "step"
+        return base
+    total, parts = 0.0, []
+    for name in state.tools:
+        tool = agent.tools_by_name.get(name)
+        if tool is None or tool.timeout is None:
+            total = settings.step_timeout
+            parts.append(name)
+            continue
+        total += _tool_limit(tool)
+        parts.append(f"{name} (timeout {tool.timeout:g}s, retries {tool.retries})")
+    base.timeout = min(total + MARGIN, settings.step_timeout)
+    base.summary = "tool " + ", ".join(parts)
+    return base
+
+
+def _tool_limit(tool: Tool) -> float:
+    assert tool.timeout is not None
+    backoff = sum(min(tool.retry_delay * 2.0 ** k, RETRY_BACKOFF_CAP)
+                  for k in range(tool.retries))
+    return tool.timeout * (tool.retries + 1) + backoff
+
+
+class StepActivity:
+    """The ``durable_turns.step`` activity of one runtime.
+
+    Args:
+        runtime: drives the steps (its store is where they commit).
+        settings: the worker's settings.
+    """
+
+    def __init__(self, runtime: Runtime, settings: WorkerSettings) -> None:
+        self.runtime = runtime
+        self.settings = settings
+
+    @activity.defn(name=ACTIVITY)
+    async def step(self, req: StepInput) -> StepOutcome:
+        """Run the session's next step; see the module docstring.
+
+        Raises:
+            UnknownAgentError: this worker has no such agent (not retried).
+            LeaseTimeoutError: another holder kept the lease (retried by Temporal).
+            StoreError: the store refused the step, nothing written (retried).
+        """
+        key = self.runtime.key(req.agent, req.session)
+        beat = asyncio.create_task(self._beat())
+        try:
+            state = await self.runtime.step(key, lease_timeout=self.settings.lease_timeout)
+        finally:
+            beat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await beat
+        agent = self.runtime.agents[key.agent]
+        return StepOutcome(state.more, state.parked, step_options(agent, state, self.settings))
+
+    async def _beat(self) -> None:
+        # A third of the timeout: two heartbeats may be late before the step counts as lost.
+        timeout = activity.info().heartbeat_timeout
+        every = timeout.total_seconds() / 3 if timeout else self.settings.heartbeat / 3
+        while True:
+            activity.heartbeat()
+            await asyncio.sleep(every)
+
+
+def temporal_worker(runtime: Runtime, client: Client,
+                    settings: WorkerSettings | None = None) -> Worker:
+    """A Temporal worker that drives ``runtime``'s sessions; run it with ``await w.run()``
+    or ``async with w:``.
+
+    The workflow runs unsandboxed: its module imports only ``temporalio`` and the standard
+    library and is deterministic, and the sandbox is dear (an empty workflow: 31 ms
+    sandboxed, 18 ms not, on a dev server of this machine).
+
+    Args:
+        runtime: the runtime whose agents and store the steps use (open it first).
+        client: a connected Temporal client.
+        settings: the worker's settings.
+
+    Returns:
+        The worker (not running yet).
+    """
+    settings = settings or WorkerSettings()
+    acts = StepActivity(runtime, settings)
+    return Worker(
+        client, task_queue=settings.task_queue, workflows=[SessionWorkflow],
+        activities=[acts.step], max_concurrent_activities=settings.max_steps,
+        sticky_queue_schedule_to_start_timeout=timedelta(seconds=settings.sticky_timeout),
+        workflow_runner=UnsandboxedWorkflowRunner(),
+    )

@@ -1,0 +1,157 @@
+"""The session workflow: Temporal schedules a session's steps, the store records them.
+
+One workflow per session (:func:`workflow_id`), so Temporal runs at most one driver of a
+session at a time, as the lease does. The workflow holds no transcript and makes no
+decision of the turn: it runs the ``durable_turns.step`` activity (``Runtime.step``: the
+chain's next step against the store, committed under the lease's epoch) while the activity
+says more is left, then waits on the ``wake`` signal — a new turn, an answer, a cancel, a
+reset, each durable in the store before the signal is sent. Signals are kept while no worker
+runs (an Update is not), so a park waits on one. It continues as new every
+:data:`STEPS_PER_RUN` steps (or when Temporal suggests it), which bounds its history, and
+ends after ``idle`` seconds with nothing to do and nothing parked; the next wake starts it
+again (signal-with-start).
+
+This module is imported into workflow code: it imports nothing but the standard library and
+``temporalio``, and does nothing non-deterministic.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+
+WORKFLOW = "durable_turns.session"
+"""The workflow's type name, as Temporal's UI shows it."""
+ACTIVITY = "durable_turns.step"
+"""The activity's type name: one per step of a session's chain."""
+WAKE = "wake"
+"""The signal that tells a session's workflow it has work."""
+STEPS_PER_RUN = 500
+"""Steps before the workflow continues as new (a run's history stays small)."""
+
+
+def workflow_id(task_queue: str, agent: str, session: str) -> str:
+    """The workflow id of a session: readable, and the same from every process.
+
+    The task queue is part of it: two deployments (two stores) on one Temporal namespace
+    use two queues, and their sessions of the same name stay apart.
+
+    Args:
+        task_queue: the deployment's task queue.
+        agent: the session's agent.
+        session: the session id.
+
+    Returns:
+        ``<task_queue>/<agent>/<session>``, or that with a hash in place of a long session
+        id (Temporal ids are bounded).
+    """
+    wid = f"{task_queue}/{agent}/{session}"
+    if len(wid) <= 400:
+        return wid
+    digest = hashlib.sha256(session.encode()).hexdigest()[:32]
+    return f"{task_queue}/{agent}/{session[:200]}…{digest}"
+
+
+@dataclass
+class StepOptions:
+    """How the workflow schedules a step's activity (the worker says, in each outcome)."""
+
+    timeout: float = 86400.0
+    """Seconds the step may take (``start_to_close``): from the tools' limits and retries."""
+    heartbeat: float = 2.0
+    """Seconds without a heartbeat before Temporal takes the step as lost and runs it again."""
+    retry_initial: float = 0.2
+    """Seconds before the step runs again after its worker was lost or the store refused it."""
+    retry_max: float = 2.0
+    """The longest pause between two such runs."""
+    summary: str = "step"
+    """What Temporal's UI shows for the activity (``model``, ``tool create_order``, …)."""
+
+
+@dataclass
+class SessionStart:
+    """The workflow's input: which session, and how to schedule its first step."""
+
+    agent: str
+    session: str
+    idle: float = 60.0
+    """Seconds the workflow waits with nothing to do and nothing parked before it ends."""
+    woken: bool = True
+    """Whether to run a step at once (a run continued as new with work left does)."""
+    options: StepOptions = field(default_factory=StepOptions)
+    steps_per_run: int = STEPS_PER_RUN
+    """Steps before the workflow continues as new."""
+
+
+@dataclass
+class StepInput:
+    """The activity's input: the session whose next step to run."""
+
+    agent: str
+    session: str
+
+
+@dataclass
+class StepOutcome:
+    """The activity's result: what is left of the chain, and how to schedule the next step."""
+
+    more: bool
+    parked: bool
+    options: StepOptions = field(default_factory=StepOptions)
+
+
+@workflow.defn(name=WORKFLOW)
+class SessionWorkflow:
+    """Runs a session's chain one step (one activity) at a time; see the module docstring."""
+
+    def __init__(self) -> None:
+        self._woken = False
+
+    @workflow.signal(name=WAKE)
+    def wake(self) -> None:
+        """The session has work (durable in the store already)."""
+        self._woken = True
+
+    @workflow.run
+    async def run(self, start: SessionStart) -> str:
+        """Drive the session until it is idle for ``start.idle`` seconds.
+
+        Returns:
+            ``idle`` when it ended with nothing to do.
+        """
+        self._woken = self._woken or start.woken
+        options, parked, steps = start.options, False, 0
+        while True:
+            if not self._woken:
+                # Parked: wait for the answer (or a cancel) as long as it takes; idle: a
+                # while, then end (the next wake starts the workflow again).
+                try:
+                    await workflow.wait_condition(
+                        lambda: self._woken, timeout=None if parked else start.idle)
+                except TimeoutError:
+                    if not self._woken:
+                        return "idle"
+            if steps >= start.steps_per_run or workflow.info().is_continue_as_new_suggested():
+                workflow.continue_as_new(
+                    SessionStart(start.agent, start.session, start.idle, True, options,
+                                 start.steps_per_run),
+                    task_timeout=workflow.info().task_timeout)
+            self._woken = False
+            out: StepOutcome = await workflow.execute_activity(
+                ACTIVITY, StepInput(start.agent, start.session),
+                result_type=StepOutcome,
+                start_to_close_timeout=timedelta(seconds=options.timeout),
+                heartbeat_timeout=timedelta(seconds=options.heartbeat),
+                retry_policy=RetryPolicy(
+                    initial_interval=timedelta(seconds=options.retry_initial),
+                    maximum_interval=timedelta(seconds=options.retry_max),
+                    non_retryable_error_types=["ConfigurationError", "UnknownAgentError"]),
+                summary=options.summary,
+            )
+            steps += 1
+            options, parked = out.options, out.parked
+            self._woken = self._woken or out.more
