@@ -308,9 +308,9 @@ def test_a_protocol_mounts_once_and_only_on_an_app_that_serves_the_api(tmp_path:
         mount_ai_sdk(create_app(rt, api=False))
 
 
-def test_the_readme_s_ag_ui_client_runs(tmp_path: Path) -> None:
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
-    section = readme[readme.index("### AG-UI"):]
+def test_the_docs_ag_ui_client_runs(tmp_path: Path) -> None:
+    page = (Path(__file__).parent.parent / "docs" / "guides" / "frontends.md").read_text()
+    section = page[page.index("## AG-UI"):]
     snippet = section[section.index("```js\n") + 6:section.index("\n```", section.index("```js"))]
     if shutil.which("node") is None or not (JS / "node_modules" / "@ag-ui").is_dir():
         pytest.fail("the frontend tests need Node and tests/js's packages: "

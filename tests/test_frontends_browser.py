@@ -1,7 +1,7 @@
-"""The README's React page (``useChat`` with ``resume: true``) in a real browser: the snippet
-is bundled with esbuild (from ``tests/js``'s packages), served by the app beside the API, and
-driven in Debian's chromium by Playwright. A chat with a tool call, an approval clicked, and a
-page reloaded in the middle of a turn that comes back whole.
+"""The React page of the docs' "Frontend protocols" (``useChat`` with ``resume: true``) in a
+real browser: the snippet is bundled with esbuild (from ``tests/js``'s packages), served by
+the app beside the API, and driven in Debian's chromium by Playwright. A chat with a tool
+call, an approval clicked, and a page reloaded in the middle of a turn that comes back whole.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from frontends_app import build
 
 CHROMIUM = Path("/usr/bin/chromium")
 JS = Path(__file__).parent / "js"
-README = Path(__file__).parent.parent / "README.md"
+PAGE_DOC = Path(__file__).parent.parent / "docs" / "guides" / "frontends.md"
+"""The docs page whose React component (its ``tsx`` block) this test bundles."""
 WAIT = 30.0
 """The bound on every wait of these tests, in seconds."""
 ENTRY = """
@@ -39,14 +40,14 @@ expect.set_options(timeout=WAIT * 1000)
 
 
 def readme_page() -> str:
-    """The README's React component (its ``tsx`` block)."""
-    text = README.read_text()
+    """The docs page's React component (its ``tsx`` block)."""
+    text = PAGE_DOC.read_text()
     start = text.index("```tsx\n") + len("```tsx\n")
     return text[start:text.index("\n```", start)]
 
 
 async def bundle(tmp_path: Path) -> bytes:
-    """The README's page and a root that renders it, bundled for the browser."""
+    """The docs page's component and a root that renders it, bundled for the browser."""
     if not (JS / "node_modules" / "esbuild").is_dir():
         pytest.fail("the frontend tests need tests/js's packages: cd tests/js && npm ci")
     (tmp_path / "chat.tsx").write_text(readme_page())
