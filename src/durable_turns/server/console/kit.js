@@ -33,11 +33,13 @@
     return app.development ? (localStorage.getItem(ME) || "").trim() || undefined : app.by;
   }
 
-  // A new Idempotency-Key (crypto.randomUUID needs a secure context; this does not).
-  function idempotencyKey() {
-    const bytes = crypto.getRandomValues(new Uint8Array(16));
-    return Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("");
+  // `bytes` random bytes in hex: an Idempotency-Key, a new session's suffix (crypto.randomUUID
+  // needs a secure context; this does not).
+  function randomHex(bytes) {
+    return Array.from(crypto.getRandomValues(new Uint8Array(bytes)),
+      (b) => b.toString(16).padStart(2, "0")).join("");
   }
+  const idempotencyKey = () => randomHex(16);
 
   class ApiError extends Error {
     constructor(status, type, message) {
@@ -116,7 +118,7 @@
   }
 
   window.DurableConsole = {
-    ME, app, el, json, badge, enc, sessionPath, me, idempotencyKey, ApiError, api, explain,
-    notice, ago, took, whoMay,
+    ME, app, el, json, badge, enc, sessionPath, me, randomHex, idempotencyKey, ApiError, api,
+    explain, notice, ago, took, whoMay,
   };
 })();

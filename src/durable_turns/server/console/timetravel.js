@@ -5,14 +5,8 @@
 "use strict";
 (() => {
   const DC = window.DurableConsole;
-  const { app, el, badge, enc, sessionPath, api, explain, notice, took } = DC;
+  const { app, el, badge, enc, sessionPath, randomHex, api, explain, notice, took } = DC;
   const REPORTS = "durable_turns.replay:"; // sessionStorage: a replay's report, by its session
-
-  // A short random suffix for a new session's id (a fork's, a replay's).
-  function suffix() {
-    return Array.from(crypto.getRandomValues(new Uint8Array(3)),
-      (b) => b.toString(16).padStart(2, "0")).join("");
-  }
 
   // Where each step of the live generation was checkpointed: "turn_id step_id" → place.
   async function places(agent, session) {
@@ -31,7 +25,7 @@
 
   // Copy the session up to `at` into a new one (the caller owns it), and open it.
   async function fork(agent, session, at, status) {
-    const to = `${session.slice(0, 180)}-fork-${suffix()}`;
+    const to = `${session.slice(0, 180)}-fork-${randomHex(3)}`;
     try {
       await api(`${sessionPath(agent, session)}/fork`, { to, at });
       location.hash = `#/s/${enc(agent)}/${enc(to)}`;
@@ -89,7 +83,7 @@
         try {
           const report = await api(`${sessionPath(agent, session)}/replay`, {
             model: model.value || null, tools: tools.value,
-            to: `${session.slice(0, 180)}-replay-${suffix()}`,
+            to: `${session.slice(0, 180)}-replay-${randomHex(3)}`,
           });
           const to = report.replay.slice(agent.length + 1);
           sessionStorage.setItem(`${REPORTS}${agent}/${to}`, JSON.stringify(report));
