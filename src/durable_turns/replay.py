@@ -144,7 +144,7 @@ def replay_id(session: str) -> str:
 async def replay(session: AgentSession, *, model: Model | None = None,
                  agent: Agent | None = None,
                  tools: Literal["recorded", "live"] | Answerer = "recorded",
-                 to: str | None = None) -> ReplayReport:
+                 to: str | None = None, owner: str | None = None) -> ReplayReport:
     """Replay ``session``'s turns in a new session with another model or agent.
 
     Args:
@@ -155,12 +155,13 @@ async def replay(session: AgentSession, *, model: Model | None = None,
         tools: what an unrecorded call gets: ``"recorded"`` an error result naming it,
             ``"live"`` the real tool, or a function ``answer(name, input)``.
         to: the replay's session id (default: :func:`replay_id`).
+        owner: who owns the replay's session (a host's caller), written with its fork.
 
     Returns:
         The report, turn by turn.
 
     Raises:
-        SessionExistsError: ``to`` exists already.
+        SessionExistsError: ``to`` exists already (or another owns it).
         ConfigurationError: ``agent`` has another name than the session's, or no model.
     """
     rt = session.runtime
@@ -179,7 +180,7 @@ async def replay(session: AgentSession, *, model: Model | None = None,
     replayed = replace(base, tools=[recording.wrap(t, tools) for t in base.tools],
                        model=model or base.model)
     dst = SessionKey(base.name, to or replay_id(session.key.session))
-    await rt.store.fork([ForkPlan(session.key, dst, 0, None)])
+    await rt.store.fork([ForkPlan(session.key, dst, 0, None, owner=owner)])
     others = [a for name, a in rt.agents.items() if name != base.name]
     runner = Runtime([replayed, *others], rt.store, rt.model, owns_store=False,
                      secret=rt.secret)

@@ -13,10 +13,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from ..errors import SessionExistsError
 from ..history import Checkpoint
 from ..model import Model
-from ..records import SessionKey
 from ..replay import replay, replay_id
 from ..runtime import Runtime
 from ..sessions import AgentSession
@@ -89,12 +87,6 @@ def timetravel_routes(runtime: Runtime, guard: Callable[..., Handler],
             raise HttpError(404, "UnknownSession", f"no session {s.key}")
         return s
 
-    async def take(request: Request, key: SessionKey) -> None:
-        """Make the caller the new session's owner before anything is written to it."""
-        by = getattr(request.state, "by", None)
-        if by is not None and await runtime.queries.own(key, by) != by:
-            raise SessionExistsError(str(key))
-
     async def history(request: Request) -> Response:
         s = await known(request)
         return JSONResponse({"checkpoints": [cp.to_dict() for cp in await s.history()]})
@@ -105,7 +97,7 @@ def timetravel_routes(runtime: Runtime, guard: Callable[..., Handler],
         at = await _checkpoint(s, body.at)
         try:  # the caller owns the fork, written with it (a refused fork writes nothing)
             forked = await s.fork(body.to, at, then=body.then, turn_id=body.turn_id,
-                                  owner=getattr(request.state, "by", None))
+                                  owner=caller(request))
         except ValueError as e:  # ``then`` where a turn is under way: the fork's state says no
             raise HttpError(409, "TurnUnderWay", str(e)) from None
         return JSONResponse({**(await forked.summary()).to_dict(),
@@ -121,9 +113,8 @@ def timetravel_routes(runtime: Runtime, guard: Callable[..., Handler],
                 raise HttpError(400, "UnknownModel",
                                 f"no replay model {body.model!r}; this host offers "
                                 f"{sorted(models) or 'none (create_app(replay_models=…))'}")
-        to = body.to or replay_id(s.key.session)
-        await take(request, SessionKey(s.key.agent, to))
-        report = await replay(s, model=model, tools=body.tools, to=to)
+        report = await replay(s, model=model, tools=body.tools,
+                              to=body.to or replay_id(s.key.session), owner=caller(request))
         return JSONResponse(report.to_dict(), status_code=201)
 
     base = "/agents/{agent}/sessions/{session}"
@@ -132,6 +123,11 @@ def timetravel_routes(runtime: Runtime, guard: Callable[..., Handler],
         Route(f"{base}/fork", guard(fork, "fork", body=ForkBody), methods=["POST"]),
         Route(f"{base}/replay", guard(replayed, "fork", body=ReplayBody), methods=["POST"]),
     ]
+
+
+def caller(request: Request) -> str | None:
+    """Who asks (the guard's principal id; ``None`` in development mode): a fork's owner."""
+    return getattr(request.state, "by", None)
 
 
 async def _checkpoint(s: AgentSession, place: CheckpointPlace | None) -> Checkpoint | None:
