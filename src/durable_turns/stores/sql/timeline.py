@@ -34,8 +34,6 @@ _INSERT_COPY = "INSERT INTO log_transcript (sid, gen, n, seq, body) VALUES (?, 0
 _INSERT_ENTRY = ("INSERT INTO turns (sid, turn_id, kind, status, opening, event, policy, "
                  "request, text, error, reason) VALUES (?, ?, 'turn', ?, ?, ?, ?, ?, ?, ?, ?)")
 _SET_STATUS = "UPDATE sessions SET status = ? WHERE sid = ?"
-_SET_OWNER = "UPDATE sessions SET owner = ? WHERE sid = ? AND owner IS NULL"
-_OWNER = "SELECT owner FROM sessions WHERE sid = ?"
 _HAS_CHAIN = "SELECT 1 FROM turns WHERE sid = ? LIMIT 1"
 _HAS_ROWS = "SELECT 1 FROM log WHERE sid = ? LIMIT 1"
 
@@ -72,6 +70,9 @@ def fork(st: Statements, c: Connection, plan: ForkPlan) -> None:
         SessionExistsError: the new session has a chain or a log already, or another owner.
     """
     src = _sid(st, c, plan.src)
+    # The owner first: it makes the session's row with its owner, or names whose it is.
+    if plan.owner is not None and st.own_session(c, plan.dst, plan.owner) != plan.owner:
+        raise SessionExistsError(str(plan.dst))  # another's: the transaction writes nothing
     dst = st.sid(c, plan.dst, create=True)
     assert dst is not None
     if c.execute(st.q(_HAS_CHAIN), (dst,)).fetchone() is not None or \
@@ -93,10 +94,6 @@ def fork(st: Statements, c: Connection, plan: ForkPlan) -> None:
     for t in plan.chain:
         c.execute(st.q(_INSERT_ENTRY), _entry_row(dst, t))
     c.execute(st.q(_SET_STATUS), (plan.status, dst))
-    if plan.owner is not None:
-        c.execute(st.q(_SET_OWNER), (plan.owner, dst))
-        if c.execute(st.q(_OWNER), (dst,)).fetchone()[0] != plan.owner:
-            raise SessionExistsError(str(plan.dst))  # another's: the transaction writes nothing
 
 
 def _json(value: Any) -> str | None:
