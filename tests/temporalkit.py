@@ -16,6 +16,9 @@ Agents (``--agent``):
   (for a ``never`` file) until it is cancelled;
 - ``ask``: a remote tool, ``refund``, that asks ``alice`` (only her) to approve, then appends
   its effect to ``effects.jsonl``.
+- ``flaky``: a remote tool, ``charge`` (``retries=1``), that appends its attempt to
+  ``effects.jsonl``, fails its first attempt, SIGKILLs its own worker on its second (both of
+  its policy's attempts are then spent) and succeeds after.
 
 Every file sits in the work folder (``--work``, else the folder of ``--db``):
 ``ready-<tag>`` once the worker polls its queue; ``effects.jsonl``; ``events-<tag>.jsonl``
@@ -29,6 +32,7 @@ import asyncio
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import uuid
@@ -130,6 +134,22 @@ def ask_agent(work: Path) -> tuple[Agent, Model]:
     return Agent("ask", "You refund.", [refund]), scripted(lambda r: script[calls_this_turn(r)])
 
 
+def flaky_agent(work: Path) -> tuple[Agent, Model]:
+    @tool(retries=1, retry_delay=0.05)
+    async def charge(amount: int, ctx: ToolContext) -> str:
+        """Charge an amount."""
+        _effect(work, call=ctx.call_id, key=ctx.idempotency_key, attempt=ctx.attempt)
+        if ctx.attempt == 1:
+            raise ConnectionError("the payment service reset the connection")
+        if ctx.attempt == 2:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return "charged"
+
+    script = [ModelReply("Charging.", [ToolCall("c1", "charge", {"amount": 5})]),
+              ModelReply("Charged.")]
+    return Agent("flaky", "You charge.", [charge]), scripted(lambda r: script[calls_this_turn(r)])
+
+
 def build(a: argparse.Namespace, work: Path) -> tuple[Agent, Model, SessionStore, Any]:
     """The agent, its model, the store and the event sink of this child."""
     store: SessionStore
@@ -148,6 +168,8 @@ def build(a: argparse.Namespace, work: Path) -> tuple[Agent, Model, SessionStore
         agent, model = fence_agent(work, a.tag)
     elif a.agent == "stall":
         agent, model = Agent("stall", "You think.", []), StallModel(work, a.tag)
+    elif a.agent == "flaky":
+        agent, model = flaky_agent(work)
     else:
         agent, model = ask_agent(work)
     return agent, model, store, sink
@@ -180,7 +202,7 @@ def main() -> None:
     p.add_argument("--dsn")
     p.add_argument("--work", type=Path)
     p.add_argument("--tag", required=True)
-    p.add_argument("--agent", default="crash", choices=["crash", "fence", "stall", "ask"])
+    p.add_argument("--agent", default="crash", choices=["crash", "fence", "stall", "ask", "flaky"])
     p.add_argument("--kill", default=None)
     a = p.parse_args()
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)

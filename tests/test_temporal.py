@@ -41,7 +41,8 @@ from test_crash import check_recovered
 
 
 async def activities(client: Client, q: str, agent: str, session: str) -> list[dict[str, Any]]:
-    """The session workflow's scheduled activities: type, summary, start-to-close seconds."""
+    """The session workflow's scheduled activities: type, summary, start-to-close and
+    heartbeat seconds, retry policy."""
     history = await client.get_workflow_handle(workflow_id(q, agent, session)).fetch_history()
     out = []
     for e in history.events:
@@ -50,9 +51,14 @@ async def activities(client: Client, q: str, agent: str, session: str) -> list[d
         a = e.activity_task_scheduled_event_attributes
         summary = json.loads(e.user_metadata.summary.data) if e.HasField("user_metadata") \
             else None
+        policy = a.retry_policy
         out.append({"type": a.activity_type.name, "summary": summary,
                     "timeout": a.start_to_close_timeout.ToTimedelta().total_seconds(),
-                    "heartbeat": a.heartbeat_timeout.ToTimedelta().total_seconds()})
+                    "heartbeat": a.heartbeat_timeout.ToTimedelta().total_seconds(),
+                    "retry": {"attempts": policy.maximum_attempts,
+                              "initial": policy.initial_interval.ToTimedelta().total_seconds(),
+                              "coefficient": policy.backoff_coefficient,
+                              "max": policy.maximum_interval.ToTimedelta().total_seconds()}})
     return out
 
 
@@ -110,8 +116,14 @@ async def test_a_turn_runs_as_a_workflow_with_one_activity_per_step(
     assert [a["summary"] for a in acts] == [
         "step", "tool add", "model (retries 3)", "tool notify (timeout 5s, retries 2)",
         "model (retries 3)"]
-    # notify(timeout=5, retries=2): three attempts of 5 s, backoffs of 0.5 and 1 s, a margin.
-    assert acts[3]["timeout"] == 5 * 3 + 0.5 + 1.0 + 30
+    # notify(timeout=5, retries=2): an activity attempt is one attempt of 5 s, and a margin;
+    # its retries are the activity's (three attempts, from 0.5 s doubling up to 30 s).
+    assert acts[3]["timeout"] == 5 + 30
+    assert acts[3]["retry"] == {"attempts": 3, "initial": 0.5, "coefficient": 2.0,
+                                "max": 30.0}
+    assert acts[2]["retry"] == {"attempts": 4, "initial": 0.5, "coefficient": 2.0,
+                                "max": 30.0}  # the agent's model_retries=3
+    assert acts[1]["retry"]["attempts"] == 0  # add has no retries: unlimited (a lost worker)
     assert {a["heartbeat"] for a in acts} == {HEARTBEAT}  # the scheduler's, the worker's
 
 

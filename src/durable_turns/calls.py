@@ -41,6 +41,7 @@ from .errors import (
     ConfigurationError,
     FatalToolError,
     Parked,
+    RetryStep,
     ToolCrashedError,
     runtime_failure,
 )
@@ -304,6 +305,9 @@ class ToolCalls:
         for has no committed calls yet: only a replay reads them)."""
         self.failing: str | None = None
         """Why a batch is stopping its calls, while it fails."""
+        self.attempt: int | None = None
+        """The one attempt this drive runs of a remote call (``Runtime.step(attempt=)``), or
+        ``None``: a call runs all its attempts here."""
         self._stop_batch: Callable[[], None] | None = None
 
     def interrupt(self) -> None:
@@ -392,7 +396,7 @@ class ToolCalls:
         limit = self.agent.max_result_bytes
 
         async def run() -> Any:
-            return _checked_result(await tool.call(args, ctx, on_retry), limit)
+            return _checked_result(await tool.call(args, ctx, on_retry, self.attempt), limit)
 
         services = ctx.services if ctx is not None else None
         try:
@@ -476,6 +480,7 @@ class ToolCalls:
         self.asked_at = -1  # once: a batch that parks comes back as a replay
         state = BatchState(owed, {} if fresh else await self.committed(n, owed))
         parked: dict[str, InputRequest] = {}
+        retrying: list[RetryStep] = []
         interruptible: set[asyncio.Task[None]] = set()
 
         async def commit(call: ToolCall, outcome: CallOutcome | None, local: Local | None = None,
@@ -508,6 +513,11 @@ class ToolCalls:
                 parked[call.id] = p.request
                 if span is not None:
                     span.parked(p.request)
+                return
+            except RetryStep as r:
+                # One attempt of the step: the batch's other calls go on and commit, so
+                # the step's next attempt runs only the calls still owed.
+                retrying.append(r)
                 return
             except asyncio.CancelledError:
                 if tool.interruptible and self.cancel_reason(turn_id) is not None:
@@ -567,6 +577,8 @@ class ToolCalls:
         finally:
             self._stop_batch = None
             self.failing = None
+        if retrying:
+            raise max(retrying, key=lambda r: r.delay)  # each call's backoff is kept
         if not parked:
             return None
         requests = [parked[c.id] for c in owed if c.id in parked]

@@ -27,7 +27,7 @@ from .agent import Agent
 from .commands import Place, Reset, command_of
 from .context import Host
 from .engine import TurnEngine
-from .errors import LeaseLostError, LeaseTimeoutError, StepTaken, StoreError
+from .errors import LeaseLostError, LeaseTimeoutError, RetryStep, StepTaken, StoreError
 from .events import TurnEvent
 from .messages import Message, MessageLog, owed_calls
 from .model import Model
@@ -157,6 +157,11 @@ class SessionDriver:
             (``None``: until nothing is left). A step is a model call, a tool call (a
             parallel batch is one) or a command; a turn's opening goes with its first step.
             A scheduler that owns the chain's order (Temporal) drives one at a time.
+        attempt: with ``steps=1``, the attempt of that step this drive runs (1-based), for a
+            scheduler that retries steps itself: a failure a tool's ``retries`` or the
+            agent's ``model_retries`` would retry ends the drive with
+            :class:`~durable_turns.errors.RetryStep` as its :attr:`failure`, nothing
+            written. ``None``: every attempt runs within the step.
     """
 
     def __init__(self, key: SessionKey, agent: Agent, model: Model, store: SessionStore, *,
@@ -165,7 +170,7 @@ class SessionDriver:
                  lease_timeout: float | None, host: Host, try_once: bool = False,
                  lease: Lease | None = None,
                  wants_live: Callable[[SessionKey], bool] | None = None,
-                 steps: int | None = None) -> None:
+                 steps: int | None = None, attempt: int | None = None) -> None:
         self.key = key
         self.failure: BaseException | None = None
         """Why driving stopped, when it stopped on an error (the turns stay in the store)."""
@@ -189,6 +194,7 @@ class SessionDriver:
         self._check_again = False
         self._tasks: set[asyncio.Task[Any]] = set()
         self._steps = steps
+        self._attempt = attempt
         self.task = asyncio.create_task(self._run(), name=f"durable-turns {key}")
 
     @property
@@ -239,6 +245,10 @@ class SessionDriver:
                     self._transcripts.forget(self.key)
                     self._wanted = True
                     await self._back_off(delay)
+        except RetryStep as e:
+            log.info("durable_turns: %s: %s; its scheduler runs the step again in %.2fs",
+                     self.key, e, e.delay)
+            self.failure = e
         except LeaseLostError as e:
             log.warning("durable_turns: %s; stopped driving it", e)
             self._transcripts.forget(self.key)
@@ -299,6 +309,7 @@ class SessionDriver:
                             self._publish_live, read_step, self._cancels.get, self._host,
                             wants_live=self._live_wanted())
         engine.step_budget = self._steps
+        engine.attempt = self._attempt
         self._engine = engine
         while True:
             pending = await store.turns(key, unfinished=True)

@@ -118,6 +118,17 @@ class TurnEngine:
         self._streaming: asyncio.Task[Any] | None = None
         self._interrupted = False
 
+    @property
+    def attempt(self) -> int | None:
+        """The one attempt this drive runs of its step (``Runtime.step(attempt=)``: its
+        scheduler retries the step, as Temporal does), or ``None``: a model call and a
+        remote call run all their attempts within the step."""
+        return self.calls.attempt
+
+    @attempt.setter
+    def attempt(self, attempt: int | None) -> None:
+        self.calls.attempt = attempt
+
     def interrupt(self, turn_id: str) -> None:
         """Stop the model's stream (and a batch's interruptible calls) if ``turn_id`` runs:
         a cancel was requested.
@@ -297,7 +308,7 @@ class TurnEngine:
 
         got = await self._interruptible(
             ask(self.model, request, self._retry, on_text=on_text, on_retry=on_retry,
-                on_thinking=on_thinking), turn_id)
+                on_thinking=on_thinking, attempt=self.attempt), turn_id)
         text, calls, stop = got.text, got.calls, got.stop
         if stop.reason in ABNORMAL_STOPS and not text and not calls:
             raise ModelError(

@@ -24,8 +24,9 @@ Failures (subclasses of ``Exception``, names ending in ``Error``)::
     └── FatalToolError              raised *by a tool* to fail the turn on purpose
 
 Control-flow signals (subclasses of ``BaseException``, so a tool's ``except Exception``
-cannot swallow them): :class:`Parked`, :class:`Cancelled` and :class:`StepTaken` (a drive of
-one step at a time, as a Temporal activity is, ran its step).
+cannot swallow them): :class:`Parked`, :class:`Cancelled`, :class:`StepTaken` (a drive of
+one step at a time, as a Temporal activity is, ran its step) and :class:`RetryStep` (a drive of
+one attempt of a step failed in a way its scheduler retries).
 
 :data:`RUNTIME_FAILURES` (``StoreError``, ``LeaseLostError``, ``LeaseTimeoutError``) are the
 runtime's own failures: a step that meets one is abandoned and driven again, whatever a tool
@@ -347,6 +348,29 @@ class StepTaken(BaseException):
     Raised at a checkpoint boundary (nothing half-written), so the next drive replays from
     the transcript as after any stop.
     """
+
+
+class RetryStep(BaseException):
+    """Signal: one attempt of a step (``Runtime.step(key, attempt=n)``) failed in a way its
+    policy retries — a remote tool's error within its ``retries``, a transient model failure
+    within the agent's ``model_retries`` — so nothing of the step was written; its scheduler
+    runs the step again after :attr:`delay` seconds with the next attempt number.
+
+    Args:
+        message: what failed, for the scheduler's log and UI.
+        delay: seconds the scheduler should wait (the failing call's backoff, with jitter,
+            or the provider's ``retry-after``).
+        attempt: the attempt that failed (1-based).
+    """
+
+    def __init__(self, message: str, *, delay: float, attempt: int) -> None:
+        super().__init__(message)
+        self.message = message
+        self.delay = delay
+        self.attempt = attempt
+
+    def __str__(self) -> str:
+        return self.message
 
 
 # -- how hosts answer them -------------------------------------------------------------------

@@ -24,7 +24,7 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import Cancelled, ModelError
+from .errors import Cancelled, ModelError, RetryStep
 from .messages import ToolCall
 from .model import Model, ModelRequest, Stop, TextDelta, ThinkingDelta
 
@@ -146,15 +146,21 @@ async def stream_reply(model: Model, request: ModelRequest,
 async def ask(model: Model, request: ModelRequest, policy: RetryPolicy, *,
               on_text: Callable[[str], None],
               on_retry: Callable[[int, float, ModelError], None],
-              on_thinking: Callable[[str], None] | None = None) -> Reply:
+              on_thinking: Callable[[str], None] | None = None,
+              attempt: int | None = None) -> Reply:
     """:func:`stream_reply`, asked again after transient failures.
 
-    ``on_retry(attempt, delay, error)`` is told before each wait.
+    ``on_retry(attempt, delay, error)`` is told before each wait. With ``attempt`` (a
+    scheduler that retries the step itself, as Temporal does), only that attempt is asked: a
+    transient failure with attempts left raises :class:`~durable_turns.errors.RetryStep`
+    with the backoff instead of waiting here.
 
     Raises:
         ModelError: a failure that is not transient, or the last of too many.
+        RetryStep: ``attempt`` failed and the step should run again.
     """
-    attempt = 1
+    one = attempt is not None
+    attempt = attempt or 1
     while True:
         try:
             return await stream_reply(model, request, on_text, on_thinking)
@@ -167,5 +173,9 @@ async def ask(model: Model, request: ModelRequest, policy: RetryPolicy, *,
                 raise
             delay = policy.delay(attempt, e)
             on_retry(attempt, delay, e)
+            if one:
+                raise RetryStep(f"model call failed on attempt {attempt} of "
+                                f"{policy.retries + 1}: {e}", delay=delay,
+                                attempt=attempt) from e
             await asyncio.sleep(delay)
             attempt += 1

@@ -33,6 +33,7 @@ from .driver import ChainState, SessionDriver, TranscriptCache, chain_state
 from .errors import (
     ConfigurationError,
     DurableTurnsError,
+    RetryStep,
     StoreError,
     TurnConflictError,
     UnknownAgentError,
@@ -467,7 +468,8 @@ class Runtime:
             await self._kick(key)  # a parked turn among them has no driver: its end is ours
         return ids
 
-    async def step(self, key: SessionKey, *, lease_timeout: float | None = None) -> ChainState:
+    async def step(self, key: SessionKey, *, lease_timeout: float | None = None,
+                   attempt: int | None = None) -> ChainState:
         """Drive one step of the session's chain in this process, and say what is left.
 
         What a scheduler's worker calls (a Temporal activity): it claims the session's lease
@@ -480,16 +482,26 @@ class Runtime:
         Args:
             key: the session.
             lease_timeout: seconds to wait for the lease (``None``: the runtime's).
+            attempt: the scheduler's attempt number of this step (1-based), when the
+                scheduler retries steps itself (Temporal's activity retries): only that
+                attempt of a model call or a remote tool runs, and a failure the agent's
+                ``model_retries`` or the tool's ``retries`` would retry raises
+                :class:`~durable_turns.errors.RetryStep` (nothing written) instead of
+                waiting here. The attempt past the last commits the error as usual.
+                ``None``: every attempt runs within the step.
 
         Returns:
             Whether more of the chain needs driving, whether a turn is parked, and what the
             next step is.
 
         Raises:
+            RetryStep: ``attempt`` failed; run the step again after its ``delay``.
             LeaseTimeoutError: another holder kept the session's lease.
             StoreError: the store refused the step (nothing of it was written).
             DurableTurnsError: driving failed otherwise (the turn stays unfinished).
         """
+        if attempt is not None and (not isinstance(attempt, int) or attempt < 1):
+            raise ValueError(f"attempt must be an int >= 1, not {attempt!r}")
         await self.open()
         agent = self.agents[key.agent]
         wait = self.lease_timeout if lease_timeout is None else lease_timeout
@@ -504,6 +516,7 @@ class Runtime:
             key, agent, self.model_for(agent), self.store, transcripts=self._transcripts,
             publish=self._publish, publish_live=self._publish_live, finished=self._finished,
             lease_timeout=wait, host=self.host, wants_live=self._wants_live, steps=1,
+            attempt=attempt,
         )
         self._drivers[key] = driver
         driver.task.add_done_callback(lambda _t: self._driver_done(driver))
@@ -551,7 +564,7 @@ class Runtime:
         key = driver.key
         if self._drivers.get(key) is driver:
             del self._drivers[key]
-            if driver.failure is not None:
+            if driver.failure is not None and not isinstance(driver.failure, RetryStep):
                 # Kept where wait() looks, until the session is driven again.
                 self._failed[key] = driver.failure
         for (k, _turn), futures in list(self._waiting.items()):

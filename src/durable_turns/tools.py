@@ -25,7 +25,7 @@ import jsonschema
 import pydantic
 
 from .context import ActionContext, ToolContext
-from .errors import ConfigurationError, FatalToolError, runtime_failure
+from .errors import ConfigurationError, FatalToolError, RetryStep, runtime_failure
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,7 +128,7 @@ class Tool:
         self._check = validate or _schema_validator(spec)
 
     async def call(self, args: dict[str, Any], ctx: ToolContext | None,
-                   on_retry: OnRetry | None = None) -> Any:
+                   on_retry: OnRetry | None = None, attempt: int | None = None) -> Any:
         """Run a remote tool's attempts: each within ``timeout``, up to ``1 + retries``.
 
         Returns the first attempt's result that did not raise; raises the last attempt's
@@ -136,7 +136,13 @@ class Tool:
         outside ``retry_on``, :class:`~durable_turns.errors.FatalToolError`, the runtime's
         own failures (``errors.RUNTIME_FAILURES``, met through the context) and its signals
         (``BaseException``) are raised at once.
+
+        With ``attempt`` (a scheduler that retries the step itself, as Temporal does), only
+        that attempt runs: a failure the tool would retry raises
+        :class:`~durable_turns.errors.RetryStep` with its backoff instead of waiting here.
         """
+        if attempt is not None:
+            return await self._one_attempt(args, ctx, on_retry, attempt)
         if self.timeout is None and not self.retries:
             return await self.run(args, ctx)  # type: ignore[arg-type]  # None: unused
         attempt = 1
@@ -146,15 +152,41 @@ class Tool:
             try:
                 return await self._attempt(args, ctx)
             except Exception as e:
-                if attempt > self.retries or isinstance(e, FatalToolError) \
-                        or not isinstance(e, self.retry_on) or runtime_failure(e) is not None:
+                if not self.retries_after(e, attempt):
                     raise  # the runtime's own failure abandons the step: never retried here
-                ceiling = min(self.retry_delay * 2.0 ** (attempt - 1), RETRY_BACKOFF_CAP)
-                delay = ceiling / 2 + random.uniform(0, ceiling / 2)  # "equal jitter"
+                delay = self.backoff(attempt)
                 if on_retry is not None:
                     on_retry(attempt, delay, e)
                 await asyncio.sleep(delay)
                 attempt += 1
+
+    async def _one_attempt(self, args: dict[str, Any], ctx: ToolContext | None,
+                           on_retry: OnRetry | None, attempt: int) -> Any:
+        if ctx is not None:
+            ctx.attempt = attempt
+        try:
+            return await self._attempt(args, ctx)
+        except Exception as e:
+            if not self.retries_after(e, attempt):
+                raise
+            delay = self.backoff(attempt)
+            if on_retry is not None:
+                on_retry(attempt, delay, e)
+            raise RetryStep(f"tool {self.name!r} failed on attempt {attempt} of "
+                            f"{self.retries + 1}: {type(e).__name__}: {e}",
+                            delay=delay, attempt=attempt) from e
+
+    def retries_after(self, error: Exception, attempt: int) -> bool:
+        """Whether failed attempt ``attempt`` (1-based) of a call is tried again."""
+        return attempt <= self.retries and not isinstance(error, FatalToolError) \
+            and isinstance(error, self.retry_on) and runtime_failure(error) is None
+
+    def backoff(self, attempt: int) -> float:
+        """Seconds to wait after failed attempt ``attempt``: ``retry_delay`` doubled per
+        attempt up to :data:`RETRY_BACKOFF_CAP`, with "equal jitter" (half fixed, half
+        random)."""
+        ceiling = min(self.retry_delay * 2.0 ** (attempt - 1), RETRY_BACKOFF_CAP)
+        return ceiling / 2 + random.uniform(0, ceiling / 2)
 
     async def _attempt(self, args: dict[str, Any], ctx: ToolContext | None) -> Any:
         if self.timeout is None:

@@ -6,8 +6,17 @@ start wake their own workflows). It runs the session workflow and one activity,
 ``durable_turns.step``: ``Runtime.step`` against the runtime's store — the lease claimed,
 the step run and committed fenced by the lease's epoch, the lease released — heartbeating to
 Temporal while it runs. Its outcome tells the workflow how to schedule the next step: a
-tool's timeout and retries become the activity's ``start_to_close`` and its summary in
-Temporal's UI.
+tool's ``timeout`` becomes the activity's ``start_to_close``, a tool's ``retries`` and
+``retry_delay`` (the agent's ``model_retries`` and ``model_retry_delay`` for a model call)
+become the activity's retry policy, and the summary in Temporal's UI names them.
+
+Retries are Temporal's: the activity passes its attempt number to ``Runtime.step``, which
+runs that one attempt of the model call or tool; a failure its policy retries raises
+``RetryStep`` (nothing written), which the activity raises as a retryable
+``ApplicationError`` whose next retry delay is the attempt's backoff (with jitter, or the
+provider's ``retry-after``). The attempt past the last commits the error as it would
+without Temporal. In a parallel batch, the calls that succeed commit, and only the failed
+ones run again.
 
 Why a regular activity and not a local one: a local activity re-runs with its whole workflow
 task when a worker dies, and its heartbeat-free timeout cannot tell a slow model from a dead
@@ -23,12 +32,15 @@ from datetime import timedelta
 
 from temporalio import activity
 from temporalio.client import Client
+from temporalio.exceptions import ApplicationError
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from ..agent import Agent
 from ..driver import ChainState
+from ..errors import RetryStep
+from ..replies import BACKOFF_CAP
 from ..runtime import Runtime
-from ..tools import RETRY_BACKOFF_CAP, Tool
+from ..tools import RETRY_BACKOFF_CAP
 from .client import TASK_QUEUE
 from .workflow import ACTIVITY, SessionWorkflow, StepInput, StepOptions, StepOutcome
 
@@ -62,9 +74,12 @@ class WorkerSettings:
 def step_options(agent: Agent, state: ChainState, settings: WorkerSettings) -> StepOptions:
     """How the workflow should schedule the step ``state`` names.
 
-    A tool step's limit is what its tools may take: each attempt's ``timeout``, its
-    ``retries`` and their backoffs, plus :data:`MARGIN`; the summary names the tools and their
-    limits, so Temporal's UI shows them.
+    A model step's retry policy is the agent's ``model_retries`` and ``model_retry_delay``.
+    A tool step's limit is what one attempt of its tools may take (their ``timeout``s, plus
+    :data:`MARGIN`), and its retry policy that of its tools with ``retries``: the most
+    attempts and the longest first delay of them (each call keeps its own count and backoff:
+    the worker decides). The summary names the tools and their limits, so Temporal's UI
+    shows them.
 
     Args:
         agent: the session's agent.
@@ -77,29 +92,35 @@ def step_options(agent: Agent, state: ChainState, settings: WorkerSettings) -> S
     base = StepOptions(timeout=settings.step_timeout, heartbeat=settings.heartbeat)
     if state.next == "model":
         base.summary = f"model (retries {agent.model_retries})"
-        return base
+        return _retried(base, agent.model_retries, agent.model_retry_delay, BACKOFF_CAP)
     if state.next != "tool":
         base.summary = state.next or "step"
         return base
-    total, parts = 0.0, []
+    total, parts, retries, delay = 0.0, [], 0, 0.0
     for name in state.tools:
         tool = agent.tools_by_name.get(name)
+        if tool is not None and tool.retries:
+            retries, delay = max(retries, tool.retries), max(delay, tool.retry_delay)
         if tool is None or tool.timeout is None:
             total = settings.step_timeout
-            parts.append(name)
+            parts.append(name if tool is None or not tool.retries
+                         else f"{name} (retries {tool.retries})")
             continue
-        total += _tool_limit(tool)
+        total += tool.timeout
         parts.append(f"{name} (timeout {tool.timeout:g}s, retries {tool.retries})")
     base.timeout = min(total + MARGIN, settings.step_timeout)
     base.summary = "tool " + ", ".join(parts)
-    return base
+    return _retried(base, retries, delay, RETRY_BACKOFF_CAP)
 
 
-def _tool_limit(tool: Tool) -> float:
-    assert tool.timeout is not None
-    backoff = sum(min(tool.retry_delay * 2.0 ** k, RETRY_BACKOFF_CAP)
-                  for k in range(tool.retries))
-    return tool.timeout * (tool.retries + 1) + backoff
+def _retried(options: StepOptions, retries: int, delay: float, cap: float) -> StepOptions:
+    """``options`` with the retry policy of a step with ``retries`` of its own (none: the
+    default, unlimited attempts for a lost worker or a refused store)."""
+    if retries:
+        options.attempts = retries + 1
+        options.retry_initial = max(delay, 0.001)  # Temporal wants a positive interval
+        options.retry_max = max(cap, options.retry_initial)
+    return options
 
 
 class StepActivity:
@@ -122,11 +143,18 @@ class StepActivity:
             UnknownAgentError: this worker has no such agent (not retried).
             LeaseTimeoutError: another holder kept the lease (retried by Temporal).
             StoreError: the store refused the step, nothing written (retried).
+            ApplicationError: this attempt of a model call or a tool failed and its policy
+                retries it (type ``RetryStep``, retried after the attempt's backoff).
         """
         key = self.runtime.key(req.agent, req.session)
         beat = asyncio.create_task(self._beat())
+        attempt = req.attempts_before + activity.info().attempt
         try:
-            state = await self.runtime.step(key, lease_timeout=self.settings.lease_timeout)
+            state = await self.runtime.step(key, lease_timeout=self.settings.lease_timeout,
+                                            attempt=attempt)
+        except RetryStep as e:
+            raise ApplicationError(str(e), type="RetryStep",
+                                   next_retry_delay=timedelta(seconds=e.delay)) from None
         finally:
             beat.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -6,7 +6,16 @@ decision of the turn: it runs the ``durable_turns.step`` activity (``Runtime.ste
 chain's next step against the store, committed under the lease's epoch) while the activity
 says more is left, then waits on the ``wake`` signal — a new turn, an answer, a cancel, a
 reset, each durable in the store before the signal is sent. Signals are kept while no worker
-runs (an Update is not), so a park waits on one. It continues as new every
+runs (an Update is not), so a park waits on one.
+
+A step's retries are Temporal's: its activity's retry policy is the step's own — a model call
+gets the agent's ``model_retries`` and ``model_retry_delay``, a tool call its ``retries`` and
+``retry_delay`` (doubled per attempt, up to 30 s) — and the worker runs one attempt per
+activity attempt, raising for Temporal to retry (with the attempt's own backoff as the next
+delay) until the last, which commits the error. An attempt lost with its worker counts as
+one; when the policy's attempts are spent that way (no attempt committed), the step is
+scheduled again with its attempt count carried on, so it still ends in a committed result.
+It continues as new every
 :data:`STEPS_PER_RUN` steps (or when Temporal suggests it), which bounds its history, and
 ends after ``idle`` seconds with nothing to do and nothing parked; the next wake starts it
 again (signal-with-start).
@@ -23,6 +32,7 @@ from datetime import timedelta
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, RetryState
 
 WORKFLOW = "durable_turns.session"
 """The workflow's type name, as Temporal's UI shows it."""
@@ -32,6 +42,8 @@ WAKE = "wake"
 """The signal that tells a session's workflow it has work."""
 STEPS_PER_RUN = 500
 """Steps before the workflow continues as new (a run's history stays small)."""
+NON_RETRYABLE = ("ConfigurationError", "UnknownAgentError")
+"""The worker's failures no attempt can mend: the workflow fails on them."""
 
 
 def workflow_id(task_queue: str, agent: str, session: str) -> str:
@@ -65,9 +77,15 @@ class StepOptions:
     heartbeat: float = 2.0
     """Seconds without a heartbeat before Temporal takes the step as lost and runs it again."""
     retry_initial: float = 0.2
-    """Seconds before the step runs again after its worker was lost or the store refused it."""
+    """Seconds before the step's second attempt (a tool's ``retry_delay``, the agent's
+    ``model_retry_delay``; else a pause after a lost worker or a refused store); doubled per
+    attempt."""
     retry_max: float = 2.0
-    """The longest pause between two such runs."""
+    """The longest pause between two attempts."""
+    attempts: int = 0
+    """The step's attempts (``retries + 1`` of its tool or model call); 0: unlimited (a step
+    without retries of its own runs again only when its worker was lost or the store refused
+    it)."""
     summary: str = "step"
     """What Temporal's UI shows for the activity (``model``, ``tool create_order``, …)."""
 
@@ -93,6 +111,9 @@ class StepInput:
 
     agent: str
     session: str
+    attempts_before: int = 0
+    """Attempts of this step spent by earlier activities (each lost with its worker): the
+    activity's attempt counts on from them."""
 
 
 @dataclass
@@ -141,17 +162,31 @@ class SessionWorkflow:
                                  start.steps_per_run),
                     task_timeout=workflow.info().task_timeout)
             self._woken = False
-            out: StepOutcome = await workflow.execute_activity(
-                ACTIVITY, StepInput(start.agent, start.session),
-                result_type=StepOutcome,
-                start_to_close_timeout=timedelta(seconds=options.timeout),
-                heartbeat_timeout=timedelta(seconds=options.heartbeat),
-                retry_policy=RetryPolicy(
-                    initial_interval=timedelta(seconds=options.retry_initial),
-                    maximum_interval=timedelta(seconds=options.retry_max),
-                    non_retryable_error_types=["ConfigurationError", "UnknownAgentError"]),
-                summary=options.summary,
-            )
+            out = await self._step(start, options)
             steps += 1
             options, parked = out.options, out.parked
             self._woken = self._woken or out.more
+
+    async def _step(self, start: SessionStart, options: StepOptions) -> StepOutcome:
+        """Run the session's next step: one activity, scheduled again (its attempts counted
+        on) when its policy's attempts were all lost without a committed result."""
+        before = 0
+        while True:
+            try:
+                out: StepOutcome = await workflow.execute_activity(
+                    ACTIVITY, StepInput(start.agent, start.session, before),
+                    result_type=StepOutcome,
+                    start_to_close_timeout=timedelta(seconds=options.timeout),
+                    heartbeat_timeout=timedelta(seconds=options.heartbeat),
+                    retry_policy=RetryPolicy(
+                        initial_interval=timedelta(seconds=options.retry_initial),
+                        maximum_interval=timedelta(seconds=options.retry_max),
+                        maximum_attempts=options.attempts,
+                        non_retryable_error_types=list(NON_RETRYABLE)),
+                    summary=options.summary,
+                )
+                return out
+            except ActivityError as e:
+                if e.retry_state != RetryState.MAXIMUM_ATTEMPTS_REACHED:
+                    raise
+                before += options.attempts
