@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from temporalio.api.enums.v1 import EventType
+from temporalio.api.enums.v1 import EventType, PendingActivityState
 
 import crashkit
 from durable_turns import (
@@ -28,7 +28,7 @@ from durable_turns import (
     scripted,
     tool,
 )
-from durable_turns.errors import RetryStep
+from durable_turns.errors import ModelError, RetryStep
 from durable_turns.model import Stop
 from durable_turns.models import ModelEvent
 from durable_turns.models.scripted import calls_this_turn
@@ -61,12 +61,14 @@ async def steps(target: str, q: str, agent: str, session: str) -> list[dict[str,
         elif e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
             out[e.activity_task_completed_event_attributes.scheduled_event_id]["end"] = \
                 "completed"
-        elif e.event_type in (EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED,
-                              EventType.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT):
-            attrs = (e.activity_task_failed_event_attributes
-                     if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED
-                     else e.activity_task_timed_out_event_attributes)
-            out[attrs.scheduled_event_id]["end"] = "failed"
+        elif e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED:
+            out[e.activity_task_failed_event_attributes.scheduled_event_id]["end"] = "failed"
+        elif e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT:
+            out[e.activity_task_timed_out_event_attributes.scheduled_event_id]["end"] = \
+                "failed"
+        elif e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_CANCELED:
+            out[e.activity_task_canceled_event_attributes.scheduled_event_id]["end"] = \
+                "cancelled"
     return list(out.values())
 
 
@@ -254,6 +256,56 @@ async def test_the_last_model_attempt_fails_the_turn(
     assert model.calls == 2
     [answer] = of(await steps(temporal_target, q, "pay", "s1"), "model")
     assert (answer["attempts"], answer["attempt"], answer["end"]) == (2, 2, "completed")
+
+
+class RateLimited:
+    """A model the provider rate-limits: every call fails with a ``retry-after`` of 60 s."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.failed = asyncio.Event()
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
+        self.calls += 1
+        self.failed.set()
+        raise ModelError("429 rate limited", provider="fake", status=429, retryable=True,
+                         retry_after=60)
+        yield Stop("end_turn")  # pragma: no cover - makes this an async generator
+
+
+async def waiting_attempt(target: str, q: str, agent: str, session: str) -> int:
+    """The attempt the session's step waits to run once its retry's backoff is over (polled
+    until Temporal has scheduled it, within ``WAIT``)."""
+    client = await connect(Connection(target))
+    handle = client.get_workflow_handle(workflow_id(q, agent, session))
+    deadline = asyncio.get_running_loop().time() + WAIT
+    while True:
+        for p in (await handle.describe()).raw_description.pending_activities:
+            if p.attempt > 1 and p.state == PendingActivityState.PENDING_ACTIVITY_STATE_SCHEDULED:
+                return int(p.attempt)
+        assert asyncio.get_running_loop().time() < deadline, "no retry was scheduled"
+        await asyncio.sleep(0.05)
+
+
+async def test_a_cancel_does_not_wait_out_a_retry_s_backoff(
+        temporal_target: str, tmp_path: Path) -> None:
+    q, model = queue(), RateLimited()
+    agent = Agent("busy", "You answer.", [], model_retries=5)
+    async with front(temporal_target, q, agent, SqliteStore(tmp_path / "db")) as rt, \
+            inline_worker(temporal_target, q, agent, model, SqliteStore(tmp_path / "db")):
+        session = rt.session("busy", "s1")
+        await session.start("hello", turn_id="t1")
+        # The first attempt failed; Temporal holds the step for the provider's 60 s.
+        assert await waiting_attempt(temporal_target, q, "busy", "s1") == 2
+        await session.cancel("t1", reason="the user pressed stop")
+        res = await session.result("t1", timeout=WAIT)
+    assert (res.status, res.reason) == ("cancelled", "the user pressed stop")
+    assert model.calls == 1  # the turn ended at the boundary before attempt 2 asked again
+    # The wait was cancelled (attempt 2 never started), and the step scheduled again at
+    # once, its attempt carried on: it ran as attempt 2 and ended the turn.
+    found = await steps(temporal_target, q, "busy", "s1")
+    assert [(s["input"]["attempts_before"], s.get("attempt"), s["end"]) for s in found] == \
+        [(0, None, "cancelled"), (1, 1, "completed")]
 
 
 # -- Runtime.step(attempt=), without Temporal -------------------------------------------------

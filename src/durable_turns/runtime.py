@@ -66,11 +66,13 @@ class Scheduler(Protocol):
     chain is done or parked (``durable_turns.temporal``: a Temporal workflow per session).
     """
 
-    async def wake(self, key: SessionKey) -> None:
+    async def wake(self, key: SessionKey, *, interrupt: bool = False) -> None:
         """The session has (or may have) work: an entry, a cancel, an answer, all durable.
 
         Called after the store holds the change, any number of times (it must be
         idempotent); it must return once the scheduler has the news, never drive here.
+        ``interrupt``: a turn was asked to stop (a cancel, a replace, a reset), so a step
+        that waits out a retry's backoff should run now (its turn ends at the boundary).
 
         Raises:
             StoreError: the scheduler cannot be reached (the change stays durable; a
@@ -346,7 +348,7 @@ class Runtime:
             if driver is not None:
                 driver.interrupt_running(reason)
         if rec.needs_driving or not rec.status.final:
-            await self._kick(key)
+            await self._kick(key, interrupt=new and reason is not None)
         return rec, new
 
     async def wait(self, key: SessionKey, turn_id: str, *,
@@ -465,7 +467,7 @@ class Runtime:
             driver = self._drivers.get(key)
             if driver is not None:
                 driver.interrupt(ids, reason)
-            await self._kick(key)  # a parked turn among them has no driver: its end is ours
+            await self._kick(key, interrupt=True)  # a parked turn among them: its end is ours
         return ids
 
     async def step(self, key: SessionKey, *, lease_timeout: float | None = None,
@@ -534,10 +536,11 @@ class Runtime:
         ``drive=False`` leaves them to its workers, which the store's feed tells."""
         await self._kick(key)
 
-    async def _kick(self, key: SessionKey) -> None:
-        """The session has work: drive it here, or tell the scheduler."""
+    async def _kick(self, key: SessionKey, *, interrupt: bool = False) -> None:
+        """The session has work (``interrupt``: a turn was asked to stop): drive it here, or
+        tell the scheduler."""
         if self.scheduler is not None:
-            await self.scheduler.wake(key)
+            await self.scheduler.wake(key, interrupt=interrupt)
             return
         self._drive(key)
 

@@ -135,8 +135,11 @@ class TemporalScheduler:
                 self._client = await connect(self._connection)
         return self._client
 
-    async def wake(self, key: SessionKey) -> None:
+    async def wake(self, key: SessionKey, *, interrupt: bool = False) -> None:
         """Signal the session's workflow, starting it if it does not run.
+
+        ``interrupt`` (a turn was asked to stop) goes with the signal: a step waiting out a
+        retry's backoff then runs at once, so the cancel does not wait for the backoff.
 
         Raises:
             StoreError: Temporal refused or could not be reached (the entry stays durable;
@@ -151,6 +154,7 @@ class TemporalScheduler:
                 id=workflow_id(self.task_queue, key.agent, key.session),
                 task_queue=self.task_queue,
                 start_signal=WAKE,
+                start_signal_args=[interrupt],
                 task_timeout=timedelta(seconds=self.task_timeout),
                 static_summary=f"session {key}",
             )

@@ -31,8 +31,9 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from temporalio import activity
+from temporalio.api.enums.v1 import PendingActivityState
 from temporalio.client import Client
-from temporalio.exceptions import ApplicationError
+from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from ..agent import Agent
@@ -42,7 +43,7 @@ from ..replies import BACKOFF_CAP
 from ..runtime import Runtime
 from ..tools import RETRY_BACKOFF_CAP
 from .client import TASK_QUEUE
-from .workflow import ACTIVITY, SessionWorkflow, StepInput, StepOptions, StepOutcome
+from .workflow import ACTIVITY, BACKOFF, SessionWorkflow, StepInput, StepOptions, StepOutcome
 
 MARGIN = 30.0
 """Seconds added to a tool step's computed limit: its commit, and a slow store."""
@@ -124,16 +125,19 @@ def _retried(options: StepOptions, retries: int, delay: float, cap: float) -> St
 
 
 class StepActivity:
-    """The ``durable_turns.step`` activity of one runtime.
+    """The ``durable_turns.step`` activity of one runtime (and ``durable_turns.backoff``).
 
     Args:
         runtime: drives the steps (its store is where they commit).
         settings: the worker's settings.
+        client: the worker's Temporal client (``backoff`` reads a workflow's pending step).
     """
 
-    def __init__(self, runtime: Runtime, settings: WorkerSettings) -> None:
+    def __init__(self, runtime: Runtime, settings: WorkerSettings,
+                 client: Client | None = None) -> None:
         self.runtime = runtime
         self.settings = settings
+        self.client = client
 
     @activity.defn(name=ACTIVITY)
     async def step(self, req: StepInput) -> StepOutcome:
@@ -153,14 +157,31 @@ class StepActivity:
             state = await self.runtime.step(key, lease_timeout=self.settings.lease_timeout,
                                             attempt=attempt)
         except RetryStep as e:
+            # Benign: the SDK logs it without a traceback (the engine logged the failure).
             raise ApplicationError(str(e), type="RetryStep",
-                                   next_retry_delay=timedelta(seconds=e.delay)) from None
+                                   next_retry_delay=timedelta(seconds=e.delay),
+                                   category=ApplicationErrorCategory.BENIGN) from None
         finally:
             beat.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await beat
         agent = self.runtime.agents[key.agent]
         return StepOutcome(state.more, state.parked, step_options(agent, state, self.settings))
+
+    @activity.defn(name=BACKOFF)
+    async def backoff(self) -> int:
+        """The attempt the calling workflow's step waits to run, when it waits out a retry's
+        backoff (scheduled, not started, after a failed or lost attempt); 0 otherwise."""
+        info = activity.info()
+        if self.client is None or info.workflow_id is None:
+            return 0
+        handle = self.client.get_workflow_handle(info.workflow_id, run_id=info.workflow_run_id)
+        described = await handle.describe()
+        for pending in described.raw_description.pending_activities:
+            if pending.activity_type.name == ACTIVITY and pending.attempt > 1 and \
+                    pending.state == PendingActivityState.PENDING_ACTIVITY_STATE_SCHEDULED:
+                return int(pending.attempt)
+        return 0
 
     async def _beat(self) -> None:
         # A third of the timeout: two heartbeats may be late before the step counts as lost.
@@ -189,10 +210,10 @@ def temporal_worker(runtime: Runtime, client: Client,
         The worker (not running yet).
     """
     settings = settings or WorkerSettings()
-    acts = StepActivity(runtime, settings)
+    acts = StepActivity(runtime, settings, client)
     return Worker(
         client, task_queue=settings.task_queue, workflows=[SessionWorkflow],
-        activities=[acts.step], max_concurrent_activities=settings.max_steps,
+        activities=[acts.step, acts.backoff], max_concurrent_activities=settings.max_steps,
         sticky_queue_schedule_to_start_timeout=timedelta(seconds=settings.sticky_timeout),
         workflow_runner=UnsandboxedWorkflowRunner(),
     )

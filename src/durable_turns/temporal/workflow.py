@@ -15,6 +15,9 @@ activity attempt, raising for Temporal to retry (with the attempt's own backoff 
 delay) until the last, which commits the error. An attempt lost with its worker counts as
 one; when the policy's attempts are spent that way (no attempt committed), the step is
 scheduled again with its attempt count carried on, so it still ends in a committed result.
+A wake that interrupts (a cancel, a replace, a reset) while the step waits out a backoff
+cancels that wait and runs the step's next attempt at once, where the turn ends.
+
 It continues as new every
 :data:`STEPS_PER_RUN` steps (or when Temporal suggests it), which bounds its history, and
 ends after ``idle`` seconds with nothing to do and nothing parked; the next wake starts it
@@ -33,11 +36,15 @@ from datetime import timedelta
 from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, RetryState
+from temporalio.workflow import ActivityHandle
 
 WORKFLOW = "durable_turns.session"
 """The workflow's type name, as Temporal's UI shows it."""
 ACTIVITY = "durable_turns.step"
 """The activity's type name: one per step of a session's chain."""
+BACKOFF = "durable_turns.backoff"
+"""A local activity: the attempt the session's step waits to run, if it waits out a retry's
+backoff (0 if it runs or is not retried)."""
 WAKE = "wake"
 """The signal that tells a session's workflow it has work."""
 STEPS_PER_RUN = 500
@@ -131,11 +138,14 @@ class SessionWorkflow:
 
     def __init__(self) -> None:
         self._woken = False
+        self._interrupt = False
 
     @workflow.signal(name=WAKE)
-    def wake(self) -> None:
-        """The session has work (durable in the store already)."""
+    def wake(self, interrupt: bool = False) -> None:
+        """The session has work (durable in the store already); ``interrupt``: a turn was
+        asked to stop, so a step waiting out a retry's backoff should run now."""
         self._woken = True
+        self._interrupt = self._interrupt or interrupt
 
     @workflow.run
     async def run(self, start: SessionStart) -> str:
@@ -169,24 +179,47 @@ class SessionWorkflow:
 
     async def _step(self, start: SessionStart, options: StepOptions) -> StepOutcome:
         """Run the session's next step: one activity, scheduled again (its attempts counted
-        on) when its policy's attempts were all lost without a committed result."""
+        on) when its policy's attempts were all lost without a committed result, or at once
+        when an interrupt finds it waiting out a retry's backoff."""
         before = 0
         while True:
+            self._interrupt = False
+            step = workflow.start_activity(
+                ACTIVITY, StepInput(start.agent, start.session, before),
+                result_type=StepOutcome,
+                start_to_close_timeout=timedelta(seconds=options.timeout),
+                heartbeat_timeout=timedelta(seconds=options.heartbeat),
+                retry_policy=RetryPolicy(
+                    initial_interval=timedelta(seconds=options.retry_initial),
+                    maximum_interval=timedelta(seconds=options.retry_max),
+                    maximum_attempts=options.attempts,
+                    non_retryable_error_types=list(NON_RETRYABLE)),
+                summary=options.summary,
+            )
+            waiting = await self._until_done_or_waiting(step)
+            if waiting and not step.done():
+                step.cancel()  # not started: Temporal cancels its wait at once
             try:
-                out: StepOutcome = await workflow.execute_activity(
-                    ACTIVITY, StepInput(start.agent, start.session, before),
-                    result_type=StepOutcome,
-                    start_to_close_timeout=timedelta(seconds=options.timeout),
-                    heartbeat_timeout=timedelta(seconds=options.heartbeat),
-                    retry_policy=RetryPolicy(
-                        initial_interval=timedelta(seconds=options.retry_initial),
-                        maximum_interval=timedelta(seconds=options.retry_max),
-                        maximum_attempts=options.attempts,
-                        non_retryable_error_types=list(NON_RETRYABLE)),
-                    summary=options.summary,
-                )
+                out: StepOutcome = await step
                 return out
             except ActivityError as e:
-                if e.retry_state != RetryState.MAXIMUM_ATTEMPTS_REACHED:
+                if waiting:
+                    before += waiting - 1  # the attempts that failed count on
+                elif e.retry_state == RetryState.MAXIMUM_ATTEMPTS_REACHED:
+                    before += options.attempts
+                else:
                     raise
-                before += options.attempts
+
+    async def _until_done_or_waiting(self, step: ActivityHandle[StepOutcome]) -> int:
+        """Wait for the step to end; on an interrupt, look whether it waits out a retry's
+        backoff, and return the attempt it waits to run if so (else 0, once it ended)."""
+        while not step.done():
+            await workflow.wait_condition(lambda: step.done() or self._interrupt)
+            if step.done():
+                break
+            self._interrupt = False
+            waiting: int = await workflow.execute_local_activity(
+                BACKOFF, result_type=int, start_to_close_timeout=timedelta(seconds=10))
+            if waiting:
+                return waiting
+        return 0
