@@ -110,12 +110,22 @@ CHARGE = [ModelReply("Charging.", [ToolCall("c1", "charge", {"amount": 5})]),
 # -- a tool's retries -------------------------------------------------------------------------
 
 
+async def charge_turn(target: str, tmp_path: Path, fails: int, retries: int
+                      ) -> tuple[TurnResult, list[tuple[int, str]], list[dict[str, Any]],
+                                 dict[str, Any]]:
+    """A turn whose ``charge`` fails ``fails`` times (of ``1 + retries`` attempts): its
+    result, the tool's runs, its stored results and its step's activity."""
+    q, runs = queue(), list[tuple[int, str]]()
+    agent = Agent("pay", "You charge.", [flaky_tool(runs, fails=fails, retries=retries)])
+    res, done = await run_turn(target, q, tmp_path, agent,
+                               scripted(lambda r: CHARGE[calls_this_turn(r)]))
+    [charge] = of(await steps(target, q, "pay", "s1"), "tool charge")
+    return res, runs, done, charge
+
+
 async def test_a_tool_s_failed_attempts_are_the_activity_s_attempts(
         temporal_target: str, tmp_path: Path) -> None:
-    q, runs = queue(), list[tuple[int, str]]()
-    agent = Agent("pay", "You charge.", [flaky_tool(runs, fails=2, retries=2)])
-    res, done = await run_turn(temporal_target, q, tmp_path, agent,
-                               scripted(lambda r: CHARGE[calls_this_turn(r)]))
+    res, runs, done, charge = await charge_turn(temporal_target, tmp_path, 2, retries=2)
     assert (res.status, res.text) == ("completed", "Done.")
     # Three runs of the tool, one per activity attempt, under one idempotency key; one
     # committed result, the third attempt's.
@@ -123,7 +133,6 @@ async def test_a_tool_s_failed_attempts_are_the_activity_s_attempts(
     assert len({k for _, k in runs}) == 1
     assert [(d["call"]["id"], d["result"], d["error"]) for d in done] == \
         [("c1", "charged 5", None)]
-    [charge] = of(await steps(temporal_target, q, "pay", "s1"), "tool charge")
     assert charge["summary"] == "tool charge (timeout 10s, retries 2)"
     assert (charge["attempts"], charge["initial"], charge["coefficient"], charge["max"]) == \
         (3, 0.05, 2.0, 30.0)
@@ -134,14 +143,10 @@ async def test_a_tool_s_failed_attempts_are_the_activity_s_attempts(
 
 async def test_the_last_attempt_commits_the_tool_s_error_and_the_turn_goes_on(
         temporal_target: str, tmp_path: Path) -> None:
-    q, runs = queue(), list[tuple[int, str]]()
-    agent = Agent("pay", "You charge.", [flaky_tool(runs, fails=9, retries=1)])
-    res, done = await run_turn(temporal_target, q, tmp_path, agent,
-                               scripted(lambda r: CHARGE[calls_this_turn(r)]))
+    res, runs, done, charge = await charge_turn(temporal_target, tmp_path, 9, retries=1)
     assert (res.status, res.text) == ("completed", "Done.")
     assert [a for a, _ in runs] == [1, 2]
     assert [d["error"] for d in done] == ["ConnectionError: payment service reset (attempt 2)"]
-    [charge] = of(await steps(temporal_target, q, "pay", "s1"), "tool charge")
     assert (charge["attempts"], charge["attempt"], charge["end"]) == (2, 2, "completed")
 
 
@@ -227,16 +232,23 @@ class FlakyModel:
         yield Stop("end_turn")
 
 
+async def answer_turn(target: str, tmp_path: Path, fails: int, retries: int
+                      ) -> tuple[TurnResult, FlakyModel, dict[str, Any]]:
+    """A turn whose answering model call fails ``fails`` times (of ``1 + retries``
+    attempts): its result, the model, and that step's activity."""
+    q, model = queue(), FlakyModel(fails)
+    agent = Agent("pay", "You charge.", [flaky_tool([], fails=0, retries=0)],
+                  model_retries=retries, model_retry_delay=0.05)
+    res, _ = await run_turn(target, q, tmp_path, agent, model)
+    [answer] = of(await steps(target, q, "pay", "s1"), "model")
+    return res, model, answer
+
+
 async def test_model_retries_are_the_activity_s_attempts(
         temporal_target: str, tmp_path: Path) -> None:
-    q, runs = queue(), list[tuple[int, str]]()
-    model = FlakyModel(fails=2)
-    agent = Agent("pay", "You charge.", [flaky_tool(runs, fails=0, retries=0)],
-                  model_retries=2, model_retry_delay=0.05)
-    res, _ = await run_turn(temporal_target, q, tmp_path, agent, model)
+    res, model, answer = await answer_turn(temporal_target, tmp_path, 2, retries=2)
     assert (res.status, res.text) == ("completed", "Done.")
     assert model.calls == 3
-    [answer] = of(await steps(temporal_target, q, "pay", "s1"), "model")
     assert answer["summary"] == "model (retries 2)"
     assert (answer["attempts"], answer["initial"], answer["coefficient"], answer["max"]) == \
         (3, 0.05, 2.0, 30.0)
@@ -246,15 +258,10 @@ async def test_model_retries_are_the_activity_s_attempts(
 
 async def test_the_last_model_attempt_fails_the_turn(
         temporal_target: str, tmp_path: Path) -> None:
-    q, runs = queue(), list[tuple[int, str]]()
-    model = FlakyModel(fails=9)
-    agent = Agent("pay", "You charge.", [flaky_tool(runs, fails=0, retries=0)],
-                  model_retries=1, model_retry_delay=0.05)
-    res, _ = await run_turn(temporal_target, q, tmp_path, agent, model)
+    res, model, answer = await answer_turn(temporal_target, tmp_path, 9, retries=1)
     assert res.status == "failed"
     assert res.error is not None and "gave up after 2 attempts" in res.error
     assert model.calls == 2
-    [answer] = of(await steps(temporal_target, q, "pay", "s1"), "model")
     assert (answer["attempts"], answer["attempt"], answer["end"]) == (2, 2, "completed")
 
 

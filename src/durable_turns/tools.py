@@ -147,28 +147,23 @@ class Tool:
             return await self.run(args, ctx)  # type: ignore[arg-type]  # None: unused
         attempt = 1
         while True:
-            if ctx is not None:
-                ctx.attempt = attempt
             try:
-                return await self._attempt(args, ctx)
-            except Exception as e:
-                if not self.retries_after(e, attempt):
-                    raise  # the runtime's own failure abandons the step: never retried here
-                delay = self.backoff(attempt)
-                if on_retry is not None:
-                    on_retry(attempt, delay, e)
-                await asyncio.sleep(delay)
+                return await self._one_attempt(args, ctx, on_retry, attempt)
+            except RetryStep as retry:
+                await asyncio.sleep(retry.delay)
                 attempt += 1
 
     async def _one_attempt(self, args: dict[str, Any], ctx: ToolContext | None,
                            on_retry: OnRetry | None, attempt: int) -> Any:
+        """Attempt ``attempt``: its result, its error, or :class:`RetryStep` when the error
+        is retried (``on_retry`` told first)."""
         if ctx is not None:
             ctx.attempt = attempt
         try:
             return await self._attempt(args, ctx)
         except Exception as e:
             if not self.retries_after(e, attempt):
-                raise
+                raise  # the runtime's own failure abandons the step: never retried here
             delay = self.backoff(attempt)
             if on_retry is not None:
                 on_retry(attempt, delay, e)

@@ -205,6 +205,9 @@ class SessionWorkflow:
             except ActivityError as e:
                 if waiting:
                     before += waiting - 1  # the attempts that failed count on
+                    # The wake is served: the step scheduled now starts after it, so what
+                    # it left is in the step's outcome (``more``).
+                    self._woken = False
                 elif e.retry_state == RetryState.MAXIMUM_ATTEMPTS_REACHED:
                     before += options.attempts
                 else:
