@@ -111,18 +111,19 @@ async def test_a_turn_runs_as_a_workflow_with_one_activity_per_step(
     assert len(effects) == 1
     acts = await activities(await connect(Connection(temporal_target)), q, "calc", "s1")
     # The opening goes with the first model call; then a tool, a model call, a tool, the
-    # model's answer: one activity each, named in Temporal's UI.
+    # model's answer: one activity each, named in Temporal's UI. (The first one's options
+    # were read from the store after the wake: no step before it said what came next.)
     assert [a["type"] for a in acts] == ["durable_turns.step"] * 5
     assert [a["summary"] for a in acts] == [
-        "step", "tool add", "model (retries 3)", "tool notify (timeout 5s, retries 2)",
-        "model (retries 3)"]
+        "model (retries 3)", "tool add", "model (retries 3)",
+        "tool notify (timeout 5s, retries 2)", "model (retries 3)"]
     # notify(timeout=5, retries=2): an activity attempt is one attempt of 5 s, and a margin;
     # its retries are the activity's (three attempts, from 0.5 s doubling up to 30 s).
     assert acts[3]["timeout"] == 5 + 30
     assert acts[3]["retry"] == {"attempts": 3, "initial": 0.5, "coefficient": 2.0,
                                 "max": 30.0}
-    assert acts[2]["retry"] == {"attempts": 4, "initial": 0.5, "coefficient": 2.0,
-                                "max": 30.0}  # the agent's model_retries=3
+    assert acts[0]["retry"] == acts[2]["retry"] == {
+        "attempts": 4, "initial": 0.5, "coefficient": 2.0, "max": 30.0}  # model_retries=3
     assert acts[1]["retry"]["attempts"] == 0  # add has no retries: unlimited (a lost worker)
     assert {a["heartbeat"] for a in acts} == {HEARTBEAT}  # the scheduler's, the worker's
 

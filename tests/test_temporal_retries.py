@@ -240,7 +240,8 @@ async def answer_turn(target: str, tmp_path: Path, fails: int, retries: int
     agent = Agent("pay", "You charge.", [flaky_tool([], fails=0, retries=0)],
                   model_retries=retries, model_retry_delay=0.05)
     res, _ = await run_turn(target, q, tmp_path, agent, model)
-    [answer] = of(await steps(target, q, "pay", "s1"), "model")
+    [asking, answer] = of(await steps(target, q, "pay", "s1"), "model")
+    assert (asking["summary"], asking["attempt"]) == (f"model (retries {retries})", 1)
     return res, model, answer
 
 

@@ -162,6 +162,9 @@ class SessionDriver:
             agent's ``model_retries`` would retry ends the drive with
             :class:`~durable_turns.errors.RetryStep` as its :attr:`failure`, nothing
             written. ``None``: every attempt runs within the step.
+
+    Raises:
+        ValueError: ``attempt`` is not an int >= 1.
     """
 
     def __init__(self, key: SessionKey, agent: Agent, model: Model, store: SessionStore, *,
@@ -171,6 +174,8 @@ class SessionDriver:
                  lease: Lease | None = None,
                  wants_live: Callable[[SessionKey], bool] | None = None,
                  steps: int | None = None, attempt: int | None = None) -> None:
+        if attempt is not None and (not isinstance(attempt, int) or attempt < 1):
+            raise ValueError(f"attempt must be an int >= 1, not {attempt!r}")
         self.key = key
         self.failure: BaseException | None = None
         """Why driving stopped, when it stopped on an error (the turns stay in the store)."""

@@ -475,26 +475,22 @@ class Runtime:
         """Drive one step of the session's chain in this process, and say what is left.
 
         What a scheduler's worker calls (a Temporal activity): it claims the session's lease
-        (waiting up to ``lease_timeout`` for another holder, whose lease expires if it
-        died), runs the chain's next step — a turn's model call or tool call (a parallel
-        batch is one step; a turn's opening goes with its first), or a command — commits it
-        fenced by the lease's epoch, and releases the lease. A step found committed is not
-        run again: a repeated call after a crash replays from the transcript.
+        (waiting for another holder, whose lease expires if it died), runs the chain's next
+        step — a model call or tool call (a parallel batch is one; a turn's opening goes
+        with its first), or a command — commits it fenced by the lease's epoch, and lets
+        the lease go. A step found committed is not run again (a replay after a crash).
 
         Args:
             key: the session.
             lease_timeout: seconds to wait for the lease (``None``: the runtime's).
-            attempt: the scheduler's attempt number of this step (1-based), when the
-                scheduler retries steps itself (Temporal's activity retries): only that
-                attempt of a model call or a remote tool runs, and a failure the agent's
-                ``model_retries`` or the tool's ``retries`` would retry raises
-                :class:`~durable_turns.errors.RetryStep` (nothing written) instead of
-                waiting here. The attempt past the last commits the error as usual.
-                ``None``: every attempt runs within the step.
+            attempt: the scheduler's attempt of this step (1-based), when it retries steps
+                itself (Temporal): only that attempt of a model call or remote tool runs; a
+                failure that ``model_retries`` or the tool's ``retries`` would retry raises
+                :class:`~durable_turns.errors.RetryStep`, nothing written. ``None``: every
+                attempt runs within the step.
 
         Returns:
-            Whether more of the chain needs driving, whether a turn is parked, and what the
-            next step is.
+            What is left of the chain (:meth:`chain`).
 
         Raises:
             RetryStep: ``attempt`` failed; run the step again after its ``delay``.
@@ -502,8 +498,6 @@ class Runtime:
             StoreError: the store refused the step (nothing of it was written).
             DurableTurnsError: driving failed otherwise (the turn stays unfinished).
         """
-        if attempt is not None and (not isinstance(attempt, int) or attempt < 1):
-            raise ValueError(f"attempt must be an int >= 1, not {attempt!r}")
         await self.open()
         agent = self.agents[key.agent]
         wait = self.lease_timeout if lease_timeout is None else lease_timeout
@@ -525,8 +519,15 @@ class Runtime:
         await driver.task  # cancelling the step (its activity was) abandons it, unwritten
         if driver.failure is not None:
             raise driver.failure
-        pending = await self.store.turns(key, unfinished=True)
-        return chain_state(pending, self._transcripts.peek(key))
+        return await self.chain(key)
+
+    async def chain(self, key: SessionKey) -> ChainState:
+        """What is left of the session's chain, without driving it: whether more needs
+        driving, whether a turn is parked, and the next step (what a scheduler asks before
+        it schedules one)."""
+        await self.open()
+        return chain_state(await self.store.turns(key, unfinished=True),
+                           self._transcripts.peek(key))
 
     # -- drivers ---------------------------------------------------------------------------
 

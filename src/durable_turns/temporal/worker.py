@@ -43,7 +43,15 @@ from ..replies import BACKOFF_CAP
 from ..runtime import Runtime
 from ..tools import RETRY_BACKOFF_CAP
 from .client import TASK_QUEUE
-from .workflow import ACTIVITY, BACKOFF, SessionWorkflow, StepInput, StepOptions, StepOutcome
+from .workflow import (
+    ACTIVITY,
+    BACKOFF,
+    PLAN,
+    SessionWorkflow,
+    StepInput,
+    StepOptions,
+    StepOutcome,
+)
 
 MARGIN = 30.0
 """Seconds added to a tool step's computed limit: its commit, and a slow store."""
@@ -168,6 +176,14 @@ class StepActivity:
         agent = self.runtime.agents[key.agent]
         return StepOutcome(state.more, state.parked, step_options(agent, state, self.settings))
 
+    @activity.defn(name=PLAN)
+    async def plan(self, req: StepInput) -> StepOptions:
+        """How to schedule the session's next step, from what is left of its chain (the
+        workflow asks after a wake: no step's outcome said what comes next)."""
+        key = self.runtime.key(req.agent, req.session)
+        return step_options(self.runtime.agents[key.agent], await self.runtime.chain(key),
+                            self.settings)
+
     @activity.defn(name=BACKOFF)
     async def backoff(self) -> int:
         """The attempt the calling workflow's step waits to run, when it waits out a retry's
@@ -213,7 +229,8 @@ def temporal_worker(runtime: Runtime, client: Client,
     acts = StepActivity(runtime, settings, client)
     return Worker(
         client, task_queue=settings.task_queue, workflows=[SessionWorkflow],
-        activities=[acts.step, acts.backoff], max_concurrent_activities=settings.max_steps,
+        activities=[acts.step, acts.plan, acts.backoff],
+        max_concurrent_activities=settings.max_steps,
         sticky_queue_schedule_to_start_timeout=timedelta(seconds=settings.sticky_timeout),
         workflow_runner=UnsandboxedWorkflowRunner(),
     )

@@ -8,6 +8,10 @@ says more is left, then waits on the ``wake`` signal — a new turn, an answer, 
 reset, each durable in the store before the signal is sent. Signals are kept while no worker
 runs (an Update is not), so a park waits on one.
 
+Before a step no earlier step's outcome described (after a wake), a local activity reads
+the chain's next step from the store (``durable_turns.plan``), so that the step's activity
+is scheduled with its own limit, retry policy and summary.
+
 A step's retries are Temporal's: its activity's retry policy is the step's own — a model call
 gets the agent's ``model_retries`` and ``model_retry_delay``, a tool call its ``retries`` and
 ``retry_delay`` (doubled per attempt, up to 30 s) — and the worker runs one attempt per
@@ -42,6 +46,9 @@ WORKFLOW = "durable_turns.session"
 """The workflow's type name, as Temporal's UI shows it."""
 ACTIVITY = "durable_turns.step"
 """The activity's type name: one per step of a session's chain."""
+PLAN = "durable_turns.plan"
+"""A local activity: how to schedule the session's next step, from the store's chain (after
+a wake, before a step no earlier step's outcome described)."""
 BACKOFF = "durable_turns.backoff"
 """A local activity: the attempt the session's step waits to run, if it waits out a retry's
 backoff (0 if it runs or is not retried)."""
@@ -110,6 +117,9 @@ class SessionStart:
     options: StepOptions = field(default_factory=StepOptions)
     steps_per_run: int = STEPS_PER_RUN
     """Steps before the workflow continues as new."""
+    known: bool = False
+    """Whether :attr:`options` are the next step's (the last step's outcome said what comes
+    next); else the workflow asks the store (``durable_turns.plan``) before the step."""
 
 
 @dataclass
@@ -155,7 +165,7 @@ class SessionWorkflow:
             ``idle`` when it ended with nothing to do.
         """
         self._woken = self._woken or start.woken
-        options, parked, steps = start.options, False, 0
+        options, parked, steps, known = start.options, False, 0, start.known
         while True:
             if not self._woken:
                 # Parked: wait for the answer (or a cancel) as long as it takes; idle: a
@@ -169,13 +179,27 @@ class SessionWorkflow:
             if steps >= start.steps_per_run or workflow.info().is_continue_as_new_suggested():
                 workflow.continue_as_new(
                     SessionStart(start.agent, start.session, start.idle, True, options,
-                                 start.steps_per_run),
+                                 start.steps_per_run, known),
                     task_timeout=workflow.info().task_timeout)
             self._woken = False
+            if not known:
+                options = await self._plan(start, options)
             out = await self._step(start, options)
             steps += 1
-            options, parked = out.options, out.parked
+            options, parked, known = out.options, out.parked, out.more
             self._woken = self._woken or out.more
+
+    async def _plan(self, start: SessionStart, options: StepOptions) -> StepOptions:
+        """The next step's options, read from the store by a local activity (its retry
+        policy, limit and summary); ``options`` if that fails (the step itself decides)."""
+        try:
+            planned: StepOptions = await workflow.execute_local_activity(
+                PLAN, StepInput(start.agent, start.session), result_type=StepOptions,
+                start_to_close_timeout=timedelta(seconds=10),
+                retry_policy=RetryPolicy(maximum_attempts=2))
+            return planned
+        except ActivityError:
+            return options
 
     async def _step(self, start: SessionStart, options: StepOptions) -> StepOutcome:
         """Run the session's next step: one activity, scheduled again (its attempts counted
