@@ -341,3 +341,28 @@ async def test_an_attempt_that_its_policy_retries_writes_nothing(tmp_path: Path)
         with pytest.raises(ValueError, match="attempt must be an int >= 1"):
             await rt.step(key, attempt=0)
     assert [a for a, _ in runs] == [1, 2]
+
+
+def test_a_step_s_options_are_those_of_the_calls_it_runs() -> None:
+    from durable_turns.driver import ChainState
+    from durable_turns.temporal import WorkerSettings, step_options
+
+    @tool(timeout=3, retries=4, retry_delay=2.0)
+    async def slow(ctx: ToolContext) -> str:
+        """Slow."""
+        return "ok"
+
+    charge, settings = flaky_tool([], fails=0, retries=1), WorkerSettings()
+    state = ChainState(True, False, "tool", ("charge", "slow"))
+    one = step_options(Agent("a", tools=[charge, slow]), state, settings)
+    # One call a step: the step runs charge alone, with charge's limit and policy.
+    assert (one.summary, one.timeout, one.attempts, one.retry_initial) == \
+        ("tool charge (timeout 10s, retries 1)", 10 + 30, 2, 0.05)
+    both = step_options(Agent("a", tools=[charge, slow], parallel_tools=True), state, settings)
+    # A batch: both calls, their limits added, the strictest policy of the two.
+    assert (both.summary, both.timeout, both.attempts, both.retry_initial, both.retry_max) == \
+        ("tool charge (timeout 10s, retries 1), slow (timeout 3s, retries 4)", 10 + 3 + 30,
+         5, 2.0, 30.0)
+    model = step_options(Agent("a", model_retries=0), ChainState(True, False, "model"),
+                         settings)
+    assert (model.summary, model.attempts) == ("model (retries 0)", 0)  # unlimited: lost workers

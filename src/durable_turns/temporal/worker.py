@@ -106,7 +106,8 @@ def step_options(agent: Agent, state: ChainState, settings: WorkerSettings) -> S
         base.summary = state.next or "step"
         return base
     total, parts, retries, delay = 0.0, [], 0, 0.0
-    for name in state.tools:
+    # One call a step unless the agent runs a reply's calls at once (F15).
+    for name in state.tools if agent.parallel_tools else state.tools[:1]:
         tool = agent.tools_by_name.get(name)
         if tool is not None and tool.retries:
             retries, delay = max(retries, tool.retries), max(delay, tool.retry_delay)

@@ -245,8 +245,12 @@ class SessionWorkflow:
             if step.done():
                 break
             self._interrupt = False
-            waiting: int = await workflow.execute_local_activity(
-                BACKOFF, result_type=int, start_to_close_timeout=timedelta(seconds=10))
+            try:
+                waiting: int = await workflow.execute_local_activity(
+                    BACKOFF, result_type=int, start_to_close_timeout=timedelta(seconds=10),
+                    retry_policy=RetryPolicy(maximum_attempts=2))
+            except ActivityError:
+                continue  # unknown: the step keeps its own pace (its next attempt ends it)
             if waiting:
                 return waiting
         return 0
