@@ -365,12 +365,8 @@ class RetryStep(BaseException):
 
     def __init__(self, message: str, *, delay: float, attempt: int) -> None:
         super().__init__(message)
-        self.message = message
         self.delay = delay
         self.attempt = attempt
-
-    def __str__(self) -> str:
-        return self.message
 
 
 # -- how hosts answer them -------------------------------------------------------------------

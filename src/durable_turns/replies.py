@@ -18,7 +18,6 @@ is committed; each retry is announced by a live ``message.retry`` event.
 from __future__ import annotations
 
 import asyncio
-import random
 from collections.abc import Callable, Mapping
 from contextlib import aclosing
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from typing import Any
 from .errors import Cancelled, ModelError, RetryStep
 from .messages import ToolCall
 from .model import Model, ModelRequest, Stop, TextDelta, ThinkingDelta
+from .tools import backoff
 
 RETRY_AFTER_CAP = 60.0
 """The longest ``retry-after`` the engine honours, in seconds."""
@@ -55,8 +55,7 @@ class RetryPolicy:
         """Seconds to wait after failed attempt ``attempt`` (1-based)."""
         if error.retry_after is not None:
             return min(float(error.retry_after), RETRY_AFTER_CAP)
-        ceiling = min(self.base_delay * 2.0 ** (attempt - 1), BACKOFF_CAP)
-        return ceiling / 2 + random.uniform(0, ceiling / 2)  # "equal jitter"
+        return backoff(self.base_delay, attempt, BACKOFF_CAP)
 
 
 def _name(model: Model) -> str:

@@ -50,6 +50,14 @@ RETRY_BACKOFF_CAP = 30.0
 """The longest backoff between two attempts of a tool call, in seconds."""
 
 
+def backoff(base: float, attempt: int, cap: float) -> float:
+    """Seconds to wait after failed attempt ``attempt`` (1-based) of a call retried from a
+    first backoff of ``base``: doubled per attempt up to ``cap``, with "equal jitter" (half
+    of it fixed, half random), so that callers failing together do not retry together."""
+    ceiling = min(base * 2.0 ** (attempt - 1), cap)
+    return ceiling / 2 + random.uniform(0, ceiling / 2)
+
+
 class Tool:
     """A tool: its spec and its ``run(input, ctx)``.
 
@@ -177,11 +185,9 @@ class Tool:
             and isinstance(error, self.retry_on) and runtime_failure(error) is None
 
     def backoff(self, attempt: int) -> float:
-        """Seconds to wait after failed attempt ``attempt``: ``retry_delay`` doubled per
-        attempt up to :data:`RETRY_BACKOFF_CAP`, with "equal jitter" (half fixed, half
-        random)."""
-        ceiling = min(self.retry_delay * 2.0 ** (attempt - 1), RETRY_BACKOFF_CAP)
-        return ceiling / 2 + random.uniform(0, ceiling / 2)
+        """Seconds to wait after failed attempt ``attempt`` (:func:`backoff` from
+        ``retry_delay``, up to :data:`RETRY_BACKOFF_CAP`)."""
+        return backoff(self.retry_delay, attempt, RETRY_BACKOFF_CAP)
 
     async def _attempt(self, args: dict[str, Any], ctx: ToolContext | None) -> Any:
         if self.timeout is None:
