@@ -154,7 +154,14 @@ def open_writer(path: Path, syntax: Syntax, *, synchronous: str, busy_timeout: f
     if not Path(lock_path(path)).exists():
         # Nothing is created beside a file that is not ours. (Once the lock file exists the
         # file was ours, or is being made ours: the writer looks again under it.)
-        _check_foreign(path, create=create)
+        try:
+            _check_foreign(path, create=create)
+        except StoreError:
+            # A writer makes the lock file before the database: if the lock file appeared
+            # while this looked, the empty or half-made file is another process creating
+            # the store, and the look under the lock decides.
+            if not Path(lock_path(path)).exists():
+                raise
     fd = os.open(lock_path(path), os.O_RDWR | os.O_CREAT, 0o644)
     try:
         if not _flock(fd, _SCHEMA_BYTE, wait=wait) and not wait:
