@@ -4,6 +4,7 @@ import os
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
@@ -11,9 +12,26 @@ from durable_turns import MemoryStore, SqliteStore
 from durable_turns.events import TurnEvent
 from durable_turns.stores import SessionStore
 
-PG_DSN = os.environ.get("DURABLE_TURNS_TEST_PG")
-"""A PostgreSQL DSN (``.ci/pg up`` starts a throwaway cluster); the postgres tests skip
-without it."""
+
+def _worker_database(dsn: str | None) -> str | None:
+    """``dsn`` on a database of this pytest-xdist worker's own, made if missing: NOTIFY
+    channels and ``pg_stat_activity`` filtered by database are then the worker's alone, as
+    they are the suite's in one process."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if dsn is None or worker is None:
+        return dsn
+    import psycopg
+
+    name = f"durable_turns_test_{worker}"
+    with psycopg.connect(dsn, autocommit=True) as c:
+        if c.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone() is None:
+            c.execute(f'CREATE DATABASE "{name}"')
+    return urlunsplit(urlsplit(dsn)._replace(path=f"/{name}"))
+
+
+PG_DSN = _worker_database(os.environ.get("DURABLE_TURNS_TEST_PG"))
+"""A PostgreSQL DSN URL (``.ci/pg up`` starts a throwaway cluster; under pytest-xdist, on the
+worker's own database); the postgres tests skip without it."""
 STORES = ["memory", "sqlite", "postgres"]
 
 
@@ -47,6 +65,10 @@ def _no_provider_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in list(os.environ):
         if name.startswith(("ANTHROPIC_", "OPENAI_")):
             monkeypatch.delenv(name)
+    # The CLI's tables are as wide as COLUMNS says; pytest-xdist's workers set it (to 80), a
+    # terminal may too: the commands the tests run print at their own fixed width instead.
+    monkeypatch.delenv("COLUMNS", raising=False)
+    monkeypatch.delenv("LINES", raising=False)
 
 
 @pytest.fixture

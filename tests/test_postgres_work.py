@@ -147,7 +147,8 @@ async def test_a_session_id_too_long_for_a_payload_still_commits_and_streams(
 
 def _listener_pid(c: psycopg.Connection[Any]) -> int | None:
     row = c.execute("SELECT pid FROM pg_stat_activity WHERE application_name = %s "
-                    "AND query LIKE 'LISTEN%%'", (LISTENER_NAME,)).fetchone()
+                    "AND datname = current_database() AND query LIKE 'LISTEN%%'",
+                    (LISTENER_NAME,)).fetchone()
     return None if row is None else int(row[0])
 
 
