@@ -65,6 +65,10 @@ def _no_provider_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in list(os.environ):
         if name.startswith(("ANTHROPIC_", "OPENAI_")):
             monkeypatch.delenv(name)
+
+
+@pytest.fixture(autouse=True)
+def _no_terminal_size(monkeypatch: pytest.MonkeyPatch) -> None:
     # The CLI's tables are as wide as COLUMNS says; pytest-xdist's workers set it (to 80), a
     # terminal may too: the commands the tests run print at their own fixed width instead.
     monkeypatch.delenv("COLUMNS", raising=False)
