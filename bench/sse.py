@@ -106,7 +106,7 @@ def serve(port: int, db: Path, times: Path, calls: int, pace: float, http: str, 
     rt = Runtime([Agent(AGENT, "", [tick])], SqliteStore(db, synchronous="OFF"),
                  scripted(reply, delay=pace / 3, chunks=3), sink=Stamp())
     config = uvicorn.Config(create_app(rt), host="127.0.0.1", port=port, log_level="warning",
-                            lifespan="off", http=http, loop=loop,
+                            lifespan="on", http=http, loop=loop,
                             backlog=4096)
     if profile is None:
         uvicorn.Server(config).run()

@@ -80,6 +80,7 @@ def call(cid: str, name: str = "note", **args: Any) -> ToolCall:
 async def test_cancel_while_the_model_streams_closes_the_stream(store: SessionStore) -> None:
     model = GatedModel(["gate"])
     rt = make_runtime(store, model, note)
+    await rt.open()
     s = rt.session("ops", "s1")
     seen: list[TurnEvent] = []
     s.observe(seen.append)
@@ -98,6 +99,7 @@ async def test_cancel_while_the_model_streams_closes_the_stream(store: SessionSt
 async def test_a_queued_turn_cancelled_before_its_opening_commits(store: SessionStore) -> None:
     model = GatedModel(["gate"])
     rt = make_runtime(store, model, note)
+    await rt.open()
     s = rt.session("ops", "s1")
     first = await s.start("first")
     second = await s.start("second")
@@ -124,6 +126,7 @@ async def test_a_tool_cancelling_its_own_turn_stops_at_the_next_boundary(
     model = GatedModel([("", [call("c1"), call("c2", "stop_me"), call("c3"), call("c4")]),
                         ("never asked", [])])
     rt = make_runtime(store, model, note, stop_me)
+    await rt.open()
     s = holder["session"] = rt.session("ops", "s1")
     r = await s.turn("go")
     assert (r.status, r.reason) == ("cancelled", "tool said stop")
@@ -141,6 +144,7 @@ async def test_a_tool_cancelling_its_own_turn_stops_at_the_next_boundary(
 async def test_replace_cancels_running_and_queued_turns(store: SessionStore) -> None:
     model = GatedModel(["gate"])
     rt = make_runtime(store, model, note)
+    await rt.open()
     s = rt.session("ops", "s1")
     a = await s.start("a")
     b = await s.start("b")
@@ -158,6 +162,7 @@ async def test_replace_cancels_running_and_queued_turns(store: SessionStore) -> 
 
 async def test_cancel_bad_input(store: SessionStore) -> None:
     rt = make_runtime(store, GatedModel([("done", [])]), note)
+    await rt.open()
     s = rt.session("ops", "s1")
     with pytest.raises(UnknownTurnError):
         await s.cancel("no-such-turn")
@@ -182,6 +187,7 @@ async def test_reset_archives_the_log_and_the_next_turn_starts_empty(
     monkeypatch.setattr(store, "enqueue", spy)
     model = GatedModel([("", [call("c1")]), ("first answer", [])])
     rt = make_runtime(store, model, note)
+    await rt.open()
     s = rt.session("ops", "s1")
     await s.turn("before")
     before = await s.transcript()
@@ -212,6 +218,7 @@ async def test_reset_archives_the_log_and_the_next_turn_starts_empty(
 
 async def test_reset_of_a_session_that_never_existed(store: SessionStore) -> None:
     rt = make_runtime(store, GatedModel([("x", [])]))
+    await rt.open()
     res = await rt.session("ops", "ghost").reset()
     assert (res.previous_session, res.generation) == ("ghost#g0", 1)
     await rt.close()
@@ -236,6 +243,7 @@ model = scripted([ModelReply("", calls), ModelReply("done")])
 
 async def main():
     rt = Runtime([Agent("ops", "", [slow])], SqliteStore(db), model)
+    await rt.open()
     await rt.session("ops", "s1").start("go", turn_id="t1")
     await asyncio.Event().wait()
 
@@ -263,6 +271,7 @@ async def test_a_cancel_survives_a_crash(tmp_path: Any) -> None:
             await asyncio.sleep(0.02)
         rt = Runtime([Agent("ops", "", [note])], SqliteStore(db),
                      scripted([ModelReply("never")]))
+        await rt.open()
         s = rt.session("ops", "s1")
         assert await s.cancel("t1", reason="operator") == ["t1"]
     finally:
@@ -283,7 +292,9 @@ async def test_a_cancel_from_another_runtime_stops_a_streaming_model(tmp_path: A
     db = tmp_path / "db.sqlite"
     model = GatedModel(["gate"])
     driver = make_runtime(SqliteStore(db), model, note)
+    await driver.open()
     other = make_runtime(SqliteStore(db), GatedModel([("", [])]), note)
+    await other.open()
     t = await driver.session("ops", "s1").start("go")
     await asyncio.wait_for(model.streaming.wait(), WAIT)
     # `other` shares only the file: it cannot reach the driver's memory, only the store
@@ -308,6 +319,7 @@ PARKS = [("", [call("c1", "ask_first", order="42"), call("c2")]), ("after", [])]
 
 async def test_a_cancel_withdraws_a_parked_request(store: SessionStore) -> None:
     rt = make_runtime(store, GatedModel(PARKS), ask_first, note)
+    await rt.open()
     s = rt.session("ops", "s1")
     t = await s.start("refund 42")
     parked = await s.result(t.turn_id, timeout=WAIT)
@@ -328,6 +340,7 @@ async def test_a_cancel_withdraws_a_parked_request(store: SessionStore) -> None:
     # The session takes new turns.
     model = GatedModel([("hello again", [])])
     rt2 = make_runtime(store, model, ask_first, note)
+    await rt2.open()
     assert (await rt2.session("ops", "s1").turn("next")).text == "hello again"
     await rt2.close()
     await rt.close()
@@ -338,13 +351,16 @@ async def test_a_park_withdrawn_in_one_process_is_ended_by_a_worker(tmp_path: An
 
     db = tmp_path / "db.sqlite"
     first = make_runtime(SqliteStore(db), GatedModel(PARKS), ask_first, note)
+    await first.open()
     t = await first.session("ops", "s1").start("refund 42")
     assert (await first.session("ops", "s1").result(t.turn_id, timeout=WAIT)).status \
         == "suspended"
     await first.close()
     # A host that drives nothing withdraws the request; a worker elsewhere ends the turn.
     host = Runtime([Agent("ops", "", [ask_first, note])], SqliteStore(db), drive=False)
+    await host.open()
     worker = make_runtime(SqliteStore(db), GatedModel(PARKS), ask_first, note)
+    await worker.open()
     working = asyncio.create_task(worker.work(poll_interval=0.05))
     try:
         s = host.session("ops", "s1")

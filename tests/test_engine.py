@@ -120,6 +120,7 @@ async def test_a_turn_runs_tools_and_logs_every_step(store: SessionStore) -> Non
         ModelReply("Recording.", [call("record", "c1", value="a"), call("remote", "c2", text="b")]),
         ModelReply("Done: a, B."),
     ])
+    await rt.open()
     s = rt.session("ops", "s1")
     seen: list[TurnEvent] = []
     s.observe(seen.append, turn_id="t1")
@@ -164,6 +165,7 @@ async def test_tool_errors_become_results_and_local_writes_roll_back(store: Sess
         ]),
         ModelReply("Handled."),
     ])
+    await rt.open()
     s = rt.session("ops", "s1")
     seen: list[TurnEvent] = []
     s.observe(seen.append)
@@ -192,6 +194,7 @@ async def test_tool_errors_become_results_and_local_writes_roll_back(store: Sess
 
 async def test_fatal_tool_error_fails_the_turn(store: SessionStore) -> None:
     rt = runtime(store, [ModelReply("", [call("fail_fatal", "c1")]), ModelReply("never")])
+    await rt.open()
     s = rt.session("ops", "s1")
     seen: list[TurnEvent] = []
     s.observe(seen.append)
@@ -210,6 +213,7 @@ async def test_fatal_tool_error_fails_the_turn(store: SessionStore) -> None:
 
 async def test_plain_def_returning_an_awaitable_fails_clearly(store: SessionStore) -> None:
     rt = runtime(store, [ModelReply("", [call("forgot_async", "c1")])])
+    await rt.open()
     r = await rt.session("ops", "s1").turn("go")
     assert r.status == "failed"
     assert r.error is not None and "forgot_async" in r.error and "async def" in r.error
@@ -237,6 +241,7 @@ async def test_abnormal_stop_with_empty_reply_fails_before_commit(
     store: SessionStore, reason: str
 ) -> None:
     rt = Runtime([Agent("ops", "", TOOLS)], store, _Stream(Stop(reason)))
+    await rt.open()
     s = rt.session("ops", "s1")
     r = await s.turn("go")
     assert r.status == "failed" and reason in (r.error or "")
@@ -248,6 +253,7 @@ async def test_abnormal_stop_with_empty_reply_fails_before_commit(
 async def test_abnormal_stop_with_content_still_commits(store: SessionStore) -> None:
     model = _Stream(TextDelta("partial"), Stop("max_tokens"))
     rt = Runtime([Agent("ops", "", TOOLS)], store, model)
+    await rt.open()
     r = await rt.session("ops", "s1").turn("go")
     assert (r.status, r.text) == ("completed", "partial")
     await rt.close()
@@ -255,6 +261,7 @@ async def test_abnormal_stop_with_content_still_commits(store: SessionStore) -> 
 
 async def test_a_stream_without_stop_fails_the_step(store: SessionStore) -> None:
     rt = Runtime([Agent("ops", "", TOOLS)], store, _Stream(TextDelta("cut off")))
+    await rt.open()
     s = rt.session("ops", "s1")
     r = await s.turn("go")
     assert r.status == "failed" and "ended without a Stop" in (r.error or "")
@@ -267,6 +274,7 @@ async def test_turns_of_a_session_run_in_order_and_scripts_count_per_turn(
     store: SessionStore,
 ) -> None:
     rt = runtime(store, [ModelReply("", [call("remote", "c1", text="x")]), ModelReply("ok")])
+    await rt.open()
     s = rt.session("ops", "s1")
     ids = [(await s.start(f"turn {i}")).turn_id for i in range(3)]
     results = [await s.result(t) for t in ids]
@@ -278,6 +286,7 @@ async def test_turns_of_a_session_run_in_order_and_scripts_count_per_turn(
 
 async def test_redelivering_a_finished_turn_changes_nothing(store: SessionStore) -> None:
     rt = runtime(store, [ModelReply("once")])
+    await rt.open()
     s = rt.session("ops", "s1")
     first = await s.turn("hi", turn_id="t1")
     again = await s.start("hi", turn_id="t1")
@@ -289,6 +298,7 @@ async def test_redelivering_a_finished_turn_changes_nothing(store: SessionStore)
 
 async def test_observe_replay_folds_the_log_before_live_events(store: SessionStore) -> None:
     rt = runtime(store, [ModelReply("", [call("remote", "c1", text="x")]), ModelReply("ok")])
+    await rt.open()
     s = rt.session("ops", "s1")
     await s.turn("one", turn_id="t1")
     got: list[TurnEvent] = []
@@ -319,6 +329,7 @@ async def test_sink_sees_every_event(store: SessionStore) -> None:
 
     sink = Sink()
     rt = Runtime([Agent("ops", "", TOOLS)], store, scripted([ModelReply("hey")]), sink=sink)
+    await rt.open()
     await rt.session("ops", "s1").turn("hi")
     assert types(sink.events) == ["turn.started"] + ["message.delta"] * 3 + [
         "message.completed", "turn.completed"]
@@ -327,6 +338,7 @@ async def test_sink_sees_every_event(store: SessionStore) -> None:
 
 async def test_bad_calls_are_refused_clearly(store: SessionStore) -> None:
     rt = runtime(store, [ModelReply("ok")])
+    await rt.open()
     with pytest.raises(UnknownAgentError, match="unknown agent 'nobody'"):
         rt.session("nobody", "s1")
     s = rt.session("ops", "s1")
@@ -335,6 +347,7 @@ async def test_bad_calls_are_refused_clearly(store: SessionStore) -> None:
     with pytest.raises(UnknownTurnError):
         await s.result("missing")
     no_model = Runtime([Agent("ops", "", TOOLS)], store)
+    await no_model.open()
     with pytest.raises(ConfigurationError, match="no model"):
         await no_model.session("ops", "s1").start("hi")
     await rt.close()
@@ -345,10 +358,12 @@ async def test_recover_runs_turns_accepted_before_a_stop(tmp_path: Any) -> None:
 
     db = tmp_path / "db.sqlite"
     rt = runtime(SqliteStore(db), [ModelReply("recovered")])
+    await rt.open()
     s = rt.session("ops", "s1")
     started = await s.start("hi")
     await rt.close()  # stops before the pump ran a step: the turn is durable, not run
     rt2 = runtime(SqliteStore(db), [ModelReply("recovered")])
+    await rt2.open()
     assert [str(k) for k in await rt2.recover()] == ["ops/s1"]
     r = await rt2.session("ops", "s1").result(started.turn_id)
     assert (r.status, r.text) == ("completed", "recovered")
@@ -367,6 +382,7 @@ async def test_a_tool_that_ends_the_store_transaction_fails_the_turn(tmp_path: A
 
     rt = Runtime([Agent("ops", "", [rogue])], SqliteStore(tmp_path / "db.sqlite"),
                  scripted([ModelReply("", [call("rogue", "c1")])]))
+    await rt.open()
     r = await rt.session("ops", "s1").turn("go")
     assert r.status == "failed" and "ended the store's transaction" in (r.error or "")
     await rt.close()
@@ -377,10 +393,12 @@ async def test_queued_turns_survive_a_stop_and_recover_runs_them_in_order(tmp_pa
 
     db = tmp_path / "db.sqlite"
     rt = runtime(SqliteStore(db), [ModelReply("ok")])
+    await rt.open()
     s = rt.session("ops", "s1")
     ids = [(await s.start(f"turn {i}")).turn_id for i in range(3)]
     await rt.close()  # nothing ran: three durable, queued turns
     rt2 = runtime(SqliteStore(db), [ModelReply("ok")])
+    await rt2.open()
     await rt2.recover()
     s2 = rt2.session("ops", "s1")
     assert [(await s2.result(t)).status for t in ids] == ["completed"] * 3

@@ -196,6 +196,7 @@ async def test_redelivery_returns_the_stored_result_and_other_text_conflicts(
     store: SessionStore,
 ) -> None:
     rt = Runtime([Agent("ops")], store, scripted([ModelReply("once")]))
+    await rt.open()
     s = rt.session("ops", "s1")
     r = await s.turn("hello", turn_id="t1")
     again = await s.turn("hello", turn_id="t1")
@@ -209,6 +210,7 @@ async def test_redelivery_returns_the_stored_result_and_other_text_conflicts(
 
 async def test_retry_refuses_a_turn_that_did_not_fail(store: SessionStore) -> None:
     rt = Runtime([Agent("ops")], store, scripted([ModelReply("fine")]))
+    await rt.open()
     s = rt.session("ops", "s1")
     await s.turn("hello", turn_id="t1")
     with pytest.raises(TurnConflictError, match="completed, not failed"):
@@ -229,6 +231,7 @@ async def test_result_times_out(store: SessionStore) -> None:
 
     model = scripted([ModelReply("", [ToolCall("c1", "wait_for_gate", {})]), ModelReply("ok")])
     rt = Runtime([Agent("ops", "", [wait_for_gate])], store, model)
+    await rt.open()
     s = rt.session("ops", "s1")
     t = await s.start("go")
     with pytest.raises(TimeoutError, match="did not end"):
@@ -287,6 +290,7 @@ async def test_the_model_seam_is_checked_and_nothing_commits(
     store: SessionStore, events: tuple[Any, ...], problem: str,
 ) -> None:
     rt = Runtime([Agent("ops", "", [lookup], model_retries=0)], store, _Yields(*events))
+    await rt.open()
     s = rt.session("ops", "s1")
     r = await s.turn("go")
     assert r.status == "failed"
@@ -298,6 +302,7 @@ async def test_the_model_seam_is_checked_and_nothing_commits(
 
 async def test_stop_without_usage_is_no_usage(store: SessionStore) -> None:
     rt = Runtime([Agent("ops")], store, _Yields(TextDelta("hi"), Stop("end_turn", usage=None)))  # type: ignore[arg-type]
+    await rt.open()
     r = await rt.session("ops", "s1").turn("go")
     assert (r.status, r.text) == ("completed", "hi")
     assert (await rt.session("ops", "s1").transcript())[-1].usage == {}
@@ -356,6 +361,7 @@ async def test_an_oversized_tool_result_becomes_an_error_result(store: SessionSt
 
     model = scripted([ModelReply("", [ToolCall("c1", "dump", {})]), ModelReply("noted")])
     rt = Runtime([Agent("ops", "", [dump], max_result_bytes=1 << 20)], store, model)
+    await rt.open()
     s = rt.session("ops", "s1")
     r = await s.turn("go")
     (result,) = [m for m in await s.transcript() if m.role == "tool"]

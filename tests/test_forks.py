@@ -70,11 +70,13 @@ def runtime(store: SessionStore) -> Runtime:
 
 async def test_history_and_a_fork_at_every_kind_of_checkpoint(store: SessionStore) -> None:
     rt = runtime(store)
+    await rt.open()
     await rt.session("ops", "s1").turn("look twice", turn_id="t1")
     # Forks made where nothing drives (a server of workers) keep what they copied as it was:
     # a turn under way stays queued for whoever drives the fork.
     viewer = Runtime([Agent("ops", "You help.", [lookup, refund])], store, drive=False,
                      owns_store=False)
+    await viewer.open()
     s = viewer.session("ops", "s1")
     source = await s.transcript()
     history = await s.history()
@@ -117,6 +119,7 @@ def _moved(cp: Any, session: str) -> Any:
 
 async def test_a_fork_at_a_park_is_answered_on_its_own(store: SessionStore) -> None:
     rt = runtime(store)
+    await rt.open()
     s = rt.session("ops", "s1")
     alice = InboundEvent("web", {"id": "alice", "attested": True}, "refund 42")
     await s.start(event=alice, turn_id="t1")
@@ -140,6 +143,7 @@ async def test_a_fork_at_a_park_is_answered_on_its_own(store: SessionStore) -> N
 
 async def test_then_starts_another_turn_after_a_turns_end(store: SessionStore) -> None:
     rt = runtime(store)
+    await rt.open()
     s = rt.session("ops", "s1")
     await s.turn("look once more", turn_id="t1")
     await s.turn("and thanks", turn_id="t2")
@@ -167,6 +171,7 @@ async def test_children_are_forked_with_their_parent(store: SessionStore) -> Non
                  model=scripted(relay))
     helper = Agent("helper", "", [refund], model=scripted(brain))
     rt = Runtime([lead, helper], store)
+    await rt.open()
     s = rt.session("lead", "p1")
     alice = InboundEvent("web", {"id": "alice", "attested": True}, "go")
     await s.start(event=alice, turn_id="t1")

@@ -88,6 +88,7 @@ def slack(user: str = "U1", attested: bool = True, **meta: Any) -> InboundEvent:
 
 async def test_park_then_resume_runs_the_tool_again_from_the_top(store: SessionStore) -> None:
     rt = make(store)
+    await rt.open()
     s = rt.session("ops", "s1")
     seen: list[TurnEvent] = []
     s.observe(seen.append)
@@ -114,6 +115,7 @@ async def test_park_then_resume_runs_the_tool_again_from_the_top(store: SessionS
 
 async def test_the_attested_speaker_is_the_default_answerer(store: SessionStore) -> None:
     rt = make(store)
+    await rt.open()
     s = rt.session("ops", "s1")
     t = await s.start(event=slack("U1"))
     r = await s.result(t.turn_id)
@@ -135,6 +137,7 @@ async def test_the_attested_speaker_is_the_default_answerer(store: SessionStore)
 
 async def test_an_unattested_speaker_cannot_park(store: SessionStore) -> None:
     rt = make(store)
+    await rt.open()
     s = rt.session("ops", "s1")
     r = await s.turn(event=slack("someone@example.com", attested=False))
     assert r.status == "failed" and "name an answerer" in (r.error or "")
@@ -144,6 +147,7 @@ async def test_an_unattested_speaker_cannot_park(store: SessionStore) -> None:
 
 async def test_policy_answerers_need_a_grant(store: SessionStore) -> None:
     rt = make(store)
+    await rt.open()
     s = rt.session("ops", "s1")
     ev = slack("U1", answerers={"policy": "operator", "scope": "eu"})
     t = await s.start(event=ev)
@@ -182,6 +186,7 @@ async def test_a_grant_never_answers_a_user_and_a_user_needs_no_grant(
     store: SessionStore,
 ) -> None:
     rt = make(store)
+    await rt.open()
     s = rt.session("ops", "s1")
     t = await s.start(event=slack("U1"))
     await s.result(t.turn_id)
@@ -192,6 +197,7 @@ async def test_a_grant_never_answers_a_user_and_a_user_needs_no_grant(
 
 async def test_bad_resumes_are_refused_and_store_nothing(store: SessionStore) -> None:
     rt = make(store)
+    await rt.open()
     s = rt.session("ops", "s1")
     t = await s.start("refund 42")
     await s.result(t.turn_id)
@@ -216,6 +222,7 @@ async def test_bad_resumes_are_refused_and_store_nothing(store: SessionStore) ->
 
 async def test_one_park_at_a_time(store: SessionStore) -> None:
     rt = make(store)
+    await rt.open()
     s = rt.session("ops", "s1")
     t = await s.start("refund 42", turn_id="t1")
     await s.result("t1")
@@ -231,6 +238,7 @@ async def test_one_park_at_a_time(store: SessionStore) -> None:
 
 async def test_answers_are_turn_scoped(store: SessionStore) -> None:
     rt = make(store)
+    await rt.open()
     s = rt.session("ops", "s1")
     t1 = await s.start("refund 42")
     await s.result(t1.turn_id)
@@ -243,6 +251,7 @@ async def test_answers_are_turn_scoped(store: SessionStore) -> None:
 
 async def test_a_local_tool_cannot_park(store: SessionStore) -> None:
     rt = make(store, [ModelReply("", [ToolCall("c1", "local_asks", {})])])
+    await rt.open()
     r = await rt.session("ops", "s1").turn("go")
     assert r.status == "failed" and "declare the tool `async def`" in (r.error or "")
     await rt.close()
@@ -252,6 +261,7 @@ async def test_reset_archives_a_stale_park_and_resume_refuses_while_it_is_pendin
     store: SessionStore,
 ) -> None:
     rt = make(store)
+    await rt.open()
     s = rt.session("ops", "s1")
     t = await s.start("refund 42")
     await s.result(t.turn_id)
@@ -287,6 +297,7 @@ async def test_surface_policy_overlays_the_prompt_and_denies_tools(store: Sessio
     surfaces = {"slack": SurfacePolicy("replace", ("issue_refund",), "Slack only."),
                 "email": SurfacePolicy("append", (), "Be formal.")}
     rt = Runtime([Agent("ops", "Base.", [issue_refund, lookup], surfaces=surfaces)], store, model)
+    await rt.open()
     s = rt.session("ops", "s1")
     r = await s.turn(event=slack())
     assert r.status == "completed"
@@ -311,6 +322,7 @@ async def test_a_resumed_turn_keeps_the_policy_it_parked_with(store: SessionStor
     agent = Agent("ops", "Base.", [issue_refund],
                   surfaces={"slack": SurfacePolicy("append", (), "Overlay A.")})
     rt = Runtime([agent], store, model)
+    await rt.open()
     s = rt.session("ops", "s1")
     t = await s.start(event=slack())
     await s.result(t.turn_id)
@@ -319,6 +331,7 @@ async def test_a_resumed_turn_keeps_the_policy_it_parked_with(store: SessionStor
     changed = Agent("ops", "Base.", [issue_refund],
                     surfaces={"slack": SurfacePolicy("append", (), "Overlay B.")})
     rt2 = Runtime([changed], store, model)
+    await rt2.open()
     s2 = rt2.session("ops", "s1")
     await s2.resume(t.turn_id, "approve-refund", True, by="U1")
     assert (await s2.result(t.turn_id)).status == "completed"
@@ -340,6 +353,7 @@ async def swallows(ctx: ToolContext) -> str:
 async def test_a_broad_except_in_a_tool_cannot_swallow_the_park(store: SessionStore) -> None:
     rt = Runtime([Agent("ops", "", [swallows])], store,
                  scripted([ModelReply("", [ToolCall("c1", "swallows", {})]), ModelReply("ok")]))
+    await rt.open()
     s = rt.session("ops", "s1")
     t = await s.start("go")
     assert (await s.result(t.turn_id)).status == "suspended"
@@ -357,6 +371,7 @@ async def test_a_trigger_turn_has_no_person_and_no_answerer_restriction(
     from durable_turns import Trigger
 
     rt = make(store)
+    await rt.open()
     s = rt.session("ops", "s1")
     t = await s.start("Refund order 42 as scheduled.",
                       trigger=Trigger(kind="proactive", by="cron:daily"))

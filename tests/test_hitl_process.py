@@ -56,6 +56,7 @@ model = scripted([ModelReply("", [ToolCall("c1", "issue_refund", {"order_id": "4
 
 async def main():
     rt = Runtime([Agent("ops", "", [issue_refund])], SqliteStore(db), model)
+    await rt.open()
     s = rt.session("ops", "s1")
     if mode == "park":
         await s.start("refund 42", turn_id="t1")
@@ -111,6 +112,7 @@ async def test_park_in_one_process_resume_in_another_after_sigkill(tmp_path: Pat
     rt = Runtime([Agent("ops", "", [issue_refund])], SqliteStore(db),
                  scripted([ModelReply("", [ToolCall("c1", "issue_refund", {"order_id": "42"})]),
                            ModelReply("done")]))
+    await rt.open()
     s = rt.session("ops", "s1")
     await s.start("refund 42", turn_id="t1")
     r = await s.result("t1")
@@ -128,6 +130,7 @@ async def test_a_thousand_sessions_park_side_by_side_and_each_can_be_resumed(
                ModelReply("refunded")]
     rt = Runtime([Agent("ops", "", [issue_refund])],
                  SqliteStore(tmp_path / "db.sqlite", synchronous="OFF"), scripted(replies))
+    await rt.open()
     n = 1_000
     turns: dict[int, str] = {}
     for first in range(0, n, 500):  # 500 turns in flight at once

@@ -99,6 +99,7 @@ async def test_an_overlay_with_no_policy_entry_is_appended_for_its_source(
         return ModelReply("ok")
 
     rt = Runtime([agent], MemoryStore(), scripted(reply))
+    await rt.open()
     try:
         await rt.session("ops", "s1").turn(event=InboundEvent("sms", {"id": "+1"}, "hi"))
         await rt.session("ops", "s2").turn(event=InboundEvent("web", {"id": "u"}, "hi"))

@@ -99,6 +99,7 @@ async def test_three_calls_run_at_once_and_are_listed_in_call_order(
         ToolCall("c2", "wait", {"seconds": 0.1, "after": []}),
         ToolCall("c3", "wait", {"seconds": 0.3, "after": []}),
     ))
+    await rt.open()
     s = rt.session("ops", "s1")
     s.observe(calls.saw)
     r = await s.turn("go", turn_id="t1")
@@ -127,6 +128,7 @@ async def test_local_calls_of_a_batch_run_one_at_a_time_in_call_order(
         ToolCall("c2", "wait", {"seconds": 0, "after": ["c1", "c3"]}),
         ToolCall("c3", "note", {"text": "b"}),
     ))
+    await rt.open()
     s = rt.session("ops", "s1")
     s.observe(calls.saw)
     r = await s.turn("go", turn_id="t1")
@@ -145,6 +147,7 @@ async def test_two_calls_park_at_once_and_are_answered_one_by_one(
         ToolCall("c2", "ask", {"question": "b"}),
         ToolCall("c3", "wait", {"seconds": 0, "after": []}),
     ))
+    await rt.open()
     s = rt.session("ops", "s1")
     t = await s.start("go", turn_id="t1")
     r = await s.result(t.turn_id, timeout=WAIT)
@@ -180,6 +183,7 @@ async def test_a_cancel_mid_batch_keeps_what_committed(store: SessionStore) -> N
         ToolCall("c1", "wait", {"seconds": 0, "after": []}),
         ToolCall("c2", "wait", {"seconds": 0, "after": []}),
     ))
+    await rt.open()
     s = rt.session("ops", "s1")
     s.observe(calls.saw)
     await s.start("go", turn_id="t1")
@@ -201,6 +205,7 @@ async def test_bad_calls_of_a_batch_get_error_results_in_call_order(
         ToolCall("c2", "wait", {"seconds": 0, "after": []}),
         ToolCall("c3", "wait", {"seconds": "x", "after": []}),
     ))
+    await rt.open()
     s = rt.session("ops", "s1")
     r = await s.turn("go", turn_id="t1")
     assert r.status == "completed"
@@ -221,6 +226,7 @@ async def test_a_fatal_error_mid_batch_fails_the_turn_and_keeps_what_committed(
         ToolCall("c2", "give_up", {}),
         ToolCall("c3", "wait", {"seconds": 0, "after": []}),
     ))
+    await rt.open()
     s = rt.session("ops", "s1")
     s.observe(calls.saw)
     r = await s.turn("go", turn_id="t1")

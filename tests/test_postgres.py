@@ -450,7 +450,9 @@ async def test_a_notification_wakes_a_worker_that_never_polls(pg_dsn: str) -> No
     # a NOTIFY can tell the worker of the second turn.
     worker = _worker_runtime(PostgresStore(pg_dsn, poll_interval=3600))
     assert isinstance(worker, Runtime)
+    await worker.open()
     front = Runtime([Agent("ops")], PostgresStore(pg_dsn), drive=False)
+    await front.open()
     working = asyncio.ensure_future(worker.work(poll_interval=3600))
     try:
         async with asyncio.timeout(pgkit.CHILD_TIMEOUT):
@@ -473,9 +475,9 @@ async def test_a_lost_notification_only_delays_a_turn_until_the_re_poll(pg_dsn: 
     store = PostgresStore(pg_dsn, poll_interval=3600)
     worker = _worker_runtime(store)
     assert isinstance(worker, Runtime)
+    await worker.open()
     working = asyncio.ensure_future(worker.work(poll_interval=0.2))
     try:
-        await worker.open()
         # Accepted on the worker's own store, below the runtime: its notification is its own
         # connection's, which the listener drops (as it drops every one of its own). Only the
         # worker's re-poll can find the turn.

@@ -214,6 +214,7 @@ async def test_a_database_of_the_first_schema_is_migrated_and_keeps_its_turns(
     store = PostgresStore(pg_dsn, lease_ttl=2.0)
     rt = Runtime([Agent("ops", "You run ops.", [])], store,
                  scripted(lambda _request: ModelReply("done")))
+    await rt.open()
     try:
         assert await rt.recover() == [KEY]
         async with asyncio.timeout(pgkit.CHILD_TIMEOUT):
@@ -282,7 +283,9 @@ async def test_a_worker_whose_connections_are_all_killed_goes_on_working(pg_dsn:
                      PostgresStore(psycopg.conninfo.make_conninfo(pg_dsn, application_name=name),
                                    poll_interval=0.2),
                      scripted(lambda _request: ModelReply("done")))
+    await worker.open()
     front = Runtime([Agent("ops")], PostgresStore(pg_dsn), drive=False)
+    await front.open()
     working = asyncio.ensure_future(worker.work(poll_interval=0.1))
     admin = psycopg.connect(pg_dsn, autocommit=True)
     try:
@@ -350,6 +353,7 @@ async def test_a_backend_killed_inside_request_input_abandons_the_step(pg_dsn: s
 
     store = PostgresStore(psycopg.conninfo.make_conninfo(pg_dsn, application_name=name))
     rt = Runtime([Agent("ops", tools=[refund])], store, scripted(reply))
+    await rt.open()
     admin = psycopg.connect(pg_dsn, autocommit=True)
     locker = psycopg.connect(pg_dsn)
     try:

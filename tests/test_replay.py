@@ -86,6 +86,7 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 async def _recorded(store: SessionStore) -> Runtime:
     rt = Runtime([AGENT], store, model())
+    await rt.open()
     s = rt.session("ops", "s1")
     await s.turn("find books", turn_id="t1")
     await s.turn("note it", turn_id="t2")
@@ -150,6 +151,7 @@ async def test_unrecorded_calls_run_live_or_are_answered(store: SessionStore) ->
 
 async def test_a_turn_that_parked_is_answered_as_it_was(store: SessionStore) -> None:
     rt = Runtime([AGENT], store, model())
+    await rt.open()
     s = rt.session("ops", "s2")
     alice = InboundEvent("web", {"id": "alice", "attested": True}, "refund 7")
     await s.start(event=alice, turn_id="t1")

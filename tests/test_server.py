@@ -31,6 +31,7 @@ from durable_turns import (
     tool,
 )
 from durable_turns.channels import mount_agent
+from durable_turns.errors import StoreError
 from durable_turns.models import ModelRequest
 from durable_turns.models.scripted import calls_this_turn
 from durable_turns.server import MAX_BODY, create_app, is_loopback
@@ -512,17 +513,26 @@ async def test_a_sync_authenticate_that_raises_refuses_and_channel_routes_are_se
             assert (await c.post("/hooks/slack")).text == "hooked"
 
 
-async def test_a_store_that_cannot_be_used_is_503_and_its_details_stay_in_the_log(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+async def test_a_store_that_cannot_be_opened_fails_the_lifespan_before_serving(
+        tmp_path: Path) -> None:
     db = tmp_path / "not-a-database.sqlite"
     db.write_bytes(b"this is not SQLite" * 100)
     rt = Runtime([agent()], SqliteStore(db), scripted(reply))
+    app = create_app(rt)
+    with pytest.raises(StoreError, match="not a SQLite database"):
+        async with app.router.lifespan_context(app):
+            pass
+    assert isinstance(app.state.lifespan_error, StoreError)
+    assert not rt.is_open
+
+
+async def test_an_app_driven_without_a_lifespan_says_its_runtime_is_not_open() -> None:
+    rt = Runtime([agent()], MemoryStore(), scripted(reply))
     transport = httpx.ASGITransport(app=create_app(rt))
     async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as c:
-        with caplog.at_level(logging.WARNING, logger="durable_turns.server"):
-            r = await c.get("/agents/desk/sessions")
-    assert r.status_code == 503 and r.headers["retry-after"] == "2"
-    assert r.json()["error"]["type"] == "StoreUnavailable"
-    assert str(db) not in r.text and "store cannot be used" in r.json()["error"]["message"]
-    assert "not a SQLite database" in caplog.text
-    await rt.close()
+        r = await c.get("/agents/desk/sessions")
+        assert r.status_code == 500
+        assert r.json()["error"]["type"] == "RuntimeNotOpenError"
+        assert "async with Runtime(" in r.json()["error"]["message"]
+        async with rt:
+            assert (await c.get("/agents/desk/sessions")).json() == {"sessions": []}

@@ -48,7 +48,7 @@ def served(authenticate: Any) -> Iterator[str]:
             asyncio.get_running_loop().call_later(0.2, app.state.end_streams)
         await app(scope, receive, send)
 
-    with served_in_thread(ending_streams) as url:
+    with served_in_thread(ending_streams, lifespan="on") as url:  # it opens the runtime
         yield url
 
 

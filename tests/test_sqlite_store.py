@@ -164,10 +164,12 @@ async def test_sessions_survive_a_reopen_in_wal_mode(tmp_path: Path) -> None:
     db = tmp_path / "db.sqlite"
     agent = Agent("ops", "")
     rt = Runtime([agent], SqliteStore(db), scripted([ModelReply("first")]))
+    await rt.open()
     await rt.session("ops", "s1").turn("hello")
     assert rt.store.unwrap().execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     await rt.close()
     rt2 = Runtime([agent], SqliteStore(db), scripted([ModelReply("second")]))
+    await rt2.open()
     s = rt2.session("ops", "s1")
     await s.turn("again")
     assert [m.text for m in await s.transcript()] == ["hello", "first", "again", "second"]

@@ -60,6 +60,7 @@ def runtime(store: SessionStore, helper_model: Any, *helper_tools: Any) -> Runti
 
 async def test_a_parent_gets_its_subagents_answer(store: SessionStore) -> None:
     rt = runtime(store, scripted([ModelReply("42", usage={"output_tokens": 3})]))
+    await rt.open()
     s = rt.session("lead", "s1")
     seen: list[TurnEvent] = []
     s.observe(seen.append, turn_id="t1")
@@ -98,6 +99,7 @@ async def test_cancelling_a_parent_parked_on_its_child_withdraws_both_requests(
     helper_model = scripted([ModelReply("", [ToolCall("h1", "approve", {"amount": 42})]),
                              ModelReply("Payment done.")])
     rt = runtime(store, helper_model, approve)
+    await rt.open()
     s = rt.session("lead", "s1")
     alice = InboundEvent("web", {"id": "alice", "attested": True}, "Pay the bill")
     t = await s.start(event=alice, turn_id="t1")
@@ -121,6 +123,7 @@ async def test_a_child_that_parks_parks_the_parent_and_is_answered_through_it(
         ModelReply("Payment done."),
     ])
     rt = runtime(store, helper_model, approve)
+    await rt.open()
     s = rt.session("lead", "s1")
     alice = InboundEvent("web", {"id": "alice", "attested": True}, "Pay the bill")
     t = await s.start(event=alice, turn_id="t1")
@@ -175,6 +178,7 @@ async def test_cancelling_or_resetting_the_parent_cancels_its_running_child(
         store: SessionStore, how: str) -> None:
     model = GatedModel()
     rt = runtime(store, model)
+    await rt.open()
     s = rt.session("lead", "s1")
     await s.start("Ask the helper", turn_id="t1")
     await asyncio.wait_for(model.streaming.wait(), WAIT)
@@ -195,6 +199,7 @@ async def test_cancelling_or_resetting_the_parent_cancels_its_running_child(
 async def test_a_child_that_fails_is_an_error_result_for_the_parent(
         store: SessionStore) -> None:
     rt = runtime(store, scripted([]))  # the helper's model has no reply: its turn fails
+    await rt.open()
     r = await rt.session("lead", "s1").turn("Ask the helper", turn_id="t1")
     assert r.status == "completed"
     assert "subagent 'helper' failed" in (r.text or "")
@@ -244,6 +249,7 @@ async def test_a_cancel_that_comes_as_the_parent_wakes_for_its_child_still_stops
     session_id, child_turn = child_ids("lead", "s1", "t1", "c1")
     store = FollowedStore(child_turn)
     rt = runtime(store, scripted(child_reply), pause)
+    await rt.open()
     s = rt.session("lead", "s1")
     await s.start("Ask the helper", turn_id="t1")
     async with asyncio.timeout(WAIT):
@@ -307,8 +313,10 @@ async def test_parks_and_cancels_cross_workers_on_postgres(pg_dsn: str) -> None:
                  model=scripted(lead_reply))
     helper = Agent("helper", "", [approve], model=helper_model)
     worker = Runtime([lead, helper], PostgresStore(pg_dsn, lease_ttl=5.0))
+    await worker.open()
     # A front that drives nothing: it accepts, answers and cancels; the worker drives.
     front = Runtime([Agent("lead"), Agent("helper")], PostgresStore(pg_dsn), drive=False)
+    await front.open()
     working = asyncio.ensure_future(worker.work(poll_interval=0.2))
     try:
         async with asyncio.timeout(WAIT):
@@ -353,6 +361,7 @@ def parallel_lead(store: SessionStore, helper_model: Any, *helper_tools: Any) ->
 async def test_resetting_a_parent_parked_on_its_children_withdraws_their_requests(
         store: SessionStore) -> None:
     rt = parallel_lead(store, HelperModel(), approve)
+    await rt.open()
     s = rt.session("lead", "s1")
     await s.start("pay both", turn_id="t1")
     r = await s.result("t1", timeout=WAIT)
@@ -382,6 +391,7 @@ async def test_resetting_a_parent_parked_on_its_children_withdraws_their_request
 async def test_two_subagents_of_one_batch_park_and_are_answered_one_by_one(
         store: SessionStore) -> None:
     rt = parallel_lead(store, HelperModel(), approve)
+    await rt.open()
     s = rt.session("lead", "s1")
     await s.start("pay both", turn_id="t1")
     r = await s.result("t1", timeout=WAIT)
@@ -409,6 +419,7 @@ async def test_cancelling_a_parent_cancels_every_child_of_its_batch(
         store: SessionStore) -> None:
     model = GatedModel(calls=2)  # both children started: each has a turn to cancel
     rt = parallel_lead(store, model)
+    await rt.open()
     s = rt.session("lead", "s1")
     await s.start("pay both", turn_id="t1")
     await asyncio.wait_for(model.streaming.wait(), WAIT)
@@ -428,6 +439,7 @@ async def test_a_parents_stream_shows_the_child_and_ends_with_the_parent(
     from durable_turns.channels import ChannelContext
 
     rt = runtime(store, scripted([ModelReply("42")]))
+    await rt.open()
     ctx = ChannelContext(rt.agents["lead"], rt)
     seen = [(e.type, e.child["agent"] if e.child else None) async for e in
             ctx.run_stream("Ask the helper", session="s1", turn_id="t1")]
@@ -444,6 +456,7 @@ async def test_the_terminal_nests_the_childs_work_and_asks_the_parents_question(
 
     rt = runtime(store, scripted([ModelReply("", [ToolCall("h1", "approve", {"amount": 3})]),
                                   ModelReply("Paid.")]), approve)
+    await rt.open()
     ctx = ChannelContext(rt.agents["lead"], rt)
     printed: list[str] = []
     request = await render(ctx.run_stream("Pay 3", session="s1", turn_id="t1"),
@@ -473,6 +486,7 @@ async def test_a_parent_that_fails_mid_batch_cancels_its_running_child(
     lead = Agent("lead", "", [subagent("helper", description="Works."), give_up],
                  model=scripted(reply), parallel_tools=True)
     rt = Runtime([lead, Agent("helper", "", model=model)], store)
+    await rt.open()
     r = await rt.session("lead", "s1").turn("go", turn_id="t1")
     assert r.status == "failed" and "cannot go on" in (r.error or "")
     session_id, turn_id = child_ids("lead", "s1", "t1", "a")
@@ -504,6 +518,7 @@ async def test_a_childs_policy_request_is_granted_by_the_childs_rules_through_th
     helper = Agent("helper", "", [wire], authorize_answer=finance, model=scripted([
         ModelReply("", [ToolCall("h1", "wire", {"amount": 5})]), ModelReply("Wired.")]))
     rt = Runtime([lead, helper], store)
+    await rt.open()
     s = rt.session("lead", "s1")
     await s.start("wire it", turn_id="t1")
     r = await s.result("t1", timeout=WAIT)

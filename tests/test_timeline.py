@@ -60,6 +60,7 @@ async def test_a_parked_then_answered_turn_reads_as_timed_rows(store: SessionSto
     replies = [ModelReply("Asking.", [ToolCall("c1", "refund", {"order_id": "42"})]),
                ModelReply("Refunded.")]
     rt = Runtime([Agent("desk", "", [refund])], store, scripted(replies))
+    await rt.open()
     s = rt.session("desk", "s1")
     started = await s.start("refund 42")
     parked = await s.result(started.turn_id)
@@ -107,6 +108,7 @@ class _Stream:
 
 async def test_a_failed_model_call_is_the_failed_row(store: SessionStore) -> None:
     rt = Runtime([Agent("desk", "", model_retries=0)], store, _Stream(TextDelta("cut off")))
+    await rt.open()
     s = rt.session("desk", "s1")
     assert (await s.turn("go")).status == "failed"
     (turn,) = (await read_timeline(s))["turns"]
@@ -119,6 +121,7 @@ async def test_a_failed_model_call_is_the_failed_row(store: SessionStore) -> Non
 async def test_a_fatal_tool_is_where_the_turn_failed(store: SessionStore) -> None:
     model = scripted([ModelReply("", [ToolCall("c1", "explode", {})])])
     rt = Runtime([Agent("desk", "", [explode])], store, model)
+    await rt.open()
     s = rt.session("desk", "s1")
     assert (await s.turn("go")).status == "failed"
     (turn,) = (await read_timeline(s))["turns"]
@@ -130,6 +133,7 @@ async def test_a_fatal_tool_is_where_the_turn_failed(store: SessionStore) -> Non
 
 async def test_a_reset_leaves_the_archived_turns_out(store: SessionStore) -> None:
     rt = Runtime([Agent("desk", "")], store, scripted(lambda _r: ModelReply("ok")))
+    await rt.open()
     s = rt.session("desk", "s1")
     await s.turn("first")
     before = (await read_timeline(s))["seq"]
@@ -143,6 +147,7 @@ async def test_a_reset_leaves_the_archived_turns_out(store: SessionStore) -> Non
 
 async def test_an_events_time_is_stored_and_an_old_event_has_none(store: SessionStore) -> None:
     rt = Runtime([Agent("desk", "")], store, scripted(lambda _r: ModelReply("ok")))
+    await rt.open()
     s = rt.session("desk", "s1")
     live: list[TurnEvent] = []
     s.observe(live.append)
@@ -177,6 +182,7 @@ async def test_the_sessions_list_says_when_each_was_last_active(store: SessionSt
 async def test_the_last_turns_only_read_from_their_first_event_on(store: SessionStore) -> None:
     rt = Runtime([Agent("desk", "")], store, scripted(lambda r: ModelReply(
         f"ok {r.messages[-1].text}")))
+    await rt.open()
     s = rt.session("desk", "s1")
     for n in range(5):
         await s.turn(f"turn {n}")

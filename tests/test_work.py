@@ -19,9 +19,11 @@ def _runtime(store: SessionStore, *, drive: bool = True) -> Runtime:
 
 async def test_a_worker_drives_turns_another_runtime_accepted(store: SessionStore) -> None:
     front = _runtime(store, drive=False)  # accepts and answers, drives nothing
+    await front.open()
     started = [await front.session("ops", f"s{i}").start("hi", turn_id="t1") for i in range(3)]
     assert all(s.new for s in started)
     worker = _runtime(store)
+    await worker.open()
     working = asyncio.ensure_future(worker.work(poll_interval=0.01))
     try:
         async with asyncio.timeout(30):
@@ -42,6 +44,7 @@ async def test_a_worker_drives_turns_another_runtime_accepted(store: SessionStor
 
 async def test_work_needs_a_driving_runtime(store: SessionStore) -> None:
     rt = _runtime(store, drive=False)
+    await rt.open()
     with pytest.raises(ConfigurationError, match="drive"):
         await rt.work()
     await rt.close()
@@ -70,9 +73,11 @@ async def test_a_worker_drives_at_most_max_sessions_at_once(store: SessionStore)
         return ModelReply("done")
 
     front = _runtime(store, drive=False)
+    await front.open()
     for i in range(5):
         await front.session("ops", f"s{i}").start("hi", turn_id="t1")
     worker = Runtime([Agent("ops", "You run ops.", [wait_a_little])], store, scripted(reply))
+    await worker.open()
     with pytest.raises(ValueError, match="max_sessions"):
         await worker.work(max_sessions=0)
     working = asyncio.ensure_future(worker.work(poll_interval=0.01, max_sessions=2))

@@ -4,7 +4,8 @@ Failures (subclasses of ``Exception``, names ending in ``Error``)::
 
     DurableTurnsError
     ├── ConfigurationError          an agent, tool or app folder is declared wrongly
-    │   └── ToolDeclarationError    a tool's declaration contradicts what it does
+    │   ├── ToolDeclarationError    a tool's declaration contradicts what it does
+    │   └── RuntimeNotOpenError     the runtime was used before it was opened
     ├── UnknownAgentError           runtime.session() names an agent the runtime lacks
     ├── UnknownTurnError            a turn id the session never accepted
     ├── SessionBusyError            the session cannot take this turn now
@@ -52,6 +53,15 @@ class ConfigurationError(DurableTurnsError):
 
 class ToolDeclarationError(ConfigurationError):
     """A tool's declaration contradicts what it does (e.g. a plain ``def`` that awaits)."""
+
+
+class RuntimeNotOpenError(ConfigurationError):
+    """A runtime was read or written before it was opened: ``async with Runtime(...)``,
+    ``await runtime.open()`` or a server's lifespan opens it (nothing opens lazily)."""
+
+    def __init__(self) -> None:
+        super().__init__("the runtime is not open: use 'async with Runtime(...) as runtime:' "
+                         "or 'await runtime.open()' first (a server's lifespan opens it)")
 
 
 class UnknownAgentError(DurableTurnsError, LookupError):
@@ -400,6 +410,7 @@ ERRORS: tuple[tuple[type[BaseException], ErrorKind], ...] = (
     (StoreError, ErrorKind(503, 2)),
     (AuthorizeAnswerError, ErrorKind(503, 1, said=True)),
     (LeaseTimeoutError, ErrorKind(503, 1)),
+    (RuntimeNotOpenError, ErrorKind(500, 2, said=True)),
     (ConfigurationError, ErrorKind(500, 2)),
     (TimeoutError, ErrorKind(504, 1)),
     (LookupError, ErrorKind(404, 2)),

@@ -46,7 +46,7 @@ class RuntimeHost:
 
     async def events(self, key: SessionKey, *, after_seq: int = 0,
                      turn_id: str | None = None) -> list[TurnEvent]:
-        await self._rt.open()
+        self._rt.require_open()
         return await self._rt.store.read_events(key, after_seq=after_seq, turn_id=turn_id)
 
     def watch(self, key: SessionKey, watcher: Watcher) -> Callable[[], None]:

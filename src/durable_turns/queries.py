@@ -8,12 +8,12 @@ reads), never through the store itself, so what a host may see is this module's 
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 
 from .records import SessionKey, SessionSummary, TurnRecord, Visibility
 from .stores import SessionStore
 
-Opener = Callable[[], Awaitable[None]]
+Check = Callable[[], None]
 
 
 class Queries:
@@ -21,43 +21,44 @@ class Queries:
 
     Args:
         store: the store read.
-        open: opens the store before a read (``Runtime.open``: once, however many ask).
+        check: raises before a read when the store may not be read
+            (``Runtime.require_open``: the runtime is not open).
     """
 
-    def __init__(self, store: SessionStore, open: Opener) -> None:
+    def __init__(self, store: SessionStore, check: Check) -> None:
         self._store = store
-        self._open = open
+        self._check = check
 
     async def sessions(self, agent: str, *,
                        visible: Visibility | None = None) -> list[SessionSummary]:
         """Every session of ``agent`` the store has (only those ``visible`` shows, if given),
         newest first, each with its status, generation, owner and the request it is parked
         on."""
-        await self._open()
+        self._check()
         return await self._store.session_summaries(agent, visible=visible)
 
     async def inbox(self, agent: str, *,
                     visible: Visibility | None = None) -> list[SessionSummary]:
         """The sessions of ``agent`` parked on a request someone may answer (an operator's
         inbox; only those ``visible`` shows, if given), newest first."""
-        await self._open()
+        self._check()
         return await self._store.session_summaries(agent, parked_only=True, visible=visible)
 
     async def own(self, key: SessionKey, owner: str) -> str | None:
         """Make ``owner`` the owner of a session the store does not have yet; returns the
         session's owner, whoever it is (``None``: it exists without one). See
         ``SessionQueries.own_session``."""
-        await self._open()
+        self._check()
         return await self._store.own_session(key, owner)
 
     async def agents(self) -> list[str]:
         """The agents the store has sessions of, by name."""
-        await self._open()
+        self._check()
         return sorted({k.agent for k in await self._store.find_sessions()})
 
     async def find_turn(self, turn_id: str) -> list[SessionKey]:
         """The sessions that have a turn of this id."""
-        await self._open()
+        self._check()
         return await self._store.find_sessions(turn_id=turn_id)
 
     async def owed_deliveries(self, channel: str,
@@ -66,7 +67,7 @@ class Queries:
         settled (of ``agent`` only, if given), in the order they were accepted, whatever
         their status (a channel follows a running one and delivers an ended one): the
         channel's durable outbox, what it recovers after a restart."""
-        await self._open()
+        self._check()
         return [(key, rec) for key, rec in await self._store.owed_deliveries(channel)
                 if agent is None or key.agent == agent]
 

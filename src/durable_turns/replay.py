@@ -165,7 +165,7 @@ async def replay(session: AgentSession, *, model: Model | None = None,
         ConfigurationError: ``agent`` has another name than the session's, or no model.
     """
     rt = session.runtime
-    await rt.open()
+    rt.require_open()
     base = agent or session.agent
     if base.name != session.key.agent:
         raise ConfigurationError(f"a replay of {session.key} needs agent {session.key.agent!r}, "

@@ -34,6 +34,7 @@ from .errors import (
     ConfigurationError,
     DurableTurnsError,
     RetryStep,
+    RuntimeNotOpenError,
     StoreError,
     TurnConflictError,
     UnknownAgentError,
@@ -145,7 +146,7 @@ class Runtime:
         self._transcripts = TranscriptCache(TRANSCRIPT_CACHE)
         self._waiting: dict[tuple[SessionKey, str], list[asyncio.Future[TurnResult | None]]] = {}
         self._failed: dict[SessionKey, BaseException] = {}
-        self.queries = Queries(store, self.open)
+        self.queries = Queries(store, self.require_open)
         """What hosts read across sessions (summaries, an inbox, owed deliveries)."""
         self.host: Host = RuntimeHost(self)
         """The runtime's sessions as a tool step sees them (a subagent's child turns)."""
@@ -153,13 +154,36 @@ class Runtime:
     # -- lifecycle -------------------------------------------------------------------------
 
     async def open(self) -> None:
-        """Open the store (once, however many callers ask at the same moment)."""
+        """Open the store (once, however many callers ask at the same moment).
+
+        The one place a runtime opens: ``async with Runtime(...)`` calls it, as do the
+        server's lifespan and the CLI. Nothing opens lazily; every read and write of a
+        runtime that is not open raises (:meth:`require_open`).
+
+        Raises:
+            StoreError: the store cannot be opened.
+        """
         if self._opened:
             return
         async with self._open_lock:
             if not self._opened:
                 await self.store.open()
                 self._opened = True
+
+    @property
+    def is_open(self) -> bool:
+        """Whether :meth:`open` ran (and :meth:`close` has not since)."""
+        return self._opened
+
+    def require_open(self) -> None:
+        """Check the runtime is open, before a read or write of its store.
+
+        Raises:
+            RuntimeNotOpenError: it is not: use ``async with Runtime(...)`` or ``await
+                runtime.open()`` first.
+        """
+        if not self._opened:
+            raise RuntimeNotOpenError()
 
     async def close(self) -> None:
         """Stop driving (unfinished turns stay durable for ``recover()``) and close the store
@@ -222,7 +246,7 @@ class Runtime:
         Returns the sessions whose drivers were started. Sessions of agents this runtime does
         not have are left for a runtime that has them.
         """
-        await self.open()
+        self.require_open()
         keys = []
         for key in await self.store.find_sessions("unfinished"):
             if key.agent not in self.agents:
@@ -262,7 +286,7 @@ class Runtime:
             raise ValueError("poll_interval must be positive")
         if max_sessions < 1:
             raise ValueError("max_sessions must be at least 1")
-        await self.open()
+        self.require_open()
         wake = asyncio.Event()
         # Woken by the store's feed (PostgreSQL: NOTIFY of a new turn, resume or cancel);
         # the poll makes a lost notification only a delay.
@@ -330,7 +354,7 @@ class Runtime:
             SessionBusyError: a turn is parked (for ``kind="turn"``).
             TurnConflictError: the id was accepted with other text.
         """
-        await self.open()
+        self.require_open()
         if self.drive:
             self.model_for(self.agents[key.agent])  # fail now, not in the background
         rec, new = await self.store.enqueue(key, entry)
@@ -368,7 +392,7 @@ class Runtime:
             DurableTurnsError: this runtime's driver of the session failed otherwise (the
                 turn stays unfinished in the store for ``recover()``).
         """
-        await self.open()
+        self.require_open()
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         wake: asyncio.Future[None] = loop.create_future()
@@ -448,6 +472,7 @@ class Runtime:
         (``message.delta`` and the other live events, never stored, never replayed), from
         whichever process drives the turn. Close it (or use ``async with``) when done.
         """
+        self.require_open()
         return self.store.subscribe(key, after_seq, live=deltas)
 
     async def interrupt(self, key: SessionKey, turn_id: str | None = None, *,
@@ -461,7 +486,7 @@ class Runtime:
             The ids of the turns that got the request (none for a finished one); a parked
             turn's request is withdrawn and the turn ends ``cancelled``.
         """
-        await self.open()
+        self.require_open()
         ids = await self.store.request_cancel(key, turn_id, reason)
         if ids:
             driver = self._drivers.get(key)
@@ -498,7 +523,7 @@ class Runtime:
             StoreError: the store refused the step (nothing of it was written).
             DurableTurnsError: driving failed otherwise (the turn stays unfinished).
         """
-        await self.open()
+        self.require_open()
         agent = self.agents[key.agent]
         wait = self.lease_timeout if lease_timeout is None else lease_timeout
         running = self._drivers.get(key)
@@ -525,7 +550,7 @@ class Runtime:
         """What is left of the session's chain, without driving it: whether more needs
         driving, whether a turn is parked, and the next step (what a scheduler asks before
         it schedules one)."""
-        await self.open()
+        self.require_open()
         return chain_state(await self.store.turns(key, unfinished=True),
                            self._transcripts.peek(key))
 
@@ -535,6 +560,7 @@ class Runtime:
         """Drive the session's unfinished entries now (what ``accept`` does for a new one; a
         fork's turn under way, for one): here, or through the scheduler. A runtime with
         ``drive=False`` leaves them to its workers, which the store's feed tells."""
+        self.require_open()
         await self._kick(key)
 
     async def _kick(self, key: SessionKey, *, interrupt: bool = False) -> None:

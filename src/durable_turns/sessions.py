@@ -60,7 +60,7 @@ class RuntimeAPI(Protocol):
     secret: bytes
     drive: bool
 
-    async def open(self) -> None: ...
+    def require_open(self) -> None: ...
 
     async def accept(self, key: SessionKey, entry: NewEntry) -> tuple[TurnRecord, bool]: ...
 
@@ -120,6 +120,12 @@ class AgentSession:
     def agent(self) -> Agent:
         return self.runtime.agents[self.key.agent]
 
+    @property
+    def _store(self) -> SessionStore:
+        """The runtime's store, once the runtime is open (``Runtime.require_open``)."""
+        self.runtime.require_open()
+        return self.runtime.store
+
     async def start(
         self,
         user_text: str | None = None,
@@ -178,7 +184,6 @@ class AgentSession:
             TurnConflictError: the turn did not fail, or a later turn ran after it.
         """
         rt = self.runtime
-        await rt.open()
         target = await self.entry(turn_id)
         Retry(turn_id).check(self.key, target, latest_turn(await self.transcript()))
         # One retry per failure: asked twice before it runs, it is one retry.
@@ -232,8 +237,7 @@ class AgentSession:
 
     async def archive(self, generation: int) -> Archive:
         """The messages and steps of a generation (an archived one, or the live one)."""
-        await self.runtime.open()
-        store = self.runtime.store
+        store = self._store
         return Archive(generation, await store.read_messages(self.key, generation=generation),
                        await store.read_steps(self.key, generation=generation))
 
@@ -276,7 +280,6 @@ class AgentSession:
         sub.deliver_to(deliver)
 
         async def start() -> None:
-            await self.runtime.open()
             await sub.ready()  # fixes the cursor; with replay, hands over the stored events
 
         task = asyncio.get_running_loop().create_task(start())
@@ -317,7 +320,6 @@ class AgentSession:
             InvalidInputError: ``value`` does not fit the request's schema.
         """
         rt = self.runtime
-        await rt.open()
         # When it was answered: a turn's timeline shows the wait.
         resume = Resume(turn_id, input_id, value, by, time.time())
         earlier = await self.entry(resume.entry_id)
@@ -363,20 +365,17 @@ class AgentSession:
 
     async def _pending(self) -> list[TurnRecord]:
         """The session's unfinished chain entries."""
-        await self.runtime.open()
-        return await self.runtime.store.turns(self.key, unfinished=True)
+        return await self._store.turns(self.key, unfinished=True)
 
     async def summary(self) -> SessionSummary:
         """Where the session stands: status, generation, the request it is parked on
         (``exists=False`` while the store does not have it)."""
-        await self.runtime.open()
-        return await summary_of(self.runtime.store, self.key)
+        return await summary_of(self._store, self.key)
 
     async def chain(self) -> list[TurnRecord]:
         """Every entry of the session's chain in order: its turns and the commands that ran
         in their place (resets, answers, retries), with how each ended."""
-        await self.runtime.open()
-        return await self.runtime.store.turns(self.key)
+        return await self._store.turns(self.key)
 
     async def turns(self) -> list[TurnRecord]:
         """The turns of the live generation, in order: the chain's turns since the last reset
@@ -385,8 +384,7 @@ class AgentSession:
 
     async def entry(self, turn_id: str) -> TurnRecord | None:
         """The chain entry ``turn_id`` (a turn or a command), or ``None``."""
-        await self.runtime.open()
-        found = await self.runtime.store.turns(self.key, turn_id=turn_id)
+        found = await self._store.turns(self.key, turn_id=turn_id)
         return found[0] if found else None
 
     async def set_turn_data(self, turn_id: str, name: str, value: Any, *,
@@ -400,9 +398,8 @@ class AgentSession:
             The value stored under ``name`` after the call (the earlier one when
             ``only_new`` found it set), or ``None`` when the session has no such entry.
         """
-        await self.runtime.open()
-        return await self.runtime.store.set_turn_data(self.key, turn_id, name, value,
-                                                      only_new=only_new)
+        return await self._store.set_turn_data(self.key, turn_id, name, value,
+                                               only_new=only_new)
 
     async def settle_delivery(self, turn_id: str) -> bool:
         """The delivery a channel owed the turn is final (its end was delivered; a park is
@@ -413,8 +410,7 @@ class AgentSession:
             Whether this call settled it (``False``: settled before, never owed, or no such
             turn).
         """
-        await self.runtime.open()
-        return await self.runtime.store.settle_delivery(self.key, turn_id)
+        return await self._store.settle_delivery(self.key, turn_id)
 
     async def history(self, *, generation: int | None = None) -> list[Checkpoint]:
         """Every checkpoint of the session in the order it committed — each turn's start,
@@ -422,8 +418,7 @@ class AgentSession:
         if given): what :meth:`fork` can start from. A :class:`~durable_turns.history.
         Checkpoint` has its ``kind``, ``steps`` (id, kind, what each keeps), ``events``,
         ``generation``, place (``seq``, ``sub``) and ``at``."""
-        await self.runtime.open()
-        return await self.runtime.store.checkpoints(self.key, generation=generation)
+        return await self._store.checkpoints(self.key, generation=generation)
 
     async def fork(self, to: str, at: Checkpoint | None = None, *, then: str | None = None,
                    turn_id: str | None = None, event: InboundEvent | None = None,
@@ -458,7 +453,7 @@ class AgentSession:
             ValueError: ``then`` at a checkpoint where a turn is under way, or an empty id.
         """
         rt = self.runtime
-        await rt.open()
+        rt.require_open()
         dst = SessionKey(self.key.agent, to) if to else None
         if dst is None:
             raise ValueError("a fork needs a session id")
@@ -479,8 +474,7 @@ class AgentSession:
 
     async def transcript(self) -> list[Message]:
         """The session's message log (the live generation)."""
-        await self.runtime.open()
-        return await self.runtime.store.read_messages(self.key)
+        return await self._store.read_messages(self.key)
 
     async def status(self) -> str:
         """``new``, ``idle``, ``running`` or ``suspended``."""
@@ -490,9 +484,8 @@ class AgentSession:
                      turn_id: str | None = None) -> list[TurnEvent]:
         """The session's logged events after ``after_seq`` (every type but deltas), in
         order; with ``turn_id``, only that turn's (the store reads only those)."""
-        await self.runtime.open()
-        return await self.runtime.store.read_events(self.key, after_seq=after_seq,
-                                                    turn_id=turn_id)
+        return await self._store.read_events(self.key, after_seq=after_seq,
+                                             turn_id=turn_id)
 
 
 async def grant_answer(
@@ -517,7 +510,7 @@ async def grant_answer(
         ResumeAuthorizationError: the request is not policy-restricted, or the app said no.
         Exception: whatever ``authorize_answer`` raised; nothing was applied, retry later.
     """
-    await session.runtime.open()
+    session.runtime.require_open()
     asked = Resume(resume["turn_id"], resume["input_id"])
     pending = await session.runtime.store.turns(session.key, unfinished=True)
     return await _granted(session, asked.request(session.key, pending), resume.get("by"),

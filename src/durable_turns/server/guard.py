@@ -94,7 +94,7 @@ class Guard:
                     parsed = await read_body(request, body, timeout=self.body_timeout)
                 if session is not None:
                     request.state.session = session(parsed)
-                await self.rt.open()
+                self.rt.require_open()
                 act = action(parsed) if callable(action) else action
                 if act is not None and self.authenticate is not None:
                     await self.check_action(request, act, claim or act in CLAIMS)

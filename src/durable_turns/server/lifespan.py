@@ -4,8 +4,9 @@ Starting, it opens the runtime, replays its unfinished turns (``Runtime.recover(
 the runtime drives), starts each channel and lets it recover what a stopped process left
 undelivered. Stopping, it ends the open event streams, gives running turns ``grace``
 seconds, stops the channels and closes the runtime. So ``uvicorn module:app`` (or any ASGI
-server that runs lifespans) serves as ``durable-turns serve`` does; a request that arrives
-without a lifespan (an app driven directly) opens the runtime itself.
+server that runs lifespans) serves as ``durable-turns serve`` does. The lifespan is what
+opens the runtime: an app driven without one (directly, in a test) serves a runtime its
+caller opened (``async with runtime:``), and answers 500 naming that otherwise.
 """
 
 from __future__ import annotations
