@@ -67,9 +67,10 @@ async def test_a_turn_driven_by_another_process_reaches_subscribers_here(tmp_pat
 async def test_listeners_made_before_the_store_opens_hear_another_process(
     tmp_path: Path,
 ) -> None:
-    """An observer and a subscriber made before the store opens a new file (it is migrated
-    as it opens, so the open waits on a thread), for a session that does not exist yet, hear
-    the whole turn another process then drives."""
+    """A store's subscriber made before the store opens a new file (it is migrated as it
+    opens, so the open waits on a thread), and an observer made as soon as the runtime is
+    open, for a session that does not exist yet, hear the whole turn another process then
+    drives. (A runtime's own ``observe`` and ``subscribe`` need it open.)"""
     db = tmp_path / "fresh.sqlite"
     cfg = crashkit.Config(db, "observer", crashkit.KillPoint(""), False, None)
     rt = Runtime([crashkit.build_agent(cfg)], SqliteStore(db), crashkit.build_model(cfg))
@@ -82,11 +83,11 @@ async def test_listeners_made_before_the_store_opens_hear_another_process(
         if e.type == "turn.completed":
             ended.set()
 
-    unobserve = rt.session(AGENT, SESSION).observe(observed, turn_id=TURN_ID)
-    sub = rt.subscribe(key)
+    sub = rt.store.subscribe(key, None, live=True)
     child: subprocess.Popen[str] | None = None
     try:
         await rt.open()
+        unobserve = rt.session(AGENT, SESSION).observe(observed, turn_id=TURN_ID)
         async with sub:  # ready: the cursor is fixed at 0, before the child starts
             rt.store.unwrap().execute(crashkit.ORDERS_DDL)
             child = crashkit.spawn(db, "driver")
