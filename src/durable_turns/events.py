@@ -49,7 +49,8 @@ class TurnEvent:
     type: ClassVar[EventType]
     durable: ClassVar[bool] = True
     """Stored with its step and replayed from the log; ``False`` for the live-only events
-    (:data:`LIVE_EVENTS`), which carry the ``seq`` of the durable event before them."""
+    (``message.delta``, ``message.thinking``, ``message.retry``, ``action.retry``), which
+    carry the ``seq`` of the durable event before them."""
     _own_fields: ClassVar[tuple[str, ...]] = ()
     _ends: ClassVar[bool] = False  # in STREAM_ENDS: set once below (read on every event)
     agent: str
@@ -209,10 +210,6 @@ class TurnCancelled(TurnEvent):
     reason: str
 
 
-LIVE_EVENTS: tuple[type[TurnEvent], ...] = (MessageDelta, MessageThinking, MessageRetry,
-                                             ActionRetry)
-"""The events that are never stored: published live only, each carrying the ``seq`` of the
-durable event before it."""
 TURN_ENDS: tuple[type[TurnEvent], ...] = (TurnCompleted, TurnFailed, TurnCancelled)
 """The events a turn ends on."""
 STREAM_ENDS: tuple[type[TurnEvent], ...] = (*TURN_ENDS, InputRequested)

@@ -18,7 +18,6 @@ from typing import Any
 
 from .events import InputRequested, TurnEvent, TurnStarted
 from .records import (
-    ChildMemo,
     SessionKey,
     SessionStatus,
     StepRecord,
@@ -87,18 +86,6 @@ class Checkpoint:
 
 def _jsonable(result: StepResult) -> Any:
     return json.loads(result.to_json())
-
-
-def children_of(checkpoints: list[Checkpoint]) -> dict[str, ChildMemo]:
-    """The subagent children the checkpoints recorded, by the child session's id."""
-    out: dict[str, ChildMemo] = {}
-    for cp in checkpoints:
-        for s in cp.steps:
-            if s.kind == "child":
-                memo = s.result
-                assert isinstance(memo, ChildMemo)
-                out[memo.session] = memo
-    return out
 
 
 @dataclass(frozen=True, slots=True)

@@ -445,14 +445,8 @@ StepResult = ModelMemo | ToolMemo | CallOutcome | Answer | ChildMemo
 :class:`Answer`, a child step a :class:`ChildMemo`."""
 
 
-def encode_step(result: StepResult) -> str:
-    """A step result's stored JSON: each kind writes its own (``to_json``), and
-    :func:`decode_step` reads them all back."""
-    return result.to_json()
-
-
 def decode_step(kind: StepKind, data: str) -> StepResult:
-    """A stored step memo read back (:func:`encode_step`'s inverse), by its step's kind.
+    """A stored step memo read back (what its ``to_json()`` wrote), by its step's kind.
 
     Raises:
         ValueError: a memo of another shape than its kind keeps.
@@ -478,7 +472,7 @@ class StepRecord:
     id: str
     turn_id: str
     data: str
-    """The step's memo as stored JSON (:func:`encode_step`)."""
+    """The step's memo as stored JSON (its ``to_json()``; :func:`decode_step` reads it)."""
 
     @property
     def kind(self) -> StepKind:
@@ -494,11 +488,6 @@ class StepRecord:
     def result(self) -> StepResult:
         """What the step keeps, decoded."""
         return decode_step(self.kind, self.data)
-
-
-def input_step_id(turn_id: str, input_id: str) -> str:
-    """The id of the step that stores a person's answer."""
-    return str(InputStepId(turn_id, input_id))
 
 
 def resume_entry_id(turn_id: str, input_id: str) -> str:

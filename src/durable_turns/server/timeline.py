@@ -30,7 +30,14 @@ from ..events import (
     TurnStarted,
 )
 from ..messages import Message
-from ..records import TurnRecord, TurnStatus, live_turns
+from ..records import (
+    InputStepId,
+    ModelStepId,
+    ToolStepId,
+    TurnRecord,
+    TurnStatus,
+    live_turns,
+)
 from ..sessions import AgentSession
 
 Row = dict[str, Any]
@@ -117,7 +124,7 @@ class _Turn:
             if isinstance(v, int):
                 self.usage[k] = self.usage.get(k, 0) + v
         self.n = n
-        row = {"kind": "model", "id": f"model:{n}" if n is not None else None,
+        row = {"kind": "model", "id": str(ModelStepId(n)) if n is not None else None,
                "status": "done", "started_at": self.cursor, "ended_at": e.at,
                "text": e.text, "tool_calls": [c.to_dict() for c in e.tool_calls],
                "stop_reason": e.stop_reason, "usage": dict(e.usage), "thinking": _thinking(m)}
@@ -125,7 +132,7 @@ class _Turn:
 
     def on_action_requested(self, e: ActionRequested) -> None:
         n = self.n
-        row = {"kind": "tool", "id": f"tool:{n}:{e.call.id}" if n is not None else None,
+        row = {"kind": "tool", "id": str(ToolStepId(n, e.call.id)) if n is not None else None,
                "name": e.call.name, "call_id": e.call.id, "input": e.call.input,
                "status": "queued", "started_at": None, "ended_at": None, "result": None,
                "error": None, "resumed": False}
@@ -148,7 +155,7 @@ class _Turn:
         tool = self.open.pop(request.call_id, None)
         if tool is not None:
             tool.update(status="parked", started_at=self.cursor, ended_at=e.at)
-        row: Row = {"kind": "input", "id": f"input:{self.record.turn_id}:{request.id}",
+        row: Row = {"kind": "input", "id": str(InputStepId(self.record.turn_id, request.id)),
                     "call_id": request.call_id, "status": "waiting", "started_at": e.at,
                     "ended_at": None, "prompt": request.prompt, "schema": request.schema,
                     "answerers": request.answerers, "value": None, "by": None}

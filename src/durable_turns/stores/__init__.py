@@ -224,7 +224,7 @@ class Transaction(Protocol):
 
     def add_step(self, step: StepId, turn_id: str, result: StepResult) -> None:
         """Checkpoint a step of turn ``turn_id`` under the live generation, with what it
-        keeps (stored as :func:`~durable_turns.records.encode_step` writes it)."""
+        keeps (stored as its ``to_json()`` writes it)."""
         ...
 
     def add_event(self, event: TurnEvent) -> TurnEvent:
