@@ -125,3 +125,6 @@ def check_surfaces(agent: Agent, sources: Iterable[str]) -> list[str]:
             "(mounted: %s)", agent.name, source, sorted(emitted) or "none",
         )
     return unused
+
+
+__all__ = ["Agent", "AuthorizeAnswer", "SurfacePolicy", "check_surfaces"]

@@ -41,3 +41,6 @@ class BatchState:
                 break
             out.append((call, outcome))
         return out
+
+
+__all__ = ["BatchState"]

@@ -583,3 +583,18 @@ class ToolCalls:
             return None
         requests = [parked[c.id] for c in owed if c.id in parked]
         return dataclasses.replace(requests[0], more=tuple(requests[1:]))
+
+
+__all__ = [
+    "ERROR_LIMIT",
+    "CallServices",
+    "CancelReason",
+    "Interruptible",
+    "Local",
+    "PublishLive",
+    "ReadStep",
+    "ToolCalls",
+    "ToolResultError",
+    "error_text",
+    "tool_message",
+]

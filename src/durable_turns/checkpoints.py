@@ -109,3 +109,6 @@ class Checkpoints:
                 interrupted = True
         if interrupted:
             raise asyncio.CancelledError
+
+
+__all__ = ["TRACE", "Checkpoints", "Fill", "Publish"]

@@ -375,5 +375,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     return code
 
 
+__all__ = [
+    "DEV_MODE_HINT",
+    "EXIT_STATUS",
+    "SERVE_HELP",
+    "DeliveryError",
+    "build_parser",
+    "main",
+]
+
+
 if __name__ == "__main__":
     sys.exit(main())

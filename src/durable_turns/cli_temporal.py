@@ -117,3 +117,6 @@ async def _temporal_work(args: argparse.Namespace) -> int:
               f"{args.task_queue!r} at {args.temporal}", flush=True)
         await worker.run()
     return 0
+
+
+__all__ = ["API_KEY_ENV", "add_temporal_commands", "add_temporal_options", "scheduler_of"]

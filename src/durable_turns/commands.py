@@ -293,3 +293,17 @@ def command_of(entry: TurnRecord) -> Command:
 def latest_turn(transcript: Sequence[Message]) -> str | None:
     """The turn the transcript's last opening message belongs to."""
     return next((m.turn_id for m in reversed(transcript) if m.is_opening), None)
+
+
+__all__ = [
+    "COMMANDS",
+    "RESET",
+    "Cancel",
+    "Command",
+    "Place",
+    "Reset",
+    "Resume",
+    "Retry",
+    "command_of",
+    "latest_turn",
+]

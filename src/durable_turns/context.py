@@ -174,3 +174,6 @@ class ActionContext:
     """What a :func:`~durable_turns.define_action` run receives: only who asked."""
 
     user: User | None = None
+
+
+__all__ = ["ActionContext", "Host", "StepServices", "StoreHandle", "ToolContext", "Watcher"]

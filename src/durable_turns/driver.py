@@ -391,3 +391,14 @@ class SessionDriver:
         finally:
             self._checking = False
 
+
+__all__ = [
+    "STORE_BACKOFF",
+    "STORE_RETRIES",
+    "ChainState",
+    "Finished",
+    "SessionDriver",
+    "TranscriptCache",
+    "chain_state",
+    "runnable",
+]

@@ -387,3 +387,6 @@ class TurnEngine:
 
         await cp.commit(fill)
         return out
+
+
+__all__ = ["TurnEngine"]

@@ -436,3 +436,37 @@ def error_kind(exc: BaseException) -> ErrorKind | None:
         if isinstance(exc, cls):
             return kind
     return None
+
+
+__all__ = [
+    "ERRORS",
+    "RUNTIME_FAILURES",
+    "AuthorizeAnswerError",
+    "Cancelled",
+    "ConfigurationError",
+    "DurableTurnsError",
+    "ErrorKind",
+    "FatalToolError",
+    "InvalidInputError",
+    "LeaseLostError",
+    "LeaseTimeoutError",
+    "ModelError",
+    "Parked",
+    "ResumeAuthorizationError",
+    "ResumeConflictError",
+    "RetryStep",
+    "RuntimeNotOpenError",
+    "SessionAccessError",
+    "SessionBusyError",
+    "SessionExistsError",
+    "StepTaken",
+    "StoreError",
+    "ToolCrashedError",
+    "ToolDeclarationError",
+    "TurnConflictError",
+    "TurnSuspendedError",
+    "UnknownAgentError",
+    "UnknownTurnError",
+    "error_kind",
+    "runtime_failure",
+]

@@ -264,3 +264,26 @@ class EventSink(Protocol):
     """
 
     def emit(self, event: TurnEvent) -> None: ...
+
+
+__all__ = [
+    "STREAM_ENDS",
+    "TURN_ENDS",
+    "ActionCompleted",
+    "ActionRequested",
+    "ActionRetry",
+    "EventIds",
+    "EventSink",
+    "EventType",
+    "InputRequested",
+    "MessageCompleted",
+    "MessageDelta",
+    "MessageRetry",
+    "MessageThinking",
+    "TurnCancelled",
+    "TurnCompleted",
+    "TurnEvent",
+    "TurnFailed",
+    "TurnStarted",
+    "event_from_fields",
+]

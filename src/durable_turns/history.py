@@ -113,3 +113,6 @@ class ForkPlan:
     owner: str | None = None
     """Who owns the fork (a host's caller), written with it: a fork to a session that another
     owns already is refused (``SessionExistsError``), as one with a chain or a log is."""
+
+
+__all__ = ["Checkpoint", "ForkPlan"]

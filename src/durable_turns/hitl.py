@@ -152,3 +152,13 @@ def check_answerer(
             f"under {policy!r}/{scope!r} by {by!r}",
             input_id=request.id, by=by,
         )
+
+
+__all__ = [
+    "Grant",
+    "check_answerer",
+    "default_answerers",
+    "sign",
+    "validate_answer",
+    "who_may_answer",
+]

@@ -61,3 +61,6 @@ class RuntimeHost:
 
         sub.deliver_to(live_only)
         return sub.close
+
+
+__all__ = ["RuntimeHost"]

@@ -80,3 +80,6 @@ class Trigger:
 
     kind: str = "proactive"
     by: str = "system"
+
+
+__all__ = ["InboundEvent", "Trigger", "User"]

@@ -125,3 +125,6 @@ def layer_of(module: str) -> Layer | None:
                 return None  # its submodules are listed one by one: this one is not
             return listed[package]
     return None
+
+
+__all__ = ["LAYERS", "Layer", "layer_of"]

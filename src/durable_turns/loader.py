@@ -200,3 +200,5 @@ def load_callable(spec: str) -> Callable[..., Any]:
         raise ConfigurationError(f"{spec!r}: {where} defines no function {name!r}")
     return found
 
+
+__all__ = ["App", "load_agent", "load_app", "load_callable"]

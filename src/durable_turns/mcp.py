@@ -208,3 +208,14 @@ def load_mcp_servers(entries: Iterable[Any], where: str) -> list[Tool]:
                                  f"{LIST_TIMEOUT:g}s each") from e
     finally:
         pool.shutdown(wait=False)
+
+
+__all__ = [
+    "IDEMPOTENCY_META",
+    "LIST_TIMEOUT",
+    "McpServer",
+    "McpToolError",
+    "load_mcp_servers",
+    "mcp_tools",
+    "server_label",
+]

@@ -260,3 +260,16 @@ def owed_calls(transcript: list[Message]) -> tuple[int, list[ToolCall]]:
             return i, [c for c in m.tool_calls if c.id not in answered]
         return i, []
     return -1, []
+
+
+__all__ = [
+    "MESSAGE_VERSION",
+    "Message",
+    "MessageLog",
+    "Role",
+    "ToolCall",
+    "decode_message",
+    "encode_json",
+    "encode_message",
+    "owed_calls",
+]

@@ -83,3 +83,6 @@ async def summary_of(store: SessionStore, key: SessionKey) -> SessionSummary:
             pending = t.request
             break
     return SessionSummary(key, info.status, info.generation, pending, owner=info.owner)
+
+
+__all__ = ["Check", "Queries", "summary_of"]

@@ -493,3 +493,38 @@ class StepRecord:
 def resume_entry_id(turn_id: str, input_id: str) -> str:
     """The chain entry of an answer: one per (turn, input), so a repeat is a redelivery."""
     return f"resume:{turn_id}:{input_id}"
+
+
+__all__ = [
+    "HOT_STEP_PREFIXES",
+    "Answer",
+    "CallOutcome",
+    "ChildMemo",
+    "ChildStepId",
+    "EntryKind",
+    "InputRequest",
+    "InputStepId",
+    "ModelMemo",
+    "ModelStepId",
+    "NewEntry",
+    "SessionInfo",
+    "SessionKey",
+    "SessionStatus",
+    "SessionSummary",
+    "StepId",
+    "StepKind",
+    "StepRecord",
+    "StepResult",
+    "ToolMemo",
+    "ToolStepId",
+    "TurnRecord",
+    "TurnResult",
+    "TurnStatus",
+    "Visibility",
+    "decode_entry",
+    "decode_step",
+    "encode_entry",
+    "live_turns",
+    "parse_step_id",
+    "resume_entry_id",
+]

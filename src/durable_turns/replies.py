@@ -178,3 +178,6 @@ async def ask(model: Model, request: ModelRequest, policy: RetryPolicy, *,
                                 attempt=attempt) from e
             await asyncio.sleep(delay)
             attempt += 1
+
+
+__all__ = ["BACKOFF_CAP", "RETRY_AFTER_CAP", "Reply", "RetryPolicy", "ask", "stream_reply"]

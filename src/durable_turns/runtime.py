@@ -154,15 +154,8 @@ class Runtime:
     # -- lifecycle -------------------------------------------------------------------------
 
     async def open(self) -> None:
-        """Open the store (once, however many callers ask at the same moment).
-
-        The one place a runtime opens: ``async with Runtime(...)`` calls it, as do the
-        server's lifespan and the CLI. Nothing opens lazily; every read and write of a
-        runtime that is not open raises (:meth:`require_open`).
-
-        Raises:
-            StoreError: the store cannot be opened.
-        """
+        """Open the store, once however many ask at the same moment: ``async with``, a
+        server's lifespan and the CLI call it, and nothing else opens lazily."""
         if self._opened:
             return
         async with self._open_lock:
@@ -176,12 +169,7 @@ class Runtime:
         return self._opened
 
     def require_open(self) -> None:
-        """Check the runtime is open, before a read or write of its store.
-
-        Raises:
-            RuntimeNotOpenError: it is not: use ``async with Runtime(...)`` or ``await
-                runtime.open()`` first.
-        """
+        """Raise :class:`~durable_turns.errors.RuntimeNotOpenError` unless it is open."""
         if not self._opened:
             raise RuntimeNotOpenError()
 
@@ -623,3 +611,6 @@ class Runtime:
     def _publish_live(self, event: TurnEvent) -> None:
         self.store.publish_live(event)
         self._publish([event])
+
+
+__all__ = ["AWAY_LOG_EVERY", "AWAY_POLL", "TRANSCRIPT_CACHE", "Runtime", "Scheduler"]

@@ -561,3 +561,14 @@ async def _granted(session: AgentSession, request: InputRequest, by: str | None,
         grant = Grant(str(session.key), request.turn_id, request.id, who["policy"],
                       who.get("scope"), by)
     return sign(grant, session.runtime.secret)
+
+
+__all__ = [
+    "AgentSession",
+    "Archive",
+    "Observer",
+    "ResetResult",
+    "RuntimeAPI",
+    "StartedTurn",
+    "grant_answer",
+]

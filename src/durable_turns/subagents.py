@@ -245,3 +245,15 @@ async def reset_children(host: Host, entry_id: str, parked: Iterable[TurnRecord]
     for key in keys:
         with contextlib.suppress(Exception):
             await host.wait(key, entry_id, timeout=CANCEL_WAIT)
+
+
+__all__ = [
+    "CANCEL_WAIT",
+    "INPUT",
+    "POLL",
+    "cancel_children",
+    "child_ids",
+    "reset_children",
+    "subagent",
+    "turn_usage",
+]

@@ -436,3 +436,17 @@ def define_action(
 
         wrapped = run_sync
     return Tool(spec, wrapped, validate=validate)
+
+
+__all__ = [
+    "RETRY_BACKOFF_CAP",
+    "OnRetry",
+    "RunFn",
+    "Tool",
+    "ToolSpec",
+    "backoff",
+    "compile_schema",
+    "define_action",
+    "schema_problem",
+    "tool",
+]

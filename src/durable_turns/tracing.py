@@ -276,3 +276,6 @@ class StepSpan:
         if error is not None:
             self.span.set_status(self._turn.error_status(error))
         self.span.end()
+
+
+__all__ = ["TRACER_NAME", "StepSpan", "TurnTrace", "begin_turn"]

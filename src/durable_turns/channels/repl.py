@@ -289,3 +289,6 @@ async def _ask(request: InputRequest, term: Terminal) -> Any:
             raise _Withdrawn
         term.write(f"  (answer again{', y or n' if kind == 'boolean' else ''}; {CANCEL} "
                    "withdraws the request, Ctrl-D leaves it waiting)\n")
+
+
+__all__ = ["CANCEL", "PROMPT", "SOURCE", "STORE_RETRY", "STORE_WAIT", "Write", "chat", "render"]

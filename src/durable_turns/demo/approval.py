@@ -324,3 +324,16 @@ async def run_pending(db: Path, console: Console) -> int:
                    f"durable-turns approve APP_DIR --db {db} --turn {p.request.turn_id})")
         console.print(f"  {cmd}", markup=False, highlight=False)
     return 0
+
+
+__all__ = [
+    "SOURCE",
+    "ApproveOptions",
+    "Parked",
+    "RefundOptions",
+    "find_parked",
+    "refund_request",
+    "run_approve",
+    "run_pending",
+    "run_refund",
+]

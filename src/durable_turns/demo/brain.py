@@ -143,3 +143,6 @@ def ops_brain(request: ModelRequest) -> ModelReply:
 def ops_model() -> ScriptedModel:
     """The scripted model the demo runs on."""
     return scripted(ops_brain)
+
+
+__all__ = ["Item", "ops_brain", "ops_model", "parse_refund", "parse_request"]

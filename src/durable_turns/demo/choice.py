@@ -89,3 +89,13 @@ def build_model(choice: ModelChoice) -> Model:
 
 OFFLINE = ModelChoice(SCRIPTED, "the default")
 """The scripted model, for options that were not given a choice."""
+
+
+__all__ = [
+    "DEFAULT_ANTHROPIC",
+    "OFFLINE",
+    "SCRIPTED",
+    "ModelChoice",
+    "build_model",
+    "choose_model",
+]

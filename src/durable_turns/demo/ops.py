@@ -192,3 +192,21 @@ def build_agent(db: Path, delivery: int = 0, after_effect: AfterEffect | None = 
                 ) -> Agent:
     """The ops agent on the SQLite file ``db`` (its model is the runtime's)."""
     return Agent(AGENT_NAME, INSTRUCTIONS, ops_tools(db, delivery, after_effect))
+
+
+__all__ = [
+    "AGENT_NAME",
+    "INSTRUCTIONS",
+    "ORDERS_SCHEMA",
+    "ORDER_COLUMNS",
+    "REQUEST",
+    "AfterEffect",
+    "OrderRow",
+    "build_agent",
+    "check_schema",
+    "ensure_schema",
+    "ops_tools",
+    "outbox_path",
+    "read_orders",
+    "read_outbox",
+]

@@ -95,3 +95,6 @@ def unreachable(error: ModelError, model: object = None) -> str | None:
     url = next((u for u in map(_url_of, chain) if u), None) or _base_url(model)
     reason = str(error).removeprefix(f"{error.provider}: ")
     return f"could not reach the model at {url or 'its API'}: {reason}"
+
+
+__all__ = ["WatchedModel", "unreachable"]

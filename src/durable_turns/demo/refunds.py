@@ -147,3 +147,16 @@ def refund_tool(db: Path) -> Tool:
                 "attempts": attempts}
 
     return issue_refund
+
+
+__all__ = [
+    "APPROVAL_ID",
+    "ORDER_ID",
+    "REFUNDS_SCHEMA",
+    "REFUND_COLUMNS",
+    "RefundRow",
+    "ensure_refunds_schema",
+    "money",
+    "read_refunds",
+    "refund_tool",
+]

@@ -228,3 +228,6 @@ def _content(m: Message) -> str:
     parts = [m.text] if m.text else []
     parts += [f"→ {call_text(c.name, c.input, 70)}" for c in m.tool_calls]
     return "  ".join(parts)
+
+
+__all__ = ["StoreState", "Verdict", "judge", "read_state", "render", "step_id"]

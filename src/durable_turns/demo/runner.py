@@ -275,3 +275,14 @@ async def _read_line(fd: int) -> bytes:
         return await reader.readline()
     finally:
         transport.close()
+
+
+__all__ = [
+    "AFTER_KILL",
+    "DEFAULT_KILL_POINT",
+    "DemoFailure",
+    "DemoInputError",
+    "DemoOptions",
+    "prepare_db",
+    "run_demo",
+]

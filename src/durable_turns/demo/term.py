@@ -60,3 +60,6 @@ def compact(value: Any, limit: int = 90) -> str:
     """A JSON value on one line, cut to ``limit`` characters."""
     text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+__all__ = ["PLAIN_WIDTH", "call_text", "compact", "heading", "make_console", "rule", "table"]

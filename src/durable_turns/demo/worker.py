@@ -231,3 +231,17 @@ async def run_worker(opts: WorkerOptions, console: Console) -> int:
 
 UNREACHABLE = "unreachable "
 """How a worker's line to its parent starts when the model could not be reached."""
+
+
+__all__ = [
+    "EXIT_ORPHANED",
+    "KILL_POINTS",
+    "LEASE_TIMEOUT",
+    "REAL_MODEL_TURN_TIMEOUT",
+    "TURN_TIMEOUT",
+    "UNREACHABLE",
+    "EventPrinter",
+    "Freezer",
+    "WorkerOptions",
+    "run_worker",
+]

@@ -353,3 +353,13 @@ class _Reply:
             kept.append(b.data)
         has_thinking = any(b["type"] in _THINKING for b in kept)
         return Stop(self.stop_reason, dict(self.usage), tuple(kept) if has_thinking else ())
+
+
+__all__ = [
+    "DEFAULT_MAX_TOKENS",
+    "PROVIDER",
+    "AnthropicModel",
+    "anthropic",
+    "to_messages",
+    "to_tool",
+]

@@ -306,3 +306,6 @@ class _Reply:
         else:
             reason = _FINISH.get(self.finish, self.finish)
         return [*calls, Stop(reason, dict(self.usage))]
+
+
+__all__ = ["PROVIDER", "OpenAICompatibleModel", "openai_compatible", "to_messages", "to_tool"]

@@ -58,3 +58,6 @@ def resolve_model(spec: str | Model, **options: Any) -> Model:
         ) from e
     model: Model = getattr(module, factory)(name.strip(), **options)
     return model
+
+
+__all__ = ["PROVIDERS", "resolve_model"]

@@ -95,3 +95,6 @@ def scripted(
 ) -> ScriptedModel:
     """Build a :class:`ScriptedModel` (see there)."""
     return ScriptedModel(replies, delay=delay, chunks=chunks)
+
+
+__all__ = ["ModelReply", "ReplyFn", "ScriptedModel", "calls_this_turn", "scripted"]

@@ -89,3 +89,5 @@ def _file(name: str) -> Response:
     return Response(_asset(name), media_type=ASSETS[name],
                     headers={"Cache-Control": "no-cache", "X-Content-Type-Options": "nosniff"})
 
+
+__all__ = ["ASSETS", "Handler", "console_routes"]

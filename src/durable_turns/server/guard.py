@@ -195,3 +195,14 @@ def host_name(host: str) -> str:
         return host[1:host.find("]")] if "]" in host else host
     return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
 
+
+__all__ = [
+    "CLAIMS",
+    "SAFE_METHODS",
+    "Guard",
+    "Handler",
+    "check_local",
+    "host_name",
+    "own_origin",
+    "session_of",
+]

@@ -226,3 +226,6 @@ def _keyed(route: dict[str, Any]) -> dict[str, Any]:
                        "body, 422",
         "schema": {"type": "string", "pattern": "^[ -~]{1,255}$"}}]
     return route
+
+
+__all__ = ["openapi"]

@@ -179,3 +179,6 @@ async def serve(runtime: Runtime, *, host: str = "127.0.0.1", port: int = 8000,
 
 def _url_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
+
+
+__all__ = ["Listening", "bind", "loop_factory", "serve"]

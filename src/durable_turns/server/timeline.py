@@ -283,3 +283,6 @@ async def last_activity(session: AgentSession) -> float | None:
     if answer is not None and isinstance((answer.args or {}).get("at"), int | float):
         times.append(float((answer.args or {})["at"]))
     return max(times, default=None)
+
+
+__all__ = ["Row", "last_activity", "read_timeline", "timeline"]

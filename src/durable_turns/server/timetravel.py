@@ -140,3 +140,16 @@ async def _checkpoint(s: AgentSession, place: CheckpointPlace | None) -> Checkpo
                         f"session {s.key} has no checkpoint {place.seq}.{place.sub} of "
                         f"generation {place.generation}")
     return found
+
+
+__all__ = [
+    "BODIES",
+    "SESSION_ID",
+    "CheckpointPlace",
+    "Count",
+    "ForkBody",
+    "Handler",
+    "ReplayBody",
+    "caller",
+    "timetravel_routes",
+]

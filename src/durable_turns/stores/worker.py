@@ -128,3 +128,6 @@ class Worker:
         """Finish the queued jobs, then end the thread."""
         self._jobs.put(None)
         self._thread.join()
+
+
+__all__ = ["Worker"]

@@ -160,3 +160,6 @@ class TemporalScheduler:
             )
         except RPCError as e:
             raise StoreError(f"Temporal did not take the wake of {key}: {e}") from e
+
+
+__all__ = ["TASK_QUEUE", "Connection", "TemporalScheduler", "connect"]

@@ -124,3 +124,6 @@ class DevServer:
             proc.kill()
             proc.wait(timeout=10)
         self._log.close()
+
+
+__all__ = ["FAST", "READY_TIMEOUT", "DevServer", "cli_path", "free_port"]

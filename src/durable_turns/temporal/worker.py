@@ -235,3 +235,6 @@ def temporal_worker(runtime: Runtime, client: Client,
         sticky_queue_schedule_to_start_timeout=timedelta(seconds=settings.sticky_timeout),
         workflow_runner=UnsandboxedWorkflowRunner(),
     )
+
+
+__all__ = ["MARGIN", "StepActivity", "WorkerSettings", "step_options", "temporal_worker"]

@@ -254,3 +254,20 @@ class SessionWorkflow:
             if waiting:
                 return waiting
         return 0
+
+
+__all__ = [
+    "ACTIVITY",
+    "BACKOFF",
+    "NON_RETRYABLE",
+    "PLAN",
+    "STEPS_PER_RUN",
+    "WAKE",
+    "WORKFLOW",
+    "SessionStart",
+    "SessionWorkflow",
+    "StepInput",
+    "StepOptions",
+    "StepOutcome",
+    "workflow_id",
+]

@@ -217,3 +217,15 @@ async def check_live_events_reach_a_store_on_the_same_storage(store: SessionStor
         assert before[-1].text == "go"  # type: ignore[attr-defined]
     texts = "".join(getattr(e, "text", "") for e in got if not e.durable)
     assert texts and set(texts.split("hello")) == {""}, texts
+
+
+__all__ = [
+    "WAIT",
+    "StoreFactory",
+    "check_an_unrenewed_lease_expires",
+    "check_capabilities_are_declared",
+    "check_commits_outlive_the_store",
+    "check_live_events_reach_a_store_on_the_same_storage",
+    "check_local_writes_join_the_transaction",
+    "check_stores_on_one_storage_share_sessions",
+]

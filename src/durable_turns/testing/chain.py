@@ -179,3 +179,15 @@ async def check_turn_data_commits_with_any_step(store: SessionStore) -> None:
     t1 = await get_turn(store, KEY, "t1")
     assert t1 is not None and t1.data == {"trace": {"spans": 1}}, t1
     assert len(await store.read_events(KEY)) == 1
+
+
+__all__ = [
+    "check_a_cancel_withdraws_a_park",
+    "check_cancel_requests_are_durable",
+    "check_enqueue_is_durable_and_idempotent",
+    "check_parked_session_refuses_other_turns",
+    "check_supersede_cancels_unfinished_turns_but_not_a_park",
+    "check_turn_data_commits_with_any_step",
+    "check_turn_data_is_set_without_a_lease",
+    "check_turn_data_of_two_writers_merges",
+]

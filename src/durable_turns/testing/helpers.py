@@ -101,3 +101,15 @@ async def grow(store: SessionStore, turns: range, per_turn: int) -> list[Message
         await lease.release()
         written += [*step, last]
     return written
+
+
+__all__ = [
+    "KEY",
+    "commit_events",
+    "event_ids",
+    "get_turn",
+    "grow",
+    "opening",
+    "park",
+    "step_result",
+]

@@ -168,3 +168,13 @@ async def check_watchers_hear_commits_and_cancels(store: SessionStore) -> None:
     n = len(heard)
     await store.request_cancel(KEY, None, "again")
     assert len(heard) == n
+
+
+__all__ = [
+    "check_lease_is_exclusive",
+    "check_live_events_are_slotted_after_their_durable_event",
+    "check_ready_sessions_are_claimed_once",
+    "check_subscribe_replays_then_goes_live",
+    "check_two_holders_contend_for_one_session",
+    "check_watchers_hear_commits_and_cancels",
+]

@@ -286,3 +286,14 @@ async def check_events_are_read_by_turn(store: SessionStore) -> None:
     assert [e.seq for e in await store.read_events(KEY, after_seq=2, turn_id="t1")] == [4]
     assert await store.read_events(KEY, turn_id="none") == []
     assert await store.read_events(SessionKey("agent", "none")) == []
+
+
+__all__ = [
+    "check_a_long_transcript_reads_back_whole",
+    "check_a_stale_epoch_is_refused",
+    "check_events_are_read_by_turn",
+    "check_every_write_reads_back_as_written",
+    "check_failed_transaction_writes_nothing",
+    "check_reset_starts_a_new_generation",
+    "check_transaction_commits_everything",
+]

@@ -165,3 +165,13 @@ async def check_owed_deliveries_are_an_outbox(store: SessionStore) -> None:
     again, new = await store.enqueue(s1, NewEntry("t1", opening("t1"), deliver="slack"))
     assert not new and again.deliver is None
     assert [t.turn_id for _, t in await store.owed_deliveries("slack")] == ["t2", "t3", "t6"]
+
+
+__all__ = [
+    "check_a_session_is_owned_once",
+    "check_listings_show_what_a_principal_may_see",
+    "check_owed_deliveries_are_an_outbox",
+    "check_sessions_are_found_by_turn_id",
+    "check_sessions_are_listed_newest_first",
+    "check_sessions_are_summarised_with_what_they_wait_for",
+]

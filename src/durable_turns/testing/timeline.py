@@ -182,3 +182,13 @@ async def check_a_fork_is_owned_by_its_plan_s_owner(store: SessionStore) -> None
 async def _accepted(store: SessionStore) -> TurnRecord:
     rec, _ = await store.enqueue(KEY, NewEntry("t1", opening("t1")))
     return rec
+
+
+__all__ = [
+    "CALL",
+    "CHILD",
+    "check_a_fork_before_any_checkpoint_is_an_empty_session",
+    "check_a_fork_copies_a_session_up_to_a_checkpoint",
+    "check_a_fork_is_owned_by_its_plan_s_owner",
+    "check_history_lists_every_commit_in_order",
+]

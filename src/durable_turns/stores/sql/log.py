@@ -222,3 +222,6 @@ def _renamed_memo(memo: str, renames: Mapping[str, str]) -> str:
 def _rename_child(ref: Any, renames: Mapping[str, str]) -> None:
     if isinstance(ref, dict) and ref.get("session") in renames:
         ref["session"] = renames[ref["session"]]
+
+
+__all__ = ["LEGACY_TO_LOG", "LOOKED_UP", "Row", "events_of", "renamed", "row_of", "steps_of"]

@@ -1,0 +1,83 @@
+"""F1 seams and stores: the public surface is deliberate. Every public module of the package
+(one whose name, and whose packages' names, start with no underscore) says what it offers in
+a sorted ``__all__``, and every name listed there exists."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import pkgutil
+from pathlib import Path
+
+import pytest
+
+import durable_turns
+
+PACKAGE = Path(durable_turns.__file__).parent
+
+
+def public_modules() -> list[str]:
+    """The dotted names of the package's public modules, found on disk (so a module nobody
+    imports is not missed)."""
+    found = ["durable_turns"]
+    for info in pkgutil.walk_packages([str(PACKAGE)], "durable_turns."):
+        if not any(part.startswith("_") for part in info.name.split(".")[1:]):
+            found.append(info.name)
+    return sorted(found)
+
+
+def source_of(module: str) -> Path:
+    path = PACKAGE.joinpath(*module.split(".")[1:])
+    # server/console.py is a module; server/console/ beside it holds its static files.
+    return path.with_suffix(".py") if path.with_suffix(".py").is_file() else path / "__init__.py"
+
+
+def sort_key(name: str) -> tuple[int, str]:
+    """The order ruff's RUF022 keeps: CONSTANTS, then Classes, then functions."""
+    return (0 if name.isupper() else 1 if name[:1].isupper() else 2, name)
+
+
+def declared_all(module: str) -> list[str] | None:
+    """The module's ``__all__`` as its source writes it (read without importing it: some
+    modules need an extra's SDK)."""
+    for node in ast.parse(source_of(module).read_text()).body:
+        if isinstance(node, ast.Assign):
+            targets, assigned = node.targets, node.value
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            targets, assigned = [node.target], node.value
+        else:
+            continue
+        if any(isinstance(t, ast.Name) and t.id == "__all__" for t in targets):
+            value = ast.literal_eval(assigned)
+            assert isinstance(value, list | tuple), f"{module}.__all__ is not a list"
+            return [str(n) for n in value]
+    return None
+
+
+MODULES = public_modules()
+
+
+def test_the_walk_finds_the_modules_and_skips_the_private_ones() -> None:
+    assert {"durable_turns.runtime", "durable_turns.stores.sql.log",
+            "durable_turns.server.guard"} <= set(MODULES)
+    assert not [m for m in MODULES if "._" in m]
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_every_public_module_declares_a_sorted_all(module: str) -> None:
+    names = declared_all(module)
+    assert names is not None, f"{module} has no __all__: list what it offers (sorted)"
+    assert len(set(names)) == len(names), f"{module}.__all__ lists a name twice"
+    assert names, f"{module}.__all__ is empty"
+    assert names == sorted(names, key=sort_key), f"{module}.__all__ is not sorted"
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_every_name_in_all_exists(module: str) -> None:
+    names = declared_all(module) or []
+    try:
+        mod = importlib.import_module(module)
+    except ImportError as e:  # an adapter whose extra is not installed here
+        pytest.skip(f"{module} needs an extra: {e}")
+    missing = [n for n in names if not hasattr(mod, n)]
+    assert not missing, f"{module}.__all__ lists names it lacks: {missing}"
