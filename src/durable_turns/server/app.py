@@ -135,8 +135,8 @@ def create_app(runtime: Runtime, authenticate: Authenticate | None = None,
     runtime, recovers its unfinished turns (when it drives), starts each channel and runs
     its ``recover()``; at shutdown it ends the open event streams, gives running turns
     ``grace`` seconds, stops the channels and closes the runtime. Without a lifespan (the
-    app driven directly, ``httpx.ASGITransport``) the first request opens the runtime, and
-    closing it is the caller's.
+    app driven directly, ``httpx.ASGITransport``) it serves a runtime its caller opened
+    (``async with runtime:``); requests to one nobody opened answer ``RuntimeNotOpenError``.
 
     Args:
         runtime: the runtime whose agents it serves.
