@@ -232,8 +232,10 @@ async def test_a_subscriber_hears_another_process_commit_through_notify(pg_dsn: 
 
 async def test_listeners_made_before_the_store_opens_hear_another_process(
         pg_dsn: str, tmp_path: Path) -> None:
-    """An observer and a subscriber made before the store opens, for a session that does not
-    exist yet, hear the whole turn another process then drives (through NOTIFY)."""
+    """A store's subscriber made before the store opens, and an observer made as soon as the
+    runtime is open, for a session that does not exist yet, hear the whole turn another
+    process then drives (through NOTIFY). (A runtime's own ``observe`` and ``subscribe``
+    need it open.)"""
     from durable_turns import ModelReply, PostgresStore, Runtime, TurnEvent, scripted
 
     rt = Runtime([pgkit.build_agent(tmp_path, "observer", False)], PostgresStore(pg_dsn),
@@ -246,10 +248,10 @@ async def test_listeners_made_before_the_store_opens_hear_another_process(
         if e.type == "turn.completed":
             ended.set()
 
-    unobserve = rt.session(KEY.agent, KEY.session).observe(observed, turn_id=pgkit.TURN_ID)
-    sub = rt.subscribe(KEY)
+    sub = rt.store.subscribe(KEY, None, live=True)
     try:
         await rt.open()
+        unobserve = rt.session(KEY.agent, KEY.session).observe(observed, turn_id=pgkit.TURN_ID)
         async with sub:  # ready: the cursor is fixed at 0, before the child starts
             child = _spawn(pg_dsn, tmp_path, "driver", "--start")
             err = await asyncio.to_thread(_finish, child, tmp_path, "driver")
