@@ -57,17 +57,17 @@ from ._postgres_listen import CHANNEL, LISTENER_NAME, NotifyWire, listen, notify
 from .feed import Feed
 from .kit import Worker
 from .sql import (
-    SCHEMA_VERSION,
     Column,
     Index,
     SqlLease,
     SqlStore,
     Syntax,
     create_statements,
-    migrate,
+    tool_ended_transaction,
+    upgrade,
 )
 
-__all__ = ["CHANNEL", "CREATE", "LISTENER_NAME", "SYNTAX", "PostgresStore"]
+__all__ = ["CHANNEL", "CREATE", "LISTENER_NAME", "SYNTAX", "PgConnection", "PostgresStore"]
 
 T = TypeVar("T")
 log = logging.getLogger("durable_turns")
@@ -100,6 +100,20 @@ CREATE: tuple[str, ...] = tuple(create_statements(SYNTAX))
 _MIGRATION_LOCK = 0x44545552  # "DTUR": the advisory lock key around migrations
 WAIT_TIMEOUT = 5.0
 """Seconds a read or a write waits for a connection (a free one, or a new one) by default."""
+
+
+class PgConnection(psycopg.Connection[Any]):
+    """A psycopg connection that is also the kit's ``Connection`` (``rows``, ``changes``):
+    what local tools get as the raw handle and what the kit's jobs run on."""
+
+    def rows(self, sql: str, params: Sequence[Any] = (), /) -> list[Any]:
+        """``Connection.rows``."""
+        cur = self.execute(sql, params or None)  # none: a % in the text is not a placeholder
+        return cur.fetchall() if cur.description is not None else []
+
+    def changes(self, sql: str, params: Sequence[Any] = (), /) -> int:
+        """``Connection.changes``."""
+        return self.execute(sql, params or None).rowcount
 
 
 def _idle(c: psycopg.Connection[Any]) -> bool:
@@ -173,12 +187,14 @@ class _Lane:
 class _Link:
     """A step's link (``StepLink``): a lane and its connection, taken at the step's first
     local tool or at its commit and kept until the commit ends. Its connection is made fresh
-    at the first job only: one lost mid-step is never replaced (the step is abandoned)."""
+    at the first job only: one lost mid-step is never replaced (the step is abandoned). The
+    first local tool begins the transaction; every later one runs in a savepoint."""
 
     def __init__(self, dialect: PostgresDialect) -> None:
         self._dialect = dialect
         self._lane: _Lane | None = None
-        self._began = False
+        self._began = False  # the lane's connection was taken (made fresh) for this step
+        self._tx = False  # the step's transaction is open on it
 
     def connection(self) -> psycopg.Connection[Any] | None:
         return None if self._lane is None else self._lane.conn
@@ -197,39 +213,72 @@ class _Link:
             self._lane = await self._dialect.take_lane()
         return self._lane
 
-    async def run_local(self, job: Callable[[Any], T]) -> T:
+    async def run_local(self, fn: Callable[[Any], T]) -> T:
         lane = await self._take()
         # Not guarded: what the tool raises (a psycopg error of its own SQL too) is its error.
-        return await lane.worker.run(lambda: job(self._conn(lane)))
+        return await lane.worker.run(lambda: self._local(self._conn(lane), fn))
 
-    async def commit(self, job: Callable[[Any], None], *, began: bool,
-                     waiting: Callable[[Any], None] | None = None) -> None:
+    def _local(self, c: psycopg.Connection[Any], fn: Callable[[Any], T]) -> T:
+        d = self._dialect
+        if not self._tx:
+            d.begin(c)
+            self._tx = True
+            try:
+                out = fn(c)
+            except BaseException:
+                if d.lost(c):
+                    pass  # the transaction is gone: the step's commit is refused (_finish)
+                else:
+                    self._tx = False  # the first writer: undoing it all undoes the tool
+                    d.rollback(c)
+                raise
+        elif d.lost(c):
+            self._tx = False
+            raise StoreError("the step's connection was lost mid-step; nothing of the step "
+                             "was committed")
+        else:
+            try:
+                out = d.atomic(c, fn)
+            except BaseException:
+                if not d.lost(c) and not d.in_transaction(c):
+                    self._tx = False  # the tool ended the transaction, then raised
+                raise
+        if not d.in_transaction(c):
+            self._tx = False
+            raise tool_ended_transaction()
+        return out
+
+    def _finish(self, c: psycopg.Connection[Any], job: Callable[[Any], None]) -> None:
+        d = self._dialect
+        if not self._tx:
+            d.begin(c)
+        elif d.lost(c):
+            self._tx = False
+            raise StoreError("the step's connection was lost mid-step; nothing of the step was "
+                             "committed")
+        self._tx = False
+        try:
+            job(c)
+            d.commit(c)
+        except BaseException:
+            d.rollback(c)
+            raise
+
+    async def commit(self, job: Callable[[Any], None], *,
+                     alone: Callable[[Any], None] | None = None) -> None:
         try:
             lane = await self._take()
-            await self._dialect.guard(lane.worker.run(lambda: job(self._conn(lane))))
-        finally:
-            await self.end()
-
-    async def rollback(self, job: Callable[[Any], None]) -> None:
-        lane = self._lane
-        if lane is None:
-            return
-
-        def rollback() -> None:
-            if lane.conn is not None and not lane.conn.broken:
-                job(lane.conn)
-
-        try:
-            with contextlib.suppress(StoreError):  # the error that got us here matters
-                await self._dialect.guard(lane.worker.run(rollback))
+            await self._dialect.guard(
+                lane.worker.run(lambda: self._finish(self._conn(lane), job)))
         finally:
             await self.end()
 
     async def end(self) -> None:
         lane, self._lane = self._lane, None
+        self._tx = False
         if lane is not None:
             try:
-                await lane.worker.run(lane.reset)  # idle again, or dropped
+                await lane.worker.run(lane.reset)  # idle again (rolled back), or dropped
             finally:
                 self._dialect.give_lane(lane)  # cancelled too: run() waits for the job first
 
@@ -292,9 +341,9 @@ class PostgresDialect:
                 "keepalives_interval": 1, "keepalives_count": 3,
                 "tcp_user_timeout": max(1000, round(self.wait_timeout * 1000))}
 
-    def _connect(self) -> psycopg.Connection[Any]:
+    def _connect(self) -> PgConnection:
         try:
-            return psycopg.connect(self.dsn, **self._connect_args())
+            return PgConnection.connect(self.dsn, **self._connect_args())
         except psycopg.Error as e:
             raise StoreError(f"cannot connect to PostgreSQL ({self!r}): {e}") from e
 
@@ -320,7 +369,7 @@ class PostgresDialect:
                  for i in range(self._pool_size)]
         try:
             self._inspect = await leases.worker.run(self._connect)
-            migrate = lambda c: store.in_transaction(c, self._migrate)  # noqa: E731
+            migrate = lambda c: self.atomic(c, self._migrate)  # noqa: E731
             await self.guard(leases.worker.run(lambda: leases.once(migrate)))
             # Every lane's connection now, together: a step never waits for one to be made.
             await asyncio.gather(*(lane.worker.run(lane.fresh) for lane in lanes))
@@ -341,17 +390,9 @@ class PostgresDialect:
             self.listen(store.feed)
 
     @staticmethod
-    def _migrate(c: psycopg.Connection[Any]) -> None:
+    def _migrate(c: PgConnection) -> None:
         c.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
-        c.execute("CREATE TABLE IF NOT EXISTS durable_turns_schema (version INTEGER NOT NULL)")
-        row = c.execute("SELECT version FROM durable_turns_schema").fetchone()
-        version = 0 if row is None else int(row[0])
-        if not migrate(c, SYNTAX, version, "the database"):
-            return
-        if row is None:
-            c.execute("INSERT INTO durable_turns_schema VALUES (%s)", (SCHEMA_VERSION,))
-        else:
-            c.execute("UPDATE durable_turns_schema SET version = %s", (SCHEMA_VERSION,))
+        upgrade(c, SYNTAX, "the database")  # the version in durable_turns_schema
 
     async def close(self) -> None:
         """``Dialect.close``."""
@@ -471,13 +512,56 @@ class PostgresDialect:
         """``Dialect.step``."""
         return _Link(self)
 
-    def in_transaction(self, c: Any) -> bool:
-        """``Dialect.in_transaction``."""
+    # -- transactions: PostgreSQL's SQL on a connection in autocommit --------------------
+
+    @staticmethod
+    def begin(c: psycopg.Connection[Any]) -> None:
+        """Begin a transaction on ``c``."""
+        c.execute("BEGIN")
+
+    @staticmethod
+    def commit(c: psycopg.Connection[Any]) -> None:
+        """Commit ``c``'s transaction."""
+        c.execute("COMMIT")
+
+    def rollback(self, c: psycopg.Connection[Any]) -> None:
+        """Undo ``c``'s transaction, if one is open (and the connection usable)."""
+        if self.in_transaction(c):
+            c.execute("ROLLBACK")
+
+    @staticmethod
+    def in_transaction(c: psycopg.Connection[Any]) -> bool:
+        """Whether ``c`` is inside a transaction (and usable)."""
         return not c.closed and not c.broken and not _idle(c)
 
-    def lost(self, c: Any) -> bool:
-        """``Dialect.lost``."""
+    @staticmethod
+    def lost(c: psycopg.Connection[Any]) -> bool:
+        """Whether ``c`` broke (a killed backend): a transaction begun on it is gone."""
         return bool(c.broken or c.closed)
+
+    def atomic(self, c: psycopg.Connection[Any], job: Callable[[Any], T]) -> T:
+        """``Dialect.atomic``: ``BEGIN`` … ``COMMIT``, or a savepoint inside an open
+        transaction (a job that ended the transaction itself leaves nothing to release)."""
+        if not self.in_transaction(c):
+            c.execute("BEGIN")
+            try:
+                out = job(c)
+                c.execute("COMMIT")
+            except BaseException:
+                self.rollback(c)
+                raise
+            return out
+        c.execute("SAVEPOINT dt_atomic")
+        try:
+            out = job(c)
+        except BaseException:
+            if self.in_transaction(c):
+                c.execute("ROLLBACK TO SAVEPOINT dt_atomic")
+                c.execute("RELEASE SAVEPOINT dt_atomic")
+            raise
+        if self.in_transaction(c):
+            c.execute("RELEASE SAVEPOINT dt_atomic")
+        return out
 
     def notify(self, c: Any, key: SessionKey, seq: int | None,
                live: Sequence[str] = ()) -> None:

@@ -24,12 +24,14 @@ then runs ``durable_turns.testing``'s conformance suite (every tier) against it.
 
 from __future__ import annotations
 
-from .local import RELEASED_KEPT, LocalLeases, Locks, SharedLink, SharedWriter
+from .connection import Connection, first
+from .local import RELEASED_KEPT, LocalLeases, Locks, ProcessLocks, SharedLink, SharedWriter
 from .schema import (
     INDEXES,
     MIGRATIONS,
     SCHEMA_VERSION,
     TABLES,
+    VERSION_TABLE,
     Column,
     Index,
     Migration,
@@ -38,17 +40,27 @@ from .schema import (
     check_version,
     create_statements,
     migrate,
+    schema_version,
+    upgrade,
 )
 from .statements import (
     LAST_ROW,
     NEEDS_DRIVING,
     TRANSCRIPT_CHUNK,
     TRANSCRIPT_COPY_ROWS,
-    Connection,
     Statements,
     counters,
 )
-from .store import Dialect, Grant, Leases, SqlLease, SqlStore, SqlTransaction, StepLink
+from .store import (
+    Dialect,
+    Grant,
+    Leases,
+    SqlLease,
+    SqlStore,
+    SqlTransaction,
+    StepLink,
+    tool_ended_transaction,
+)
 
 __all__ = [
     "INDEXES",
@@ -60,6 +72,7 @@ __all__ = [
     "TABLES",
     "TRANSCRIPT_CHUNK",
     "TRANSCRIPT_COPY_ROWS",
+    "VERSION_TABLE",
     "Column",
     "Connection",
     "Dialect",
@@ -69,6 +82,7 @@ __all__ = [
     "LocalLeases",
     "Locks",
     "Migration",
+    "ProcessLocks",
     "SharedLink",
     "SharedWriter",
     "SqlLease",
@@ -81,5 +95,9 @@ __all__ = [
     "check_version",
     "counters",
     "create_statements",
+    "first",
     "migrate",
+    "schema_version",
+    "tool_ended_transaction",
+    "upgrade",
 ]
