@@ -120,9 +120,10 @@ class StoreCapabilities:
     """Seconds after which a lease whose holder stopped renewing it (paused, cut off) may be
     taken over; ``None``: a lease ends only when released or when its holder's process ends."""
     paramstyle: str | None = None
-    """The DB-API ``paramstyle`` of the raw handle (``qmark``: ``?``, ``format``: ``%s``), so a
-    local tool may write SQL that runs on whichever store it is given; ``None``: no SQL
-    handle."""
+    """The placeholders of the raw handle's SQL, as DB-API names them (``qmark``: ``?``,
+    ``format``: ``%s``), so a local tool may write SQL that runs on whichever store it is
+    given; ``None``: no SQL handle. The handle is a DB-API connection (``execute(sql,
+    params)``) or, on a Durable Object, ``exec(sql, *bindings)``."""
 
 
 class Subscription(Protocol):
