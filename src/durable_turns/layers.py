@@ -77,6 +77,7 @@ LAYERS: tuple[Layer, ...] = (
             "stores._sqlite_files",
             "stores._sqlite_live",
             "stores.postgres",
+            "stores._postgres_lanes",
             "stores._postgres_leases",
             "stores._postgres_listen",
             "stores.registry",

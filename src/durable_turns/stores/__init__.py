@@ -131,7 +131,7 @@ class Subscription(Protocol):
 
     Use as ``async with store.subscribe(key, after_seq) as sub`` (or call :meth:`close`).
     Iteration ends when the subscription (or its store) is closed. Events come in ``seq``
-    order, each once; live text (``message.delta``) handed over with :meth:`offer` is slotted
+    order, each once; live text (``message.delta``, :meth:`TurnStore.publish_live`) is slotted
     in after the durable event whose ``seq`` it carries.
     """
 
@@ -148,10 +148,6 @@ class Subscription(Protocol):
         Raises:
             StoreError: the store could not be read (the subscription is closed then).
         """
-        ...
-
-    def offer(self, event: TurnEvent) -> None:
-        """Hand over a live event that is not stored (``message.delta``)."""
         ...
 
     def deliver_to(self, callback: Callable[[TurnEvent], None]) -> None:
