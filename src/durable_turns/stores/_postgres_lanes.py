@@ -25,7 +25,6 @@ class PgTransactions:
     """PostgreSQL's transactions, as SQL on a connection in autocommit (``Dialect.atomic``
     and what a step's link calls)."""
 
-
     @staticmethod
     def begin(c: psycopg.Connection[Any]) -> None:
         """Begin a transaction on ``c``."""
