@@ -1,4 +1,4 @@
-"""F1 a store written as a third party would write it: a Cloudflare Durable Object's SQLite
+"""F1: a store written as a third party would write it: a Cloudflare Durable Object's SQLite
 storage (here :mod:`fake_do_storage`, which keeps its rules) as a dialect of the public SQL
 kit ``durable_turns.stores.sql``. It imports public names of the kit only.
 

@@ -1,4 +1,4 @@
-"""F1 a fake of a Cloudflare Durable Object's SQLite storage (``ctx.storage``), over
+"""F1: a fake of a Cloudflare Durable Object's SQLite storage (``ctx.storage``), over
 ``sqlite3``, that keeps the rules a store on it must live with (from workerd's source; see
 ``/work/shared/notes/cloudflare.md``), so that a store that passes its tests here would pass on
 a Durable Object:

@@ -1,4 +1,4 @@
-"""F1 a third-party store: the Durable Object store of ``do_store`` (one module, public names
+"""F1: a third-party store: the Durable Object store of ``do_store`` (one module, public names
 of the kit only) passes the conformance suite's required and ``exactly_once_local`` tiers on
 a faithful fake of a Durable Object's storage, and is found by a scheme once registered."""
 

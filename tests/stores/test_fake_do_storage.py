@@ -1,4 +1,4 @@
-"""F1 the Durable Object fake keeps the rules of ``ctx.storage`` a store must live with: each
+"""F1: the Durable Object fake keeps the rules of ``ctx.storage`` a store must live with: each
 rule here can fail. Crashes are real: a child process (``do_child.py``) SIGKILLs itself."""
 
 from __future__ import annotations
