@@ -19,10 +19,9 @@ import sys
 from typing import Any
 
 from do_store import DoStore
-from fake_do_storage import DurableObjectStorage
-
 from durable_turns.records import NewEntry, SessionKey
 from durable_turns.testing.helpers import opening
+from fake_do_storage import DurableObjectStorage
 
 
 def _die() -> None:

@@ -19,8 +19,6 @@ import asyncio
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from fake_do_storage import DurableObjectStorage, SqlError, SqlStorage, Transaction
-
 from durable_turns.errors import StoreError
 from durable_turns.records import SessionKey
 from durable_turns.stores import StoreCapabilities
@@ -32,6 +30,7 @@ from durable_turns.stores.sql import (
     Syntax,
     upgrade,
 )
+from fake_do_storage import DurableObjectStorage, SqlError, SqlStorage, Transaction
 
 __all__ = ["DoConnection", "DoDialect", "DoStore"]
 

@@ -15,11 +15,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from do_store import DoStore
-from fake_do_storage import DurableObjectStorage
 
+from do_store import DoStore
 from durable_turns.stores import SessionStore, registry
 from durable_turns.testing import CONFORMANCE, OPTIONAL, REQUIRED, Check, needs, run_check
+from fake_do_storage import DurableObjectStorage
 
 TIERS = {"exactly_once_local", "durable"}
 """The optional tiers the store declares (one instance per object: no sharing, no TTL)."""

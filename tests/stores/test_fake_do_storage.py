@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from fake_do_storage import DurableObjectStorage, SqlError, Transaction
 
 HERE = Path(__file__).parent
