@@ -79,6 +79,7 @@ _DEFAULT = _Default()
 SYNTAX = Syntax(
     placeholder="%s",
     lock_rows=True,
+    contains="strpos({text}, {part}) > 0",
     types={"id": "BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY", "int": "INTEGER",
            "bigint": "BIGINT", "text": "TEXT", "time": "TIMESTAMPTZ"},
     foreign_keys=True,

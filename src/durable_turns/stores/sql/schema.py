@@ -108,6 +108,9 @@ class Syntax:
     """One statement at a time writes (SQLite): a statement that reads and then writes is
     atomic on its own, so the common step, the common accept and a repeated claim are one
     statement each, outside any transaction."""
+    contains: str = "instr({text}, {part}) > 0"
+    """Whether the text ``{text}`` holds ``{part}`` as a substring (PostgreSQL:
+    ``strpos``)."""
     lookup_hint: str = ""
     """How a planner without statistics is told to use ``log_lookup`` (SQLite:
     ``INDEXED BY``)."""

@@ -122,6 +122,7 @@ class Statements:
         self.q = q
         """Rewrites a statement's ``?`` placeholders for the dialect."""
         self._lookup_hint = syntax.lookup_hint
+        self._contains = syntax.contains
         self._sid = q("SELECT sid FROM sessions WHERE agent = ? AND session = ?")
         self._sid_for_write = self._sid + lock
         self._insert_session = q("INSERT INTO sessions (agent, session) VALUES (?, ?) "
@@ -534,7 +535,7 @@ class Statements:
         if parked_only:
             sql += " AND t.ordinal IS NOT NULL"
         if visible is not None:
-            where, more = visible_where(visible)
+            where, more = visible_where(visible, self._contains)
             sql, params = f"{sql} AND ({where})", [*params, *more]
         rows = c.rows(self.q(sql + " ORDER BY s.sid DESC"), tuple(params))
         out = []
