@@ -17,8 +17,10 @@ from pathlib import Path
 import pytest
 
 from do_store import DoStore
+from durable_turns.records import NewEntry, SessionKey, TurnResult, TurnStatus
 from durable_turns.stores import SessionStore, registry
 from durable_turns.testing import CONFORMANCE, OPTIONAL, REQUIRED, Check, needs, run_check
+from durable_turns.testing.helpers import opening
 from fake_do_storage import DurableObjectStorage
 
 TIERS = {"exactly_once_local", "durable"}
@@ -91,3 +93,23 @@ def test_a_crash_between_a_local_tool_and_its_commit_keeps_nothing_of_the_tool(
         assert c.execute("SELECT count(*) FROM rows").fetchone()[0] == 0
         # what the step's claim committed before it is there: the crash came mid-step
         assert c.execute("SELECT count(*) FROM turns").fetchone()[0] == 1
+
+
+async def test_a_transcript_of_large_messages_stays_within_a_row_s_limit() -> None:
+    """The copy of a long transcript (``log_transcript``) is bounded in bytes, not only in
+    messages: a Durable Object refuses a value over 4 MiB, and a copy of 32 tool results of
+    300 kB each would be one."""
+    store = DoStore(DurableObjectStorage())
+    await store.open()
+    key = SessionKey("agent", "big")
+    await store.enqueue(key, NewEntry("t1", opening("t1")))
+    lease = await store.claim(key)
+    sent = [opening("t1", f"{i}:" + "x" * 300_000) for i in range(40)]
+    for message in sent:  # each commit moves the chain: a copy is made once it may be
+        async with lease.transaction() as tx:
+            tx.add_message(message)
+            tx.set_turn(TurnResult("t1", TurnStatus.RUNNING))
+    await lease.release()
+    assert await store.read_messages(key) == sent
+    assert await store.read_messages(key, after=37) == sent[37:]
+    await store.close()

@@ -54,6 +54,7 @@ __all__ = [
     "LAST_ROW",
     "NEEDS_DRIVING",
     "TRANSCRIPT_CHUNK",
+    "TRANSCRIPT_COPY_BYTES",
     "TRANSCRIPT_COPY_ROWS",
     "Statements",
     "counters",
@@ -74,12 +75,17 @@ its ``n`` the message count of generation ``gen``."""
 
 
 TRANSCRIPT_CHUNK = 32
-"""The fewest messages a ``log_transcript`` row holds: the copy is made when a commit that moves
-the chain finds this many not yet copied (so a turn end costs one indexed read, and every
-few turns a read of the turn's rows and one insert)."""
+"""The fewest messages a ``log_transcript`` row holds (unless they are large:
+:data:`TRANSCRIPT_COPY_BYTES`): the copy is made when a commit that moves the chain finds this
+many not yet copied (so a turn end costs one indexed read, and every few turns a read of the
+turn's rows and one insert)."""
 TRANSCRIPT_COPY_ROWS = 1000
 """The most ``log`` rows one commit copies: a long history not copied yet (a database of
 schema version 3) is copied over the session's next commits, a bounded piece each."""
+TRANSCRIPT_COPY_BYTES = 1 << 20
+"""The most bytes of messages one ``log_transcript`` row holds (unless one log row's alone
+is more): large tool results are copied over several rows, each well within a backend's
+bound on a value (a Durable Object's: 4 MiB)."""
 
 
 def _load(v: str | None) -> Any:
@@ -292,7 +298,8 @@ class Statements:
     def copy_transcript(self, c: Connection, sid: int, gen: int, count: int) -> None:
         """Copy the generation's messages not yet in ``log_transcript`` into one row, once there
         are :data:`TRANSCRIPT_CHUNK` of them (``count``: the generation's message count), from
-        :data:`TRANSCRIPT_COPY_ROWS` log rows at most."""
+        :data:`TRANSCRIPT_COPY_ROWS` log rows and :data:`TRANSCRIPT_COPY_BYTES` at most (one
+        row at least)."""
         if count < TRANSCRIPT_CHUNK:  # too few in all to look
             return
         end = first(c.rows(self._transcript_end, (sid, gen, count)))
@@ -300,6 +307,12 @@ class Statements:
         if count - n < TRANSCRIPT_CHUNK:
             return
         rows = c.rows(self._bodies_to_copy, (sid, gen, seq, n))
+        size = 0
+        for i, row in enumerate(rows):  # a prefix of them, if their bodies are large
+            size += len(row[1].encode())
+            if i and size > TRANSCRIPT_COPY_BYTES:
+                rows = rows[:i]
+                break
         if rows:
             c.changes(self._insert_transcript, (sid, gen, rows[-1][0], rows[-1][2],
                                                 "\n".join([r[1] for r in rows])))
