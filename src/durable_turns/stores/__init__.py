@@ -196,7 +196,7 @@ class Transaction(Protocol):
 
     def unwrap(self) -> Any:
         """The backend's raw handle inside this transaction (``sqlite3.Connection``, a psycopg
-        connection), what a local tool writes through.
+        connection, a Durable Object's ``ctx.storage.sql``), what a local tool writes through.
 
         Raises:
             StoreError: the store hands it out only inside :meth:`run_local`.

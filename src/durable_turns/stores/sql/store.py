@@ -165,8 +165,8 @@ class Dialect(Protocol):
         ...
 
     async def open(self, store: SqlStore) -> None:
-        """Connect, and create or migrate the schema (``schema.upgrade`` inside
-        :meth:`atomic`, under the dialect's migration lock where many processes may open
+        """Connect, and create or migrate the schema (:func:`~durable_turns.stores.sql.upgrade`
+        inside :meth:`atomic`, under the dialect's migration lock where many processes may open
         one database); idempotent. Start the wake-ups if ``store.feed.active``.
 
         Raises:
