@@ -95,8 +95,8 @@ class Syntax:
 
     Statements are written with ``?`` placeholders and rewritten once to ``placeholder``;
     a parameter tested for NULL is cast, which PostgreSQL needs to know its type. Both
-    dialects shipped take ``INSERT … ON CONFLICT … DO NOTHING RETURNING``, partial indexes and
-    ``SAVEPOINT``.
+    dialects shipped take ``INSERT … ON CONFLICT … DO NOTHING RETURNING`` and partial indexes.
+    Transaction control is not here: it is the dialect's (``Dialect.atomic``).
     """
 
     placeholder: str = "?"
