@@ -1,4 +1,9 @@
-"""The way from a session's events to many SSE clients: encode once, queue, write in passes.
+"""The host's one event-stream writer, and the way from a session's events to many clients.
+
+Every ``text/event-stream`` the host sends (``GET …/events``, a turn's stream from ``POST
+…/turn`` and ``…/chat``, the AI SDK's and AG-UI's streams) is an :class:`EventStream`:
+Starlette's ``StreamingResponse`` (its body raced against the client leaving, every write
+through the app's ``send`` and so through any middleware) whose body is an :class:`Outbox`.
 
 A session watched by a thousand clients hands every event to a thousand subscriptions of
 the store's feed (one store read serves them all). What each client then costs is the
@@ -7,52 +12,44 @@ server's part of the fan-out, so it is kept small (``bench/sse.py`` measures it)
 - :class:`FrameCache` encodes an event into its SSE frame (sse-starlette's
   ``ServerSentEvent``) once, for every client that gets the same event object;
 - an :class:`Outbox` per client takes frames synchronously, as the feed delivers them (no
-  task switch per event), and a :class:`Pacer` writes every outbox that has something
-  urgent in one pass at the loop's next turn: a commit's events (several) are one write
-  per client. Each write is the response's ASGI ``send``, run at once (:func:`start_eagerly`):
-  to a client that reads, it completes without suspending, so a pass costs no task
-  switch per client; what remains per client is uvicorn's write to its socket, and that
-  system call is most of a pass (``bench/sse.py --profile``).
-- live text (``message.delta``) is not urgent: it is written at the pacer's next tick
-  (every ``linger`` = 20 ms) or with the next durable event, whichever is first; a model's
-  deltas then cost one write per client per tick instead of one each. Ticks are spaced so
-  that live text takes at most a quarter of the loop (:data:`TEXT_SHARE`): with a thousand
-  clients a tick's pass takes tens of milliseconds, and text then comes in steps of about
-  four passes, leaving the CPU to the durable events.
-- the response is an :class:`EventStream`: a Starlette ``Response`` that sends its headers,
-  hands the client's ``send`` to the outbox and waits for the end or the client leaving
-  (sse-starlette frames every event and the keep-alive comments; its own response runs a
-  task per client and an anyio cancel scope around every write, which doubled a write's
-  cost). The keep-alive is a timer per client, and the streams end when the server shuts
-  down (:meth:`Streams.end_all`, called by ``serve``).
+  task per client between the feed and the outbox), and its response writes whatever has
+  queued meanwhile as one write: a commit's events (several) are one write per client.
+- live text (``message.delta``) is not urgent: it is written at the :class:`Pacer`'s next
+  tick (every ``linger`` = 20 ms) or with the next durable event, whichever is first; a
+  model's deltas then cost one write per client per tick instead of one each. Ticks are
+  spaced so that live text takes at most a quarter of the loop (:data:`TEXT_SHARE`).
+- a stream whose events come from an iterator (a turn's stream) is pumped into its outbox,
+  which holds the pump back while a write is held up (the iterator is read as fast as the
+  client reads, as a plain ``StreamingResponse`` would).
+- keep-alive comments come from a timer per client; :meth:`Streams.end_all` (the lifespan's
+  shutdown, ``serve``'s SIGTERM) ends every open stream.
 - **Slow clients.** While a write to a client is held up (its socket and uvicorn's buffer
-  are full; that write alone becomes a task, and no other client waits for it), its outbox
-  takes at most ``limit`` more bytes. A client that does not read that much is cut off:
-  its stream ends, nothing more is queued for it, and the other clients never wait for it.
-  (A replay is queued before the first write, so a long catch-up is not cut off; it goes
-  out as one write.) Nothing durable is lost: the client reconnects with ``Last-Event-ID``
-  (EventSource does it by itself) and the store replays what it missed; only live text
-  deltas of that gap are gone, and the ``message.completed`` that follows carries the whole
-  text.
+  are full), its outbox takes at most ``limit`` more bytes. A client of ``GET …/events``
+  that does not read that much is cut off: its stream ends, nothing more is queued for it,
+  and the other clients never wait for it. (A replay is queued before the first write, so
+  a long catch-up is not cut off; it goes out as one write.) Nothing durable is lost: the
+  client reconnects with ``Last-Event-ID`` (EventSource does it by itself) and the store
+  replays what it missed; only live text deltas of that gap are gone, and the
+  ``message.completed`` that follows carries the whole text.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Generator
+from collections.abc import AsyncIterable, Callable
 from datetime import UTC, datetime
-from typing import Any
 
 from sse_starlette import ServerSentEvent
-from starlette.applications import Starlette
-from starlette.responses import Response
-from starlette.types import Receive, Scope
-from starlette.types import Send as ASGISend
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from ..events import TurnEvent
 from ._http import sse_fields
+
+log = logging.getLogger("durable_turns.server")
 
 MAX_BACKLOG = 1 << 20
 """Bytes of frames an SSE client may have waiting before it is cut off (1 MiB)."""
@@ -93,85 +90,78 @@ class FrameCache:
 
 
 class Pacer:
-    """Writes out a host's outboxes: those with urgent frames at the loop's next turn, those
-    with live text only at its ticks.
+    """Wakes a host's outboxes that hold live text only, at its ticks.
 
-    One callback a turn (and one timer) serves every client of the host, so a commit's
-    events, queued for a thousand clients one by one, go out in one pass: one write per
-    client. Ticks come every ``linger`` seconds, and further apart when a tick's writes
-    take long: live text takes at most ``share`` of the loop's time (a tick's writes to a
-    thousand clients take tens of milliseconds; at 20 ms a tick they would take all of it,
-    and the durable events' writes would wait for the CPU).
+    One timer serves every client of the host. Ticks come every ``linger`` seconds, and
+    further apart when a tick's writes take long: live text takes at most ``share`` of the
+    loop's time (a tick's writes to a thousand clients take tens of milliseconds; at 20 ms
+    a tick they would take all of it, and the durable events' writes would wait for the CPU).
     """
 
     def __init__(self, linger: float = LINGER, share: float = TEXT_SHARE) -> None:
         self.linger = linger
         self.share = share
-        self._soon: list[Outbox] = []
         self._due: list[Outbox] = []
         self._timer: asyncio.TimerHandle | None = None
         self._rest_until = 0.0  # time.monotonic() before which no tick starts
-
-    def soon(self, outbox: Outbox) -> None:
-        """Write ``outbox`` out at the loop's next turn."""
-        if not self._soon:
-            asyncio.get_running_loop().call_soon(self._write_soon)
-        self._soon.append(outbox)
+        self._ticked = 0.0
 
     def later(self, outbox: Outbox) -> None:
-        """Write ``outbox`` out at the next tick."""
+        """Wake ``outbox`` at the next tick."""
         self._due.append(outbox)
         if self._timer is None:
             delay = max(self.linger, self._rest_until - time.monotonic())
             self._timer = asyncio.get_running_loop().call_later(delay, self._tick)
 
-    def _write_soon(self) -> None:
-        due, self._soon = self._soon, []
-        for outbox in due:
-            outbox.flush()
-
     def _tick(self) -> None:
         self._timer = None
         due, self._due = self._due, []
-        start = time.monotonic()
         for outbox in due:
-            outbox.flush()
+            outbox.wake()
+        # The writes the tick woke run at the loop's next turn: measure them from here to
+        # then (one callback after them all, as the loop is FIFO).
+        self._ticked = time.monotonic()
+        asyncio.get_running_loop().call_soon(self._measured)
+
+    def _measured(self) -> None:
         end = time.monotonic()
-        self._rest_until = end + (end - start) * (1 / self.share - 1)
+        self._rest_until = end + (end - self._ticked) * (1 / self.share - 1)
 
 
 class Outbox:
-    """The frames waiting for one SSE client, bounded, and their writes to it.
-
-    Frames queue from :meth:`put` until :meth:`start` is given the client's ``send``; then
-    whatever is queued goes out as one write per turn of the loop (see :class:`Pacer`), and
-    only one write is in progress at a time.
+    """The frames waiting for one SSE client, bounded: ``async for chunk in outbox`` (what
+    its :class:`EventStream` writes) gives what has queued as one chunk, as soon as
+    something urgent is queued.
 
     Args:
         limit: the most bytes that may wait behind a write in progress; a frame that comes
             while more than that waits cuts the client off (:attr:`overflowed`): its
-            stream ends.
-        ping: seconds between keep-alive comments once started (0: none).
+            stream ends. A pumped outbox (:meth:`pump`) holds its pump back instead.
+        ping: seconds between keep-alive comments once the writing started (0: none).
         pacer: the host's :class:`Pacer` (one of its own when left out). Non-urgent frames
             (``put(…, urgent=False)``) wait for its tick or for the next urgent frame.
+        sep: the line separator of the keep-alive comments.
     """
 
     def __init__(self, limit: int = MAX_BACKLOG, ping: float = 0,
-                 pacer: Pacer | None = None) -> None:
+                 pacer: Pacer | None = None, sep: str = "\r\n") -> None:
         self.limit = limit
         self.ping = ping
+        self.sep = sep
         self._pacer = pacer if pacer is not None else Pacer()
         self.overflowed = False
         """Whether the client was cut off for not reading."""
         self._frames: list[bytes] = []
         self._size = 0
-        self._soon = False
+        self._urgent = False
         self._paced = False
         self._ended = False
         self._writing = False
-        self._send: ASGISend | None = None
-        self._written: asyncio.Future[None] | None = None
+        self._started = False
+        self._wake: asyncio.Future[None] | None = None
+        self._room: asyncio.Future[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
+        self._pump: asyncio.Task[None] | None = None
 
     @property
     def ended(self) -> bool:
@@ -179,12 +169,11 @@ class Outbox:
         return self._ended
 
     def put(self, frame: bytes, urgent: bool = True) -> None:
-        """Queue ``frame`` (written at the loop's next turn if ``urgent``, else at the
-        pacer's next tick or with the next urgent frame); cut the client off if it is over
-        its limit."""
+        """Queue ``frame`` (written at once if ``urgent``, else at the pacer's next tick or
+        with the next urgent frame); cut the client off if it is over its limit."""
         if self._ended:
             return
-        if self._writing and self._size > self.limit:
+        if self._writing and self._size > self.limit and self._pump is None:
             # Checked before adding, so that one event larger than the limit (a big tool
             # result) still reaches a client that reads.
             self.overflowed = True
@@ -195,7 +184,8 @@ class Outbox:
         self._size += len(frame)
         self._frames.append(frame)
         if urgent:
-            self._due_soon()
+            self._urgent = True
+            self.wake()
         elif not self._paced:
             self._paced = True
             self._pacer.later(self)
@@ -207,223 +197,133 @@ class Outbox:
         self._ended = True
         if self._timer is not None:
             self._timer.cancel()
-        if self._send is not None:
-            self._due_soon()
+        if self._pump is not None and self._pump is not asyncio.current_task():
+            self._pump.cancel()
+        self._free()
+        self.wake()
 
-    def start(self, send: ASGISend) -> asyncio.Future[None]:
-        """Write to ``send`` (the response's ASGI ``send``, its headers sent) from now on,
-        starting with what is queued (a replay).
+    def pump(self, frames: AsyncIterable[bytes]) -> None:
+        """Queue ``frames`` as they come, then end; reading them waits while more than
+        ``limit`` bytes wait behind a held-up write (a slow client slows the reading, it
+        is not cut off). Ending the outbox stops the reading."""
+        async def run() -> None:
+            try:
+                async for frame in frames:
+                    self.put(frame)
+                    while self._writing and self._size > self.limit and not self._ended:
+                        self._room = asyncio.get_running_loop().create_future()
+                        await self._room
+            except Exception:  # the stream ends where its source failed; the log says why
+                log.exception("an event stream's source failed")
+            finally:
+                self.end()
 
-        Returns:
-            A future done once the outbox has ended and all it queued was written (or a
-            write failed: the client is gone).
-        """
-        loop = asyncio.get_running_loop()
-        self._send = send
-        self._written = loop.create_future()
-        if self.ping > 0 and not self._ended:
-            self._timer = loop.call_later(self.ping, self._keepalive)
-        self.flush()
-        return self._written
+        self._pump = asyncio.ensure_future(run())
 
-    def flush(self) -> None:
-        """Write out what is queued now, unless a write is in progress (what is queued then
-        follows it as soon as it is done)."""
-        self._soon = self._paced = False
-        send = self._send
-        if send is None or self._writing:
-            return
+    def wake(self) -> None:
+        """Let the writer take what is queued (the pacer's tick; an urgent frame)."""
+        self._paced = False
+        if self._frames:
+            self._urgent = True
+        if self._wake is not None and not self._wake.done():
+            self._wake.set_result(None)
+
+    def _free(self) -> None:
+        if self._room is not None and not self._room.done():
+            self._room.set_result(None)
+
+    def __aiter__(self) -> Outbox:
+        return self
+
+    async def __anext__(self) -> bytes:
+        self._writing = False  # the previous chunk is written: the writer asks again
+        self._free()
+        if not self._started:
+            self._started = True
+            if self.ping > 0 and not self._ended:
+                self._timer = asyncio.get_running_loop().call_later(self.ping,
+                                                                    self._keepalive)
+        while not ((self._frames and (self._urgent or self._ended)) or self._ended):
+            self._wake = asyncio.get_running_loop().create_future()
+            await self._wake
         if not self._frames:
-            if self._ended:
-                self._finish()
-            return
+            raise StopAsyncIteration
         chunk = b"".join(self._frames)
         self._frames.clear()
         self._size = 0
+        self._urgent = False
         self._writing = True
-        try:
-            rest = start_eagerly(send({"type": "http.response.body", "body": chunk,
-                                       "more_body": True}))
-        except Exception:
-            self._fail()
-            return
-        if rest is None:
-            self._writing = False
-            if self._ended and not self._frames:
-                self._finish()
-        else:
-            rest.add_done_callback(self._held_up_write_done)
-
-    def _due_soon(self) -> None:
-        if not self._soon:
-            self._soon = True
-            self._pacer.soon(self)
-
-    def _held_up_write_done(self, rest: asyncio.Future[None]) -> None:
-        self._writing = False
-        if rest.cancelled() or rest.exception() is not None:
-            self._fail()
-        else:
-            self.flush()
-
-    def _fail(self) -> None:
-        # A write that raised: the client is gone; what is queued goes nowhere.
-        self._frames.clear()
-        self._size = 0
-        self.end()
-        self._finish()
-
-    def _finish(self) -> None:
-        if self._written is not None and not self._written.done():
-            self._written.set_result(None)
+        return chunk
 
     def _keepalive(self) -> None:
-        self.put(ServerSentEvent(comment=f"ping - {datetime.now(UTC)}").encode())
+        self.put(ServerSentEvent(comment=f"ping - {datetime.now(UTC)}", sep=self.sep).encode())
         if not self._ended:
             self._timer = asyncio.get_running_loop().call_later(self.ping, self._keepalive)
 
 
-def start_eagerly(awaitable: Awaitable[None]) -> asyncio.Future[None] | None:
-    """Run ``awaitable`` now, up to its first suspension: ``None`` if it finished, else a
-    task that runs the rest (what Python 3.12's ``eager_start`` tasks do, on 3.11 too).
-
-    A write to a client that reads completes without suspending (uvicorn suspends only
-    while the client's socket and buffer are full), so a fan-out costs no task switch per
-    client and event; a held-up write becomes a task of its own, and no other client
-    waits for it.
-
-    Raises:
-        What ``awaitable`` raises before its first suspension.
-    """
-    steps = awaitable.__await__()
-    try:
-        first = steps.send(None)
-    except StopIteration:
-        return None
-    rest = asyncio.ensure_future(_Rest(steps, first))
-    # A task cancelled before its first step never enters _Rest: close the awaitable then
-    # (its ``finally`` blocks run); on a finished one, close() does nothing.
-    rest.add_done_callback(lambda _rest: steps.close())
-    return rest
-
-
-class _Rest:
-    """The rest of an awaitable started by :func:`start_eagerly`, for a task to await: hands
-    the task what the awaitable yields (the futures it waits on) and the awaitable what the
-    task sends or throws, as ``await`` itself would."""
-
-    def __init__(self, steps: Generator[Any, Any, None], first: Any) -> None:
-        self._steps = steps
-        self._first = first
-
-    def __await__(self) -> Generator[Any, None, None]:
-        steps, out = self._steps, self._first
-        while True:
-            try:
-                yield out
-            except GeneratorExit:
-                steps.close()
-                raise
-            except BaseException as e:  # a cancellation, thrown into the task
-                try:
-                    out = steps.throw(e)
-                except StopIteration:
-                    return
-                continue
-            try:
-                out = steps.send(None)
-            except StopIteration:
-                return
-
-
-SERVER_SEND = "durable_turns.server_send"
-"""The scope key under which :class:`EventStreamApp` leaves the server's own ``send``."""
-
-
-class EventStreamApp(Starlette):
-    """Starlette, but an :class:`EventStream` writes its body to the server's ``send``.
-
-    Starlette's own layers (its error and exception middleware, the route's wrapper) each
-    wrap ``send`` to note whether the response started, which the stream's headers (sent
-    through them) tell them; for the body they only pass each write on, and the three of
-    them cost about a fifth of a write (``bench/sse.py``). Middleware added to the app
-    (``add_middleware``) sees every write: with any, the body goes through them all.
-    """
-
-    wrap_send: Callable[[ASGISend], ASGISend] | None = None
-    """Wraps each response's ``send`` (what every response must carry: ``headers.py``); an
-    event stream's body still goes to the server's own ``send``, unwrapped."""
-
-    async def __call__(self, scope: Scope, receive: Receive, send: ASGISend) -> None:
-        if scope["type"] == "http":
-            if not self.user_middleware:
-                scope[SERVER_SEND] = send
-            if self.wrap_send is not None:
-                send = self.wrap_send(send)
-        await super().__call__(scope, receive, send)
-
-
-class EventStream(Response):
-    """A ``text/event-stream`` response that an :class:`Outbox` writes.
-
-    Its ASGI call sends the headers, hands the outbox the client's ``send`` and waits until
-    the outbox has ended and is written out, or the client has gone; then it calls
-    ``close``. No task runs per client while the stream is open, only the writes.
-    """
+class EventStream(StreamingResponse):
+    """The host's ``text/event-stream`` response: Starlette's ``StreamingResponse`` writing
+    an :class:`Outbox`. When it ends (written out, cut off, the client gone or the server
+    shutting down) the outbox is ended and ``close`` called."""
 
     media_type = "text/event-stream"
 
     def __init__(self, outbox: Outbox, close: Callable[[], None],
                  headers: dict[str, str] | None = None) -> None:
-        # Not Response.__init__: a stream has no body to measure (no Content-Length).
-        self.status_code = 200
-        self.background = None
+        super().__init__(outbox, headers={**HEADERS, **(headers or {})})
         self.outbox = outbox
         self.close = close
-        self.init_headers({**HEADERS, **(headers or {})})
 
-    async def __call__(self, scope: Scope, receive: Receive, send: ASGISend) -> None:
-        await send({"type": "http.response.start", "status": self.status_code,
-                    "headers": self.raw_headers})
-
-        written = self.outbox.start(scope.get(SERVER_SEND, send))
-        gone = asyncio.ensure_future(_disconnect(receive))
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            await asyncio.wait((written, gone), return_when=asyncio.FIRST_COMPLETED)
-            left = gone.done()
+            await super().__call__(scope, receive, send)
         finally:
-            gone.cancel()
             self.outbox.end()
             self.close()
-        if not left:
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-
-
-async def _disconnect(receive: Receive) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass
 
 
 class Streams:
-    """The open outboxes of a host, so that a shutdown can end them all."""
+    """A host's event streams: each one's outbox (its limit, keep-alive and pacer), its
+    response, and the open ones, so that a shutdown can end them all.
 
-    def __init__(self) -> None:
+    Args:
+        ping: seconds between keep-alive comments on an idle stream.
+        limit: bytes an outbox may hold behind a held-up write.
+    """
+
+    def __init__(self, ping: float = 0, limit: int = MAX_BACKLOG) -> None:
+        self.ping = ping
+        self.limit = limit
+        self.pacer = Pacer()
         self._open: set[Outbox] = set()
 
-    def response(self, outbox: Outbox, close: Callable[[], None]) -> EventStream:
+    def outbox(self, sep: str = "\r\n") -> Outbox:
+        """A new client's outbox."""
+        return Outbox(self.limit, self.ping, self.pacer, sep)
+
+    def response(self, outbox: Outbox, close: Callable[[], None] | None = None,
+                 headers: dict[str, str] | None = None) -> EventStream:
         """The ``text/event-stream`` response that writes ``outbox``; ``close`` is called
-        when it ends (written out, cut off, the client gone or the server shutting down)."""
+        when it ends."""
         self._open.add(outbox)
 
         def closed() -> None:
             self._open.discard(outbox)
-            close()
+            if close is not None:
+                close()
 
-        return EventStream(outbox, closed)
+        return EventStream(outbox, closed, headers)
+
+    def of(self, frames: AsyncIterable[bytes], close: Callable[[], None] | None = None,
+           headers: dict[str, str] | None = None, sep: str = "\r\n") -> EventStream:
+        """The response that writes ``frames`` (each one SSE frame) as they come."""
+        outbox = self.outbox(sep)
+        outbox.pump(frames)
+        return self.response(outbox, close, headers)
 
     def end_all(self) -> None:
-        """End every open stream (after what is queued); a client reconnects with its
-        ``Last-Event-ID``. Call it on the event loop."""
+        """End every open stream (after what is queued); a client of ``GET …/events``
+        reconnects with its ``Last-Event-ID``. Call it on the event loop."""
         for outbox in list(self._open):
             outbox.end()
 
@@ -432,12 +332,9 @@ __all__ = [
     "FRAME_CACHE",
     "HEADERS",
     "MAX_BACKLOG",
-    "SERVER_SEND",
     "EventStream",
-    "EventStreamApp",
     "FrameCache",
     "Outbox",
     "Pacer",
     "Streams",
-    "start_eagerly",
 ]
