@@ -12,7 +12,7 @@ import asyncio
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, Literal
 
 import httpx2
 import uvicorn
@@ -22,7 +22,8 @@ WAIT = 30.0
 
 
 @asynccontextmanager
-async def serving(app: Any, *, sndbuf: int | None = None, lifespan: str = "off",
+async def serving(app: Any, *, sndbuf: int | None = None,
+                  lifespan: Literal["auto", "on", "off"] = "off",
                   **config: Any) -> AsyncIterator[str]:
     """Run ``app`` on ``127.0.0.1:<free port>``; yields its base URL (no trailing slash).
 
