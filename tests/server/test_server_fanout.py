@@ -16,7 +16,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from durable_turns import Agent, MemoryStore, ModelReply, Runtime, scripted
 from durable_turns.models import ModelRequest
 from durable_turns.server import create_app
-from durable_turns.server.fanout import EventStream, Outbox, Pacer
+from durable_turns.server.fanout import EventStream, Outbox, Pacer, start_eagerly
 from fakes.serving import serving
 
 WAIT = 60.0
@@ -173,16 +173,6 @@ async def test_middleware_added_to_the_app_sees_every_write_of_an_event_stream()
         assert b"event: turn.completed" in body and sum(passed) == len(body)
 
 
-def start(box: Outbox, send: Send) -> asyncio.Task[None]:
-    """Write ``box`` to ``send`` as its response does (``StreamingResponse``'s loop): a task
-    done once the outbox has ended and all it queued was written."""
-    async def write() -> None:
-        async for chunk in box:
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
-
-    return asyncio.create_task(write())
-
-
 class Client:
     """The ASGI ``send`` of an SSE client, for an outbox: it takes body chunks; while
     ``reading`` is clear, a write is held up (as uvicorn's is when the socket is full)."""
@@ -208,31 +198,30 @@ async def test_an_outbox_cuts_off_a_client_over_its_limit_and_keeps_one_big_fram
     big, client = Outbox(limit=10), Client()
     big.put(b"y" * 100)  # one frame over the limit still goes out to a client that reads
     big.end()
-    await asyncio.wait_for(start(big, client.send), WAIT)
+    await asyncio.wait_for(big.start(client.send), WAIT)
     assert client.taken() == [b"y" * 100] and not big.overflowed
     slow, client = Outbox(limit=10), Client()
     client.reading.clear()
     slow.put(b"first")
-    written = start(slow, client.send)
-    assert await asyncio.wait_for(client.chunks.get(), WAIT) == b"first"  # held up
+    written = slow.start(client.send)  # its write is held up: the client stalls
     for _ in range(3):
         slow.put(b"z" * 6)  # the third comes while 12 bytes wait behind it: cut off
     assert slow.overflowed and slow.ended
     slow.put(b"more")
     client.reading.set()
     await asyncio.wait_for(written, WAIT)  # ends once the held-up write is done
-    assert client.taken() == []
+    assert client.taken() == [b"first"]
     replay, client = Outbox(limit=10), Client()
     client.reading.clear()
     for _ in range(5):
         replay.put(b"r" * 6)  # queued before the first write (a catch-up): never cut off
     replay.end()
-    written = start(replay, client.send)
+    written = replay.start(client.send)
     client.reading.set()
     await asyncio.wait_for(written, WAIT)
     assert client.taken() == [b"r" * 30] and not replay.overflowed
     burst, client = Outbox(limit=100), Client()
-    written = start(burst, client.send)
+    written = burst.start(client.send)
     for part in (b"a", b"b", b"c"):
         burst.put(part)
     burst.end()
@@ -243,7 +232,7 @@ async def test_an_outbox_cuts_off_a_client_over_its_limit_and_keeps_one_big_fram
 async def test_frames_queued_behind_a_held_up_write_follow_it_as_one_write() -> None:
     box, client = Outbox(limit=100), Client()
     client.reading.clear()
-    written = start(box, client.send)
+    written = box.start(client.send)
     box.put(b"1")
     assert await asyncio.wait_for(client.chunks.get(), WAIT) == b"1"  # and held up
     box.put(b"2")
@@ -257,7 +246,7 @@ async def test_frames_queued_behind_a_held_up_write_follow_it_as_one_write() -> 
 async def test_live_text_waits_for_the_next_durable_event_or_the_pacer() -> None:
     pacer = Pacer(linger=0.01)
     box, client = Outbox(pacer=pacer), Client()
-    written = start(box, client.send)
+    written = box.start(client.send)
     box.put(b"d1", urgent=False)
     box.put(b"d2", urgent=False)
     box.put(b"E", urgent=True)  # a durable event takes the live text with it, in order
@@ -269,12 +258,12 @@ async def test_live_text_waits_for_the_next_durable_event_or_the_pacer() -> None
     assert client.taken() == []
 
 
-async def test_a_failed_write_ends_the_outbox_and_closes_the_stream() -> None:
+async def test_a_failed_write_ends_the_outbox_and_closes_its_stream() -> None:
     async def gone(message: Message) -> None:
         if message["type"] == "http.response.body":
             raise OSError("the client left")
 
-    async def nothing() -> Message:
+    async def silent() -> Message:
         await asyncio.get_running_loop().create_future()  # the client never says it left
         raise AssertionError
 
@@ -282,9 +271,8 @@ async def test_a_failed_write_ends_the_outbox_and_closes_the_stream() -> None:
     box = Outbox()
     box.put(b"lost")
     scope: Scope = {"type": "http", "asgi": {"spec_version": "2.4"}}
-    with pytest.raises(Exception):  # noqa: B017 (Starlette's ClientDisconnect)
-        await asyncio.wait_for(EventStream(box, lambda: closed.append("closed"))(
-            scope, nothing, gone), WAIT)
+    stream = EventStream(box, lambda: closed.append("closed"))
+    await asyncio.wait_for(stream(scope, silent, gone), WAIT)
     assert box.ended and closed == ["closed"]
     box.put(b"more")  # taken and dropped
 
@@ -300,15 +288,72 @@ async def test_a_pumped_outbox_reads_its_source_as_fast_as_the_client_reads() ->
     box, client = Outbox(limit=10), Client()
     client.reading.clear()
     box.put(b"first")
-    written = start(box, client.send)
-    assert await asyncio.wait_for(client.chunks.get(), WAIT) == b"first"  # held up
+    written = box.start(client.send)  # its write is held up: the client stalls
     box.pump(source())
     for _ in range(20):
         await asyncio.sleep(0)  # (not a wait on time: turns of the loop for the pump)
     assert len(read) == 2 and not box.overflowed  # held back at 12 bytes, not cut off
     client.reading.set()
     await asyncio.wait_for(written, WAIT)
-    assert b"".join(client.taken()) == b"x" * 60 and len(read) == 10
+    assert b"".join(client.taken()) == b"first" + b"x" * 60 and len(read) == 10
+
+
+async def test_start_eagerly_runs_at_once_and_hands_a_suspension_to_a_task() -> None:
+    steps: list[str] = []
+
+    async def quick() -> None:
+        steps.append("quick")
+
+    assert start_eagerly(quick()) is None and steps == ["quick"]  # ran in this call
+
+    gate: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+
+    async def waits() -> None:
+        steps.append("before")
+        steps.append(await gate)
+
+    rest = start_eagerly(waits())
+    assert rest is not None and steps[-1] == "before" and not rest.done()
+    gate.set_result("after")
+    await asyncio.wait_for(rest, WAIT)
+    assert steps[-1] == "after"
+
+    async def fails() -> None:
+        raise ValueError("at once")
+
+    with pytest.raises(ValueError, match="at once"):
+        start_eagerly(fails())
+
+
+async def test_cancelling_the_rest_of_an_eager_start_cancels_the_awaitable() -> None:
+    loop = asyncio.get_running_loop()
+    seen: list[str] = []
+
+    async def waits() -> None:
+        try:
+            await loop.create_future()
+        except asyncio.CancelledError:
+            seen.append("cancelled")
+            raise
+        finally:
+            seen.append("ended")
+
+    rest = start_eagerly(waits())
+    assert rest is not None
+    stepped = loop.create_future()  # set after the task's first step (the loop is FIFO)
+    loop.call_soon(stepped.set_result, None)
+    await asyncio.wait_for(stepped, WAIT)
+    rest.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(rest, WAIT)
+    assert seen == ["cancelled", "ended"]
+    seen.clear()
+    rest = start_eagerly(waits())  # cancelled before its task ever ran: closed
+    assert rest is not None
+    rest.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(rest, WAIT)
+    assert seen == ["ended"]
 
 
 async def test_live_text_ticks_are_spaced_so_that_text_takes_at_most_its_share() -> None:
@@ -325,7 +370,7 @@ async def test_live_text_ticks_are_spaced_so_that_text_takes_at_most_its_share()
 
     pacer = Pacer(linger=0.001, share=0.25)
     box = Outbox(pacer=pacer)
-    done = start(box, slow)
+    done = box.start(slow)
     box.put(b"d1", urgent=False)
     await asyncio.wait_for(written.get(), WAIT)
     box.put(b"d2", urgent=False)
