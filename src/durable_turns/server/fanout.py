@@ -180,6 +180,7 @@ class Outbox:
         self._send: Send | None = None
         self._written: asyncio.Future[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
+        self._source: AsyncIterable[bytes] | None = None
         self._pump: asyncio.Task[None] | None = None
         self._room: asyncio.Future[None] | None = None
 
@@ -194,7 +195,7 @@ class Outbox:
         its limit."""
         if self._ended:
             return
-        if self._writing and self._size > self.limit and self._pump is None:
+        if self._writing and self._size > self.limit and self._source is None:
             # Checked before adding, so that one event larger than the limit (a big tool
             # result) still reaches a client that reads.
             self.overflowed = True
@@ -226,8 +227,17 @@ class Outbox:
     def pump(self, frames: AsyncIterable[bytes]) -> None:
         """Queue ``frames`` as they come, then end. Reading them waits while more than
         ``limit`` bytes wait behind a held-up write: a slow client slows the reading (as a
-        plain ``StreamingResponse`` would), it is not cut off. Ending the outbox stops the
-        reading."""
+        plain ``StreamingResponse`` would), it is not cut off. The reading starts with the
+        writing (:meth:`start`); ending the outbox stops it."""
+        self._source = frames
+        if self._send is not None:
+            self._start_pump()
+
+    def _start_pump(self) -> None:
+        frames = self._source
+        if frames is None or self._pump is not None or self._ended:
+            return
+
         async def run() -> None:
             try:
                 async for frame in frames:
@@ -260,6 +270,7 @@ class Outbox:
         if self.ping > 0 and not self._ended:
             self._timer = loop.call_later(self.ping, self._keepalive)
         self.flush()
+        self._start_pump()
         return self._written
 
     def flush(self) -> None:
