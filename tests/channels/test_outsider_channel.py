@@ -6,8 +6,9 @@ an app's ``channels = {…}`` in ``agent.py`` feeds); the platform is a local fa
 over real HTTP (``fakes/toychat_api.py``), the app served by uvicorn with its lifespan (which
 opens the runtime and starts the channel). It shows a turn started from the platform, its
 reply streamed into the thread, a park answered by a button click (a wrong clicker refused
-and told why, the right one answering), and a delivery the platform could not take made
-after a restart, by a second runtime on the same SQLite store.
+and told why, the right one answering), a delivery the platform could not take made after
+a restart, by a second runtime on the same SQLite store, and a turn nobody on the platform
+started (``receive()``) posted at its target, its prompt answered there.
 """
 
 from __future__ import annotations
@@ -25,10 +26,11 @@ from durable_turns import (
     SqliteStore,
     ToolCall,
     ToolContext,
+    Trigger,
     scripted,
     tool,
 )
-from durable_turns.channels import Channel, channel_from_env
+from durable_turns.channels import Channel, channel_from_env, receive
 from durable_turns.models import ModelRequest
 from durable_turns.models.scripted import calls_this_turn
 from durable_turns.server import create_app
@@ -47,8 +49,19 @@ async def refund(order_id: str, ctx: ToolContext) -> dict[str, Any]:
                                                 schema={"type": "boolean"})}
 
 
+@tool
+async def approve_digest(ctx: ToolContext) -> bool:
+    """Ask ann whether the digest may go out."""
+    return bool(await ctx.request_input("send", "Send the digest?", schema={"type": "boolean"},
+                                        answerers={"user": "ann"}))
+
+
 def brain(request: ModelRequest) -> ModelReply:
     opening = next(m.text for m in reversed(request.messages) if m.is_opening)
+    if opening == "digest" and calls_this_turn(request) == 0:
+        return ModelReply("", [ToolCall("d1", "approve_digest", {})])
+    if opening == "digest":
+        return ModelReply("Digest sent." if request.messages[-1].result else "Digest held.")
     if opening.startswith("refund") and calls_this_turn(request) == 0:
         return ModelReply("Asking first. ", [ToolCall("c1", "refund", {"order_id": "7"})])
     if opening.startswith("refund"):
@@ -60,7 +73,7 @@ def brain(request: ModelRequest) -> ModelReply:
 async def hosted(fake: ToyChatFake, api: str, db: Path) -> AsyncIterator[tuple[Runtime,
                                                                                 ToyChat]]:
     """The app of a runtime on ``db`` with the ToyChat channel, served with its lifespan."""
-    runtime = Runtime([Agent("desk", "You help.", tools=[refund])], SqliteStore(db),
+    runtime = Runtime([Agent("desk", "You help.", tools=[refund, approve_digest])], SqliteStore(db),
                       scripted(brain, chunks=3))
     env = {"TOYCHAT_API": api, "TOYCHAT_TOKEN": TOKEN, "TOYCHAT_SECRET": SECRET}
     channel = channel_from_env("toychat", env, factories={"toychat": toychat_from_env})
@@ -130,3 +143,23 @@ async def test_a_reply_the_platform_could_not_take_is_delivered_after_a_restart(
             await asyncio.wait_for(channel.idle(), WAIT)
             assert await channel.recover() == 0  # delivered: nothing is owed any more
         assert [p.text for p in fake.posts.values()] == ["You said: hello"]
+
+
+async def test_a_turn_nobody_on_the_platform_started_is_posted_and_its_prompt_answered(
+        tmp_path: Path) -> None:
+    fake = ToyChatFake()
+    async with serving(fake.app) as api, hosted(fake, api, tmp_path / "s.db") as (rt, ch):
+        parked = await receive(ch, ch.context(rt), seed="digest", target={"room": "ops"},
+                               trigger=Trigger(by="cron:daily"), turn_id="digest-1")
+        assert parked.status == "suspended"
+        (prompt,) = fake.thread("ops", "main")
+        assert prompt.text == "Send the digest?" and prompt.buttons
+        await fake.click("bob", prompt, "Approve")  # the request names ann: bob is refused
+        (refused,) = await fake.wait(lambda: fake.private("bob") or None, "the refusal")
+        assert "someone else" in refused.text
+        await fake.click("ann", prompt, "Approve")
+        done = await fake.wait(lambda: next((p for p in fake.thread("ops", "main")
+                                             if p.text == "Digest sent."), None), "the outcome")
+        assert prompt.text == "Send the digest? (approved by ann)" and done.id != prompt.id
+        result = await rt.session("desk", "proactive:cron:daily").result("digest-1")
+        assert result.status == "completed" and result.text == "Digest sent."
