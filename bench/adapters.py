@@ -7,10 +7,11 @@ Usage (from the repository root, with the package installed with its ``dev`` ext
     python bench/adapters.py --json     # the same figures, machine-readable
 
 ``tests/models/test_model_anthropic.py`` and ``tests/models/test_model_openai.py`` check *what*
-happens (the read timeout ends a stall, closing a stream closes its HTTP response, cancelling
-a turn closes the model's stream) with no bound on how long it takes, so they hold on a slow machine. This
-script measures the times, against the same fake servers (``tests/fakes``, on loopback
-uvicorn), for both adapters. Every stream streams a little text, then stalls until the client
+happens (the read timeout ends a stall, closing a stream closes its HTTP response, cancelling a
+turn closes the model's stream) with no bound on how long it takes, so they hold on a slow
+machine. This script measures the times, against the same fake servers (``tests/fakes``, on
+loopback uvicorn), for both adapters. Every stream streams a little text, then stalls until the
+client
 goes away, so nothing but the client can end it:
 
 - **stall**: the model has a read timeout of ``--read-timeout`` (0.3 s). ``overshoot`` is the
