@@ -11,8 +11,7 @@ happens (the read timeout ends a stall, closing a stream closes its HTTP respons
 turn closes the model's stream) with no bound on how long it takes, so they hold on a slow
 machine. This script measures the times, against the same fake servers (``tests/fakes``, on
 loopback uvicorn), for both adapters. Every stream streams a little text, then stalls until the
-client
-goes away, so nothing but the client can end it:
+client goes away, so nothing but the client can end it:
 
 - **stall**: the model has a read timeout of ``--read-timeout`` (0.3 s). ``overshoot`` is the
   time from the last delta received to the ``ModelError``, less that timeout;
