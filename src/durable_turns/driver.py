@@ -106,6 +106,8 @@ class SessionDriver:
         """The session's unfinished entries as last read (``None``: read them next)."""
         self._entry: TurnRecord | None = None
         """The turn under way: its next step runs without reading the chain again."""
+        self._parked: bool | None = None
+        """Whether a turn of :attr:`_pending` is parked (``None``: not looked yet)."""
         self._checking = False
         self._check_again = False
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -157,7 +159,7 @@ class SessionDriver:
         if entry is None:
             if pending is None:
                 pending = await ctx.store.turns(key, unfinished=True)
-            self._pending = None
+            self._pending = self._parked = None
             entries = runnable(pending)
             if not entries:
                 return chain_state(pending, engine.transcript)
@@ -176,7 +178,7 @@ class SessionDriver:
             if result is None:
                 assert pending is not None
                 self._entry, self._pending = entry, pending
-                return chain_state(pending, engine.transcript)
+                return self._going_on(pending, engine.transcript)
         else:
             assert pending is not None
             result = await self._apply(engine, Place(entry, pending, engine.checkpoints,
@@ -188,6 +190,16 @@ class SessionDriver:
         # ended, never at each step).
         pending = self._pending = await ctx.store.turns(key, unfinished=True)
         return chain_state(pending, engine.transcript)
+
+    def _going_on(self, pending: list[TurnRecord], transcript: list[Message]) -> ChainState:
+        """The chain's state while its turn goes on: the next step is the turn's."""
+        parked = self._parked
+        if parked is None:
+            parked = self._parked = any(t.parked for t in pending)
+        _, owed = owed_calls(transcript)
+        if owed:
+            return ChainState(True, parked, "tool", tuple(c.name for c in owed))
+        return ChainState(True, parked, "model")
 
     async def _find(self, turn_id: str) -> TurnRecord | None:
         found = await self._ctx.store.turns(self.key, turn_id=turn_id)
