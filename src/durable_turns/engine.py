@@ -54,8 +54,6 @@ from .records import (
     CallOutcome,
     ModelMemo,
     ModelStepId,
-    StepId,
-    StepResult,
     ToolMemo,
     ToolStepId,
     TurnRecord,
@@ -97,25 +95,18 @@ class TurnEngine:
         self.checkpoints = Checkpoints(lease, transcript, ctx.publish)
         self.transcript = transcript
         """The live message log: one list for the lease's steps (a reset clears it in place)."""
-        self._store = ctx.store
         self._publish_live = ctx.publish_live
         self._wants_live = ctx.wants_live
         self._retry = RetryPolicy(agent.model_retries, agent.model_retry_delay)
         self._cancel_reason = cancel_reason
-        self.calls = ToolCalls(agent, self.checkpoints, self._read_step, cancel_reason,
-                               ctx.publish_live, self._interruptible, ctx.host)
+        self.calls = ToolCalls(ctx, agent, self.checkpoints, cancel_reason,
+                               self._interruptible)
         self.turn_id: str | None = None
         """The turn being stepped, from its first step here until its end (or park)."""
         self._turn: tuple[SurfacePolicy | None, InboundEvent | None, dict[str, Tool]] | None = None
         self._trace: TurnTrace | None = None
         self._streaming: asyncio.Task[Any] | None = None
         self._interrupted = False
-
-    async def _read_step(self, step: StepId) -> StepResult | None:
-        """What a stored step keeps (a person's answer, a subagent's record), by its id."""
-        step_id = str(step)
-        steps = await self._store.read_steps(self.lease.key, step_id=step_id)
-        return steps[step_id].result if step_id in steps else None
 
     @property
     def attempt(self) -> int | None:
