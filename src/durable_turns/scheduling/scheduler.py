@@ -26,13 +26,20 @@ class Stepped(Protocol):
     @property
     def lease_timeout(self) -> float | None: ...
 
-    async def open(self) -> None: ...
+    async def open(self) -> None:
+        """Open the runtime's store (once)."""
+        ...
 
     async def step(self, key: SessionKey, *, lease: Lease | None = None,
                    lease_timeout: float | None = None,
-                   attempt: int | None = None) -> ChainState: ...
+                   attempt: int | None = None) -> ChainState:
+        """Run the session's next step; see :meth:`Runtime.step <durable_turns.Runtime.step>`."""
+        ...
 
-    def stopped(self, key: SessionKey, failure: BaseException | None = None) -> None: ...
+    def stopped(self, key: SessionKey, failure: BaseException | None = None) -> None:
+        """A scheduler that steps here stopped stepping ``key`` (``failure``: it gave up),
+        so the runtime's waiters look again (and raise the failure)."""
+        ...
 
 
 class Scheduler(Protocol):
