@@ -2,8 +2,8 @@
 
 A runtime tells its scheduler that a session has work (:meth:`Scheduler.wake`, after the
 work is durable); the scheduler has :meth:`Runtime.step <durable_turns.Runtime.step>` called
-for each step of the session's chain, here or elsewhere, until nothing is left. The runtime
-takes one in ``Runtime(scheduler=…)``:
+for each step of the session's chain, here or elsewhere, until the :class:`ChainState` it
+returns has nothing ``more``. The runtime takes one in ``Runtime(scheduler=…)``:
 
 - :class:`InProcessScheduler` (the default): steps each session in this process as its work
   arrives, the session's lease held across its steps;
@@ -17,11 +17,13 @@ takes one in ``Runtime(scheduler=…)``:
 
 from __future__ import annotations
 
+from ..driver import ChainState
 from .claiming import ClaimingScheduler
 from .inprocess import InProcessScheduler, NoDriveScheduler
 from .scheduler import Scheduler, Stepped
 
 __all__ = [
+    "ChainState",
     "ClaimingScheduler",
     "InProcessScheduler",
     "NoDriveScheduler",
