@@ -64,6 +64,7 @@ from .records import (
     TurnRecord,
     TurnResult,
 )
+from .stepping import StepContext
 from .stores import Transaction
 from .tools import Tool, compile_schema
 from .tracing import StepSpan
@@ -74,8 +75,6 @@ T = TypeVar("T")
 ERROR_LIMIT = 2000
 """A tool error's text is cut to this many characters before the model reads it."""
 
-ReadStep = Callable[[StepId], Awaitable["StepResult | None"]]
-"""Reads what a stored step keeps (a person's answer, a subagent's record), by its id."""
 CancelReason = Callable[[str], "str | None"]
 """The reason a turn was asked to cancel, if it was (kept current by the driver)."""
 PublishLive = Callable[[TurnEvent], None]
@@ -281,24 +280,22 @@ class ToolCalls:
     """Runs and commits the tool calls of one drive of a session.
 
     Args:
+        ctx: the runtime's collaborators (the store, live events, the runtime's sessions
+            for calls that start durable child work).
         agent: the session's agent (its tools, limits, parallelism).
         checkpoints: how a step commits.
-        read_step: reads a stored step (a batch's committed outcomes, an answer).
         cancel_reason: the reason a turn was asked to cancel, if it was.
-        publish_live: receives live events (a call's retries, a child's text).
         interruptible: awaits a call so that a cancel of its turn stops it at once.
-        host: the runtime's other sessions, for calls that start durable child work.
     """
 
-    def __init__(self, agent: Agent, checkpoints: Checkpoints, read_step: ReadStep,
-                 cancel_reason: CancelReason, publish_live: PublishLive,
-                 interruptible: Interruptible, host: Host) -> None:
+    def __init__(self, ctx: StepContext, agent: Agent, checkpoints: Checkpoints,
+                 cancel_reason: CancelReason, interruptible: Interruptible) -> None:
         self.agent = agent
         self.checkpoints = checkpoints
-        self.read_step = read_step
         self.cancel_reason = cancel_reason
-        self.publish_live = publish_live
-        self.host = host
+        self.publish_live: PublishLive = ctx.publish_live
+        self.host: Host = ctx.host
+        self._store = ctx.store
         self._interruptible = interruptible
         self.asked_at = -1
         """The transcript index of the last reply this drive committed (a batch it asked
@@ -309,6 +306,12 @@ class ToolCalls:
         """The one attempt this drive runs of a remote call (``Runtime.step(attempt=)``), or
         ``None``: a call runs all its attempts here."""
         self._stop_batch: Callable[[], None] | None = None
+
+    async def read_step(self, step: StepId) -> StepResult | None:
+        """What a stored step keeps (a batch's committed outcome, an answer), by its id."""
+        step_id = str(step)
+        steps = await self._store.read_steps(self.checkpoints.lease.key, step_id=step_id)
+        return steps[step_id].result if step_id in steps else None
 
     def interrupt(self) -> None:
         """The turn was asked to cancel: stop the batch's interruptible calls now."""
@@ -586,15 +589,6 @@ class ToolCalls:
 
 
 __all__ = [
-    "ERROR_LIMIT",
-    "CallServices",
-    "CancelReason",
-    "Interruptible",
-    "Local",
-    "PublishLive",
-    "ReadStep",
-    "ToolCalls",
-    "ToolResultError",
-    "error_text",
-    "tool_message",
+    "ERROR_LIMIT", "CallServices", "CancelReason", "Interruptible", "Local", "PublishLive",
+    "ToolCalls", "ToolResultError", "error_text", "tool_message"
 ]

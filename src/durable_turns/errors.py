@@ -25,9 +25,8 @@ Failures (subclasses of ``Exception``, names ending in ``Error``)::
     └── FatalToolError              raised *by a tool* to fail the turn on purpose
 
 Control-flow signals (subclasses of ``BaseException``, so a tool's ``except Exception``
-cannot swallow them): :class:`Parked`, :class:`Cancelled`, :class:`StepTaken` (a drive of
-one step at a time, as a Temporal activity is, ran its step) and :class:`RetryStep` (a drive of
-one attempt of a step failed in a way its scheduler retries).
+cannot swallow them): :class:`Parked`, :class:`Cancelled` and :class:`RetryStep` (a step run
+for one attempt, ``Runtime.step(key, attempt=n)``, failed in a way its scheduler retries).
 
 :data:`RUNTIME_FAILURES` (``StoreError``, ``LeaseLostError``, ``LeaseTimeoutError``) are the
 runtime's own failures: a step that meets one is abandoned and driven again, whatever a tool
@@ -352,14 +351,6 @@ class Cancelled(BaseException):
         self.reason = reason
 
 
-class StepTaken(BaseException):
-    """Signal: a drive limited to one step committed it; the turn goes on in the next drive.
-
-    Raised at a checkpoint boundary (nothing half-written), so the next drive replays from
-    the transcript as after any stop.
-    """
-
-
 class RetryStep(BaseException):
     """Signal: one attempt of a step (``Runtime.step(key, attempt=n)``) failed in a way its
     policy retries — a remote tool's error within its ``retries``, a transient model failure
@@ -459,7 +450,6 @@ __all__ = [
     "SessionAccessError",
     "SessionBusyError",
     "SessionExistsError",
-    "StepTaken",
     "StoreError",
     "ToolCrashedError",
     "ToolDeclarationError",

@@ -13,6 +13,7 @@ import pytest
 from durable_turns import Agent, MemoryStore, ModelReply, Runtime, SqliteStore, scripted
 from durable_turns.errors import ConfigurationError, RuntimeNotOpenError
 from durable_turns.records import SessionKey
+from durable_turns.scheduling import ClaimingScheduler
 
 
 def _runtime(db: Path) -> Runtime:
@@ -51,7 +52,6 @@ def _uses(rt: Runtime) -> dict[str, Callable[[], Awaitable[Any]]]:
         "queries.find_turn": lambda: rt.queries.find_turn("t1"),
         "queries.owed_deliveries": lambda: rt.queries.owed_deliveries("slack"),
         "recover": lambda: rt.recover(),
-        "work": lambda: rt.work(),
         "step": lambda: rt.step(key),
         "chain state": lambda: rt.chain(key),
     }
@@ -69,6 +69,16 @@ async def test_a_runtime_nobody_opened_refuses_every_use_and_touches_no_store(
         await _uses(rt)[use]()
     assert isinstance(raised.value, ConfigurationError)
     assert not db.exists()  # nothing opened the store behind the caller's back
+
+
+async def test_a_claiming_worker_of_a_runtime_nobody_opened_refuses_to_start(
+        tmp_path: Path) -> None:
+    db = tmp_path / "never.sqlite"
+    claims = ClaimingScheduler(poll_interval=0.05)
+    Runtime([Agent("ops")], SqliteStore(db), scheduler=claims)
+    with pytest.raises(RuntimeNotOpenError):
+        await claims.run()
+    assert not db.exists()
 
 
 async def test_following_a_session_of_a_runtime_nobody_opened_is_refused_at_once(
