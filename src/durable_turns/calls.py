@@ -16,8 +16,7 @@ local calls one at a time in call order; tool messages reach the transcript in c
 (``batch.py``). Calls that park are collected: the turn parks on all of them at once.
 
 A remote call gets :class:`CallServices` through its :class:`~durable_turns.ToolContext`: to
-ask a person, to see its turn's cancel, to record and follow durable child work (what a
-subagent is built on).
+ask a person, see its turn's cancel, record and follow durable child work (subagents).
 """
 
 from __future__ import annotations
@@ -187,8 +186,7 @@ class CallServices:
             raise
 
     def cancel_reason(self) -> str | None:
-        calls = self._calls
-        return calls.cancel_reason(self._turn_id) or calls.failing
+        return self._calls.reason(self._turn_id) or self._calls.failing
 
     async def ask(self, input_id: str, prompt: str, schema: Mapping[str, Any] | None,
                   answerers: Mapping[str, Any] | None) -> Any:
@@ -309,6 +307,22 @@ class ToolCalls:
         """The one attempt this drive runs of a remote call (``Runtime.step(attempt=)``), or
         ``None``: a call runs all its attempts here."""
         self._stop_batch: Callable[[], None] | None = None
+        self._ran_local = False
+        self.found: dict[str, str] = {}  # cancels looked up after a local tool's step
+
+    def reason(self, turn_id: str) -> str | None:
+        """The turn's cancel, if it was asked to cancel: flagged, or found in the store."""
+        return self.cancel_reason(turn_id) or self.found.get(turn_id)
+
+    async def cancelled(self, turn_id: str) -> str | None:
+        """The turn's cancel at a boundary: flagged, or (after a local tool's step, which held
+        the write lock) one in the store no flag has heard of yet (F7, ``stores.signals``)."""
+        reason = self.reason(turn_id)
+        if reason is None and self._ran_local:
+            self._ran_local = False
+            reason = await self.checkpoints.lease.cancel_requested(turn_id)
+            self.found.update({turn_id: reason} if reason is not None else {})
+        return reason
 
     def interrupt(self) -> None:
         """The turn was asked to cancel: stop the batch's interruptible calls now."""
@@ -411,6 +425,7 @@ class ToolCalls:
                             local: Local) -> CallOutcome:
         """Run a local tool inside ``tx`` (its writes roll back if it raises)."""
         tool, args, ctx = local
+        self._ran_local = True
         if ctx is not None:
             ctx.store = tx
         limit = self.agent.max_result_bytes
@@ -520,7 +535,7 @@ class ToolCalls:
                 retrying.append(r)
                 return
             except asyncio.CancelledError:
-                if tool.interruptible and self.cancel_reason(turn_id) is not None:
+                if tool.interruptible and self.reason(turn_id) is not None:
                     return  # interrupted by a cancel of the turn: it ends cancelled
                 raise
             await commit(call, outcome, shielded=tool.interruptible, span=span)
@@ -552,7 +567,7 @@ class ToolCalls:
         self._stop_batch = stop
         try:
             for c, tool, args, problem, ctx, span in one_by_one:
-                if self.cancel_reason(turn_id) is not None:
+                if await self.cancelled(turn_id) is not None:
                     break  # a checkpoint boundary: the calls not run are cancelled
                 if problem is not None or tool is None:
                     await commit(c, CallOutcome({"error": problem}, problem), span=span)

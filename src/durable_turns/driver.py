@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .agent import Agent
-from .commands import Place, Reset, command_of
+from .commands import COMMANDS, Place, Registry
 from .context import Host
 from .engine import TurnEngine
 from .errors import LeaseLostError, LeaseTimeoutError, RetryStep, StepTaken, StoreError
@@ -33,7 +33,7 @@ from .messages import Message, MessageLog, owed_calls
 from .model import Model
 from .records import SessionKey, StepId, StepResult, TurnRecord, TurnResult, TurnStatus
 from .stores import Lease, SessionStore
-from .subagents import cancel_children, reset_children
+from .subagents import cancel_children
 
 log = logging.getLogger("durable_turns")
 
@@ -157,6 +157,8 @@ class SessionDriver:
             (``None``: until nothing is left). A step is a model call, a tool call (a
             parallel batch is one) or a command; a turn's opening goes with its first step.
             A scheduler that owns the chain's order (Temporal) drives one at a time.
+        commands: the runtime's command registry (how a chain entry's command is read back
+            and applied).
         attempt: with ``steps=1``, the attempt of that step this drive runs (1-based), for a
             scheduler that retries steps itself: a failure a tool's ``retries`` or the
             agent's ``model_retries`` would retry ends the drive with
@@ -173,7 +175,8 @@ class SessionDriver:
                  lease_timeout: float | None, host: Host, try_once: bool = False,
                  lease: Lease | None = None,
                  wants_live: Callable[[SessionKey], bool] | None = None,
-                 steps: int | None = None, attempt: int | None = None) -> None:
+                 steps: int | None = None, attempt: int | None = None,
+                 commands: Registry = COMMANDS) -> None:
         if attempt is not None and (not isinstance(attempt, int) or attempt < 1):
             raise ValueError(f"attempt must be an int >= 1, not {attempt!r}")
         self.key = key
@@ -200,6 +203,7 @@ class SessionDriver:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._steps = steps
         self._attempt = attempt
+        self._commands = commands
         self.task = asyncio.create_task(self._run(), name=f"durable-turns {key}")
 
     @property
@@ -331,8 +335,9 @@ class SessionDriver:
                 except StepTaken:
                     return  # the turn goes on in the next drive, from the transcript
             else:
-                result = await self._apply(engine, lease, Place(entry, pending,
-                                                                 engine.checkpoints, find))
+                result = await self._apply(engine, lease, Place(
+                    entry, pending, engine.checkpoints, find, self._host,
+                    lambda r: self._finished(key, r)))
             self._cancels.pop(entry.turn_id, None)
             log.debug("%s %s of %s: %s", entry.kind, entry.turn_id, key, result.status)
             self._finished(key, result)
@@ -346,17 +351,9 @@ class SessionDriver:
         return await engine.run(entry)
 
     async def _apply(self, engine: TurnEngine, lease: Lease, at: Place) -> TurnResult:
-        command = command_of(at.entry)
-        if not isinstance(command, Reset):
-            return await command.apply(at)
-        parked = [t for t in at.pending if t.status == TurnStatus.SUSPENDED]
-        # Parked on subagents: their requests go too (parent-close policy).
-        await reset_children(self._host, at.entry.turn_id, parked)
-        result = await command.apply(at)
+        result = await self._commands.command_of(at.entry).apply(at)
+        # A command may have started a generation (a reset): the cache keeps the log's.
         self._transcripts.keep(self.key, lease.generation, engine.transcript)
-        for t in parked:
-            self._finished(self.key, TurnResult(t.turn_id, TurnStatus.CANCELLED,
-                                                reason="reset"))
         return result
 
     # -- cancels from other processes ------------------------------------------------------

@@ -107,9 +107,9 @@ class TurnEngine:
         self._publish_live = publish_live
         self._wants_live = wants_live or _always
         self._retry = RetryPolicy(agent.model_retries, agent.model_retry_delay)
-        self._cancel_reason = cancel_reason
         self.calls = ToolCalls(agent, self.checkpoints, read_step, cancel_reason, publish_live,
                                self._interruptible, host)
+        self._cancel_reason = self.calls.reason
         self.turn_id: str | None = None
         self.step_budget: int | None = None
         """How many more steps this drive may run (``None``: no limit): at the boundary past
@@ -203,6 +203,7 @@ class TurnEngine:
                         self._check_cancel(turn_id)
                     else:
                         request = await self.calls.one(turn_id, n, owed[0], tools, event)
+                    await self.calls.cancelled(turn_id)  # a local tool's: looks in the store
                     if request is not None:
                         return await self._finish(TurnResult(turn_id, TurnStatus.SUSPENDED,
                                                              request=request), owed=False)
@@ -228,6 +229,7 @@ class TurnEngine:
             return await self._finish(TurnResult(turn_id, TurnStatus.FAILED, error=error))
         finally:
             self.turn_id = self.checkpoints.turn_id = None
+            self.calls.found.pop(turn_id, None)
 
     def _has_opening(self, turn_id: str) -> bool:
         # Turns run in chain order, so this turn's messages are at the end of the log.

@@ -28,6 +28,7 @@ from collections.abc import Iterable
 from typing import Protocol
 
 from .agent import Agent
+from .commands import COMMANDS, Registry, check_redelivery, supersede_at_once
 from .context import Host
 from .driver import ChainState, SessionDriver, TranscriptCache, chain_state
 from .errors import (
@@ -35,7 +36,6 @@ from .errors import (
     DurableTurnsError,
     RetryStep,
     StoreError,
-    TurnConflictError,
     UnknownAgentError,
     UnknownTurnError,
     runtime_failure,
@@ -101,6 +101,8 @@ class Runtime:
             tells it of work, and drives a step when the scheduler calls :meth:`step`.
         owns_store: ``False`` for a store another runtime of this process opened and
             closes (a replay's runtime shares its source's): ``close()`` leaves it open.
+        commands: its sessions' commands (the hosts' routes, verbs and actions are built
+            from it): ``commands.COMMANDS``, or that registry ``with_`` more.
     """
 
     def __init__(
@@ -115,6 +117,7 @@ class Runtime:
         drive: bool = True,
         scheduler: Scheduler | None = None,
         owns_store: bool = True,
+        commands: Registry = COMMANDS,
     ) -> None:
         self.agents: dict[str, Agent] = {}
         for a in agents:
@@ -139,6 +142,7 @@ class Runtime:
         self.drive = drive
         self.scheduler = scheduler
         self.owns_store = owns_store
+        self.commands = commands
         self._opened = False
         self._open_lock = asyncio.Lock()
         self._drivers: dict[SessionKey, SessionDriver] = {}
@@ -323,8 +327,8 @@ class Runtime:
         whether it is new.
 
         A redelivered id is returned as stored, and driven again if it is unfinished. With
-        ``entry.supersede`` (replace) or ``kind="reset"``, the unfinished turns before it are
-        asked to cancel and a running one is stopped at once.
+        ``entry.supersede`` (replace, reset), the unfinished turns before it are asked to
+        cancel at once (``commands.accepting``), and a running one stops at its boundary.
 
         Raises:
             SessionBusyError: a turn is parked (for ``kind="turn"``).
@@ -333,20 +337,13 @@ class Runtime:
         await self.open()
         if self.drive:
             self.model_for(self.agents[key.agent])  # fail now, not in the background
+        reason = entry.supersede
+        if reason is not None and await supersede_at_once(self.store, key, entry) \
+                and (driver := self._drivers.get(key)) is not None:
+            driver.interrupt_running(reason)  # it stops at its next boundary
         rec, new = await self.store.enqueue(key, entry)
-        if not new and entry.kind == "turn" and entry.opening is not None and (
-                rec.opening is None or (rec.opening.role, rec.opening.text)
-                != (entry.opening.role, entry.opening.text)):
-            before = rec.opening.text[:60] if rec.opening is not None else rec.kind
-            raise TurnConflictError(
-                f"session {key} already has a {rec.kind} {entry.turn_id!r} opened with other "
-                f"text ({before!r}); a redelivery must repeat it, a new turn needs a new id",
-                session=str(key), turn_id=entry.turn_id)
-        reason = "reset" if entry.kind == "reset" else entry.supersede
-        if new and reason is not None:
-            driver = self._drivers.get(key)
-            if driver is not None:
-                driver.interrupt_running(reason)
+        if not new:
+            check_redelivery(key, rec, entry)
         if rec.needs_driving or not rec.status.final:
             await self._kick(key, interrupt=new and reason is not None)
         return rec, new
@@ -512,7 +509,7 @@ class Runtime:
             key, agent, self.model_for(agent), self.store, transcripts=self._transcripts,
             publish=self._publish, publish_live=self._publish_live, finished=self._finished,
             lease_timeout=wait, host=self.host, wants_live=self._wants_live, steps=1,
-            attempt=attempt,
+            attempt=attempt, commands=self.commands,
         )
         self._drivers[key] = driver
         driver.task.add_done_callback(lambda _t: self._driver_done(driver))
@@ -559,7 +556,7 @@ class Runtime:
             key, agent, self.model_for(agent), self.store, transcripts=self._transcripts,
             publish=self._publish, publish_live=self._publish_live, finished=self._finished,
             lease_timeout=self.lease_timeout, host=self.host, try_once=try_once, lease=lease,
-            wants_live=self._wants_live,
+            wants_live=self._wants_live, commands=self.commands,
         )
         self._drivers[key] = driver
         driver.task.add_done_callback(lambda _t: self._driver_done(driver))

@@ -241,6 +241,9 @@ class PostgresDialect:
     """
 
     syntax = SYNTAX
+    signals = None
+    """``Dialect.signals``: none needed, a cancel's write takes row locks only (a step's
+    open transaction holds none of the rows it updates until its commit)."""
 
     def __init__(self, dsn: str, *, lease_ttl: float, pool_size: int, poll_interval: float,
                  connect_timeout: float, idle_timeout: float | None,

@@ -49,6 +49,7 @@ from ..records import SessionKey
 from . import StoreCapabilities
 from ._sqlite_files import FileLocks, busy, connect, open_writer
 from ._sqlite_live import SocketWire
+from ._sqlite_signals import FileSignals
 from .feed import Feed
 from .kit import Worker
 
@@ -129,6 +130,9 @@ class SqliteDialect:
         self._detector: asyncio.Task[None] | None = None
         self.live = SocketWire(self.path)
         """``Dialect.live``: datagrams to the other processes on this file."""
+        self.signals = FileSignals(self.path, self.write_lock)
+        """``Dialect.signals``: cancels sent while a step holds the write lock, in
+        ``<path>-signals``."""
 
     def __repr__(self) -> str:
         return f"SqliteStore({str(self.path)!r})"
@@ -201,6 +205,7 @@ class SqliteDialect:
             self._detector.cancel()
             self._detector = None
         self.live.close()
+        self.signals.close()
         writer, reader = self._writer, self._reader
         write_pool, read_pool = self._write_pool, self._read_pool
         self._writer = self._reader = None
@@ -373,6 +378,8 @@ class SqliteDialect:
         """Tell the feed when another connection committed, while anyone listens; and take
         other processes' live events meanwhile."""
         seen: int | None = None
+        signalled: int | None = None
+        looked = False
         loop = asyncio.get_running_loop()
         idle_since = loop.time()
         self.live.start()
@@ -384,6 +391,12 @@ class SqliteDialect:
             ):
                 if feed.active:
                     idle_since = loop.time()
+                # A cancel another process kept as a signal (the write lock was held): not
+                # under our write lock, which one of our local tools may hold a long time.
+                version = self.signals.version()
+                if looked and version != signalled:
+                    feed.changed_any()
+                signalled, looked = version, True
                 # Asked of the writer connection, whose own commits leave it unchanged: it
                 # moves only when another process committed.
                 async with self.write_lock:
