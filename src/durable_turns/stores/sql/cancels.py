@@ -37,7 +37,7 @@ class _Busy(Exception):
     """The write lock is held by another writer: the cancel becomes a signal."""
 
 
-def _refuse(_c: Any) -> None:
+def _refuse(_c: Any) -> list[str]:
     raise _Busy
 
 
