@@ -191,6 +191,10 @@ class Registry:
     def __contains__(self, name: object) -> bool:
         return name in self._by_name
 
+    def queues(self, kind: str) -> bool:
+        """Whether a queued command of this chain entry kind is registered."""
+        return kind in self._by_kind
+
     @property
     def actions(self) -> tuple[str, ...]:
         """The authorization actions its commands ask, each once, in order."""
