@@ -14,7 +14,9 @@ the checks of two tiers:
   what it cannot do fails:
 
   - ``exactly_once_local``: a local tool's writes through the raw handle commit with its
-    step and roll back with it (a raising tool, a failed step, a refused commit);
+    step and roll back with it (a raising tool, a failed step, a refused commit); a cancel
+    requested while such a step is open returns at once, and the lease's cancel check sees
+    it after the step;
   - ``durable``: a store opened afterwards on the same storage reads what one committed;
   - ``shared_by`` (``processes`` or ``machines``): two stores open on one storage see each
     other's writes, exclude each other's leases, wake each other's subscribers and carry
@@ -111,7 +113,8 @@ REQUIRED: list[Check] = [
 """The checks every store passes."""
 
 OPTIONAL: dict[str, list[Check]] = {
-    "exactly_once_local": [capabilities.check_local_writes_join_the_transaction],
+    "exactly_once_local": [capabilities.check_local_writes_join_the_transaction,
+                           capabilities.check_a_cancel_never_waits_for_a_step],
     "durable": [capabilities.check_commits_outlive_the_store],
     "shared_by": [capabilities.check_stores_on_one_storage_share_sessions,
                   capabilities.check_live_events_reach_a_store_on_the_same_storage],
