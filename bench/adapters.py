@@ -6,7 +6,7 @@ Usage (from the repository root, with the package installed with its ``dev`` ext
     python bench/adapters.py --quick    # 3 runs, for a smoke check
     python bench/adapters.py --json     # the same figures, machine-readable
 
-``tests/test_model_anthropic.py`` and ``tests/test_model_openai.py`` check *what* happens (the
+``tests/models/test_model_anthropic.py`` and ``tests/models/test_model_openai.py`` check *what* happens (the
 read timeout ends a stall, closing a stream closes its HTTP response, cancelling a turn closes
 the model's stream) with no bound on how long it takes, so they hold on a slow machine. This
 script measures the times, against the same fake servers (``tests/fakes``, on loopback

@@ -1,5 +1,5 @@
-"""The app the frontend-protocol tests serve (tests/test_frontends.py): an agent with a lookup,
-an approval, a question that is no yes/no, and a model that reasons, calls tools and can
+"""The app the frontend-protocol tests serve (tests/server/test_frontends.py): an agent with a
+lookup, an approval, a question that is no yes/no, and a model that reasons, calls tools and can
 wait at a gate in the middle of its text (a file the JavaScript client writes once it has
 cut the stream and resumed it: the test needs the turn to be running right then).
 

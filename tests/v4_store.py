@@ -7,7 +7,7 @@ Run it with the durable_turns of schema version 4 (commit ce07366) on the path::
     git archive ce07366 src | tar -x -C /tmp/v4
     PYTHONPATH=/tmp/v4/src:tests python tests/v4_store.py
 
-``tests/test_migration.py`` opens a copy of the file with today's code (SQLite, and
+``tests/stores/test_migration.py`` opens a copy of the file with today's code (SQLite, and
 PostgreSQL filled with the same rows) and checks that every read returns what the JSON
 recorded, then goes on writing.
 

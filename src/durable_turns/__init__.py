@@ -1,7 +1,7 @@
 """durable_turns: an LLM agent's turn as a durable process.
 
 The layers, bottom to top, and which modules sit in each are declared once, in
-``durable_turns/layers.py``; ``tests/test_layers.py`` checks every import against them. This
+``durable_turns/layers.py``; ``tests/docs/test_layers.py`` checks every import against them. This
 module sits at the top: it only re-exports. Adapters that need an SDK resolve lazily, so
 ``import durable_turns`` imports none.
 """

@@ -5,7 +5,7 @@ import closes a cycle, within a layer or across layers. That holds for every imp
 module level, inside a function, under ``if TYPE_CHECKING:``, relative or absolute (a cycle
 through type hints is still a cycle for the reader). Two rules follow from the order:
 records import nothing above them, and adapters depend on the seams and the engine, never
-the reverse. ``tests/test_layers.py`` checks every import edge against this table, and that
+the reverse. ``tests/docs/test_layers.py`` checks every import edge against this table, and that
 README's "How it is built" shows it as it is.
 
 Modules are named relative to the package (``engine``, ``stores.sqlite``; ``__init__`` is

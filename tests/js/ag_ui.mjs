@@ -1,6 +1,6 @@
 // Drives a durable_turns server with AG-UI's own client (@ag-ui/client's HttpAgent, which
 // checks the order of a run's events and throws on a malformed sequence), and prints what
-// it saw as JSON for tests/test_frontends.py to check.
+// it saw as JSON for tests/server/test_frontends.py to check.
 //
 //   node ag_ui.mjs <scenario> <base url> <thread id>
 //

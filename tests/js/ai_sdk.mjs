@@ -1,6 +1,6 @@
 // Drives a durable_turns server with the AI SDK's own Chat machinery (AbstractChat, the class
 // behind useChat, with DefaultChatTransport), and prints what it built as JSON for
-// tests/test_frontends.py to check.
+// tests/server/test_frontends.py to check.
 //
 //   node ai_sdk.mjs <scenario> <base url> <chat id> [gate file]
 //

@@ -1,7 +1,7 @@
 """``/openapi.json``: the HTTP host's routes, bodies and answers as an OpenAPI 3.2 document.
 
 It says what the server does, so that a client generated from it (or schemathesis, which
-``tests/test_server_fuzz.py`` runs with every check) meets no surprise: the statuses each
+``tests/server/test_server_fuzz.py`` runs with every check) meets no surprise: the statuses each
 route answers, the bodies it takes (required where the route needs one), its cursors as the
 integers the server takes, each event of an event stream (``itemSchema``, OpenAPI 3.2's way
 to describe a stream item by item).

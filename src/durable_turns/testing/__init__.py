@@ -23,7 +23,7 @@ the checks of two tiers:
     each other's live events (``publish_live``) to them;
   - ``lease_ttl``: a lease nobody renews is taken over after about that long.
 
-Which tiers the shipped stores pass (``tests/test_store_conformance.py`` runs every tier on
+Which tiers the shipped stores pass (``tests/stores/test_store_conformance.py`` runs every tier on
 each):
 
 ============================  ========  ==================  =======  =========  =========

@@ -1,5 +1,5 @@
 """A throwaway PostgreSQL cluster of one's own, to stop and start under a running system: what
-a test of a database outage needs (``tests/test_outage.py``, ``bench/outage.py``), and what
+a test of a database outage needs (``tests/stores/test_outage.py``, ``bench/outage.py``), and what
 nobody may do to a cluster others use.
 
 It is made with the server's own tools (``initdb``, ``pg_ctl``, from ``PGBIN`` or the
