@@ -269,3 +269,38 @@ async def test_post_cancel_while_a_local_tool_runs_answers_at_once(tmp_path: Pat
             assert r.status_code == 200 and r.json() == {"cancelled": ["t1"]}
             gate.open.set()
             await cancelled_at_the_boundary(rt, "t1", model, "http")
+
+
+# -- durable at once -----------------------------------------------------------------------
+
+CANCELLER = """
+import asyncio, os, signal, sys
+from durable_turns import Agent, Runtime, SqliteStore
+from durable_turns.models.scripted import scripted
+
+async def main():
+    rt = Runtime([Agent("ops")], SqliteStore(sys.argv[1]), scripted([]))
+    ids = await rt.session("ops", "s1").cancel("t1", reason="then died")
+    print(",".join(ids), flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)  # before its fold into the chain can run
+
+asyncio.run(main())
+"""
+
+
+async def test_a_cancel_is_durable_once_it_returns_even_if_its_sender_dies(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "db.sqlite"
+    model = CountingModel()
+    async with Runtime([Agent("ops", "", [hold, mark])], SqliteStore(db), model) as rt:
+        t = await rt.session("ops", "s1").start("go", turn_id="t1")
+        await gate.wait_running()
+        # Another process cancels while the tool holds SQLite's write lock, and is killed
+        # as soon as the cancel returned: what it returned must hold.
+        child = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", CANCELLER, str(db), stdout=asyncio.subprocess.PIPE)
+        out, _ = await asyncio.wait_for(child.communicate(), WAIT)
+        assert child.returncode == -9 and out.decode().strip() == "t1"
+        gate.open.set()
+        await cancelled_at_the_boundary(rt, t.turn_id, model, "then died")

@@ -13,7 +13,6 @@ from typing import Any
 
 import httpx
 import pytest
-from note_command import REGISTRY, Note
 
 from durable_turns import Agent, MemoryStore, ModelReply, Runtime, SqliteStore, Stop, TextDelta
 from durable_turns.cli import main
@@ -23,6 +22,7 @@ from durable_turns.models import ModelEvent, ModelRequest
 from durable_turns.models.scripted import scripted
 from durable_turns.server import create_app
 from fakes.serving import serving
+from note_command import REGISTRY, Note
 
 WAIT = 30.0
 """The bound on every wait: a backstop against a hang, not a timing claim."""
