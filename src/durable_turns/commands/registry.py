@@ -6,6 +6,11 @@ from it (the routes of ``server.app``, the paths of ``/openapi.json``, the verbs
 A registry is a value, not a global: ``Runtime(commands=…)`` takes one (``COMMANDS`` by
 default), and everything above the runtime reads ``runtime.commands``. A new command is a
 module that declares its :class:`CommandSpec` and one registration, ``COMMANDS.with_(SPEC)``.
+
+A queued command (a timer's wake, say) needs nothing more: its record's ``apply`` is its
+effect at its place. A command that acts at once reaches the running turn through the
+runtime's public methods, as cancel does (``Runtime.interrupt``: a durable signal the turn's
+boundaries read).
 """
 
 from __future__ import annotations
