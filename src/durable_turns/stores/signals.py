@@ -14,7 +14,7 @@ place of their own, written at once, that the store reads with its chain's own c
 - ``Lease.cancel_requested`` and ``turns()`` see a signal as the entry's cancel, so the
   engine's look after a local tool's step finds it, whichever process sent it;
 - a signal left unfolded (its sender died before the lock came free) is folded by the next
-  store that opens the storage.
+  store that opens the storage, or that hears of it (SQLite's change detector).
 
 A store whose writes never wait behind a running step (PostgreSQL: row locks) needs none.
 """

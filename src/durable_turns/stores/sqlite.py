@@ -127,6 +127,7 @@ class SqliteDialect:
         self._locks = FileLocks(self.path, self._check_open)
         self.leases = LocalLeases(self._locks)
         self._feed: Feed | None = None
+        self._adopt: Callable[[], None] | None = None  # the store's Cancels.adopt
         self._detector: asyncio.Task[None] | None = None
         self.live = SocketWire(self.path)
         """``Dialect.live``: datagrams to the other processes on this file."""
@@ -157,6 +158,7 @@ class SqliteDialect:
     async def open(self, store: SqlStore) -> None:
         """``Dialect.open``."""
         self._feed = store.feed
+        self._adopt = store.cancels.adopt
         if self._writer is not None:
             return
         # Here, when nothing makes it wait (the schema lock free, the database not busy, no
@@ -396,6 +398,8 @@ class SqliteDialect:
                 version = self.signals.version()
                 if looked and version != signalled:
                     feed.changed_any()
+                    if self._adopt is not None:
+                        self._adopt()
                 signalled, looked = version, True
                 # Asked of the writer connection, whose own commits leave it unchanged: it
                 # moves only when another process committed.

@@ -85,6 +85,7 @@ class Cancels:
     def __init__(self, store: _Store) -> None:
         self._store = store
         self._folds: set[asyncio.Task[None]] = set()
+        self._folding: set[tuple[SessionKey, str]] = set()
         self._closing = False
 
     @property
@@ -125,9 +126,18 @@ class Cancels:
         return ids
 
     def _fold(self, key: SessionKey, ids: Sequence[str], reason: str) -> None:
-        task = asyncio.get_running_loop().create_task(self._folded(key, list(ids), reason))
+        ids = [t for t in ids if (key, t) not in self._folding]
+        if not ids or self._closing:
+            return  # (closing: the signal stays, for the next store that opens)
+        self._folding.update((key, t) for t in ids)
+        task = asyncio.get_running_loop().create_task(self._folded(key, ids, reason))
         self._folds.add(task)
-        task.add_done_callback(self._folds.discard)
+
+        def done(t: asyncio.Task[None]) -> None:
+            self._folds.discard(t)
+            self._folding.difference_update((key, i) for i in ids)
+
+        task.add_done_callback(done)
 
     async def _folded(self, key: SessionKey, ids: list[str], reason: str) -> None:
         store, st = self._store, self._store.statements
@@ -175,10 +185,22 @@ class Cancels:
 
     async def open(self) -> None:
         """Fold the signals a store left behind (its process died before their fold)."""
+        self._closing = False
+        await self._adopted()
+
+    def adopt(self) -> None:
+        """Another process kept a signal: fold what is pending, should it die before its own
+        fold (a fold of a folded signal changes nothing)."""
+        if self._signals is None or self._closing:
+            return
+        task = asyncio.get_running_loop().create_task(self._adopted())
+        self._folds.add(task)
+        task.add_done_callback(self._folds.discard)
+
+    async def _adopted(self) -> None:
         signals = self._signals
         if signals is None:
             return
-        self._closing = False
         by: dict[tuple[SessionKey, str], list[str]] = {}
         for key, turn_id, reason in await signals.pending():
             by.setdefault((key, reason), []).append(turn_id)
@@ -189,5 +211,6 @@ class Cancels:
         """Let the folds under way end (each waits for the write lock at most as long as a
         write does); one the store refuses stays a signal for the next open."""
         self._closing = True
-        with contextlib.suppress(Exception):
-            await asyncio.gather(*self._folds, return_exceptions=True)
+        while self._folds:
+            with contextlib.suppress(Exception):
+                await asyncio.gather(*self._folds, return_exceptions=True)
