@@ -6,12 +6,12 @@ Usage (from the repository root, with the package installed with its ``dev`` ext
     python bench/adapters.py --quick    # 3 runs, for a smoke check
     python bench/adapters.py --json     # the same figures, machine-readable
 
-``tests/models/test_model_anthropic.py`` and ``tests/models/test_model_openai.py`` check *what* happens (the
-read timeout ends a stall, closing a stream closes its HTTP response, cancelling a turn closes
-the model's stream) with no bound on how long it takes, so they hold on a slow machine. This
-script measures the times, against the same fake servers (``tests/fakes``, on loopback
-uvicorn), for both adapters. Every stream streams a little text, then stalls until the client
-goes away, so nothing but the client can end it:
+``tests/models/test_model_anthropic.py`` and ``tests/models/test_model_openai.py`` check *what*
+happens (the read timeout ends a stall, closing a stream closes its HTTP response, cancelling a
+turn closes the model's stream) with no bound on how long it takes, so they hold on a slow
+machine. This script measures the times, against the same fake servers (``tests/fakes``, on
+loopback uvicorn), for both adapters. Every stream streams a little text, then stalls until the
+client goes away, so nothing but the client can end it:
 
 - **stall**: the model has a read timeout of ``--read-timeout`` (0.3 s). ``overshoot`` is the
   time from the last delta received to the ``ModelError``, less that timeout;

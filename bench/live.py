@@ -9,9 +9,10 @@ pgcluster``, so that the database's CPU is its alone)::
     python bench/live.py --turns 1 10    # other counts
     python bench/live.py --json          # the same figures, machine-readable
 
-Processes: a server that drives nothing (``Runtime(drive=False)`` served by uvicorn, as
-``durable-turns serve --no-drive``), one worker (``Runtime.work()``), and this process, whose
-SSE clients (raw sockets, one per turn: ``GET …/events?after=0&until=turn``) follow the turns.
+Processes: a server that drives nothing (``Runtime(scheduler=NoDriveScheduler())`` served by
+uvicorn, as ``durable-turns serve --no-drive``), one worker (a ``ClaimingScheduler``), and this
+process, whose SSE clients (raw sockets, one per turn: ``GET …/events?after=0&until=turn``)
+follow the turns.
 Each turn's model streams ``--pieces`` (40) pieces of text, ``--every`` (20 ms) apart, about
 what a fast model streams. ``--turns`` turns start together, each on its own session, in as
 many rounds as make ``--frames`` (600) pieces in all (15 rounds of 1 turn, 1 of 100).
@@ -49,6 +50,7 @@ from rawsse import RawSse
 
 from durable_turns import Agent, PostgresStore, Runtime, Stop, TextDelta
 from durable_turns.model import ModelRequest
+from durable_turns.scheduling import ClaimingScheduler, NoDriveScheduler
 from durable_turns.stores._postgres_listen import LIVE_CHANNEL
 from durable_turns.testing.pgcluster import Cluster
 
@@ -79,15 +81,16 @@ def _agent() -> Agent:
 async def _serve(dsn: str, port: int) -> None:
     from durable_turns.server.run import serve
 
-    rt = Runtime([_agent()], PostgresStore(dsn), drive=False)
+    rt = Runtime([_agent()], PostgresStore(dsn), scheduler=NoDriveScheduler())
     await serve(rt, port=port, on_ready=lambda _url: print("ready", flush=True))
 
 
 async def _work(dsn: str, live: bool, pieces: int, every: float) -> None:
     store = PostgresStore(dsn, lease_ttl=5.0, live=live)
-    async with Runtime([_agent()], store, Streamer(pieces, every)) as rt:
+    claims = ClaimingScheduler(poll_interval=0.05, max_sessions=1000)
+    async with Runtime([_agent()], store, Streamer(pieces, every), scheduler=claims):
         print("ready", flush=True)
-        await rt.work(poll_interval=0.05, max_sessions=1000)
+        await claims.run()
 
 
 # -- the clients -----------------------------------------------------------------------------
@@ -169,7 +172,7 @@ async def run_once(cluster: Cluster, turns: int, live: bool, a: argparse.Namespa
     server = _spawn("--role", "server", dsn, str(port))
     worker = _spawn("--role", "worker", dsn, str(int(live)), str(a.pieces), str(a.every))
     counter = await psycopg.AsyncConnection.connect(cluster.dsn, autocommit=True)
-    front = Runtime([_agent()], PostgresStore(dsn), drive=False)
+    front = Runtime([_agent()], PostgresStore(dsn), scheduler=NoDriveScheduler())
     rounds = max(1, math.ceil(a.frames / (turns * a.pieces)))
     watchers: list[Watcher] = []
     frames = 0

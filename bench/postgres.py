@@ -20,7 +20,7 @@ and event, as the store does (and the tool's row), and ``pg_notify``. It reads n
 and keeps no state, so it is a lower bound, not the same work.
 
 Throughput: ``--sessions`` (100) sessions with one such turn each are queued, then 1, 2 and 4
-worker processes (``Runtime.work(max_sessions=…)``, ``--max-sessions`` (25) each, so the
+worker processes (``ClaimingScheduler(max_sessions=…)``, ``--max-sessions`` (25) each, so the
 sessions spread over the workers) start together and drive them, claiming with
 ``claim_ready`` (``FOR UPDATE SKIP LOCKED``); the figure is turns and steps per second from the
 start signal until no session has an unfinished turn, and how many turns each worker drove.
@@ -69,6 +69,7 @@ from durable_turns import (
 from durable_turns.messages import Message
 from durable_turns.models.scripted import calls_this_turn
 from durable_turns.records import NewEntry
+from durable_turns.scheduling import ClaimingScheduler
 from durable_turns.stores import SessionStore
 
 ROWS_DDL = "CREATE TABLE IF NOT EXISTS bench_rows (call_id TEXT, v TEXT)"
@@ -158,11 +159,11 @@ def _worker(dsn: str, calls: int, max_sessions: int, start: Any, done: Any,
 
     async def run() -> None:
         store = PostgresStore(dsn, lease_ttl=5.0)
-        rt = Runtime([_agent("%s")], store, _model(calls), count)
+        claims = ClaimingScheduler(poll_interval=0.02, max_sessions=max_sessions)
+        rt = Runtime([_agent("%s")], store, _model(calls), count, scheduler=claims)
         async with rt:
             start.wait()
-            working = asyncio.ensure_future(
-                rt.work(poll_interval=0.02, max_sessions=max_sessions))
+            working = asyncio.ensure_future(claims.run())
             while not done.is_set():
                 await asyncio.sleep(0.02)
             working.cancel()
@@ -229,10 +230,11 @@ def _failover_model() -> Any:
 
 def _stuck_worker(dsn: str, ttl: float, inside: Any) -> None:
     async def run() -> None:
+        claims = ClaimingScheduler(poll_interval=0.02)
         rt = Runtime([_failover_agent(True, inside)], PostgresStore(dsn, lease_ttl=ttl),
-                     _failover_model())
+                     _failover_model(), scheduler=claims)
         async with rt:
-            await rt.work(poll_interval=0.02)
+            await claims.run()
 
     asyncio.run(run())
 
@@ -242,7 +244,8 @@ async def _failover(base_dsn: str, ttl: float) -> float:
     dsn = _schema_dsn(base_dsn)
     key = SessionKey("bench", "failover")
     store = PostgresStore(dsn, lease_ttl=ttl)
-    rt = Runtime([_failover_agent(False)], store, _failover_model())
+    claims = ClaimingScheduler(poll_interval=0.05)
+    rt = Runtime([_failover_agent(False)], store, _failover_model(), scheduler=claims)
     async with rt:
         await store.enqueue(key, NewEntry("t1", Message("user", "ship 42", turn_id="t1")))
         ctx = multiprocessing.get_context("spawn")
@@ -256,7 +259,7 @@ async def _failover(base_dsn: str, ttl: float) -> float:
         t0 = time.perf_counter()
         os.kill(proc.pid, signal.SIGKILL)
         proc.join(timeout=60)
-        working = asyncio.ensure_future(rt.work(poll_interval=0.05))
+        working = asyncio.ensure_future(claims.run())
         try:
             result = await asyncio.wait_for(rt.session("bench", "failover").result("t1"), 120)
         finally:
@@ -301,7 +304,7 @@ def main() -> None:
     p.add_argument("--turns", type=int, default=20)
     p.add_argument("--sessions", type=int, default=100)
     p.add_argument("--max-sessions", type=int, default=25,
-                   help="sessions one worker drives at once (Runtime.work(max_sessions=))")
+                   help="sessions one worker drives at once (ClaimingScheduler(max_sessions=))")
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--failover-ttl", type=float, nargs="+", default=[2.0, 5.0],
                    metavar="SECONDS", help="lease TTLs to measure failover with")

@@ -8,8 +8,9 @@ Usage (from the repository root, with the package installed)::
 Set-up (once, in child processes): two SqliteStore databases, one with a session ``short``
 (no history), one with a session ``long`` (grown to ``--history`` messages by turns of
 sequential tool calls); then, for each, a process accepts one turn without driving it
-(``Runtime(drive=False)``) and dies by SIGKILL: what a worker finds after a crash — the
-database, its WAL, its shared-memory index and its lease file as the dead process left them.
+(``Runtime(scheduler=NoDriveScheduler())``) and dies by SIGKILL: what a worker finds after a
+crash — the database, its WAL, its shared-memory index and its lease file as the dead process
+left them.
 
 Each measurement is a new Python process on a fresh copy of that database. After its imports
 (``opentelemetry.trace`` too, when installed: the engine imports it at its first turn) it
@@ -86,9 +87,10 @@ async def _crash(db: Path, session: str) -> None:
     """Accept the turn to redeliver, then die by SIGKILL: the database, its WAL, its shared
     memory index and its lease file are left as a crashed process leaves them."""
     from durable_turns import Runtime, SqliteStore
+    from durable_turns.scheduling import NoDriveScheduler
 
     agent, model = _agent_and_model()
-    rt = Runtime([agent], SqliteStore(db), model, drive=False)
+    rt = Runtime([agent], SqliteStore(db), model, scheduler=NoDriveScheduler())
     await rt.open()
     # Through the session: what it accepts is durable before start() returns.
     await rt.session(AGENT, session).start("count again", turn_id="redelivered")

@@ -5,7 +5,7 @@ short lease (``lease_ttl=1.0``)::
 
     python tests/pgkit.py DSN WORK --tag a --start --hold   # accept, drive, hold in the tool
     python tests/pgkit.py DSN WORK --tag b                  # recover() and drive
-    python tests/pgkit.py DSN WORK --tag w1 --work          # Runtime.work() until no
+    python tests/pgkit.py DSN WORK --tag w1 --work          # a ClaimingScheduler until no
                                                             # session has unfinished turns
 
 The agent has one local tool, ``create_order``: a row in ``orders`` through
@@ -42,6 +42,7 @@ from durable_turns import (
     tool,
 )
 from durable_turns.models.scripted import calls_this_turn
+from durable_turns.scheduling import ClaimingScheduler
 
 AGENT, SESSION, TURN_ID = "ops", "s1", "t1"
 SCRIPT = [
@@ -97,14 +98,15 @@ async def worker(dsn: str, work: Path, tag: str) -> None:
         return SCRIPT[1:][calls_this_turn(request)]  # one order, then done
 
     store = PostgresStore(dsn, lease_ttl=1.0)
-    rt = Runtime([build_agent(work, tag, False)], store, scripted(reply))
+    claims = ClaimingScheduler(poll_interval=0.05, max_sessions=10)
+    rt = Runtime([build_agent(work, tag, False)], store, scripted(reply), scheduler=claims)
     async with rt:
         ensure_orders(store)
         (work / f"ready-{tag}").touch()
         while not (work / "go").exists():
             await asyncio.sleep(0.005)
         # At most 10 sessions each: the 50 are shared out over both workers as they go.
-        working = asyncio.ensure_future(rt.work(poll_interval=0.05, max_sessions=10))
+        working = asyncio.ensure_future(claims.run())
         try:
             while await store.find_sessions("unfinished"):
                 await asyncio.sleep(0.05)

@@ -252,7 +252,7 @@ async def front(target: str, q: str, agent: Agent, store: SessionStore,
     """A runtime that accepts and answers but drives nothing: Temporal's workers do
     (``scheduler``: more of its ``TemporalScheduler``'s options)."""
     client = await connect(Connection(target))
-    rt = Runtime([agent], store, drive=False,
+    rt = Runtime([agent], store,
                  scheduler=TemporalScheduler(client, q, heartbeat=HEARTBEAT, **scheduler))
     async with rt:
         yield rt

@@ -63,6 +63,7 @@ from .records import (
     TurnRecord,
     TurnResult,
 )
+from .stepping import StepContext
 from .stores import Transaction
 from .tools import Tool, compile_schema
 from .tracing import StepSpan
@@ -73,8 +74,6 @@ T = TypeVar("T")
 ERROR_LIMIT = 2000
 """A tool error's text is cut to this many characters before the model reads it."""
 
-ReadStep = Callable[[StepId], Awaitable["StepResult | None"]]
-"""Reads what a stored step keeps (a person's answer, a subagent's record), by its id."""
 CancelReason = Callable[[str], "str | None"]
 """The reason a turn was asked to cancel, if it was (kept current by the driver)."""
 PublishLive = Callable[[TurnEvent], None]
@@ -130,10 +129,8 @@ class _NoHandle:
     """The store handle a remote tool sees: there is no transaction to join."""
 
     def unwrap(self) -> Any:
-        raise FatalToolError(
-            "ctx.store.unwrap() is only available to local tools (a plain def): an async "
-            "tool runs outside the step's transaction"
-        )
+        raise FatalToolError("ctx.store.unwrap() is only available to local tools (a plain "
+                             "def): an async tool runs outside the step's transaction")
 
 
 def _run_local(tool: Tool, args: dict[str, Any], ctx: ToolContext | None, limit: int) -> Any:
@@ -279,24 +276,22 @@ class ToolCalls:
     """Runs and commits the tool calls of one drive of a session.
 
     Args:
+        ctx: the runtime's collaborators (the store, live events, the runtime's sessions
+            for calls that start durable child work).
         agent: the session's agent (its tools, limits, parallelism).
         checkpoints: how a step commits.
-        read_step: reads a stored step (a batch's committed outcomes, an answer).
         cancel_reason: the reason a turn was asked to cancel, if it was.
-        publish_live: receives live events (a call's retries, a child's text).
         interruptible: awaits a call so that a cancel of its turn stops it at once.
-        host: the runtime's other sessions, for calls that start durable child work.
     """
 
-    def __init__(self, agent: Agent, checkpoints: Checkpoints, read_step: ReadStep,
-                 cancel_reason: CancelReason, publish_live: PublishLive,
-                 interruptible: Interruptible, host: Host) -> None:
+    def __init__(self, ctx: StepContext, agent: Agent, checkpoints: Checkpoints,
+                 cancel_reason: CancelReason, interruptible: Interruptible) -> None:
         self.agent = agent
         self.checkpoints = checkpoints
-        self.read_step = read_step
         self.cancel_reason = cancel_reason
-        self.publish_live = publish_live
-        self.host = host
+        self.publish_live: PublishLive = ctx.publish_live
+        self.host: Host = ctx.host
+        self._store = ctx.store
         self._interruptible = interruptible
         self.asked_at = -1
         """The transcript index of the last reply this drive committed (a batch it asked
@@ -311,18 +306,23 @@ class ToolCalls:
         self.found: dict[str, str] = {}  # cancels looked up after a local tool's step
 
     def reason(self, turn_id: str) -> str | None:
-        """The turn's cancel, if it was asked to cancel: flagged, or found in the store."""
+        """The turn's cancel: flagged, or found in the store (:meth:`cancelled`)."""
         return self.cancel_reason(turn_id) or self.found.get(turn_id)
 
     async def cancelled(self, turn_id: str) -> str | None:
-        """The turn's cancel at a boundary: flagged, or (after a local tool's step, which held
-        the write lock) one in the store no flag has heard of yet (F7, ``stores.signals``)."""
-        reason = self.reason(turn_id)
-        if reason is None and self._ran_local:
+        """:meth:`reason` at a boundary; after a local tool's step (it held the write lock)
+        it looks in the store too, for a cancel no flag has heard of yet (F7)."""
+        if (reason := self.reason(turn_id)) is None and self._ran_local:
             self._ran_local = False
-            reason = await self.checkpoints.lease.cancel_requested(turn_id)
-            self.found.update({turn_id: reason} if reason is not None else {})
+            if (reason := await self.checkpoints.lease.cancel_requested(turn_id)) is not None:
+                self.found[turn_id] = reason
         return reason
+
+    async def read_step(self, step: StepId) -> StepResult | None:
+        """What a stored step keeps (a batch's committed outcome, an answer), by its id."""
+        step_id = str(step)
+        steps = await self._store.read_steps(self.checkpoints.lease.key, step_id=step_id)
+        return steps[step_id].result if step_id in steps else None
 
     def interrupt(self) -> None:
         """The turn was asked to cancel: stop the batch's interruptible calls now."""

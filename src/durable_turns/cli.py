@@ -57,6 +57,7 @@ from .commands import COMMANDS, Registry
 from .errors import ConfigurationError, DurableTurnsError, error_kind
 from .records import TurnResult
 from .runtime import Runtime
+from .scheduling import ClaimingScheduler, NoDriveScheduler
 
 SERVE_HELP = """\
 Serve the app folder's agent over HTTP with server-sent events (F12): the routes under
@@ -156,7 +157,7 @@ def build_parser(registry: Registry = COMMANDS) -> argparse.ArgumentParser:
         description="Be one of many workers of an app: drive every session with a queued or "
                     "running turn, taking over the sessions of workers that died (their "
                     "leases expire). Turns are accepted elsewhere (a Runtime with "
-                    "drive=False, a server) into the same store.", epilog=EXIT_STATUS)
+                    "NoDriveScheduler, a server) into the same store.", epilog=EXIT_STATUS)
     work.add_argument("app", type=Path, metavar="APP_DIR", help="the app folder (its agent)")
     work.add_argument("--store", required=True, metavar="DSN_OR_PATH",
                       help="postgresql://… or 'host=… dbname=…' (PostgreSQL, extra "
@@ -222,9 +223,11 @@ def _worker(args: argparse.Namespace) -> int:
 async def _work(args: argparse.Namespace) -> int:
     agent = agent_of(args)
     make, named = store_of(args, create=True, lease_ttl=args.lease_ttl)
-    async with Runtime([agent], make()) as rt:
+    scheduler = ClaimingScheduler(poll_interval=args.poll_interval,
+                                  max_sessions=args.max_sessions)
+    async with Runtime([agent], make(), scheduler=scheduler):
         print(f"worker of agent {agent.name!r} on {named}: driving queued turns", flush=True)
-        await rt.work(poll_interval=args.poll_interval, max_sessions=args.max_sessions)
+        await scheduler.run()
     return 0
 
 
@@ -256,10 +259,11 @@ def _serving(args: argparse.Namespace) -> int:
             f"{args.host!r}: {DEV_MODE_HINT}")
     channels = [channel_from_env(n, factories=app.channels) for n in dict.fromkeys(names)]
     make, named = store_of(args, create=True)
-    scheduler = scheduler_of(args)
-    runtime = Runtime([app.agent], make(), drive=args.drive, scheduler=scheduler)
-    drives = "" if args.drive and scheduler is None else (
-        "; not driving: 'durable-turns temporal-worker' processes do" if scheduler else
+    temporal = scheduler_of(args)
+    scheduler = temporal or (None if args.drive else NoDriveScheduler())
+    runtime = Runtime([app.agent], make(), scheduler=scheduler)
+    drives = "" if scheduler is None else (
+        "; not driving: 'durable-turns temporal-worker' processes do" if temporal else
         "; not driving: 'durable-turns worker' processes do")
     auth = (f"authentication: {args.auth or f'{args.app}/agent.py:authenticate'}"
             if authenticate is not None else

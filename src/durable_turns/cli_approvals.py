@@ -43,6 +43,7 @@ from .errors import ResumeConflictError
 from .hitl import who_may_answer
 from .records import InputRequest, SessionKey
 from .runtime import Runtime
+from .scheduling import NoDriveScheduler
 from .sessions import AgentSession
 
 LEASE_WAIT = 30.0
@@ -110,7 +111,7 @@ async def pending(args: argparse.Namespace) -> int:
     folder = app_dir(args)
     agent = load(folder, None, needs_model=False).agent
     make, named = store_of(args, create=False)
-    async with Runtime([agent], make(), drive=False) as rt:
+    async with Runtime([agent], make(), scheduler=NoDriveScheduler()) as rt:
         await _check_agents(rt, agent, folder, named)
         waiting = [(found.key, r) for found in await rt.queries.inbox(agent.name)
                    if found.pending is not None for r in found.pending.all]

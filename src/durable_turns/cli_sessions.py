@@ -24,6 +24,7 @@ from .models.scripted import scripted
 from .records import SessionSummary, TurnRecord
 from .replay import replay
 from .runtime import Runtime
+from .scheduling import NoDriveScheduler
 
 LEASE_WAIT = 30.0
 """How long a ``sessions`` command waits for a process that drives the session."""
@@ -107,7 +108,7 @@ async def session_action(args: argparse.Namespace) -> int:
     """
     make, named = store_of(args, create=False)
     if args.action == "list":
-        async with Runtime([], make(), drive=False) as rt:
+        async with Runtime([], make(), scheduler=NoDriveScheduler()) as rt:
             agents = [args.agent] if args.agent else await rt.queries.agents()
             for name in agents:
                 for found in await rt.queries.sessions(name):
@@ -140,7 +141,7 @@ async def retry(args: argparse.Namespace) -> int:
         TurnConflictError: the turn did not fail, or a later turn ran after it.
     """
     make, named = store_of(args, create=False)
-    async with Runtime([], make(), drive=False) as probe:
+    async with Runtime([], make(), scheduler=NoDriveScheduler()) as probe:
         keys = await probe.queries.find_turn(args.turn)
     if args.session:
         keys = [k for k in keys if str(k) == args.session]
@@ -153,7 +154,8 @@ async def retry(args: argparse.Namespace) -> int:
     agent = load(args.app, args.model).agent if args.app else Agent(key.agent)
     if agent.name != key.agent:
         raise ConfigurationError(f"{args.app} is agent {agent.name!r}; the turn is {key}'s")
-    async with Runtime([agent], make(), drive=args.app is not None) as rt:
+    scheduler = None if args.app is not None else NoDriveScheduler()
+    async with Runtime([agent], make(), scheduler=scheduler) as rt:
         session = rt.session(key.agent, key.session)
         await session.retry(args.turn)
         if args.app is None:
@@ -208,7 +210,7 @@ async def replay_action(args: argparse.Namespace) -> int:
     if agent.name != name:
         raise ConfigurationError(f"{args.app} is agent {agent.name!r}; the session is "
                                  f"{name}/{session_id}")
-    async with Runtime([agent], make(), drive=False) as rt:
+    async with Runtime([agent], make(), scheduler=NoDriveScheduler()) as rt:
         session = rt.session(name, session_id)
         if not (await session.summary()).exists:
             raise LookupError(f"{named} has no session {session.key}")

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from .cli_args import MODEL_HELP, agent_of, run_command, store_of, store_options
-from .runtime import Runtime, Scheduler
+from .runtime import Runtime
+from .scheduling import Scheduler
 
 API_KEY_ENV = "TEMPORAL_API_KEY"
 """The environment variable an API key is read from when ``--api-key`` is not given."""

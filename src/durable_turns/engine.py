@@ -1,9 +1,9 @@
-"""The turn loop: read the position off the transcript, run the next step, commit it.
+"""The turn's steps: read the position off the transcript, run the next step, commit it.
 
-A turn is driven under the session's lease. Its position is read off the message log, which
-is authoritative: every step commits its memo row and its message in one transaction, so a
-step with a stored result is always visible in the transcript, and the loop simply picks up
-at the first step the transcript does not show yet.
+A turn is stepped under the session's lease, one step per :meth:`TurnEngine.step`. Its
+position is read off the message log, which is authoritative: every step commits its memo
+row and its message in one transaction, so a step with a stored result is always visible in
+the transcript, and the next step simply is the first one the transcript does not show yet.
 
 - no assistant message after the opening (or the last calls all answered) → model step
   ``model:<n>``, ``n`` = the index the reply will get;
@@ -19,20 +19,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from typing import Any, TypeVar
 
-from .agent import Agent, SurfacePolicy
-from .calls import ERROR_LIMIT, CancelReason, PublishLive, ReadStep, ToolCalls, tool_message
-from .checkpoints import TRACE, Checkpoints, Publish
-from .context import Host
+from .agent import SurfacePolicy
+from .calls import ERROR_LIMIT, CancelReason, ToolCalls, tool_message
+from .checkpoints import TRACE, Checkpoints
 from .errors import (
     RUNTIME_FAILURES,
     Cancelled,
     ConfigurationError,
     FatalToolError,
     ModelError,
-    StepTaken,
     ToolCrashedError,
 )
 from .events import (
@@ -51,7 +49,7 @@ from .events import (
 )
 from .inbound import InboundEvent
 from .messages import Message, owed_calls
-from .model import ABNORMAL_STOPS, Model, ModelRequest
+from .model import ABNORMAL_STOPS, ModelRequest
 from .records import (
     CallOutcome,
     ModelMemo,
@@ -63,9 +61,10 @@ from .records import (
     TurnStatus,
 )
 from .replies import RetryPolicy, ask
+from .stepping import StepContext
 from .stores import Lease, Transaction
 from .tools import Tool
-from .tracing import begin_turn
+from .tracing import TurnTrace, begin_turn
 
 log = logging.getLogger("durable_turns")
 _ABANDONED: tuple[type[BaseException], ...] = (*RUNTIME_FAILURES, ToolCrashedError)
@@ -73,48 +72,39 @@ _ABANDONED: tuple[type[BaseException], ...] = (*RUNTIME_FAILURES, ToolCrashedErr
 T = TypeVar("T")
 
 
-def _always() -> bool:
-    return True
-
-
 class TurnEngine:
-    """Drives the turns of one session while its lease is held.
+    """Steps the turns of one session while one lease of it is held.
 
     Args:
-        agent: the session's agent.
-        model: the model its turns ask.
+        ctx: the runtime's collaborators (the store, the agents and their models, the host,
+            the publish callbacks).
         lease: the session's lease: every commit is fenced by it.
-        transcript: the live message log (kept current across the drive).
-        publish: receives each committed step's events.
-        publish_live: receives live events (text as it streams, retries).
-        read_step: reads what a stored step keeps.
-        cancel_reason: the reason a turn was asked to cancel, if it was.
-        host: the runtime's other sessions, for tools that start durable child work.
-        wants_live: whether anyone takes live text now (else a reply's deltas are not even
-            built).
+        transcript: the live message log (kept current across the lease's steps).
+        cancel_reason: the reason a turn was asked to cancel, if it was (the driver's).
+
+    Raises:
+        ConfigurationError: the session's agent has no model, nor has the runtime.
     """
 
-    def __init__(self, agent: Agent, model: Model, lease: Lease, transcript: list[Message],
-                 publish: Publish, publish_live: PublishLive, read_step: ReadStep,
-                 cancel_reason: CancelReason, host: Host,
-                 wants_live: Callable[[], bool] | None = None) -> None:
-        self.agent = agent
-        self.model = model
+    def __init__(self, ctx: StepContext, lease: Lease, transcript: list[Message],
+                 cancel_reason: CancelReason) -> None:
+        key = lease.key
+        self.agent = agent = ctx.agents[key.agent]
+        self.model = ctx.model_for(agent)
         self.lease = lease
-        self.checkpoints = Checkpoints(lease, transcript, publish)
+        self.checkpoints = Checkpoints(lease, transcript, ctx.publish)
         self.transcript = transcript
-        """The live message log: one list for the whole drive (a reset clears it in place)."""
-        self._publish_live = publish_live
-        self._wants_live = wants_live or _always
+        """The live message log: one list for the lease's steps (a reset clears it in place)."""
+        self._publish_live = ctx.publish_live
+        self._wants_live = ctx.wants_live
         self._retry = RetryPolicy(agent.model_retries, agent.model_retry_delay)
-        self.calls = ToolCalls(agent, self.checkpoints, read_step, cancel_reason, publish_live,
-                               self._interruptible, host)
+        self.calls = ToolCalls(ctx, agent, self.checkpoints, cancel_reason,
+                               self._interruptible)
         self._cancel_reason = self.calls.reason
         self.turn_id: str | None = None
-        self.step_budget: int | None = None
-        """How many more steps this drive may run (``None``: no limit): at the boundary past
-        it, :class:`~durable_turns.errors.StepTaken` ends the drive (a Temporal activity runs
-        one step)."""
+        """The turn being stepped, from its first step here until its end (or park)."""
+        self._turn: tuple[SurfacePolicy | None, InboundEvent | None, dict[str, Tool]] | None = None
+        self._trace: TurnTrace | None = None
         self._streaming: asyncio.Task[Any] | None = None
         self._interrupted = False
 
@@ -163,59 +153,78 @@ class TurnEngine:
         finally:
             self._streaming = None
 
-    # -- the loop --------------------------------------------------------------------------
+    # -- the steps -------------------------------------------------------------------------
 
-    async def run(self, turn: TurnRecord) -> TurnResult:
-        """Drive ``turn`` from wherever the transcript shows it to its end (or its park)."""
-        trace = begin_turn(self.lease.key, turn, self.transcript, self.model)
-        if trace is None:
-            return await self._run(turn)
-        self.checkpoints.trace = trace
+    async def step(self, turn: TurnRecord) -> TurnResult | None:
+        """Run ``turn``'s next step (its opening goes with its first), and commit it.
+
+        Returns:
+            The turn's end (or park) once a step ended it, else ``None``: the transcript
+            says what its next step is.
+        """
+        if self.turn_id != turn.turn_id:
+            self.pause()  # (a turn left mid-way by a command that ran first: a new stretch)
+            self._trace = begin_turn(self.lease.key, turn, self.transcript, self.model)
+        trace = self.checkpoints.trace = self._trace
         try:
-            out = await self._run(turn)
+            out = await self._step(turn)
         except BaseException as e:
-            trace.abandon(e)
+            if trace is not None:
+                trace.abandon(e)
+            self._trace = self.checkpoints.trace = None
             raise
-        finally:
-            self.checkpoints.trace = None
-        trace.end(out)
+        if out is not None:
+            if trace is not None:
+                trace.end(out)
+            self._trace = self.checkpoints.trace = None
         return out
 
-    async def _run(self, turn: TurnRecord) -> TurnResult:
+    def pause(self) -> None:
+        """The lease's steps stop with a turn under way (its scheduler steps it on later):
+        its trace's stretch ends here."""
+        if self._trace is not None:
+            self._trace.pause()
+        self._trace = self.checkpoints.trace = None
+        self.turn_id = self.checkpoints.turn_id = None
+
+    async def _step(self, turn: TurnRecord) -> TurnResult | None:
         turn_id = turn.turn_id
-        policy = SurfacePolicy.from_dict(turn.policy) if turn.policy else None
-        event = InboundEvent.from_dict(turn.event) if turn.event else None
-        tools = self._tools(policy)
-        self.turn_id = self.checkpoints.turn_id = turn_id
+        fresh = self.turn_id != turn_id or self._turn is None
+        if fresh:
+            policy = SurfacePolicy.from_dict(turn.policy) if turn.policy else None
+            event = InboundEvent.from_dict(turn.event) if turn.event else None
+            self._turn = (policy, event, self._tools(policy))
+            self.turn_id = self.checkpoints.turn_id = turn_id
+        assert self._turn is not None
+        policy, event, tools = self._turn
+        going_on = False
         try:
-            if not self._has_opening(turn_id):
+            if fresh and not self._has_opening(turn_id):
                 self._check_cancel(turn_id)
                 await self._open(turn)
             transcript = self.transcript
-            while True:
-                self._check_cancel(turn_id)
-                self._take_step()
-                n, owed = owed_calls(transcript)
-                last = transcript[n] if n >= 0 else None
-                if owed:
-                    if self.agent.parallel_tools and len(owed) > 1:
-                        request = await self.calls.batch(turn_id, n, owed, tools, event)
-                        self._check_cancel(turn_id)
-                    else:
-                        request = await self.calls.one(turn_id, n, owed[0], tools, event)
-                    await self.calls.cancelled(turn_id)  # a local tool's: looks in the store
-                    if request is not None:
-                        return await self._finish(TurnResult(turn_id, TurnStatus.SUSPENDED,
-                                                             request=request), owed=False)
-                elif last and last.role == "assistant" and not last.tool_calls \
-                        and last.turn_id == turn_id:
-                    # The reply that ended the turn committed (with the turn's end, normally).
-                    return await self._finish(TurnResult(turn_id, TurnStatus.COMPLETED,
-                                                         last.text))
+            self._check_cancel(turn_id)
+            n, owed = owed_calls(transcript)
+            last = transcript[n] if n >= 0 else None
+            if owed:
+                if self.agent.parallel_tools and len(owed) > 1:
+                    request = await self.calls.batch(turn_id, n, owed, tools, event)
+                    self._check_cancel(turn_id)
                 else:
-                    done = await self._model_step(turn_id, policy, tools)
-                    if done is not None:
-                        return done
+                    request = await self.calls.one(turn_id, n, owed[0], tools, event)
+                if request is not None:
+                    return await self._finish(TurnResult(turn_id, TurnStatus.SUSPENDED,
+                                                         request=request), owed=False)
+                await self.calls.cancelled(turn_id)  # after a local tool's step: the store too
+                going_on = True
+                return None
+            if last and last.role == "assistant" and not last.tool_calls \
+                    and last.turn_id == turn_id:
+                # The reply that ended the turn committed (with the turn's end, normally).
+                return await self._finish(TurnResult(turn_id, TurnStatus.COMPLETED, last.text))
+            done = await self._model_step(turn_id, policy, tools)
+            going_on = done is None
+            return done
         except Cancelled as c:
             return await self._finish(TurnResult(turn_id, TurnStatus.CANCELLED,
                                                  reason=c.reason))
@@ -228,8 +237,10 @@ class TurnEngine:
             error = f"internal error: {type(e).__name__}: {e}"
             return await self._finish(TurnResult(turn_id, TurnStatus.FAILED, error=error))
         finally:
-            self.turn_id = self.checkpoints.turn_id = None
-            self.calls.found.pop(turn_id, None)
+            if not going_on:
+                self.turn_id = self.checkpoints.turn_id = None
+                self._turn = None
+                self.calls.found.pop(turn_id, None)
 
     def _has_opening(self, turn_id: str) -> bool:
         # Turns run in chain order, so this turn's messages are at the end of the log.
@@ -239,13 +250,6 @@ class TurnEngine:
             if m.is_opening:
                 return True
         return False
-
-    def _take_step(self) -> None:
-        budget = self.step_budget
-        if budget is not None:
-            if budget <= 0:
-                raise StepTaken
-            self.step_budget = budget - 1
 
     def _check_cancel(self, turn_id: str) -> None:
         reason = self._cancel_reason(turn_id)
@@ -290,12 +294,14 @@ class TurnEngine:
         ids = cp.ids(turn_id)
         span = cp.trace.model_step(str(ModelStepId(n))) if cp.trace is not None else None
 
+        key = self.lease.key
+
         def on_text(text: str) -> None:
-            if self._wants_live():
+            if self._wants_live(key):
                 self._publish_live(MessageDelta(**ids, seq=self.lease.last_seq, text=text))
 
         def on_thinking(text: str) -> None:
-            if self._wants_live():
+            if self._wants_live(key):
                 self._publish_live(MessageThinking(**ids, seq=self.lease.last_seq, text=text))
 
         def on_retry(attempt: int, delay: float, error: ModelError) -> None:

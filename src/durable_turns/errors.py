@@ -24,9 +24,8 @@ Failures (subclasses of ``Exception``, names ending in ``Error``)::
     └── FatalToolError              raised *by a tool* to fail the turn on purpose
 
 Control-flow signals (subclasses of ``BaseException``, so a tool's ``except Exception``
-cannot swallow them): :class:`Parked`, :class:`Cancelled`, :class:`StepTaken` (a drive of
-one step at a time, as a Temporal activity is, ran its step) and :class:`RetryStep` (a drive of
-one attempt of a step failed in a way its scheduler retries).
+cannot swallow them): :class:`Parked`, :class:`Cancelled` and :class:`RetryStep` (a step run
+for one attempt, ``Runtime.step(key, attempt=n)``, failed in a way its scheduler retries).
 
 :data:`RUNTIME_FAILURES` (``StoreError``, ``LeaseLostError``, ``LeaseTimeoutError``) are the
 runtime's own failures: a step that meets one is abandoned and driven again, whatever a tool
@@ -340,14 +339,6 @@ class Cancelled(BaseException):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
-
-
-class StepTaken(BaseException):
-    """Signal: a drive limited to one step committed it; the turn goes on in the next drive.
-
-    Raised at a checkpoint boundary (nothing half-written), so the next drive replays from
-    the transcript as after any stop.
-    """
 
 
 class RetryStep(BaseException):

@@ -55,10 +55,11 @@ LAYERS: tuple[Layer, ...] = (
     ),
     Layer(
         "engine",
-        "how a step commits, tool steps, the turn loop, commands, subagents, a session's "
-        "driver, queries for hosts, AgentSession (a façade), the runtime's host, Runtime",
-        ("checkpoints", "calls", "engine", "commands", "subagents", "forks", "driver",
-         "queries", "sessions", "host", "runtime", "replay"),
+        "what a step uses of its runtime, how a step commits, tool steps, a turn's steps, "
+        "commands, subagents, a session's driver, the schedulers that have steps run, "
+        "queries for hosts, AgentSession (a façade), the runtime's host, Runtime",
+        ("stepping", "checkpoints", "calls", "engine", "commands", "subagents", "forks",
+         "driver", "scheduling", "queries", "sessions", "host", "runtime", "replay"),
     ),
     Layer(
         "adapters",
@@ -79,6 +80,7 @@ LAYERS: tuple[Layer, ...] = (
             "stores._sqlite_live",
             "stores._sqlite_signals",
             "stores.postgres",
+            "stores._postgres_lanes",
             "stores._postgres_leases",
             "stores._postgres_listen",
             "stores.registry",

@@ -3,8 +3,9 @@
 Its public API is small, and everything above it (``AgentSession``, the channels, the HTTP
 host) is built on it:
 
-- :meth:`Runtime.accept` makes a chain entry durable (a turn, a reset, a resume) and wakes the
-  session's :class:`~durable_turns.driver.SessionDriver`;
+- :meth:`Runtime.accept` makes a chain entry durable (a turn, a reset, a resume) and tells
+  the runtime's scheduler (``durable_turns.scheduling``), which has :meth:`Runtime.step`
+  called for each step of the session's chain — here, in other processes, or by Temporal;
 - :meth:`Runtime.wait` returns an entry's result once it ends or parks, whichever process
   drives it (woken by the store's event feed);
 - :meth:`Runtime.subscribe` yields a session's events after a cursor, then live ones, with
@@ -13,9 +14,9 @@ host) is built on it:
 - :meth:`Runtime.interrupt` asks turns to cancel, durably, and stops a running one at once.
 
 A crash loses nothing: an accepted entry is in the store before ``accept`` returns, and
-``Runtime.recover()`` (or a redelivery of the turn id) starts a driver again, which replays
-from the transcript. Nothing per session stays in memory once its driver exits, except a
-bounded cache of recent transcripts.
+``Runtime.recover()`` (or a redelivery of the turn id) wakes the scheduler again; the next
+step replays from the transcript. Nothing per session stays in memory once its steps end,
+except a bounded cache of recent transcripts.
 """
 
 from __future__ import annotations
@@ -25,12 +26,11 @@ import contextlib
 import logging
 import os
 from collections.abc import Iterable
-from typing import Protocol
 
 from .agent import Agent
 from .commands import COMMANDS, Registry, check_redelivery, supersede_at_once
 from .context import Host
-from .driver import ChainState, SessionDriver, TranscriptCache, chain_state
+from .driver import ChainState, SessionDriver, chain_state
 from .errors import (
     ConfigurationError,
     DurableTurnsError,
@@ -45,40 +45,15 @@ from .host import RuntimeHost
 from .model import Model
 from .queries import Queries
 from .records import NewEntry, SessionKey, TurnRecord, TurnResult
+from .scheduling import InProcessScheduler, Scheduler
 from .sessions import AgentSession
+from .stepping import StepContext, TranscriptCache
 from .stores import Lease, SessionStore, Subscription
 
 log = logging.getLogger("durable_turns")
 
 TRANSCRIPT_CACHE = 64
 """How many recent sessions' transcripts a runtime keeps, so a step never re-reads history."""
-AWAY_POLL = 0.1
-"""Seconds between a worker's looks for work while its store refuses them."""
-AWAY_LOG_EVERY = 30.0
-"""Seconds between a worker's warnings that its store refuses its looks."""
-
-
-class Scheduler(Protocol):
-    """Who drives a runtime's sessions when something other than the runtime schedules them.
-
-    With a scheduler, a runtime never starts a driver of its own: it tells the scheduler
-    that a session has work, and the scheduler's workers call :meth:`Runtime.step` until the
-    chain is done or parked (``durable_turns.temporal``: a Temporal workflow per session).
-    """
-
-    async def wake(self, key: SessionKey, *, interrupt: bool = False) -> None:
-        """The session has (or may have) work: an entry, a cancel, an answer, all durable.
-
-        Called after the store holds the change, any number of times (it must be
-        idempotent); it must return once the scheduler has the news, never drive here.
-        ``interrupt``: a turn was asked to stop (a cancel, a replace, a reset), so a step
-        that waits out a retry's backoff should run now (its turn ends at the boundary).
-
-        Raises:
-            StoreError: the scheduler cannot be reached (the change stays durable; a
-                redelivery or ``Runtime.recover()`` wakes the session again).
-        """
-        ...
 
 
 class Runtime:
@@ -95,14 +70,21 @@ class Runtime:
             (``None``: as long as it takes).
         secret: signs answer grants (F6); random per runtime unless given, so a grant is
             only good on the runtime (or the runtimes sharing the secret) that issued it.
-        drive: ``False`` makes a runtime that accepts entries durably and answers ``wait``
-            and ``subscribe`` from the store, but drives nothing (another process does).
-        scheduler: who drives the sessions (see :class:`Scheduler`); the runtime then only
-            tells it of work, and drives a step when the scheduler calls :meth:`step`.
+        scheduler: when and where the sessions' steps run
+            (:class:`~durable_turns.scheduling.Scheduler`): in this process as work arrives
+            (the default, :class:`~durable_turns.scheduling.InProcessScheduler`), nowhere
+            here (:class:`~durable_turns.scheduling.NoDriveScheduler`: a front whose
+            workers drive), claimed from a shared store
+            (:class:`~durable_turns.scheduling.ClaimingScheduler`), or by Temporal
+            (``durable_turns.temporal.TemporalScheduler``). One scheduler per runtime.
         owns_store: ``False`` for a store another runtime of this process opened and
             closes (a replay's runtime shares its source's): ``close()`` leaves it open.
         commands: its sessions' commands (the hosts' routes, verbs and actions are built
             from it): ``commands.COMMANDS``, or that registry ``with_`` more.
+
+    Raises:
+        ConfigurationError: two agents share a name, a model is a string, or the removed
+            ``drive=`` was passed (``drive=False`` is ``scheduler=NoDriveScheduler()``).
     """
 
     def __init__(
@@ -114,11 +96,16 @@ class Runtime:
         *,
         lease_timeout: float | None = None,
         secret: bytes | None = None,
-        drive: bool = True,
         scheduler: Scheduler | None = None,
         owns_store: bool = True,
         commands: Registry = COMMANDS,
+        drive: None = None,
     ) -> None:
+        if drive is not None:  # removed: a clear error rather than a TypeError
+            raise ConfigurationError(
+                "Runtime(drive=…) is gone: a runtime that drives nothing is "
+                "Runtime(scheduler=durable_turns.scheduling.NoDriveScheduler()); the default "
+                "drives in this process")
         self.agents: dict[str, Agent] = {}
         for a in agents:
             if a.name in self.agents:
@@ -139,13 +126,13 @@ class Runtime:
         self.sink = sink
         self.lease_timeout = lease_timeout
         self.secret = secret or os.urandom(32)
-        self.drive = drive
-        self.scheduler = scheduler
         self.owns_store = owns_store
         self.commands = commands
         self._opened = False
         self._open_lock = asyncio.Lock()
         self._drivers: dict[SessionKey, SessionDriver] = {}
+        """The driver of each session whose lease this runtime holds (a step runs, or its
+        scheduler holds the lease across steps)."""
         self._transcripts = TranscriptCache(TRANSCRIPT_CACHE)
         self._waiting: dict[tuple[SessionKey, str], list[asyncio.Future[TurnResult | None]]] = {}
         self._failed: dict[SessionKey, BaseException] = {}
@@ -153,6 +140,14 @@ class Runtime:
         """What hosts read across sessions (summaries, an inbox, owed deliveries)."""
         self.host: Host = RuntimeHost(self)
         """The runtime's sessions as a tool step sees them (a subagent's child turns)."""
+        self._ctx = StepContext(
+            store=store, agents=self.agents, model_for=self.model_for, host=self.host,
+            transcripts=self._transcripts, publish=self._publish,
+            publish_live=self._publish_live, wants_live=self._wants_live,
+            finished=self._finished, commands=commands)
+        self.scheduler: Scheduler = scheduler if scheduler is not None else InProcessScheduler()
+        """When and where the sessions' steps run."""
+        self.scheduler.attach(self)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -168,10 +163,9 @@ class Runtime:
     async def close(self) -> None:
         """Stop driving (unfinished turns stay durable for ``recover()``) and close the store
         (unless another owns it: ``owns_store=False``)."""
-        tasks = [d.task for d in self._drivers.values()]
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await self.scheduler.close()
+        for driver in list(self._drivers.values()):
+            self._let_go(driver)
         if self._opened:
             if self.owns_store:
                 await self.store.close()
@@ -220,10 +214,17 @@ class Runtime:
             )
         return model
 
-    async def recover(self) -> list[SessionKey]:
-        """Replay every unfinished turn in the store (run it when a worker starts).
+    @property
+    def steps_here(self) -> bool:
+        """Whether this runtime's scheduler steps sessions in this process
+        (:attr:`Scheduler.steps_here <durable_turns.scheduling.Scheduler.steps_here>`)."""
+        return self.scheduler.steps_here
 
-        Returns the sessions whose drivers were started. Sessions of agents this runtime does
+    async def recover(self) -> list[SessionKey]:
+        """Tell the scheduler of every unfinished turn in the store (run it when a worker
+        starts): each is replayed from its transcript.
+
+        Returns the sessions the scheduler was told of. Sessions of agents this runtime does
         not have are left for a runtime that has them.
         """
         await self.open()
@@ -232,93 +233,13 @@ class Runtime:
             if key.agent not in self.agents:
                 log.warning("recover: no agent %r in this runtime; skipping %s", key.agent, key)
                 continue
-            await self._kick(key)
+            await self.scheduler.wake(key)
             keys.append(key)
         return keys
 
-    async def work(self, *, poll_interval: float = 0.5, max_sessions: int = 100) -> None:
-        """Be a worker: drive every session of this runtime's agents that has a queued or
-        running turn, as such sessions appear, until cancelled.
-
-        Many workers (processes, machines) may work one store. Sessions are claimed with
-        ``store.claim_ready`` (PostgreSQL: ``FOR UPDATE SKIP LOCKED``), so workers never wait
-        on each other and never get the same session; a session whose holder died is taken
-        over once its lease expired (PostgreSQL: ``lease_ttl``; SQLite: at once, the OS lock
-        died with the process). Wakes when the store's feed reports a change of a chain
-        (PostgreSQL: a NOTIFY of a new turn, a resume or a cancel) or a session of its own
-        is done, and looks every ``poll_interval`` seconds anyway, so a lost notification is
-        only a delay. A look the store refuses (the database away) is logged and made again.
-
-        Args:
-            poll_interval: seconds between looks when nothing woke the worker.
-            max_sessions: how many sessions this worker drives at once, at most; the rest
-                are left to other workers (or to this one, once it has room).
-
-        Raises:
-            ConfigurationError: this runtime was made with ``drive=False``.
-        """
-        if not self.drive:
-            raise ConfigurationError("Runtime(drive=False) drives nothing; work() needs drive")
-        if self.scheduler is not None:
-            raise ConfigurationError("a runtime with a scheduler is driven by its workers "
-                                     "(Runtime.step), not by work()")
-        if poll_interval <= 0:
-            raise ValueError("poll_interval must be positive")
-        if max_sessions < 1:
-            raise ValueError("max_sessions must be at least 1")
-        await self.open()
-        wake = asyncio.Event()
-        # Woken by the store's feed (PostgreSQL: NOTIFY of a new turn, resume or cancel);
-        # the poll makes a lost notification only a delay.
-        stop = self.store.watch(None, lambda _events: wake.set())
-        agents = list(self.agents)
-        loop = asyncio.get_running_loop()
-        away_since: float | None = None
-        said = 0.0
-        try:
-            while True:
-                wake.clear()
-                room = max_sessions - len(self._drivers)
-                pause = poll_interval
-                try:
-                    claimed = await self.store.claim_ready(agents, room) if room > 0 else ()
-                except StoreError as e:
-                    # The database is away: look again soon (a refused look costs little),
-                    # so the work it kept waiting starts as soon as it is back; said once
-                    # in a while, not at every look.
-                    now = loop.time()
-                    if away_since is None or now - said > AWAY_LOG_EVERY:
-                        log.warning("worker: cannot claim sessions (retrying): %s", e)
-                        said = now
-                    away_since = now if away_since is None else away_since
-                    claimed = ()
-                    pause = min(poll_interval, AWAY_POLL)
-                else:
-                    if away_since is not None:
-                        log.warning("worker: the store answers again (it was away for %.1fs)",
-                                    loop.time() - away_since)
-                        away_since = None
-                for lease in claimed:
-                    driver = self._drivers.get(lease.key)
-                    if driver is not None and driver.alive:
-                        await lease.release()  # this runtime drives it already
-                        driver.wake()
-                        continue
-                    self._drive(lease.key, lease=lease)
-                    self._drivers[lease.key].task.add_done_callback(lambda _t: wake.set())
-                # Not asyncio.wait_for: on Python 3.11 it swallows a cancellation that comes
-                # as the wait ends, and work() would never stop.
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(pause):
-                        await wake.wait()
-        finally:
-            stop()
-
     async def idle(self) -> None:
-        """Wait until this runtime drives no session (for tests and orderly shutdown)."""
-        while self._drivers:
-            await asyncio.gather(*[d.task for d in self._drivers.values()],
-                                 return_exceptions=True)
+        """Wait until this runtime steps no session (for tests and orderly shutdown)."""
+        await self.scheduler.wait_idle()
 
     # -- the public API the sessions, channels and hosts use -------------------------------
 
@@ -335,7 +256,7 @@ class Runtime:
             TurnConflictError: the id was accepted with other text.
         """
         await self.open()
-        if self.drive:
+        if self.scheduler.steps_here:
             self.model_for(self.agents[key.agent])  # fail now, not in the background
         reason = entry.supersede
         if reason is not None and await supersede_at_once(self.store, key, entry) \
@@ -345,7 +266,7 @@ class Runtime:
         if not new:
             check_redelivery(key, rec, entry)
         if rec.needs_driving or not rec.status.final:
-            await self._kick(key, interrupt=new and reason is not None)
+            await self.scheduler.wake(key, interrupt=new and reason is not None)
         return rec, new
 
     async def wait(self, key: SessionKey, turn_id: str, *,
@@ -417,10 +338,9 @@ class Runtime:
                     done = loop.create_future()
                     done.add_done_callback(rouse)
                     waiters.append(done)
-                if self.drive and self.scheduler is None and not kicked \
-                        and key not in self._drivers:
-                    kicked = True  # (a scheduler was told when the entry was accepted)
-                    self._drive(key)
+                if self.scheduler.steps_here and not kicked and key not in self._drivers:
+                    kicked = True  # (a scheduler elsewhere was told when it was accepted)
+                    await self.scheduler.wake(key)
                 remaining = None if deadline is None else deadline - loop.time()
                 if remaining is None:
                     await wake
@@ -464,22 +384,32 @@ class Runtime:
             driver = self._drivers.get(key)
             if driver is not None:
                 driver.interrupt(ids, reason)
-            await self._kick(key, interrupt=True)  # a parked turn among them: its end is ours
+            # A parked turn among them: its end is a step of its own.
+            await self.scheduler.wake(key, interrupt=True)
         return ids
 
-    async def step(self, key: SessionKey, *, lease_timeout: float | None = None,
+    async def step(self, key: SessionKey, *, lease: Lease | None = None,
+                   lease_timeout: float | None = None,
                    attempt: int | None = None) -> ChainState:
-        """Drive one step of the session's chain in this process, and say what is left.
+        """Run one step of the session's chain in this process, and say what is left.
 
-        What a scheduler's worker calls (a Temporal activity): it claims the session's lease
-        (waiting for another holder, whose lease expires if it died), runs the chain's next
-        step — a model call or tool call (a parallel batch is one; a turn's opening goes
-        with its first), or a command — commits it fenced by the lease's epoch, and lets
-        the lease go. A step found committed is not run again (a replay after a crash).
+        What every scheduler calls (``durable_turns.scheduling``; a Temporal activity): the
+        chain's next step — a model call or a tool call (a parallel batch is one; a turn's
+        opening goes with its first), or a command — runs under the session's lease and
+        commits fenced by the lease's epoch. A step found committed is not run again (a
+        replay after a crash). A cancel of the turn stops a model stream (or a retry's
+        backoff) of the step at once.
 
         Args:
             key: the session.
-            lease_timeout: seconds to wait for the lease (``None``: the runtime's).
+            lease: the session's lease, held by the scheduler across many steps (claimed with
+                ``store.claim`` or ``store.claim_ready``; it releases it): the runtime keeps
+                what a step read (the chain, the turn under way) for the next step under the
+                same lease, until the chain has nothing left or a step raises. ``None``: the
+                step claims the lease (waiting for another holder, whose lease expires if it
+                died) and releases it after.
+            lease_timeout: without ``lease``, seconds to wait for it (``None``: the
+                runtime's).
             attempt: the scheduler's attempt of this step (1-based), when it retries steps
                 itself (Temporal): only that attempt of a model call or remote tool runs; a
                 failure that ``model_retries`` or the tool's ``retries`` would retry raises
@@ -492,31 +422,40 @@ class Runtime:
         Raises:
             RetryStep: ``attempt`` failed; run the step again after its ``delay``.
             LeaseTimeoutError: another holder kept the session's lease.
+            LeaseLostError: the lease was lost (another process took the session over).
             StoreError: the store refused the step (nothing of it was written).
-            DurableTurnsError: driving failed otherwise (the turn stays unfinished).
+            ConfigurationError: the session's agent has no model.
+            ValueError: ``attempt`` is not an int >= 1.
+            DurableTurnsError: stepping failed otherwise (the turn stays unfinished).
         """
+        if attempt is not None and (not isinstance(attempt, int) or attempt < 1):
+            raise ValueError(f"attempt must be an int >= 1, not {attempt!r}")
         await self.open()
-        agent = self.agents[key.agent]
+        if lease is not None:
+            driver = self._drivers.get(key)
+            if driver is None or driver.lease is not lease:
+                driver = self._hold(lease)
+            try:
+                state = await driver.step(attempt)
+            except BaseException as e:
+                self._let_go(driver, e)
+                raise
+            if not state.more:
+                self._let_go(driver)
+            return state
         wait = self.lease_timeout if lease_timeout is None else lease_timeout
-        running = self._drivers.get(key)
-        if running is not None and running.alive:
-            # A step of this session still runs here (one its scheduler gave up on): it
-            # ends at its next boundary; past the wait, the claim below waits for its lease.
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(wait):
-                    await asyncio.gather(running.task, return_exceptions=True)
-        driver = SessionDriver(
-            key, agent, self.model_for(agent), self.store, transcripts=self._transcripts,
-            publish=self._publish, publish_live=self._publish_live, finished=self._finished,
-            lease_timeout=wait, host=self.host, wants_live=self._wants_live, steps=1,
-            attempt=attempt, commands=self.commands,
-        )
-        self._drivers[key] = driver
-        driver.task.add_done_callback(lambda _t: self._driver_done(driver))
-        await driver.task  # cancelling the step (its activity was) abandons it, unwritten
-        if driver.failure is not None:
-            raise driver.failure
-        return await self.chain(key)
+        lease = await self.store.claim(key, timeout=wait)
+        try:
+            driver = self._hold(lease)
+            try:
+                state = await driver.step(attempt)
+            except BaseException as e:
+                self._let_go(driver, e)
+                raise
+            self._let_go(driver)
+            return state
+        finally:
+            await lease.release()
 
     async def chain(self, key: SessionKey) -> ChainState:
         """What is left of the session's chain, without driving it: whether more needs
@@ -529,50 +468,37 @@ class Runtime:
     # -- drivers ---------------------------------------------------------------------------
 
     async def drive_session(self, key: SessionKey) -> None:
-        """Drive the session's unfinished entries now (what ``accept`` does for a new one; a
-        fork's turn under way, for one): here, or through the scheduler. A runtime with
-        ``drive=False`` leaves them to its workers, which the store's feed tells."""
-        await self._kick(key)
+        """Have the session's unfinished entries stepped (what ``accept`` does for a new one;
+        a fork's turn under way, for one): the scheduler is told."""
+        await self.scheduler.wake(key)
 
-    async def _kick(self, key: SessionKey, *, interrupt: bool = False) -> None:
-        """The session has work (``interrupt``: a turn was asked to stop): drive it here, or
-        tell the scheduler."""
-        if self.scheduler is not None:
-            await self.scheduler.wake(key, interrupt=interrupt)
-            return
-        self._drive(key)
-
-    def _drive(self, key: SessionKey, *, try_once: bool = False,
-               lease: Lease | None = None) -> None:
-        if not self.drive:
-            return
-        driver = self._drivers.get(key)
-        if driver is not None and driver.alive:
-            driver.wake()
-            return
-        agent = self.agents[key.agent]
-        self._failed.pop(key, None)
-        driver = SessionDriver(
-            key, agent, self.model_for(agent), self.store, transcripts=self._transcripts,
-            publish=self._publish, publish_live=self._publish_live, finished=self._finished,
-            lease_timeout=self.lease_timeout, host=self.host, try_once=try_once, lease=lease,
-            wants_live=self._wants_live, commands=self.commands,
-        )
-        self._drivers[key] = driver
-        driver.task.add_done_callback(lambda _t: self._driver_done(driver))
-
-    def _driver_done(self, driver: SessionDriver) -> None:
-        key = driver.key
-        if self._drivers.get(key) is driver:
-            del self._drivers[key]
-            if driver.failure is not None and not isinstance(driver.failure, RetryStep):
-                # Kept where wait() looks, until the session is driven again.
-                self._failed[key] = driver.failure
+    def stopped(self, key: SessionKey, failure: BaseException | None = None) -> None:
+        """A scheduler that steps sessions in this process stopped stepping ``key`` (it has
+        nothing left, or gave up: ``failure``, kept for :meth:`wait` to raise until the
+        session is stepped again). Its waiters look at the store again."""
+        if failure is not None and not isinstance(failure, RetryStep):
+            self._failed[key] = failure
         for (k, _turn), futures in list(self._waiting.items()):
             if k == key:
                 for f in futures:
                     if not f.done():
                         f.set_result(None)
+
+    def _hold(self, lease: Lease) -> SessionDriver:
+        key = lease.key
+        old = self._drivers.get(key)
+        if old is not None:
+            self._let_go(old)
+        self._failed.pop(key, None)
+        driver = self._drivers[key] = SessionDriver(self._ctx, lease)
+        return driver
+
+    def _let_go(self, driver: SessionDriver, failure: BaseException | None = None) -> None:
+        driver.close()
+        if self._drivers.get(driver.key) is driver:
+            del self._drivers[driver.key]
+        if failure is not None and not isinstance(failure, RetryStep):
+            self._transcripts.forget(driver.key)  # the next step reads what the store holds
 
     def _finished(self, key: SessionKey, result: TurnResult) -> None:
         for f in self._waiting.get((key, result.turn_id), ()):

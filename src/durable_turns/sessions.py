@@ -58,8 +58,10 @@ class RuntimeAPI(Protocol):
     store: SessionStore
     model: Model | None
     secret: bytes
-    drive: bool
     commands: Registry
+
+    @property
+    def steps_here(self) -> bool: ...
 
     async def open(self) -> None: ...
 
@@ -187,7 +189,7 @@ class AgentSession:
                     and isinstance(e, TurnFailed)]
         retry = Retry(turn_id, max(failures, default=0))
         await rt.accept(self.key, retry.entry())
-        if rt.drive:
+        if rt.steps_here:
             done = await rt.wait(self.key, retry.entry_id)
             if done.status == TurnStatus.FAILED:
                 raise TurnConflictError(done.error or "the turn cannot be retried",
@@ -449,8 +451,8 @@ class AgentSession:
 
         Each turn is in the fork as it stood at ``at``: ended turns with their outcome, a
         parked one with its request (answerable in the fork, on its own), one under way
-        queued and driven on from the checkpoint (by this runtime, or with ``drive=False``
-        by its workers). Subagent children the copied steps started are forked too, under ids
+        queued and driven on from the checkpoint (by this runtime's scheduler: here, or by
+        its workers). Subagent children the copied steps started are forked too, under ids
         derived from the fork. The fork is a new timeline: idempotency keys derive from the
         session, so a remote tool run after the fork point is a new effect.
 

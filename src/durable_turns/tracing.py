@@ -226,6 +226,12 @@ class TurnTrace:
             self.span.set_status(self.error_status(error))
         self.span.end()
 
+    def pause(self) -> None:
+        """The stretch stopped between two steps, nothing failed: its scheduler steps the
+        turn on later (a Temporal activity runs one step), in a stretch of its own."""
+        self.span.set_attributes({"durable_turns.turn.status": "running"})
+        self.span.end()
+
     def abandon(self, e: BaseException) -> None:
         """The stretch stopped on an exception (lease lost, store error, a crashing tool):
         nothing of the current step committed and the turn stays for another drive."""

@@ -120,12 +120,11 @@ async def test_url_verification_answers_the_challenge(tmp_path: Path) -> None:
         assert r.status_code == 200 and r.json() == {"challenge": "abc123"}
 
 
-async def test_a_follow_up_to_a_runtime_nobody_opened_is_answered_and_replied_to(
+async def test_after_a_restart_the_lifespan_opens_the_runtime_and_a_follow_up_is_replied_to(
         tmp_path: Path) -> None:
-    """After a restart with no lifespan (``serving`` runs uvicorn without one) nothing
-    opened the runtime: the first event, a follow-up in a thread the bot is in, is stored
-    and replied to (the Slack routes open the runtime, as the API routes do), not refused
-    on a closed store."""
+    """After a restart the server's lifespan opens the runtime (its one owner) and starts
+    the channel: the first event, a follow-up in a thread the bot is in, is stored and
+    replied to."""
     db = tmp_path / "s.db"
     async with Runtime([slack_app.build_agent()], SqliteStore(db)) as before:
         await before.session(slack_app.AGENT, "slack:T0001:C1:150.000001").turn(
@@ -140,17 +139,13 @@ async def test_a_follow_up_to_a_runtime_nobody_opened_is_answered_and_replied_to
         follow = event_callback("and again", kind="message", thread_ts="150.000001",
                                 ts="150.000002")
         raw, headers = signed(follow)
-        try:
-            async with serving(app) as url, httpx.AsyncClient(timeout=WAIT) as http:
-                async with asyncio.timeout(WAIT):
-                    r = await http.post(f"{url}/slack/events", content=raw, headers=headers)
-                assert r.status_code == 200, r.text
-                replies = await fake.wait(lambda: [m for m in fake.thread("C1", "150.000001")
-                                                   if not m.streaming], "the reply")
-                assert replies[0].markdown == "You said: and again"
-        finally:
-            await asyncio.wait_for(slack.idle(), WAIT)
-            await runtime.close()
+        async with serving(app, lifespan="on") as url, httpx.AsyncClient(timeout=WAIT) as http:
+            async with asyncio.timeout(WAIT):
+                r = await http.post(f"{url}/slack/events", content=raw, headers=headers)
+            assert r.status_code == 200, r.text
+            replies = await fake.wait(lambda: [m for m in fake.thread("C1", "150.000001")
+                                               if not m.streaming], "the reply")
+            assert replies[0].markdown == "You said: and again"
 
 
 async def test_forged_and_stale_signatures_are_refused_and_nothing_runs(tmp_path: Path) -> None:

@@ -39,6 +39,7 @@ from durable_turns.inbound import InboundEvent
 from durable_turns.models import ModelRequest
 from durable_turns.models.scripted import calls_this_turn
 from durable_turns.records import InputRequest
+from durable_turns.scheduling import NoDriveScheduler
 
 WAIT = 30.0
 """The bound on every wait of these tests."""
@@ -204,7 +205,7 @@ async def test_a_receive_turn_still_running_at_recovery_is_delivered_when_it_end
         tmp_path: Path) -> None:
     db = tmp_path / "s.db"
     channel = BoardChannel()
-    async with Runtime([agent()], SqliteStore(db), drive=False) as rt:
+    async with Runtime([agent()], SqliteStore(db), scheduler=NoDriveScheduler()) as rt:
         # Accepted by receive() in a process that died before the turn ran.
         event = InboundEvent("board", None, "daily digest", meta={
             "deliver": {"channel": "board", "target": {"room": "r9"}}})

@@ -16,6 +16,7 @@ from pathlib import Path
 import pexpect
 
 from durable_turns import Runtime, SqliteStore, load_agent
+from durable_turns.scheduling import NoDriveScheduler
 
 WAIT = 60.0
 """The bound on every expectation."""
@@ -127,7 +128,7 @@ def asks_to_refund(child: pexpect.spawn[str]) -> None:
 
 async def statuses(app: Path, db: Path) -> list[str]:
     """The statuses of the chat session's turns, as the store has them."""
-    async with Runtime([load_agent(app)], SqliteStore(db), drive=False) as rt:
+    async with Runtime([load_agent(app)], SqliteStore(db), scheduler=NoDriveScheduler()) as rt:
         return [t.status.value for t in await rt.session("desk", "chat").turns()]
 
 
@@ -154,7 +155,7 @@ def test_chat_streams_asks_inline_and_cancels_on_ctrl_c(tmp_path: Path) -> None:
 
 
 async def _check_the_store(app: Path, db: Path) -> None:
-    async with Runtime([load_agent(app)], SqliteStore(db), drive=False) as rt:
+    async with Runtime([load_agent(app)], SqliteStore(db), scheduler=NoDriveScheduler()) as rt:
         session = rt.session("desk", "chat")
         opened = [(m.text, m.by) for m in await session.transcript() if m.role == "user"]
         assert opened == [("hi", "ann"), ("refund it", "ann"), ("hold on", "ann")]

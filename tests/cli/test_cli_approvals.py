@@ -30,6 +30,7 @@ from durable_turns import (
     tool,
 )
 from durable_turns.models.scripted import calls_this_turn
+from durable_turns.scheduling import NoDriveScheduler
 from durable_turns.stores import SessionStore
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -222,7 +223,8 @@ async def test_approve_on_postgresql(pg_dsn: str) -> None:
     done = cli("approve", str(OPS), "--store", pg_dsn, "--turn", turn)
     assert done.returncode == 0, done.stderr
     assert "agent> Refunded $30.00 on order 42" in done.stdout
-    async with Runtime([load_agent(OPS)], PostgresStore(pg_dsn), drive=False) as rt:
+    async with Runtime([load_agent(OPS)], PostgresStore(pg_dsn),
+                       scheduler=NoDriveScheduler()) as rt:
         s = rt.session("ops", "s1")
         assert [t.status.value for t in await s.turns()] == ["completed", "completed"]
         answers = [json.dumps(m.result) for m in await s.transcript() if m.role == "tool"]

@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 from durable_turns import Runtime, SqliteStore, load_agent
+from durable_turns.scheduling import NoDriveScheduler
 from durable_turns.stores import SessionStore
 
 WAIT = 60.0
@@ -143,14 +144,14 @@ async def test_sigterm_lets_a_running_turn_finish(tmp_path: Path) -> None:
             proc.send_signal(signal.SIGTERM)  # the model step is running: it cannot end yet
             go.touch()
         assert await asyncio.wait_for(proc.wait(), WAIT) == 0
-    async with Runtime([load_agent(app)], SqliteStore(db), drive=False) as rt:
+    async with Runtime([load_agent(app)], SqliteStore(db), scheduler=NoDriveScheduler()) as rt:
         done = await rt.session("desk", "s1").result("t1", timeout=WAIT)
         assert (done.status, done.text) == ("completed", "finally")
 
 
 async def test_serve_recovers_unfinished_turns_at_start(tmp_path: Path) -> None:
     app, db = make_app(tmp_path), tmp_path / "desk.sqlite"
-    async with Runtime([load_agent(app)], SqliteStore(db), drive=False) as rt:
+    async with Runtime([load_agent(app)], SqliteStore(db), scheduler=NoDriveScheduler()) as rt:
         await rt.session("desk", "s1").start("left behind", turn_id="t1")
     async with served(app, db) as (_proc, url), httpx.AsyncClient(base_url=url,
                                                                   timeout=WAIT) as client:
@@ -301,7 +302,7 @@ async def test_sessions_list_show_cancel_reset(tmp_path: Path) -> None:
     reset = cli("sessions", "reset", "desk/new", "--db", str(db))
     assert reset.returncode == 0, reset.stderr
     assert "archived as new#g0, generation 1" in reset.stdout
-    async with Runtime([load_agent(app)], SqliteStore(db), drive=False) as rt:
+    async with Runtime([load_agent(app)], SqliteStore(db), scheduler=NoDriveScheduler()) as rt:
         s = rt.session("desk", "new")
         assert (await s.status(), await s.pending(), await s.transcript()) == ("new", None, [])
 
@@ -355,7 +356,8 @@ async def test_sessions_commands_manage_a_postgresql_store(tmp_path: Path, pg_ds
     retried = cli("sessions", "retry", "--store", pg_dsn, "--turn", "t1")
     assert retried.returncode == 0, retried.stderr
     assert "turn t1 of ops/s1 re-opened" in retried.stdout
-    async with Runtime([load_agent(app)], PostgresStore(pg_dsn), drive=False) as rt:
+    async with Runtime([load_agent(app)], PostgresStore(pg_dsn),
+                       scheduler=NoDriveScheduler()) as rt:
         s = rt.session("desk", "new")
         assert (await s.status(), await s.pending(), await s.transcript()) == ("new", None, [])
 

@@ -20,6 +20,7 @@ from durable_turns.commands import COMMANDS
 from durable_turns.errors import ConfigurationError
 from durable_turns.models import ModelEvent, ModelRequest
 from durable_turns.models.scripted import scripted
+from durable_turns.scheduling import NoDriveScheduler
 from durable_turns.server import create_app
 from fakes.serving import serving
 from note_command import REGISTRY, Note
@@ -111,7 +112,7 @@ def test_a_registered_command_is_a_verb_of_the_cli(tmp_path: Path,
     note_id = out.split()[-1]
 
     async def read() -> Any:
-        async with Runtime([Agent("ops")], SqliteStore(db), drive=False,
+        async with Runtime([Agent("ops")], SqliteStore(db), scheduler=NoDriveScheduler(),
                            commands=REGISTRY) as rt:
             return await rt.session("ops", "s1").entry(note_id)
 

@@ -18,6 +18,7 @@ from durable_turns.errors import ResumeConflictError, UnknownTurnError
 from durable_turns.events import TurnEvent
 from durable_turns.models import ModelEvent, ModelRequest
 from durable_turns.models.scripted import calls_this_turn
+from durable_turns.scheduling import ClaimingScheduler, NoDriveScheduler, Scheduler
 from durable_turns.stores import SessionStore, TurnRecord
 
 WAIT = 30.0
@@ -57,8 +58,9 @@ class GatedModel:
 runs: list[str] = []
 
 
-def make_runtime(store: SessionStore, model: GatedModel, *tools: Any) -> Runtime:
-    return Runtime([Agent("ops", "", list(tools))], store, model)
+def make_runtime(store: SessionStore, model: GatedModel, *tools: Any,
+                 scheduler: Scheduler | None = None) -> Runtime:
+    return Runtime([Agent("ops", "", list(tools))], store, model, scheduler=scheduler)
 
 
 @tool
@@ -343,9 +345,11 @@ async def test_a_park_withdrawn_in_one_process_is_ended_by_a_worker(tmp_path: An
         == "suspended"
     await first.close()
     # A host that drives nothing withdraws the request; a worker elsewhere ends the turn.
-    host = Runtime([Agent("ops", "", [ask_first, note])], SqliteStore(db), drive=False)
-    worker = make_runtime(SqliteStore(db), GatedModel(PARKS), ask_first, note)
-    working = asyncio.create_task(worker.work(poll_interval=0.05))
+    host = Runtime([Agent("ops", "", [ask_first, note])], SqliteStore(db),
+                   scheduler=NoDriveScheduler())
+    claims = ClaimingScheduler(poll_interval=0.05)
+    worker = make_runtime(SqliteStore(db), GatedModel(PARKS), ask_first, note, scheduler=claims)
+    working = asyncio.create_task(claims.run())
     try:
         s = host.session("ops", "s1")
         assert await s.cancel(t.turn_id, reason="operator") == [t.turn_id]

@@ -29,11 +29,11 @@ from durable_turns.stores import SessionStore
 
 def _placeholder(h: Any) -> str:
     """The raw handle's parameter marker: ``%s`` for psycopg, ``?`` for sqlite3."""
-    return "%s" if type(h).__module__.startswith("psycopg") else "?"
+    return "?" if isinstance(h, sqlite3.Connection) else "%s"
 
 
 def _has_table(h: Any, name: str) -> bool:
-    if type(h).__module__.startswith("psycopg"):
+    if not isinstance(h, sqlite3.Connection):
         sql = ("SELECT count(*) FROM information_schema.tables "
                "WHERE table_schema = current_schema() AND table_name = %s")
     else:

@@ -27,6 +27,7 @@ from durable_turns import (
 from durable_turns.errors import SessionExistsError
 from durable_turns.models import ModelRequest
 from durable_turns.models.scripted import calls_this_turn
+from durable_turns.scheduling import NoDriveScheduler
 from durable_turns.stores import SessionStore
 from durable_turns.subagents import child_ids
 
@@ -73,8 +74,8 @@ async def test_history_and_a_fork_at_every_kind_of_checkpoint(store: SessionStor
     await rt.session("ops", "s1").turn("look twice", turn_id="t1")
     # Forks made where nothing drives (a server of workers) keep what they copied as it was:
     # a turn under way stays queued for whoever drives the fork.
-    viewer = Runtime([Agent("ops", "You help.", [lookup, refund])], store, drive=False,
-                     owns_store=False)
+    viewer = Runtime([Agent("ops", "You help.", [lookup, refund])], store,
+                     scheduler=NoDriveScheduler(), owns_store=False)
     s = viewer.session("ops", "s1")
     source = await s.transcript()
     history = await s.history()

@@ -27,6 +27,7 @@ from durable_turns.events import TurnEvent
 from durable_turns.models import ModelEvent, ModelRequest
 from durable_turns.models.scripted import calls_this_turn
 from durable_turns.records import Answer, SessionKey, TurnStatus
+from durable_turns.scheduling import ClaimingScheduler, NoDriveScheduler
 from durable_turns.stores import SessionStore
 from durable_turns.subagents import child_ids, turn_usage
 from durable_turns.testing import get_turn, step_result
@@ -306,10 +307,12 @@ async def test_parks_and_cancels_cross_workers_on_postgres(pg_dsn: str) -> None:
     lead = Agent("lead", "", [subagent("helper", description="Pays.")],
                  model=scripted(lead_reply))
     helper = Agent("helper", "", [approve], model=helper_model)
-    worker = Runtime([lead, helper], PostgresStore(pg_dsn, lease_ttl=5.0))
+    claims = ClaimingScheduler(poll_interval=0.2)
+    worker = Runtime([lead, helper], PostgresStore(pg_dsn, lease_ttl=5.0), scheduler=claims)
     # A front that drives nothing: it accepts, answers and cancels; the worker drives.
-    front = Runtime([Agent("lead"), Agent("helper")], PostgresStore(pg_dsn), drive=False)
-    working = asyncio.ensure_future(worker.work(poll_interval=0.2))
+    front = Runtime([Agent("lead"), Agent("helper")], PostgresStore(pg_dsn),
+                    scheduler=NoDriveScheduler())
+    working = asyncio.ensure_future(claims.run())
     try:
         async with asyncio.timeout(WAIT):
             s = front.session("lead", "s1")

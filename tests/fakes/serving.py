@@ -12,7 +12,7 @@ import asyncio
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, Literal
 
 import httpx2
 import uvicorn
@@ -22,19 +22,22 @@ WAIT = 30.0
 
 
 @asynccontextmanager
-async def serving(app: Any, *, sndbuf: int | None = None, **config: Any) -> AsyncIterator[str]:
+async def serving(app: Any, *, sndbuf: int | None = None,
+                  lifespan: Literal["auto", "on", "off"] = "off",
+                  **config: Any) -> AsyncIterator[str]:
     """Run ``app`` on ``127.0.0.1:<free port>``; yields its base URL (no trailing slash).
 
     ``sndbuf`` sets the send buffer of the connections it accepts, so that a client that
     stops reading holds the server's writes up after a few KiB, not megabytes. ``config``:
-    more of ``uvicorn.Config``'s settings (``http=…``).
+    more of ``uvicorn.Config``'s settings (``http=…``). ``lifespan="on"`` runs the app's
+    lifespan (its runtime opened and its channels started as ``serve`` does).
     """
     sock = socket.socket()
     if sndbuf is not None:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sndbuf)  # accepted ones inherit
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off",
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan=lifespan,
                                            timeout_graceful_shutdown=1, **config))
     task = asyncio.create_task(server.serve(sockets=[sock]))
     try:

@@ -33,6 +33,7 @@ from durable_turns import (
 from durable_turns.channels import mount_agent
 from durable_turns.models import ModelRequest
 from durable_turns.models.scripted import calls_this_turn
+from durable_turns.scheduling import NoDriveScheduler, Scheduler
 from durable_turns.server import MAX_BODY, create_app, is_loopback
 from durable_turns.stores import SessionStore
 from fakes.serving import serving
@@ -95,9 +96,9 @@ class Host:
 
 @asynccontextmanager
 async def hosting(store: SessionStore, authenticate: Any = None,
-                  agents: list[Agent] | None = None, *, drive: bool = True,
+                  agents: list[Agent] | None = None, *, scheduler: Scheduler | None = None,
                   ping: float = 15.0) -> AsyncIterator[Host]:
-    rt = Runtime(agents or [agent()], store, scripted(reply, chunks=3), drive=drive)
+    rt = Runtime(agents or [agent()], store, scripted(reply, chunks=3), scheduler=scheduler)
     gate["hold"] = asyncio.Event()
     async with rt:
         app = create_app(rt, authenticate, ping=ping)
@@ -250,7 +251,7 @@ async def test_events_replay_then_go_live_with_keepalives() -> None:
 async def test_a_turn_driven_by_another_process_streams_live(tmp_path: Path) -> None:
     db = tmp_path / "shop.sqlite"
     ops = Agent(crashkit.AGENT)  # this host only watches: another process drives the turn
-    async with hosting(SqliteStore(db), agents=[ops], drive=False) as host:
+    async with hosting(SqliteStore(db), agents=[ops], scheduler=NoDriveScheduler()) as host:
         url = f"/agents/{crashkit.AGENT}/sessions/{crashkit.SESSION}/events"
         child = crashkit.spawn(db, "remote", "--gate")
         try:

@@ -16,7 +16,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from durable_turns import Agent, MemoryStore, ModelReply, Runtime, scripted
 from durable_turns.models import ModelRequest
 from durable_turns.server import create_app
-from durable_turns.server.fanout import Outbox, Pacer, start_eagerly
+from durable_turns.server.fanout import EventStream, Outbox, Pacer, start_eagerly
 from fakes.serving import serving
 
 WAIT = 60.0
@@ -143,8 +143,8 @@ async def test_end_streams_ends_open_event_streams() -> None:
 
 
 async def test_middleware_added_to_the_app_sees_every_write_of_an_event_stream() -> None:
-    # Without middleware the stream writes to the server's own send; with some, every
-    # write goes through it (here: one that counts the body bytes it passes on).
+    # Every write of a stream goes through the app's send path (here: a middleware that
+    # counts the body bytes it passes on).
     passed: list[int] = []
 
     class Count:
@@ -258,15 +258,44 @@ async def test_live_text_waits_for_the_next_durable_event_or_the_pacer() -> None
     assert client.taken() == []
 
 
-async def test_a_failed_write_ends_the_outbox() -> None:
+async def test_a_failed_write_ends_the_outbox_and_closes_its_stream() -> None:
     async def gone(message: Message) -> None:
-        raise OSError("the client left")
+        if message["type"] == "http.response.body":
+            raise OSError("the client left")
 
+    async def silent() -> Message:
+        await asyncio.get_running_loop().create_future()  # the client never says it left
+        raise AssertionError
+
+    closed: list[str] = []
     box = Outbox()
     box.put(b"lost")
-    await asyncio.wait_for(box.start(gone), WAIT)
-    assert box.ended
+    scope: Scope = {"type": "http", "asgi": {"spec_version": "2.4"}}
+    stream = EventStream(box, lambda: closed.append("closed"))
+    await asyncio.wait_for(stream(scope, silent, gone), WAIT)
+    assert box.ended and closed == ["closed"]
     box.put(b"more")  # taken and dropped
+
+
+async def test_a_pumped_outbox_reads_its_source_as_fast_as_the_client_reads() -> None:
+    read: list[int] = []
+
+    async def source() -> AsyncIterator[bytes]:
+        for i in range(10):
+            read.append(i)
+            yield b"x" * 6
+
+    box, client = Outbox(limit=10), Client()
+    client.reading.clear()
+    box.put(b"first")
+    written = box.start(client.send)  # its write is held up: the client stalls
+    box.pump(source())
+    for _ in range(20):
+        await asyncio.sleep(0)  # (not a wait on time: turns of the loop for the pump)
+    assert len(read) == 2 and not box.overflowed  # held back at 12 bytes, not cut off
+    client.reading.set()
+    await asyncio.wait_for(written, WAIT)
+    assert b"".join(client.taken()) == b"first" + b"x" * 60 and len(read) == 10
 
 
 async def test_start_eagerly_runs_at_once_and_hands_a_suspension_to_a_task() -> None:

@@ -17,6 +17,7 @@ from starlette.routing import BaseRoute
 from durable_turns import Agent, MemoryStore, ModelReply, Runtime, SqliteStore, scripted
 from durable_turns.errors import ConfigurationError
 from durable_turns.events import TurnEvent
+from durable_turns.scheduling import NoDriveScheduler
 from durable_turns.server import create_app
 
 WAIT = 60.0
@@ -47,7 +48,7 @@ async def _listening(proc: asyncio.subprocess.Process) -> str:
 async def test_uvicorn_module_app_recovers_serves_and_shuts_down(tmp_path: Path) -> None:
     db = tmp_path / "desk.sqlite"
     (tmp_path / "deskapp.py").write_text(MODULE.format(db=str(db)))
-    async with Runtime([Agent("desk")], SqliteStore(db), drive=False) as rt:
+    async with Runtime([Agent("desk")], SqliteStore(db), scheduler=NoDriveScheduler()) as rt:
         await rt.session("desk", "s1").start("left behind", turn_id="t0")  # nobody drives it
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "uvicorn", "deskapp:app", "--app-dir", str(tmp_path),
@@ -73,7 +74,7 @@ async def test_uvicorn_module_app_recovers_serves_and_shuts_down(tmp_path: Path)
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
-    async with Runtime([Agent("desk")], SqliteStore(db), drive=False) as rt:
+    async with Runtime([Agent("desk")], SqliteStore(db), scheduler=NoDriveScheduler()) as rt:
         assert (await rt.session("desk", "s1").result("t0")).text == "You said: left behind"
 
 
@@ -114,7 +115,7 @@ async def test_the_lifespan_starts_recovers_and_stops_channels_around_the_runtim
         tmp_path: Path) -> None:
     calls: list[str] = []
     db = tmp_path / "desk.sqlite"
-    async with Runtime([Agent("desk")], SqliteStore(db), drive=False) as rt:
+    async with Runtime([Agent("desk")], SqliteStore(db), scheduler=NoDriveScheduler()) as rt:
         await rt.session("desk", "s1").start("queued before the server", turn_id="t1")
     rt = Runtime([Agent("desk")], SqliteStore(db), scripted([ModelReply("ok")]))
     app = create_app(rt, channels=[Recorder("a", calls), Recorder("b", calls)])

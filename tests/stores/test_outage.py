@@ -29,6 +29,7 @@ import psycopg
 import pytest
 
 from deploykit import Deployment, Frame, deployment, read_sse, write_app
+from durable_turns.stores.postgres import PgConnection
 from durable_turns.testing.pgcluster import Cluster, Unavailable
 
 WAIT = 60.0
@@ -189,7 +190,7 @@ async def _run(d: Deployment, client: httpx.AsyncClient, cluster: Cluster,
     await asyncio.wait_for(asyncio.gather(*(followers[s] for s in SESSIONS[:3])), WAIT)
 
     # -- nothing twice, nothing lost --
-    with psycopg.connect(cluster.dsn) as c:
+    with PgConnection.connect(cluster.dsn) as c:  # the kit's Connection, for _events
         turns = c.execute("SELECT s.session, t.turn_id, t.status FROM turns t "
                           "JOIN sessions s USING (sid) ORDER BY s.session").fetchall()
         twice = c.execute("SELECT sid, gen, step, count(*) FROM log WHERE step IS NOT NULL "
@@ -219,7 +220,7 @@ def cluster_down(cluster: Cluster) -> bool:
     return False
 
 
-def _events(c: psycopg.Connection[Any], session: str) -> list[str]:
+def _events(c: PgConnection, session: str) -> list[str]:
     """A session's stored events, as ``[type, seq]`` JSON lists, in order (read through the
     store's own reader, so the log's encoding stays the store's business)."""
     from durable_turns.records import SessionKey

@@ -23,6 +23,7 @@ from conftest import assert_slotted
 from durable_turns import LeaseLostError, Message, SessionKey
 from durable_turns.errors import LeaseTimeoutError
 from durable_turns.records import NewEntry
+from durable_turns.scheduling import ClaimingScheduler, NoDriveScheduler
 from durable_turns.testing import get_turn
 
 KEY = SessionKey("ops", "s1")
@@ -436,11 +437,13 @@ async def test_a_turn_driven_by_a_worker_streams_to_a_server_that_does_not_drive
     assert text == f"done by pid {worker.pid}"
 
 
-def _worker_runtime(store: object, text: str = "done") -> object:
+def _worker_runtime(store: object, text: str = "done",
+                    scheduler: object = None) -> object:
     from durable_turns import Agent, ModelReply, Runtime, scripted
 
     return Runtime([Agent("ops", "You run ops.", [])], store,  # type: ignore[arg-type]
-                   scripted(lambda _request: ModelReply(text)))
+                   scripted(lambda _request: ModelReply(text)),
+                   scheduler=scheduler)  # type: ignore[arg-type]
 
 
 async def test_a_notification_wakes_a_worker_that_never_polls(pg_dsn: str) -> None:
@@ -448,10 +451,11 @@ async def test_a_notification_wakes_a_worker_that_never_polls(pg_dsn: str) -> No
 
     # Neither the worker nor its store looks again on a timer in this test's lifetime: only
     # a NOTIFY can tell the worker of the second turn.
-    worker = _worker_runtime(PostgresStore(pg_dsn, poll_interval=3600))
+    claims = ClaimingScheduler(poll_interval=3600)
+    worker = _worker_runtime(PostgresStore(pg_dsn, poll_interval=3600), scheduler=claims)
     assert isinstance(worker, Runtime)
-    front = Runtime([Agent("ops")], PostgresStore(pg_dsn), drive=False)
-    working = asyncio.ensure_future(worker.work(poll_interval=3600))
+    front = Runtime([Agent("ops")], PostgresStore(pg_dsn), scheduler=NoDriveScheduler())
+    working = asyncio.ensure_future(claims.run())
     try:
         async with asyncio.timeout(pgkit.CHILD_TIMEOUT):
             # The first turn may be found by the worker's first look; once it is done, the
@@ -471,9 +475,10 @@ async def test_a_lost_notification_only_delays_a_turn_until_the_re_poll(pg_dsn: 
     from durable_turns import PostgresStore, Runtime
 
     store = PostgresStore(pg_dsn, poll_interval=3600)
-    worker = _worker_runtime(store)
+    claims = ClaimingScheduler(poll_interval=0.2)
+    worker = _worker_runtime(store, scheduler=claims)
     assert isinstance(worker, Runtime)
-    working = asyncio.ensure_future(worker.work(poll_interval=0.2))
+    working = asyncio.ensure_future(claims.run())
     try:
         await worker.open()
         # Accepted on the worker's own store, below the runtime: its notification is its own

@@ -23,6 +23,7 @@ from durable_turns import Message, SessionKey, ToolContext
 from durable_turns.events import TurnStarted
 from durable_turns.messages import encode_message
 from durable_turns.records import NewEntry
+from durable_turns.scheduling import ClaimingScheduler, NoDriveScheduler
 from durable_turns.stores import Lease
 from durable_turns.stores.postgres import CHANNEL, LISTENER_NAME, PostgresStore
 from durable_turns.stores.sql import SCHEMA_VERSION
@@ -278,12 +279,13 @@ async def test_a_worker_whose_connections_are_all_killed_goes_on_working(pg_dsn:
     from durable_turns import Agent, ModelReply, Runtime, scripted
 
     name = f"worker-{uuid.uuid4().hex[:8]}"
+    claims = ClaimingScheduler(poll_interval=0.1)
     worker = Runtime([Agent("ops", "You run ops.", [])],
                      PostgresStore(psycopg.conninfo.make_conninfo(pg_dsn, application_name=name),
                                    poll_interval=0.2),
-                     scripted(lambda _request: ModelReply("done")))
-    front = Runtime([Agent("ops")], PostgresStore(pg_dsn), drive=False)
-    working = asyncio.ensure_future(worker.work(poll_interval=0.1))
+                     scripted(lambda _request: ModelReply("done")), scheduler=claims)
+    front = Runtime([Agent("ops")], PostgresStore(pg_dsn), scheduler=NoDriveScheduler())
+    working = asyncio.ensure_future(claims.run())
     admin = psycopg.connect(pg_dsn, autocommit=True)
     try:
         async with asyncio.timeout(pgkit.CHILD_TIMEOUT):

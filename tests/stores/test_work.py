@@ -1,4 +1,5 @@
-"""F14: Runtime.work(): a worker drives what other processes accepted, on every store."""
+"""F14 many workers: a ClaimingScheduler drives what other processes accepted, on every
+store; a NoDriveScheduler front drives nothing."""
 
 from __future__ import annotations
 
@@ -9,20 +10,22 @@ import pytest
 
 from durable_turns import Agent, ModelReply, Runtime, scripted
 from durable_turns.errors import ConfigurationError
+from durable_turns.scheduling import ClaimingScheduler, NoDriveScheduler, Scheduler
 from durable_turns.stores import SessionStore
 
 
-def _runtime(store: SessionStore, *, drive: bool = True) -> Runtime:
+def _runtime(store: SessionStore, scheduler: Scheduler | None = None) -> Runtime:
     return Runtime([Agent("ops", "You run ops.", [])], store,
-                   scripted(lambda _r: ModelReply("done")), drive=drive)
+                   scripted(lambda _r: ModelReply("done")), scheduler=scheduler)
 
 
 async def test_a_worker_drives_turns_another_runtime_accepted(store: SessionStore) -> None:
-    front = _runtime(store, drive=False)  # accepts and answers, drives nothing
+    front = _runtime(store, NoDriveScheduler())  # accepts and answers, drives nothing
     started = [await front.session("ops", f"s{i}").start("hi", turn_id="t1") for i in range(3)]
     assert all(s.new for s in started)
-    worker = _runtime(store)
-    working = asyncio.ensure_future(worker.work(poll_interval=0.01))
+    claims = ClaimingScheduler(poll_interval=0.01)
+    worker = _runtime(store, claims)
+    working = asyncio.ensure_future(claims.run())
     try:
         async with asyncio.timeout(30):
             results = [await front.session("ops", f"s{i}").result("t1") for i in range(3)]
@@ -40,11 +43,20 @@ async def test_a_worker_drives_turns_another_runtime_accepted(store: SessionStor
         await front.close()
 
 
-async def test_work_needs_a_driving_runtime(store: SessionStore) -> None:
-    rt = _runtime(store, drive=False)
-    with pytest.raises(ConfigurationError, match="drive"):
-        await rt.work()
-    await rt.close()
+async def test_a_front_drives_nothing_and_the_removed_drive_flag_says_what_replaced_it(
+        store: SessionStore) -> None:
+    front = _runtime(store, NoDriveScheduler())
+    await front.session("ops", "s1").start("hi", turn_id="t1")
+    with pytest.raises(TimeoutError):
+        await front.session("ops", "s1").result("t1", timeout=0.2)
+    assert [t.status.value for t in await front.session("ops", "s1").turns()] == ["queued"]
+    await front.close()
+    with pytest.raises(ConfigurationError, match="NoDriveScheduler"):
+        Runtime([Agent("ops")], store, drive=False)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="one per runtime"):
+        shared = ClaimingScheduler()
+        _runtime(store, shared)
+        _runtime(store, shared)
 
 
 async def test_a_worker_drives_at_most_max_sessions_at_once(store: SessionStore) -> None:
@@ -69,13 +81,15 @@ async def test_a_worker_drives_at_most_max_sessions_at_once(store: SessionStore)
             return ModelReply("", [ToolCall("c1", "wait_a_little", {})])
         return ModelReply("done")
 
-    front = _runtime(store, drive=False)
+    front = _runtime(store, NoDriveScheduler())
     for i in range(5):
         await front.session("ops", f"s{i}").start("hi", turn_id="t1")
-    worker = Runtime([Agent("ops", "You run ops.", [wait_a_little])], store, scripted(reply))
     with pytest.raises(ValueError, match="max_sessions"):
-        await worker.work(max_sessions=0)
-    working = asyncio.ensure_future(worker.work(poll_interval=0.01, max_sessions=2))
+        ClaimingScheduler(max_sessions=0)
+    claims = ClaimingScheduler(poll_interval=0.01, max_sessions=2)
+    worker = Runtime([Agent("ops", "You run ops.", [wait_a_little])], store, scripted(reply),
+                     scheduler=claims)
+    working = asyncio.ensure_future(claims.run())
     try:
         async with asyncio.timeout(30):
             results = [await front.session("ops", f"s{i}").result("t1") for i in range(5)]

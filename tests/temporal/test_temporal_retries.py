@@ -32,6 +32,7 @@ from durable_turns.errors import ModelError, RetryStep
 from durable_turns.model import Stop
 from durable_turns.models import ModelEvent
 from durable_turns.models.scripted import calls_this_turn
+from durable_turns.scheduling import NoDriveScheduler
 from durable_turns.temporal import Connection, connect, workflow_id
 from temporalkit import WAIT, front, inline_worker, logged, queue, spawn, stop
 
@@ -325,7 +326,8 @@ async def test_an_attempt_that_its_policy_retries_writes_nothing(tmp_path: Path)
     runs: list[tuple[int, str]] = []
     agent = Agent("pay", "You charge.", [flaky_tool(runs, fails=1, retries=1)])
     model = scripted(lambda r: CHARGE[calls_this_turn(r)])
-    async with Runtime([agent], SqliteStore(tmp_path / "db"), model, drive=False) as rt:
+    async with Runtime([agent], SqliteStore(tmp_path / "db"), model,
+                       scheduler=NoDriveScheduler()) as rt:
         key = rt.key("pay", "s1")
         await rt.session("pay", "s1").start("go", turn_id="t1")
         state = await rt.step(key, attempt=1)  # the opening and the model's call

@@ -7,8 +7,10 @@
   stream it, answer a park, reset a session); the HTTP host and the REPL use it too.
 - :mod:`.delivery`: ``receive()`` runs a turn nobody typed and delivers it (F9), and
   :func:`recover_deliveries` makes what a crash left owed.
-- :mod:`.threads`: the delivery of turns into chat threads, shared by platforms that have
-  them; a platform implements a few calls (:class:`~.threads.ThreadPlatform`).
+- :mod:`.thread_channel`: the base of a platform with threads
+  (:class:`~.thread_channel.ThreadChannel`): a platform is its routes and its calls.
+- :mod:`.threads`: the delivery of turns into chat threads, which that base drives
+  (:class:`~.threads.ThreadPlatform`: the calls a reply is made of).
 - :mod:`.registry`: channels found by name (:func:`channel_from_env`).
 - :mod:`.slack` (the ``slack`` extra), :mod:`.repl` (``durable-turns chat``).
 

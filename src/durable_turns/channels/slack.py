@@ -13,12 +13,14 @@ an ``event_id``, and the ``message`` twin of an ``app_mention``, carry the same 
 ts)``, so they are one turn. The turn is durable before the request is acknowledged; the
 reply is delivered in the background.
 
-Outbound, each turn's reply streams into the thread: the delivery is
-:mod:`durable_turns.channels.threads`' (shared by platforms with threads), the Slack calls
-``slack_thread.SlackThreads`` (``chat.startStream`` / ``appendStream`` / ``stopStream``, the
-tool timeline as ``task_update`` chunks). What was delivered is stored on the turn's chain
-entry (``AgentSession.set_turn_data``, name ``"slack"``): the stream's message ts, the event
-seq delivered up to, the approval prompts posted. After a restart a half-streamed reply is
+Outbound, each turn's reply streams into the thread. What is the same on every platform
+with threads (the lifecycle, the turns, the clicks' answerer rules, the delivery and its
+recovery) is :class:`~durable_turns.channels.thread_channel.ThreadChannel`'s; this module is
+Slack's routes and its calls (``chat.startStream`` / ``appendStream`` / ``stopStream``, the
+tool timeline as ``task_update`` chunks; the blocks in :mod:`.slack_thread`). What was
+delivered is stored on the turn's chain entry (``AgentSession.set_turn_data``, name
+``"slack"``): the stream's message ts, the event seq delivered up to, the approval prompts
+posted. After a restart a half-streamed reply is
 finished with ``chat.update``, and a click on a prompt posted before the restart resumes the
 turn (the button carries the routing; the clicker's id comes from the signed payload).
 
@@ -30,7 +32,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import AsyncIterable, Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -38,6 +40,7 @@ try:
     # slack_sdk's AsyncWebClient needs aiohttp, which slack_sdk does not declare: fail here,
     # naming the extra, rather than at the first call to Slack.
     import aiohttp  # noqa: F401
+    from slack_sdk.errors import SlackApiError
     from slack_sdk.http_retry.builtin_async_handlers import AsyncRateLimitErrorRetryHandler
     from slack_sdk.signature import SignatureVerifier
     from slack_sdk.web.async_client import AsyncWebClient
@@ -50,22 +53,15 @@ except ImportError as e:  # pragma: no cover - depends on the install
         "the Slack channel needs slack_sdk, aiohttp and starlette: "
         "pip install 'durable-turns[slack]'") from e
 
-from ..access import Action, Authorize, decide
-from ..errors import (
-    ConfigurationError,
-    ResumeAuthorizationError,
-    ResumeConflictError,
-    SessionBusyError,
-    TurnConflictError,
-)
+from ..access import Authorize
+from ..errors import ConfigurationError
 from ..events import InputRequested, TurnEvent
-from ..inbound import InboundEvent
+from ..records import InputRequest
 from ..runtime import Runtime
-from ..sessions import AgentSession
 from ..wire import HttpError, loads, read_limited
-from .context import ChannelContext, mount_agent
-from .slack_thread import APPROVE, DENY, SlackThreads, prompt_blocks
-from .threads import STREAM_IDLE, SUPERSEDED, ThreadDeliveries, outcome
+from .slack_thread import APPROVE, DENY, chunk_json, prompt_blocks, text_blocks
+from .thread_channel import Click, Said, ThreadChannel
+from .threads import STREAM_IDLE, SUPERSEDED, Chunk, StreamEnded, Thread, outcome
 
 log = logging.getLogger("durable_turns.slack")
 
@@ -126,8 +122,8 @@ def slack_from_env(env: Mapping[str, str]) -> SlackChannel:
                         stream_idle=STREAM_IDLE, rate_limit_retries=3, clock=None)
 
 
-class SlackChannel:
-    """A Slack app's two request URLs, the thread replies, and ``deliver()`` for F9: a
+class SlackChannel(ThreadChannel):
+    """A Slack app's two request URLs and its Web API calls, on the thread-channel base: a
     :class:`~durable_turns.channels.Channel`.
 
     Make one with :func:`slack_channel`.
@@ -140,6 +136,8 @@ class SlackChannel:
                  replace_in_flight: bool, base_url: str | None, stream_idle: float,
                  rate_limit_retries: int, clock: Any,
                  authorize: Authorize | None = None) -> None:
+        super().__init__(agent=agent, replace_in_flight=replace_in_flight,
+                         stream_idle=stream_idle, authorize=authorize, log=log)
         kw: dict[str, Any] = {} if clock is None else {"clock": clock}
         # No secret: a channel that only delivers (receive); mount() refuses to serve.
         self.verifier = SignatureVerifier(signing_secret, **kw) if signing_secret else None
@@ -147,17 +145,6 @@ class SlackChannel:
                                      base_url=base_url or "https://slack.com/api/")
         self.client.retry_handlers.append(
             AsyncRateLimitErrorRetryHandler(max_retry_count=rate_limit_retries))
-        self.agent = agent
-        self.replace_in_flight = replace_in_flight
-        self.threads = ThreadDeliveries(self, SlackThreads(self.client),
-                                        stream_idle=stream_idle, log=log)
-        """The replies this process delivers (one task per turn)."""
-        self._ctx: ChannelContext | None = None
-        self._recovered = False
-        self.authorize = authorize
-        """The host's rule for Slack's users (see :func:`slack_channel`), if any."""
-
-    # -- the channel's lifecycle -----------------------------------------------------------
 
     def mount(self, runtime: Runtime) -> list[BaseRoute]:
         """Bind the channel to ``runtime``'s agent; returns its routes, ``POST /slack/events``
@@ -170,75 +157,11 @@ class SlackChannel:
         if self.verifier is None:
             raise ConfigurationError("serving Slack's requests needs its signing secret "
                                      "(SLACK_SIGNING_SECRET)")
-        self._ctx = self.context(runtime)
+        return super().mount(runtime)
+
+    def routes(self) -> list[BaseRoute]:
         return [Route("/slack/events", self.events, methods=["POST"]),
                 Route("/slack/actions", self.actions, methods=["POST"])]
-
-    def context(self, runtime: Runtime) -> ChannelContext:
-        """The :class:`ChannelContext` of the agent that answers on ``runtime``.
-
-        Raises:
-            ConfigurationError: as :meth:`mount`.
-        """
-        name = self.agent
-        if name is None:
-            if len(runtime.agents) != 1:
-                raise ConfigurationError(
-                    f"the runtime has {len(runtime.agents)} agents: name the one that answers "
-                    "in Slack with slack_channel(agent=…)")
-            name = next(iter(runtime.agents))
-        if name not in runtime.agents:
-            raise ConfigurationError(f"slack_channel(agent={name!r}): the runtime has no such "
-                                     f"agent ({', '.join(sorted(runtime.agents))})")
-        return mount_agent(runtime.agents[name], runtime)
-
-    @property
-    def ctx(self) -> ChannelContext:
-        """The mounted agent.
-
-        Raises:
-            ConfigurationError: not mounted yet.
-        """
-        if self._ctx is None:
-            raise ConfigurationError("the Slack channel is not mounted: pass it to "
-                                     "create_app(runtime, channels=[slack])")
-        return self._ctx
-
-    async def start(self) -> None:
-        """Nothing runs in the background until a turn is delivered: checks it is mounted.
-
-        Raises:
-            ConfigurationError: not mounted.
-        """
-        if self._ctx is None:
-            raise ConfigurationError("the Slack channel starts once mounted: pass it to "
-                                     "create_app(runtime, channels=[slack])")
-
-    async def recover(self) -> int:
-        """Finish what a stopped process left undelivered: replies of Slack turns (a
-        half-streamed one is completed with ``chat.update``) and ``receive()`` turns whose
-        delivery did not happen. Run at start, after ``Runtime.recover()``; a request that
-        arrives before (an app served without its lifespan) runs it. Returns how many turns
-        it took up; their deliveries go on in the background."""
-        self._recovered = True
-        return await self.threads.recover(self.ctx)
-
-    async def stop(self) -> None:
-        """Let deliveries finish for a few seconds, then end them (recovery goes on)."""
-        await self.threads.stop()
-
-    async def idle(self) -> None:
-        """Wait until this process delivers nothing (tests, orderly shutdown)."""
-        await self.threads.idle()
-
-    async def _ready(self) -> None:
-        # A request that arrives outside a lifespan (an app driven directly) opens the
-        # runtime as the API routes do, and runs the recovery the lifespan would have, in
-        # the background: Slack wants its answer within 3 s.
-        await self.ctx.runtime.open()
-        if not self._recovered:
-            self._recovered = True
-            self.threads.spawn(self.recover())
 
     # -- inbound: the Events API -----------------------------------------------------------
 
@@ -282,7 +205,6 @@ class SlackChannel:
         if envelope.get("type") == "url_verification":
             return JSONResponse({"challenge": envelope.get("challenge")})
         try:
-            await self._ready()
             if message is not None and message["user"] not in bots:
                 await self._on_event(envelope, message, bots)
         except Exception:
@@ -296,46 +218,19 @@ class SlackChannel:
         channel, ts, user = event["channel"], event["ts"], event["user"]
         team = str(event.get("team") or envelope.get("team_id") or "")
         thread = event.get("thread_ts") or ts
-        s = self.ctx.session(f"slack:{team}:{channel}:{thread}")
+        session = f"slack:{team}:{channel}:{thread}"
         if event["type"] == "message":
             in_thread = event.get("thread_ts") not in (None, ts)
             is_dm = event.get("channel_type") == "im"
-            if not is_dm and not (in_thread and (await s.summary()).exists):
+            if not is_dm and not (in_thread and (
+                    await self.ctx.session(session).summary()).exists):
                 return  # not a thread the bot is in
-        if not await self._allowed(user, team, "turn", s):
-            self.threads.spawn(self._note(channel, thread, user,
-                                          "You can't talk to this agent here."))
-            return
-        text = _strip_mentions(event.get("text") or "", bots)
-        if not text:
-            text = "(empty message)"
-        inbound = InboundEvent(
-            "slack", {"id": user, "attested": True}, text, raw=envelope,
-            meta={"team": team, "channel": channel, "thread_ts": thread, "ts": ts,
-                  "event_id": envelope.get("event_id")})
-        # (Once the store keeps an outbox, the turn is accepted with deliver="slack".)
-        try:
-            await self.threads.start_turn(s, text, turn_id=f"slack:{channel}:{ts}",
-                                          event=inbound, replace=self.replace_in_flight)
-        except SessionBusyError:
-            self.threads.spawn(self._busy_notice(channel, thread, user))
-        except TurnConflictError:
-            pass  # the same (channel, ts) stored with other text: one message, one turn
-
-    async def _busy_notice(self, channel: str, thread: str, user: str) -> None:
-        await self._note(channel, thread, user, "I'm waiting for an answer to the approval "
-                                                "above; send this again after it.")
-
-    async def _note(self, channel: str, thread: str, user: str, text: str) -> None:
-        await self.client.chat_postEphemeral(channel=channel, user=user, thread_ts=thread,
-                                             text=text)
-
-    async def _allowed(self, user: str, team: str, action: Action, s: AgentSession) -> bool:
-        """Whether the app's ``authorize`` lets this Slack user do ``action`` (no rule: yes)."""
-        if self.authorize is None:
-            return True
-        principal = {"id": user, "source": "slack", "team": team}
-        return await decide(self.authorize, principal, action, await s.summary()) is True
+        text = _strip_mentions(event.get("text") or "", bots) or "(empty message)"
+        await self.message(Said(
+            session, f"slack:{channel}:{ts}", user, text, raw=envelope,
+            route={"team": team, "channel": channel, "thread_ts": thread, "ts": ts,
+                   "event_id": envelope.get("event_id")},
+            principal={"team": team}))
 
     # -- inbound: interactivity (button clicks) --------------------------------------------
 
@@ -357,70 +252,104 @@ class SlackChannel:
             team = str(_object(payload.get("team")).get("id") or "")
         except (KeyError, IndexError, TypeError, ValueError, UnicodeDecodeError, HttpError):
             return _refuse(400, "not a durable_turns button click")
-        try:
-            await self._ready()
-        except Exception:
-            log.exception("slack: the click on %s of %s could not be taken", input_id, turn_id)
-            return _refuse(500, "the click could not be taken; try again")
-        self.threads.spawn(self._answer(session, turn_id, input_id, answer, clicker,
-                                        response_url, prompt, team))
+        self.click(Click(session, turn_id, input_id, answer, clicker,
+                         reply={"response_url": response_url, "prompt": prompt},
+                         principal={"team": team}))
         return Response(status_code=200)
 
-    async def _answer(self, session: str, turn_id: str, input_id: str, answer: bool,
-                      clicker: str, response_url: str, prompt: str, team: str) -> None:
-        hook = AsyncWebhookClient(response_url)
-        s = self.ctx.session(session)
+    # -- the platform's calls --------------------------------------------------------------
+
+    async def start_stream(self, thread: Thread, chunks: Sequence[Chunk]) -> str:
+        kw: dict[str, Any] = {}
+        if thread.user:
+            kw.update(recipient_user_id=thread.user)
+        if thread.route.get("team"):
+            kw.update(recipient_team_id=str(thread.route["team"]))
+        started = await self.client.chat_startStream(
+            channel=_channel(thread), thread_ts=_thread_ts(thread),
+            chunks=[chunk_json(c) for c in chunks], task_display_mode="timeline", **kw)
+        return str(started["ts"])
+
+    async def append_stream(self, thread: Thread, message: str,
+                            chunks: Sequence[Chunk]) -> None:
         try:
-            if not await self._allowed(clicker, team, "resume", s):
-                raise ResumeAuthorizationError("refused by the app's rule", by=clicker)
-            await self.threads.answer(s, turn_id, input_id, answer, by=clicker)
-        except ResumeAuthorizationError:
-            await hook.send(response_type="ephemeral", replace_original=False,
-                            text="You can't answer this request; it is for someone else.")
-            return
-        except ResumeConflictError as e:
-            await hook.send(response_type="ephemeral", replace_original=False,
-                            text=f"This request can't take that answer any more: {e}")
-            return
-        verdict = f"{'Approved' if answer else 'Denied'} by <@{clicker}>"
-        await hook.send(replace_original=True, text=f"{prompt}\n{verdict}", blocks=[
-            {"type": "section", "text": {"type": "mrkdwn", "text": prompt}},
-            {"type": "context", "elements": [{"type": "mrkdwn", "text": verdict}]},
-        ])
+            await self.client.chat_appendStream(channel=_channel(thread), ts=message,
+                                                chunks=[chunk_json(c) for c in chunks])
+        except SlackApiError as e:
+            raise StreamEnded(str(e.response.get("error"))) from e
 
-    # -- F9: deliver a turn nobody in Slack started ----------------------------------------
+    async def stop_stream(self, thread: Thread, message: str,
+                          chunks: Sequence[Chunk] = ()) -> None:
+        try:
+            await self.client.chat_stopStream(
+                channel=_channel(thread), ts=message,
+                chunks=[chunk_json(c) for c in chunks] if chunks else None)
+        except SlackApiError as e:
+            raise StreamEnded(str(e.response.get("error"))) from e
 
-    async def deliver(self, target: Mapping[str, Any],
-                      events: AsyncIterable[TurnEvent]) -> dict[str, Any]:
-        """Post a turn's outcome with ``chat.postMessage`` (``receive()`` calls it).
+    async def post(self, thread: Thread, text: str) -> str:
+        posted = await self.client.chat_postMessage(
+            channel=_channel(thread), thread_ts=_thread_ts(thread), text=text,
+            blocks=text_blocks(text))
+        return str(posted["ts"])
 
-        ``target``: ``channel_id`` and optionally ``thread_ts``. A turn that parked posts its
-        prompt with Approve / Deny buttons. Returns ``{"channel", "ts"}`` of the post.
+    async def update(self, thread: Thread, message: str, text: str) -> None:
+        await self.client.chat_update(channel=_channel(thread), ts=message, text=text,
+                                      blocks=text_blocks(text))
+
+    async def post_prompt(self, thread: Thread, request: InputRequest) -> str:
+        posted = await self.client.chat_postMessage(
+            channel=_channel(thread), thread_ts=_thread_ts(thread), text=request.prompt,
+            blocks=prompt_blocks(thread.session, thread.turn_id, request))
+        return str(posted["ts"])
+
+    async def note(self, said: Said, text: str) -> None:
+        await self.client.chat_postEphemeral(channel=str(said.route["channel"]),
+                                             user=said.user,
+                                             thread_ts=str(said.route["thread_ts"]), text=text)
+
+    async def refuse_click(self, click: Click, text: str) -> None:
+        await AsyncWebhookClient(click.reply["response_url"]).send(
+            response_type="ephemeral", replace_original=False, text=text)
+
+    async def answered(self, click: Click) -> None:
+        prompt = click.reply["prompt"]
+        verdict = f"{'Approved' if click.value else 'Denied'} by <@{click.by}>"
+        await AsyncWebhookClient(click.reply["response_url"]).send(
+            replace_original=True, text=f"{prompt}\n{verdict}", blocks=[
+                {"type": "section", "text": {"type": "mrkdwn", "text": prompt}},
+                {"type": "context", "elements": [{"type": "mrkdwn", "text": verdict}]},
+            ])
+
+    async def post_outcome(self, target: Mapping[str, Any], end: TurnEvent) -> dict[str, Any]:
+        """``chat.postMessage`` at ``target``: ``channel_id`` and optionally ``thread_ts``.
+        Returns ``{"channel", "ts"}`` of the post.
 
         Raises:
-            ValueError: no ``channel_id`` in ``target``, or the events hold no end.
+            ValueError: no ``channel_id`` in ``target``.
             SlackApiError: Slack refused the post (after its 429 retries).
         """
         channel = target.get("channel_id")
         if not channel:
             raise ValueError("a Slack target needs channel_id")
-        thread = target.get("thread_ts")
-        last: TurnEvent | None = None
-        async for e in events:
-            if e.ends_turn:  # its own end or park, not a subagent's
-                last = e
-        if last is None:
-            raise ValueError("the turn has not ended: nothing to deliver")
         kw: dict[str, Any] = {"channel": channel}
-        if isinstance(last, InputRequested):
-            kw.update(text=last.request.prompt,
-                      blocks=prompt_blocks(last.session, last.turn_id, last.request))
+        if isinstance(end, InputRequested):
+            kw.update(text=end.request.prompt,
+                      blocks=prompt_blocks(end.session, end.turn_id, end.request))
         else:
-            kw.update(text=outcome(last))
-        if thread:
-            kw["thread_ts"] = thread
+            kw.update(text=outcome(end))
+        if target.get("thread_ts"):
+            kw["thread_ts"] = target["thread_ts"]
         posted = await self.client.chat_postMessage(**kw)
         return {"channel": posted["channel"], "ts": posted["ts"]}
+
+
+def _channel(thread: Thread) -> str:
+    return str(thread.route.get("channel"))
+
+
+def _thread_ts(thread: Thread) -> str:
+    return str(thread.route.get("thread_ts"))
 
 
 def _prompt_text(payload: Mapping[str, Any]) -> str:

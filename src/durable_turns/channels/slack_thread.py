@@ -1,24 +1,17 @@
-"""Slack's side of a thread reply (F16): the platform calls and the blocks they send.
+"""What the Slack channel's calls send (F16): stream chunks and blocks.
 
-:class:`SlackThreads` is the :class:`~durable_turns.channels.threads.ThreadPlatform` of
-Slack: a stream is ``chat.startStream`` / ``appendStream`` / ``stopStream`` (text as
-``markdown_text`` chunks, the tool timeline as ``task_update`` chunks), a message
-``chat.postMessage`` / ``chat.update`` with one ``mrkdwn`` section, a prompt a message with
-Approve and Deny buttons. What a reply is (and what it stores) is
-:mod:`durable_turns.channels.threads`'; this module knows nothing of HTTP.
+Text goes as ``markdown_text`` chunks and the tool timeline as ``task_update`` chunks; a
+message is one ``mrkdwn`` section; a prompt is a message with Approve and Deny buttons that
+carry the routing of the answer (never who answers).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from typing import Any
 
-from slack_sdk.errors import SlackApiError
-from slack_sdk.web.async_client import AsyncWebClient
-
 from ..records import InputRequest
-from .threads import Chunk, StreamEnded, Task, Thread
+from .threads import Chunk, Task
 
 APPROVE = "durable_turns.approve"
 """The ``action_id`` of a prompt's Approve button."""
@@ -28,66 +21,8 @@ TEXT_LIMIT = 3000
 """The most characters a ``mrkdwn`` section holds."""
 
 
-class SlackThreads:
-    """Thread replies' calls on Slack's Web API (``client``)."""
-
-    def __init__(self, client: AsyncWebClient) -> None:
-        self.client = client
-
-    async def start_stream(self, thread: Thread, chunks: Sequence[Chunk]) -> str:
-        kw: dict[str, Any] = {}
-        if thread.user:
-            kw.update(recipient_user_id=thread.user)
-        if thread.route.get("team"):
-            kw.update(recipient_team_id=str(thread.route["team"]))
-        started = await self.client.chat_startStream(
-            channel=_channel(thread), thread_ts=_thread_ts(thread),
-            chunks=[_chunk(c) for c in chunks], task_display_mode="timeline", **kw)
-        return str(started["ts"])
-
-    async def append_stream(self, thread: Thread, message: str,
-                            chunks: Sequence[Chunk]) -> None:
-        try:
-            await self.client.chat_appendStream(channel=_channel(thread), ts=message,
-                                                chunks=[_chunk(c) for c in chunks])
-        except SlackApiError as e:
-            raise StreamEnded(str(e.response.get("error"))) from e
-
-    async def stop_stream(self, thread: Thread, message: str,
-                          chunks: Sequence[Chunk] = ()) -> None:
-        try:
-            await self.client.chat_stopStream(
-                channel=_channel(thread), ts=message,
-                chunks=[_chunk(c) for c in chunks] if chunks else None)
-        except SlackApiError as e:
-            raise StreamEnded(str(e.response.get("error"))) from e
-
-    async def post(self, thread: Thread, text: str) -> str:
-        posted = await self.client.chat_postMessage(
-            channel=_channel(thread), thread_ts=_thread_ts(thread), text=text,
-            blocks=text_blocks(text))
-        return str(posted["ts"])
-
-    async def update(self, thread: Thread, message: str, text: str) -> None:
-        await self.client.chat_update(channel=_channel(thread), ts=message, text=text,
-                                      blocks=text_blocks(text))
-
-    async def post_prompt(self, thread: Thread, request: InputRequest) -> str:
-        posted = await self.client.chat_postMessage(
-            channel=_channel(thread), thread_ts=_thread_ts(thread), text=request.prompt,
-            blocks=prompt_blocks(thread.session, thread.turn_id, request))
-        return str(posted["ts"])
-
-
-def _channel(thread: Thread) -> str:
-    return str(thread.route.get("channel"))
-
-
-def _thread_ts(thread: Thread) -> str:
-    return str(thread.route.get("thread_ts"))
-
-
-def _chunk(chunk: Chunk) -> dict[str, Any]:
+def chunk_json(chunk: Chunk) -> dict[str, Any]:
+    """A stream chunk as Slack's: ``markdown_text``, or ``task_update`` for a tool's line."""
     if not isinstance(chunk, Task):
         return {"type": "markdown_text", "text": chunk.text}
     out: dict[str, Any] = {"type": "task_update", "id": chunk.id, "title": chunk.title,
@@ -117,4 +52,4 @@ def prompt_blocks(session: str, turn_id: str, request: InputRequest) -> list[dic
     ]
 
 
-__all__ = ["APPROVE", "DENY", "TEXT_LIMIT", "SlackThreads", "prompt_blocks", "text_blocks"]
+__all__ = ["APPROVE", "DENY", "TEXT_LIMIT", "chunk_json", "prompt_blocks", "text_blocks"]

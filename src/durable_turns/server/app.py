@@ -13,8 +13,8 @@ from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
-from sse_starlette import EventSourceResponse
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
@@ -40,19 +40,9 @@ from ._http import (
     read_body,
 )
 from .console import console_routes
-from .fanout import (
-    BACK,
-    HEADERS,
-    MAX_BACKLOG,
-    OUTAGE,
-    EventStreamApp,
-    FrameCache,
-    Outbox,
-    Pacer,
-    Streams,
-)
+from .fanout import BACK, HEADERS, MAX_BACKLOG, OUTAGE, EventStream, FrameCache, Outbox, Streams
 from .guard import Guard
-from .headers import with_security_headers
+from .headers import SecurityHeaders
 from .idempotency import HEADER, idempotent, open_keyed
 from .lifespan import GRACE, host_lifespan
 from .mounts import ProtocolSeam
@@ -205,17 +195,15 @@ class _Host:
         self.replay_models = replay_models
         self.authenticate = authenticate
         self.guard = guard
-        self.ping = ping
-        self.max_backlog = max_backlog
         # Every subscriber of a session is handed the same event object: its frame is
         # encoded once (bench/sse.py: encoding per subscriber was a fifth of the fan-out).
         self.frames = FrameCache()
-        self.streams = Streams()
-        self.pacer = Pacer()
+        # Every event stream of the host, the API's and the protocols' (fanout.py).
+        self.streams = Streams(ping, max_backlog)
         self.mounted: dict[str, ChannelContext] = {
             name: mount_agent(agent, runtime) for name, agent in runtime.agents.items()}
         # What mount_ai_sdk and mount_ag_ui add their routes through (server/mounts.py).
-        self.protocols = ProtocolSeam(runtime, guard, self.mounted, ping)
+        self.protocols = ProtocolSeam(runtime, guard, self.mounted, self.streams)
 
     def app(self, extra: Sequence[BaseRoute], lifespan: Any, *, api: bool) -> Starlette:
         base = "/agents/{agent}/sessions/{session}"
@@ -235,12 +223,12 @@ class _Host:
             *console_routes(self.rt, g, self.authenticate is None, list(self.replay_models)),
         ]
         routes += extra
-        app = EventStreamApp(routes=routes, lifespan=lifespan, exception_handlers={
-            404: self.not_found, 405: self.not_allowed})
+        app = Starlette(routes=routes, lifespan=lifespan,
+                        middleware=[Middleware(SecurityHeaders)],
+                        exception_handlers={404: self.not_found, 405: self.not_allowed})
         # A path with a slash too many is not found, rather than redirected to a Location
         # built from the request's own Host header.
         app.router.redirect_slashes = False
-        app.wrap_send = with_security_headers
         app.state.end_streams = self.streams.end_all
         if api:
             app.state.protocols = self.protocols
@@ -276,17 +264,12 @@ class _Host:
             raise HttpError(404, "UnknownSession", f"no session {s.key}")
         return s
 
-    def sse(self, events: AsyncIterator[TurnEvent], close: Any = None,
-            headers: dict[str, str] | None = None) -> EventSourceResponse:
+    def sse(self, stream: TurnStream, headers: dict[str, str] | None = None) -> EventStream:
         async def frames() -> AsyncIterator[bytes]:
-            try:
-                async for e in events:
-                    yield self.frames.frame(e)
-            finally:
-                if close is not None:
-                    close()
+            async for e in stream:
+                yield self.frames.frame(e)
 
-        return EventSourceResponse(frames(), ping=self.ping, headers=headers)
+        return self.streams.of(frames(), stream.close, headers)
 
     # -- routes ----------------------------------------------------------------------------
 
@@ -344,12 +327,12 @@ class _Host:
 
     async def turn(self, request: Request) -> Response:
         stream = await self._start(request)
-        return self.sse(aiter(stream), stream.close, {"X-Turn-Id": stream.turn_id})
+        return self.sse(stream, {"X-Turn-Id": stream.turn_id})
 
     async def chat(self, request: Request) -> Response:
         stream = await self._start(request)
         if "text/event-stream" in request.headers.get("accept", ""):
-            return self.sse(aiter(stream), stream.close, {"X-Turn-Id": stream.turn_id})
+            return self.sse(stream, {"X-Turn-Id": stream.turn_id})
         stream.close()
         result = await stream.session.result(stream.turn_id)
         return JSONResponse(result.to_dict())
@@ -372,7 +355,7 @@ class _Host:
                 return JSONResponse(dict(answer))
             stream = answer.stream
             if "text/event-stream" in request.headers.get("accept", ""):
-                return self.sse(aiter(stream), stream.close)
+                return self.sse(stream)
             stream.close()
             return JSONResponse((await s.result(answer.turn_id)).to_dict())
 
@@ -396,7 +379,7 @@ class _Host:
         await sub.ready()
         # The fan-out path (fanout.py): the feed hands each event to this client's outbox
         # as it is published; the response writes whatever has queued meanwhile at once.
-        outbox = Outbox(self.max_backlog, self.ping, self.pacer)
+        outbox = self.streams.outbox()
         frame = self.frames.frame
 
         def take(e: TurnEvent) -> None:

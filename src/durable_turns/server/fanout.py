@@ -1,4 +1,10 @@
-"""The way from a session's events to many SSE clients: encode once, queue, write in passes.
+"""The host's one event-stream writer, and the way from a session's events to many clients.
+
+Every ``text/event-stream`` the host sends (``GET …/events``, a turn's stream from ``POST
+…/turn`` and ``…/chat``, the AI SDK's and AG-UI's streams) is an :class:`EventStream`:
+Starlette's ``StreamingResponse`` (its body raced against the client leaving, every write
+through the app's ``send`` and so through its middleware) whose body an :class:`Outbox`
+writes.
 
 A session watched by a thousand clients hands every event to a thousand subscriptions of
 the store's feed (one store read serves them all). What each client then costs is the
@@ -9,50 +15,48 @@ server's part of the fan-out, so it is kept small (``bench/sse.py`` measures it)
 - an :class:`Outbox` per client takes frames synchronously, as the feed delivers them (no
   task switch per event), and a :class:`Pacer` writes every outbox that has something
   urgent in one pass at the loop's next turn: a commit's events (several) are one write
-  per client. Each write is the response's ASGI ``send``, run at once (:func:`start_eagerly`):
-  to a client that reads, it completes without suspending, so a pass costs no task
-  switch per client; what remains per client is uvicorn's write to its socket, and that
-  system call is most of a pass (``bench/sse.py --profile``).
-- live text (``message.delta``) is not urgent: it is written at the pacer's next tick
-  (every ``linger`` = 20 ms) or with the next durable event, whichever is first; a model's
-  deltas then cost one write per client per tick instead of one each. Ticks are spaced so
-  that live text takes at most a quarter of the loop (:data:`TEXT_SHARE`): with a thousand
-  clients a tick's pass takes tens of milliseconds, and text then comes in steps of about
-  four passes, leaving the CPU to the durable events.
-- the response is an :class:`EventStream`: a Starlette ``Response`` that sends its headers,
-  hands the client's ``send`` to the outbox and waits for the end or the client leaving
-  (sse-starlette frames every event and the keep-alive comments; its own response runs a
-  task per client and an anyio cancel scope around every write, which doubled a write's
-  cost). The keep-alive is a timer per client, and the streams end when the server shuts
-  down (:meth:`Streams.end_all`, called by ``serve``).
+  per client. Each write is the response's ``send``, run at once (:func:`start_eagerly`):
+  to a client that reads it completes without suspending, so a pass costs no task switch
+  per client (``StreamingResponse``'s own loop, a task woken per client and write, cost
+  half as much again in ``bench/sse.py``); what remains per client is the send path and
+  uvicorn's write to its socket.
+- live text (``message.delta``) is not urgent: it is written at the :class:`Pacer`'s next
+  tick (every ``linger`` = 20 ms) or with the next durable event, whichever is first; a
+  model's deltas then cost one write per client per tick instead of one each. Ticks are
+  spaced so that live text takes at most a quarter of the loop (:data:`TEXT_SHARE`).
+- a stream whose events come from an iterator (a turn's stream) is pumped into its outbox,
+  which holds the pump back while a write is held up (the iterator is read as fast as the
+  client reads, as a plain ``StreamingResponse`` would).
+- keep-alive comments come from a timer per client; :meth:`Streams.end_all` (the lifespan's
+  shutdown, ``serve``'s SIGTERM) ends every open stream.
 - **Slow clients.** While a write to a client is held up (its socket and uvicorn's buffer
-  are full; that write alone becomes a task, and no other client waits for it), its outbox
-  takes at most ``limit`` more bytes. A client that does not read that much is cut off:
-  its stream ends, nothing more is queued for it, and the other clients never wait for it.
-  (A replay is queued before the first write, so a long catch-up is not cut off; it goes
-  out as one write.) Nothing durable is lost: the client reconnects with ``Last-Event-ID``
-  (EventSource does it by itself) and the store replays what it missed; only live text
-  deltas of that gap are gone, and the ``message.completed`` that follows carries the whole
-  text.
+  are full), its outbox takes at most ``limit`` more bytes. A client of ``GET …/events``
+  that does not read that much is cut off: its stream ends, nothing more is queued for it,
+  and the other clients never wait for it. (A replay is queued before the first write, so
+  a long catch-up is not cut off; it goes out as one write.) Nothing durable is lost: the
+  client reconnects with ``Last-Event-ID`` (EventSource does it by itself) and the store
+  replays what it missed; only live text deltas of that gap are gone, and the
+  ``message.completed`` that follows carries the whole text.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Generator
+from collections.abc import AsyncIterable, Awaitable, Callable, Generator
 from datetime import UTC, datetime
 from typing import Any
 
 from sse_starlette import ServerSentEvent
-from starlette.applications import Starlette
-from starlette.responses import Response
-from starlette.types import Receive, Scope
-from starlette.types import Send as ASGISend
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from ..events import TurnEvent
 from ._http import sse_fields
+
+log = logging.getLogger("durable_turns.server")
 
 MAX_BACKLOG = 1 << 20
 """Bytes of frames an SSE client may have waiting before it is cut off (1 MiB)."""
@@ -154,24 +158,31 @@ class Outbox:
         ping: seconds between keep-alive comments once started (0: none).
         pacer: the host's :class:`Pacer` (one of its own when left out). Non-urgent frames
             (``put(…, urgent=False)``) wait for its tick or for the next urgent frame.
+        sep: the line separator of the keep-alive comments.
     """
 
     def __init__(self, limit: int = MAX_BACKLOG, ping: float = 0,
-                 pacer: Pacer | None = None) -> None:
+                 pacer: Pacer | None = None, sep: str = "\r\n") -> None:
         self.limit = limit
         self.ping = ping
+        self.sep = sep
         self._pacer = pacer if pacer is not None else Pacer()
         self.overflowed = False
         """Whether the client was cut off for not reading."""
+        self.failed = False
+        """Whether a write failed (the client is gone)."""
         self._frames: list[bytes] = []
         self._size = 0
         self._soon = False
         self._paced = False
         self._ended = False
         self._writing = False
-        self._send: ASGISend | None = None
+        self._send: Send | None = None
         self._written: asyncio.Future[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
+        self._source: AsyncIterable[bytes] | None = None
+        self._pump: asyncio.Task[None] | None = None
+        self._room: asyncio.Future[None] | None = None
 
     @property
     def ended(self) -> bool:
@@ -184,7 +195,7 @@ class Outbox:
         its limit."""
         if self._ended:
             return
-        if self._writing and self._size > self.limit:
+        if self._writing and self._size > self.limit and self._source is None:
             # Checked before adding, so that one event larger than the limit (a big tool
             # result) still reaches a client that reads.
             self.overflowed = True
@@ -207,10 +218,45 @@ class Outbox:
         self._ended = True
         if self._timer is not None:
             self._timer.cancel()
+        if self._pump is not None and self._pump is not asyncio.current_task():
+            self._pump.cancel()
+        self._make_room()
         if self._send is not None:
             self._due_soon()
 
-    def start(self, send: ASGISend) -> asyncio.Future[None]:
+    def pump(self, frames: AsyncIterable[bytes]) -> None:
+        """Queue ``frames`` as they come, then end. Reading them waits while more than
+        ``limit`` bytes wait behind a held-up write: a slow client slows the reading (as a
+        plain ``StreamingResponse`` would), it is not cut off. The reading starts with the
+        writing (:meth:`start`); ending the outbox stops it."""
+        self._source = frames
+        if self._send is not None:
+            self._start_pump()
+
+    def _start_pump(self) -> None:
+        frames = self._source
+        if frames is None or self._pump is not None or self._ended:
+            return
+
+        async def run() -> None:
+            try:
+                async for frame in frames:
+                    self.put(frame)
+                    while self._writing and self._size > self.limit and not self._ended:
+                        self._room = asyncio.get_running_loop().create_future()
+                        await self._room
+            except Exception:  # the stream ends where its source failed; the log says why
+                log.exception("an event stream's source failed")
+            finally:
+                self.end()
+
+        self._pump = asyncio.ensure_future(run())
+
+    def _make_room(self) -> None:
+        if self._room is not None and not self._room.done():
+            self._room.set_result(None)
+
+    def start(self, send: Send) -> asyncio.Future[None]:
         """Write to ``send`` (the response's ASGI ``send``, its headers sent) from now on,
         starting with what is queued (a replay).
 
@@ -224,6 +270,7 @@ class Outbox:
         if self.ping > 0 and not self._ended:
             self._timer = loop.call_later(self.ping, self._keepalive)
         self.flush()
+        self._start_pump()
         return self._written
 
     def flush(self) -> None:
@@ -249,6 +296,7 @@ class Outbox:
             return
         if rest is None:
             self._writing = False
+            self._make_room()
             if self._ended and not self._frames:
                 self._finish()
         else:
@@ -261,6 +309,7 @@ class Outbox:
 
     def _held_up_write_done(self, rest: asyncio.Future[None]) -> None:
         self._writing = False
+        self._make_room()
         if rest.cancelled() or rest.exception() is not None:
             self._fail()
         else:
@@ -268,6 +317,7 @@ class Outbox:
 
     def _fail(self) -> None:
         # A write that raised: the client is gone; what is queued goes nowhere.
+        self.failed = True
         self._frames.clear()
         self._size = 0
         self.end()
@@ -278,7 +328,7 @@ class Outbox:
             self._written.set_result(None)
 
     def _keepalive(self) -> None:
-        self.put(ServerSentEvent(comment=f"ping - {datetime.now(UTC)}").encode())
+        self.put(ServerSentEvent(comment=f"ping - {datetime.now(UTC)}", sep=self.sep).encode())
         if not self._ended:
             self._timer = asyncio.get_running_loop().call_later(self.ping, self._keepalive)
 
@@ -336,94 +386,81 @@ class _Rest:
                 return
 
 
-SERVER_SEND = "durable_turns.server_send"
-"""The scope key under which :class:`EventStreamApp` leaves the server's own ``send``."""
-
-
-class EventStreamApp(Starlette):
-    """Starlette, but an :class:`EventStream` writes its body to the server's ``send``.
-
-    Starlette's own layers (its error and exception middleware, the route's wrapper) each
-    wrap ``send`` to note whether the response started, which the stream's headers (sent
-    through them) tell them; for the body they only pass each write on, and the three of
-    them cost about a fifth of a write (``bench/sse.py``). Middleware added to the app
-    (``add_middleware``) sees every write: with any, the body goes through them all.
-    """
-
-    wrap_send: Callable[[ASGISend], ASGISend] | None = None
-    """Wraps each response's ``send`` (what every response must carry: ``headers.py``); an
-    event stream's body still goes to the server's own ``send``, unwrapped."""
-
-    async def __call__(self, scope: Scope, receive: Receive, send: ASGISend) -> None:
-        if scope["type"] == "http":
-            if not self.user_middleware:
-                scope[SERVER_SEND] = send
-            if self.wrap_send is not None:
-                send = self.wrap_send(send)
-        await super().__call__(scope, receive, send)
-
-
-class EventStream(Response):
-    """A ``text/event-stream`` response that an :class:`Outbox` writes.
-
-    Its ASGI call sends the headers, hands the outbox the client's ``send`` and waits until
-    the outbox has ended and is written out, or the client has gone; then it calls
-    ``close``. No task runs per client while the stream is open, only the writes.
-    """
+class EventStream(StreamingResponse):
+    """The host's ``text/event-stream`` response: Starlette's ``StreamingResponse`` (its
+    body raced against the client leaving, every message through the app's ``send`` and
+    its middleware), its body written by an :class:`Outbox` as frames come. When it ends
+    (written out, cut off, the client gone or the server shutting down) the outbox is
+    ended and ``close`` called."""
 
     media_type = "text/event-stream"
 
     def __init__(self, outbox: Outbox, close: Callable[[], None],
                  headers: dict[str, str] | None = None) -> None:
-        # Not Response.__init__: a stream has no body to measure (no Content-Length).
+        # Not StreamingResponse.__init__: the outbox, not an iterator, is the body.
         self.status_code = 200
         self.background = None
         self.outbox = outbox
         self.close = close
         self.init_headers({**HEADERS, **(headers or {})})
 
-    async def __call__(self, scope: Scope, receive: Receive, send: ASGISend) -> None:
+    async def stream_response(self, send: Send) -> None:
         await send({"type": "http.response.start", "status": self.status_code,
                     "headers": self.raw_headers})
-
-        written = self.outbox.start(scope.get(SERVER_SEND, send))
-        gone = asyncio.ensure_future(_disconnect(receive))
-        try:
-            await asyncio.wait((written, gone), return_when=asyncio.FIRST_COMPLETED)
-            left = gone.done()
-        finally:
-            gone.cancel()
-            self.outbox.end()
-            self.close()
-        if not left:
+        await self.outbox.start(send)
+        if not self.outbox.failed:  # else the client is gone: nothing more to say to it
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 
-
-async def _disconnect(receive: Receive) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.outbox.end()
+            self.close()
 
 
 class Streams:
-    """The open outboxes of a host, so that a shutdown can end them all."""
+    """A host's event streams: each one's outbox (its limit, keep-alive and pacer), its
+    response, and the open ones, so that a shutdown can end them all.
 
-    def __init__(self) -> None:
+    Args:
+        ping: seconds between keep-alive comments on an idle stream.
+        limit: bytes an outbox may hold behind a held-up write.
+    """
+
+    def __init__(self, ping: float = 0, limit: int = MAX_BACKLOG) -> None:
+        self.ping = ping
+        self.limit = limit
+        self.pacer = Pacer()
         self._open: set[Outbox] = set()
 
-    def response(self, outbox: Outbox, close: Callable[[], None]) -> EventStream:
+    def outbox(self, sep: str = "\r\n") -> Outbox:
+        """A new client's outbox."""
+        return Outbox(self.limit, self.ping, self.pacer, sep)
+
+    def response(self, outbox: Outbox, close: Callable[[], None] | None = None,
+                 headers: dict[str, str] | None = None) -> EventStream:
         """The ``text/event-stream`` response that writes ``outbox``; ``close`` is called
-        when it ends (written out, cut off, the client gone or the server shutting down)."""
+        when it ends."""
         self._open.add(outbox)
 
         def closed() -> None:
             self._open.discard(outbox)
-            close()
+            if close is not None:
+                close()
 
-        return EventStream(outbox, closed)
+        return EventStream(outbox, closed, headers)
+
+    def of(self, frames: AsyncIterable[bytes], close: Callable[[], None] | None = None,
+           headers: dict[str, str] | None = None, sep: str = "\r\n") -> EventStream:
+        """The response that writes ``frames`` (each one SSE frame) as they come."""
+        outbox = self.outbox(sep)
+        outbox.pump(frames)
+        return self.response(outbox, close, headers)
 
     def end_all(self) -> None:
-        """End every open stream (after what is queued); a client reconnects with its
-        ``Last-Event-ID``. Call it on the event loop."""
+        """End every open stream (after what is queued); a client of ``GET …/events``
+        reconnects with its ``Last-Event-ID``. Call it on the event loop."""
         for outbox in list(self._open):
             outbox.end()
 
@@ -432,9 +469,7 @@ __all__ = [
     "FRAME_CACHE",
     "HEADERS",
     "MAX_BACKLOG",
-    "SERVER_SEND",
     "EventStream",
-    "EventStreamApp",
     "FrameCache",
     "Outbox",
     "Pacer",

@@ -16,9 +16,9 @@ A header a route set itself is left as it is.
 
 from __future__ import annotations
 
-from starlette.types import Message, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-__all__ = ["CSP", "SECURITY_HEADERS", "with_security_headers"]
+__all__ = ["CSP", "SECURITY_HEADERS", "SecurityHeaders", "with_security_headers"]
 
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
        "connect-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
@@ -48,3 +48,15 @@ def with_security_headers(send: Send) -> Send:
         await send(message)
 
     return sending
+
+
+class SecurityHeaders:
+    """ASGI middleware: every HTTP response of ``app`` carries :data:`SECURITY_HEADERS`."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            send = with_security_headers(send)
+        await self.app(scope, receive, send)

@@ -1,7 +1,7 @@
 """The host's lifespan: what an ASGI server runs as the app starts and as it stops.
 
-Starting, it opens the runtime, replays its unfinished turns (``Runtime.recover()``, when
-the runtime drives), starts each channel and lets it recover what a stopped process left
+Starting, it opens the runtime, has its unfinished turns replayed (``Runtime.recover()``
+tells the runtime's scheduler), starts each channel and lets it recover what a stopped process left
 undelivered. Stopping, it ends the open event streams, gives running turns ``grace``
 seconds, stops the channels and closes the runtime. So ``uvicorn module:app`` (or any ASGI
 server that runs lifespans) serves as ``durable-turns serve`` does; a request that arrives
@@ -47,11 +47,9 @@ def host_lifespan(runtime: Runtime, channels: Sequence[Channel], end_streams: Ca
         started: list[Channel] = []
         try:
             await runtime.open()
-            if runtime.drive:
-                recovered = await runtime.recover()
-                if recovered:
-                    log.warning("recovering %d session(s) with unfinished turns",
-                                len(recovered))
+            recovered = await runtime.recover()
+            if recovered and runtime.steps_here:
+                log.warning("recovering %d session(s) with unfinished turns", len(recovered))
             for ch in channels:
                 await ch.start()
                 started.append(ch)
@@ -67,15 +65,14 @@ def host_lifespan(runtime: Runtime, channels: Sequence[Channel], end_streams: Ca
             yield
         finally:
             end_streams()
-            if runtime.drive:
-                try:
-                    # Not asyncio.wait_for: on Python 3.11 it can swallow a cancellation that
-                    # comes as the wait ends.
-                    async with asyncio.timeout(grace):
-                        await runtime.idle()
-                except TimeoutError:
-                    log.warning("turns still running after %ss; they replay on the next start",
-                                grace)
+            try:
+                # Not asyncio.wait_for: on Python 3.11 it can swallow a cancellation that
+                # comes as the wait ends.
+                async with asyncio.timeout(grace):
+                    await runtime.idle()
+            except TimeoutError:
+                log.warning("turns still running after %ss; they replay on the next start",
+                            grace)
             await _stop(runtime, started, grace)
 
     return lifespan

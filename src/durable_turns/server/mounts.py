@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import BaseModel
-from sse_starlette import EventSourceResponse
+from sse_starlette import ServerSentEvent
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.routing import BaseRoute
@@ -26,8 +26,13 @@ from ..errors import ConfigurationError, error_kind
 from ..inbound import InboundEvent
 from ..runtime import Runtime
 from ..wire import HttpError
+from .fanout import EventStream, Streams
 from .guard import Guard
 from .turnparts import request_id
+
+SEP = "\n"
+"""The line separator of a protocol's streams: AG-UI's client splits events on a blank line
+of ``"\n\n"`` only."""
 
 
 @dataclass(slots=True)
@@ -39,8 +44,8 @@ class ProtocolSeam:
     """Every route a protocol adds is wrapped in it: ``guard(handler, action, body=…)``."""
     contexts: Mapping[str, ChannelContext]
     """Each agent mounted (``mount_agent``), by name."""
-    ping: float
-    """Seconds between keep-alive comments on an idle stream."""
+    streams: Streams
+    """The host's event streams: every stream a protocol sends is one of them."""
     paths: dict[str, Any] = field(default_factory=dict)
     """OpenAPI paths the mounts added (``/openapi.json`` shows them beside the API's)."""
     schemas: dict[str, Any] = field(default_factory=dict)
@@ -87,21 +92,16 @@ class ProtocolSeam:
         return None if by is None else InboundEvent(source, {"id": by, "attested": True}, text)
 
     def sse(self, frames: AsyncIterator[str], stream: TurnStream | None = None,
-            headers: Mapping[str, str] | None = None) -> EventSourceResponse:
+            headers: Mapping[str, str] | None = None) -> EventStream:
         """An event stream of ``frames`` (each one event's ``data``); closing it stops reading
         ``stream``, never its turn."""
 
-        async def body() -> AsyncIterator[dict[str, str]]:
-            try:
-                async for data in frames:
-                    yield {"data": data}
-            finally:
-                if stream is not None:
-                    stream.close()
+        async def body() -> AsyncIterator[bytes]:
+            async for data in frames:
+                yield ServerSentEvent(data=data, sep=SEP).encode()
 
-        # "\n" between lines: AG-UI's client splits events on a blank line of "\n\n" only.
-        return EventSourceResponse(body(), ping=self.ping, headers=dict(headers or {}),
-                                   sep="\n")
+        return self.streams.of(body(), None if stream is None else stream.close,
+                               dict(headers or {}), sep=SEP)
 
 
 def protocol_seam(app: Starlette) -> ProtocolSeam:

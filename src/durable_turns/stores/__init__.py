@@ -116,13 +116,19 @@ class StoreCapabilities:
     """A local tool (a plain ``def``) writes through :meth:`Transaction.unwrap`, the raw
     handle, inside its step's transaction: its writes commit with the step and roll back when
     the tool raises or the step does not commit."""
+    local_off_loop: bool = False
+    """A local tool runs off the event loop (on a thread), so the process goes on while one
+    runs and its step holds the write lock: a cancel sent meanwhile returns at once and is
+    seen at the step's end (F7). Where local tools run on the loop (one isolate, as a
+    Durable Object), nothing can be asked while one runs."""
     lease_ttl: float | None = None
     """Seconds after which a lease whose holder stopped renewing it (paused, cut off) may be
     taken over; ``None``: a lease ends only when released or when its holder's process ends."""
     paramstyle: str | None = None
-    """The DB-API ``paramstyle`` of the raw handle (``qmark``: ``?``, ``format``: ``%s``), so a
-    local tool may write SQL that runs on whichever store it is given; ``None``: no SQL
-    handle."""
+    """The placeholders of the raw handle's SQL, as DB-API names them (``qmark``: ``?``,
+    ``format``: ``%s``), so a local tool may write SQL that runs on whichever store it is
+    given; ``None``: no SQL handle. The handle is a DB-API connection (``execute(sql,
+    params)``) or, on a Durable Object, ``exec(sql, *bindings)``."""
 
 
 class Subscription(Protocol):
@@ -130,7 +136,7 @@ class Subscription(Protocol):
 
     Use as ``async with store.subscribe(key, after_seq) as sub`` (or call :meth:`close`).
     Iteration ends when the subscription (or its store) is closed. Events come in ``seq``
-    order, each once; live text (``message.delta``) handed over with :meth:`offer` is slotted
+    order, each once; live text (``message.delta``, :meth:`TurnStore.publish_live`) is slotted
     in after the durable event whose ``seq`` it carries.
     """
 
@@ -147,10 +153,6 @@ class Subscription(Protocol):
         Raises:
             StoreError: the store could not be read (the subscription is closed then).
         """
-        ...
-
-    def offer(self, event: TurnEvent) -> None:
-        """Hand over a live event that is not stored (``message.delta``)."""
         ...
 
     def deliver_to(self, callback: Callable[[TurnEvent], None]) -> None:
@@ -199,7 +201,7 @@ class Transaction(Protocol):
 
     def unwrap(self) -> Any:
         """The backend's raw handle inside this transaction (``sqlite3.Connection``, a psycopg
-        connection), what a local tool writes through.
+        connection, a Durable Object's ``ctx.storage.sql``), what a local tool writes through.
 
         Raises:
             StoreError: the store hands it out only inside :meth:`run_local`.

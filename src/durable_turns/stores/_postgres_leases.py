@@ -130,7 +130,7 @@ class RowLeases:
             return st.claim(c, key)
 
         async def attempt() -> tuple[int, int, int, int, int] | None:
-            got = await d.run_lease_job(lambda c: store.in_transaction(c, try_claim))
+            got = await d.run_lease_job(lambda c: store.dialect.atomic(c, try_claim))
             self._released(freed)
             return got
 

@@ -15,12 +15,15 @@ import hashlib
 import os
 import sqlite3
 import struct
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+from typing import Any, TypeVar
 
 from ..errors import StoreError
 from ..records import SessionKey
-from .sql import SCHEMA_VERSION, Syntax, check_version, migrate
+from .sql import SCHEMA_VERSION, Syntax, check_version, upgrade
+
+T = TypeVar("T")
 
 APPLICATION_ID = 0x44545552  # "DTUR": marks a file as ours, so a foreign one is never touched
 SPARE_LOCK_FILES = 64
@@ -122,7 +125,69 @@ class FileLocks:
             os.close(self._spare.pop())
 
 
-def connect(path: Path, busy_timeout: float) -> sqlite3.Connection:
+class SqliteConnection(sqlite3.Connection):
+    """A ``sqlite3.Connection`` that is also the kit's ``Connection`` (``rows``,
+    ``changes``): what local tools get as the raw handle and what the kit's jobs run on."""
+
+    def rows(self, sql: str, params: Sequence[Any] = (), /) -> list[Any]:
+        """``Connection.rows``."""
+        return self.execute(sql, params).fetchall()
+
+    def changes(self, sql: str, params: Sequence[Any] = (), /) -> int:
+        """``Connection.changes``."""
+        return self.execute(sql, params).rowcount
+
+
+class SqliteTransactions:
+    """How SQLite's dialects (the file's, memory's) begin, nest and end a transaction: its
+    SQL, on the connection (``Dialect.atomic`` and ``SharedWriter``'s calls)."""
+
+    def begin(self, c: sqlite3.Connection) -> None:
+        """``SharedWriter.begin``: the write lock at once (``IMMEDIATE``), so a transaction
+        never upgrades from reading and fails."""
+        c.execute("BEGIN IMMEDIATE")
+
+    def commit(self, c: sqlite3.Connection) -> None:
+        """``SharedWriter.commit``."""
+        c.execute("COMMIT")
+
+    def rollback(self, c: sqlite3.Connection) -> None:
+        """``SharedWriter.rollback``."""
+        if c.in_transaction:
+            c.execute("ROLLBACK")
+
+    def in_transaction(self, c: sqlite3.Connection) -> bool:
+        """``SharedWriter.in_transaction``."""
+        return c.in_transaction
+
+    def atomic(self, c: sqlite3.Connection, job: Callable[[Any], T]) -> T:
+        """``Dialect.atomic``: ``BEGIN IMMEDIATE`` … ``COMMIT``, or a savepoint inside an
+        open transaction. A job that ended the transaction itself (a local tool's
+        ``COMMIT``) leaves nothing to release: the caller finds out."""
+        if not c.in_transaction:
+            c.execute("BEGIN IMMEDIATE")
+            try:
+                out = job(c)
+                c.execute("COMMIT")
+            except BaseException:
+                if c.in_transaction:
+                    c.execute("ROLLBACK")
+                raise
+            return out
+        c.execute("SAVEPOINT dt_atomic")
+        try:
+            out = job(c)
+        except BaseException:
+            if c.in_transaction:
+                c.execute("ROLLBACK TO dt_atomic")
+                c.execute("RELEASE dt_atomic")
+            raise
+        if c.in_transaction:
+            c.execute("RELEASE dt_atomic")
+        return out
+
+
+def connect(path: Path, busy_timeout: float) -> SqliteConnection:
     """A connection (autocommit, usable from any thread) that waits ``busy_timeout``
     seconds for a lock.
 
@@ -130,7 +195,9 @@ def connect(path: Path, busy_timeout: float) -> sqlite3.Connection:
         StoreError: SQLite cannot open the file.
     """
     try:
-        conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        conn: SqliteConnection = sqlite3.connect(path, isolation_level=None,
+                                                 check_same_thread=False,
+                                                 factory=SqliteConnection)
         conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
     except sqlite3.Error as e:
         raise StoreError(f"cannot open {path}: {e}") from e
@@ -138,7 +205,7 @@ def connect(path: Path, busy_timeout: float) -> sqlite3.Connection:
 
 
 def open_writer(path: Path, syntax: Syntax, *, synchronous: str, busy_timeout: float,
-                wait: bool, create: bool = False) -> sqlite3.Connection | None:
+                wait: bool, create: bool = False) -> SqliteConnection | None:
     """The writer connection, the database in WAL mode and migrated, under the schema lock.
 
     Args:
@@ -255,17 +322,13 @@ def _current(conn: sqlite3.Connection) -> bool:
                 conn.execute("PRAGMA application_id").fetchone()[0] == APPLICATION_ID)
 
 
-def _migrate(path: Path, syntax: Syntax, conn: sqlite3.Connection) -> None:
+def _migrate(path: Path, syntax: Syntax, conn: SqliteConnection) -> None:
     # A current store needs no write: opening it commits nothing (the schema lock is held, so
     # nobody migrates it meanwhile).
     if _current(conn):
         return
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        migrate(conn, syntax, conn.execute("PRAGMA user_version").fetchone()[0], str(path))
-        conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
-        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-        conn.execute("COMMIT")
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
+    def job(c: SqliteConnection) -> None:
+        upgrade(c, syntax, str(path))  # the version in PRAGMA user_version (Syntax)
+        c.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+
+    SqliteTransactions().atomic(conn, job)

@@ -17,7 +17,7 @@
   frames other processes send to the feed.
 
 A SQL backend needs less than this: ``durable_turns.stores.sql`` uses the kit and leaves a
-dialect only its connection, its SQL's differences and its wake-ups.
+dialect only its connection, its SQL's differences, its transactions and its wake-ups.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from ..errors import StoreError
@@ -34,8 +34,8 @@ from ..records import SessionKey
 from . import StoreCapabilities
 from .feed import Feed
 from .signals import ProcessSignals
-from .sql import LocalLeases, SharedLink, SqlStore, migrate
-from .sqlite import SYNTAX
+from .sql import LocalLeases, ProcessLocks, SharedLink, SqlStore, upgrade
+from .sqlite import SYNTAX, SqliteConnection, SqliteTransactions
 from .worker import Worker
 
 __all__ = ["MemoryStore"]
@@ -48,25 +48,6 @@ on the loop (as ``SqliteStore``'s writer thread: a tool that writes a few rows i
 then, and its step skips a wake-up of the loop)."""
 
 
-class _ProcessLocks:
-    """Session locks of one process (``Locks``): the set of sessions held."""
-
-    def __init__(self) -> None:
-        self._held: set[SessionKey] = set()
-
-    def take(self, key: SessionKey) -> SessionKey | None:
-        if key in self._held:
-            return None
-        self._held.add(key)
-        return key
-
-    def give_back(self, token: SessionKey) -> None:
-        self._held.discard(token)
-
-    def free(self, keys: Iterable[SessionKey], limit: int) -> list[SessionKey]:
-        return [k for k in keys if k not in self._held][:limit]
-
-
 def _run(job: Callable[[sqlite3.Connection], T], c: sqlite3.Connection) -> T:
     try:
         return job(c)
@@ -74,23 +55,24 @@ def _run(job: Callable[[sqlite3.Connection], T], c: sqlite3.Connection) -> T:
         raise StoreError(f"the memory store failed: {e}") from e
 
 
-class MemoryDialect:
-    """SQLite in memory, as a dialect of the SQL kit (``Dialect``); see the module docstring."""
+class MemoryDialect(SqliteTransactions):
+    """SQLite in memory, as a dialect of the SQL kit (``Dialect``, ``SharedWriter``; its
+    transactions SQLite's); see the module docstring."""
 
     syntax = SYNTAX
     capabilities = StoreCapabilities(durable=False, shared_by="process",
-                                     exactly_once_local=True, paramstyle="qmark")
+                                     exactly_once_local=True, local_off_loop=True,
+                                     paramstyle="qmark")
 
     def __init__(self) -> None:
         # Made here, not at open: a memory store is usable at once, and a closed one keeps
         # its sessions (opening it again finds them), as the store on dicts did.
-        self.conn = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
-        self.conn.execute("BEGIN")
-        migrate(self.conn, SYNTAX, 0, "the memory store")
-        self.conn.execute("COMMIT")
+        self.conn: SqliteConnection = sqlite3.connect(
+            ":memory:", isolation_level=None, check_same_thread=False, factory=SqliteConnection)
+        self.atomic(self.conn, lambda c: upgrade(c, SYNTAX, "the memory store"))
         self.write_lock = asyncio.Lock()
         """Held by whoever uses the connection for a write (it serves every session)."""
-        self.leases = LocalLeases(_ProcessLocks())
+        self.leases = LocalLeases(ProcessLocks())
         self.signals = ProcessSignals(self.write_lock)
         """``Dialect.signals``: cancels sent while a step holds the connection."""
         self._local: Worker | None = None
@@ -124,7 +106,7 @@ class MemoryDialect:
         """``Dialect.step``."""
         return SharedLink(self)
 
-    def writer(self) -> sqlite3.Connection:
+    def writer(self) -> SqliteConnection:
         """``SharedWriter.writer``."""
         return self.conn
 
@@ -149,14 +131,6 @@ class MemoryDialect:
 
     def committed(self) -> None:
         """``SharedWriter.committed``: nothing to keep up."""
-
-    def in_transaction(self, c: Any) -> bool:
-        """``Dialect.in_transaction``."""
-        return bool(c.in_transaction)
-
-    def lost(self, c: Any) -> bool:
-        """``Dialect.lost``."""
-        return False
 
     def notify(self, c: Any, key: SessionKey, seq: int | None,
                live: Sequence[str] = ()) -> None:

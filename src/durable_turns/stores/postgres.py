@@ -40,34 +40,31 @@ import contextlib
 import logging
 import math
 import os
-import select
 import socket
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, TypeVar
 
 import psycopg
-from psycopg import pq
 
 from ..errors import StoreError
 from ..records import SessionKey
 from . import StoreCapabilities
+from ._postgres_lanes import Lane, PgConnection, PgTransactions, StepLane
 from ._postgres_leases import Beat, RowLeases
 from ._postgres_listen import CHANNEL, LISTENER_NAME, NotifyWire, listen, notify
 from .feed import Feed
-from .kit import Worker
 from .sql import (
-    SCHEMA_VERSION,
     Column,
     Index,
     SqlLease,
     SqlStore,
     Syntax,
     create_statements,
-    migrate,
+    upgrade,
 )
 
-__all__ = ["CHANNEL", "CREATE", "LISTENER_NAME", "SYNTAX", "PostgresStore"]
+__all__ = ["CHANNEL", "CREATE", "LISTENER_NAME", "SYNTAX", "PgConnection", "PostgresStore"]
 
 T = TypeVar("T")
 log = logging.getLogger("durable_turns")
@@ -82,6 +79,7 @@ _DEFAULT = _Default()
 SYNTAX = Syntax(
     placeholder="%s",
     lock_rows=True,
+    contains="strpos({text}, {part}) > 0",
     types={"id": "BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY", "int": "INTEGER",
            "bigint": "BIGINT", "text": "TEXT", "time": "TIMESTAMPTZ"},
     foreign_keys=True,
@@ -102,139 +100,7 @@ WAIT_TIMEOUT = 5.0
 """Seconds a read or a write waits for a connection (a free one, or a new one) by default."""
 
 
-def _idle(c: psycopg.Connection[Any]) -> bool:
-    return c.info.transaction_status == pq.TransactionStatus.IDLE
-
-
-def _gone(c: psycopg.Connection[Any]) -> bool:
-    """Whether an idle connection's server hung up: nothing is due on it, so anything to read
-    (the FATAL it sent as it went, or the end of the stream) says so. One ``select``."""
-    try:
-        readable, _w, _x = select.select([c.fileno()], [], [], 0)
-    except (OSError, ValueError, psycopg.Error):
-        return True
-    return bool(readable)
-
-
-class _Lane:
-    """One of the store's threads and the connection it keeps: made at its first job, and
-    made again, before a job begins, when the server hung up on it meanwhile (a restart, a
-    killed backend), so the first request after a database comes back works at once.
-
-    Every method but the worker's ``run`` runs on the lane's thread.
-    """
-
-    def __init__(self, name: str, connect: Callable[[], psycopg.Connection[Any]]) -> None:
-        self.worker = Worker(name)
-        self._connect = connect
-        self.conn: psycopg.Connection[Any] | None = None
-
-    def fresh(self) -> psycopg.Connection[Any]:
-        """The connection, idle and working as far as can be told without a round trip.
-
-        Raises:
-            StoreError: no new connection could be made.
-        """
-        self.reset()
-        c = self.conn
-        if c is None or _gone(c):
-            self.drop()
-            c = self.conn = self._connect()
-        return c
-
-    def reset(self) -> None:
-        """Leave the connection idle (a job that failed mid-transaction), or drop it."""
-        c = self.conn
-        if c is None:
-            return
-        if c.closed or c.broken:
-            self.drop()
-        elif not _idle(c):
-            try:
-                c.execute("ROLLBACK")
-            except psycopg.Error:
-                self.drop()
-
-    def drop(self) -> None:
-        c, self.conn = self.conn, None
-        if c is not None:
-            with contextlib.suppress(Exception):
-                c.close()
-
-    def once(self, fn: Callable[[psycopg.Connection[Any]], T]) -> T:
-        """``fn`` on a fresh connection, left idle after."""
-        c = self.fresh()
-        try:
-            return fn(c)
-        finally:
-            self.reset()
-
-
-class _Link:
-    """A step's link (``StepLink``): a lane and its connection, taken at the step's first
-    local tool or at its commit and kept until the commit ends. Its connection is made fresh
-    at the first job only: one lost mid-step is never replaced (the step is abandoned)."""
-
-    def __init__(self, dialect: PostgresDialect) -> None:
-        self._dialect = dialect
-        self._lane: _Lane | None = None
-        self._began = False
-
-    def connection(self) -> psycopg.Connection[Any] | None:
-        return None if self._lane is None else self._lane.conn
-
-    def _conn(self, lane: _Lane) -> psycopg.Connection[Any]:
-        if not self._began:
-            self._began = True
-            return lane.fresh()
-        if lane.conn is None:
-            raise StoreError("the step's connection was lost mid-step; nothing of the step "
-                             "was committed")
-        return lane.conn
-
-    async def _take(self) -> _Lane:
-        if self._lane is None:
-            self._lane = await self._dialect.take_lane()
-        return self._lane
-
-    async def run_local(self, job: Callable[[Any], T]) -> T:
-        lane = await self._take()
-        # Not guarded: what the tool raises (a psycopg error of its own SQL too) is its error.
-        return await lane.worker.run(lambda: job(self._conn(lane)))
-
-    async def commit(self, job: Callable[[Any], None], *, began: bool,
-                     waiting: Callable[[Any], None] | None = None) -> None:
-        try:
-            lane = await self._take()
-            await self._dialect.guard(lane.worker.run(lambda: job(self._conn(lane))))
-        finally:
-            await self.end()
-
-    async def rollback(self, job: Callable[[Any], None]) -> None:
-        lane = self._lane
-        if lane is None:
-            return
-
-        def rollback() -> None:
-            if lane.conn is not None and not lane.conn.broken:
-                job(lane.conn)
-
-        try:
-            with contextlib.suppress(StoreError):  # the error that got us here matters
-                await self._dialect.guard(lane.worker.run(rollback))
-        finally:
-            await self.end()
-
-    async def end(self) -> None:
-        lane, self._lane = self._lane, None
-        if lane is not None:
-            try:
-                await lane.worker.run(lane.reset)  # idle again, or dropped
-            finally:
-                self._dialect.give_lane(lane)  # cancelled too: run() waits for the job first
-
-
-class PostgresDialect:
+class PostgresDialect(PgTransactions):
     """PostgreSQL's dialect of the SQL kit (``Dialect``); see the module's docstring.
 
     Args: as :class:`PostgresStore`'s.
@@ -254,8 +120,8 @@ class PostgresDialect:
         self.idle_timeout = idle_timeout
         self.wait_timeout = wait_timeout
         self.capabilities = StoreCapabilities(
-            durable=True, shared_by="machines", exactly_once_local=True, lease_ttl=lease_ttl,
-            paramstyle="format")
+            durable=True, shared_by="machines", exactly_once_local=True, local_off_loop=True,
+            lease_ttl=lease_ttl, paramstyle="format")
         self.owner = f"{socket.gethostname()}:{os.getpid()}"
         self.origin = uuid.uuid4().hex[:16]
         self.leases = RowLeases(self)
@@ -264,9 +130,9 @@ class PostgresDialect:
         self.live = NotifyWire(dsn, self._connect_args(), self.origin) if live else None
         """``Dialect.live``: NOTIFY on the channel ``durable_turns_live`` (``None``: live
         text stays in this process)."""
-        self._lanes: list[_Lane] = []
-        self._free: asyncio.Queue[_Lane] = asyncio.Queue()
-        self._leases_lane: _Lane | None = None
+        self._lanes: list[Lane] = []
+        self._free: asyncio.Queue[Lane] = asyncio.Queue()
+        self._leases_lane: Lane | None = None
         self._inspect: psycopg.Connection[Any] | None = None
         self._listener: asyncio.Task[None] | None = None
 
@@ -295,9 +161,9 @@ class PostgresDialect:
                 "keepalives_interval": 1, "keepalives_count": 3,
                 "tcp_user_timeout": max(1000, round(self.wait_timeout * 1000))}
 
-    def _connect(self) -> psycopg.Connection[Any]:
+    def _connect(self) -> PgConnection:
         try:
-            return psycopg.connect(self.dsn, **self._connect_args())
+            return PgConnection.connect(self.dsn, **self._connect_args())
         except psycopg.Error as e:
             raise StoreError(f"cannot connect to PostgreSQL ({self!r}): {e}") from e
 
@@ -318,12 +184,12 @@ class PostgresDialect:
         """``Dialect.open``."""
         if self._leases_lane is not None:
             return
-        leases = _Lane("durable-turns-pg-leases", self._open_connection)
-        lanes = [_Lane(f"durable-turns-pg-{i}", self._open_connection)
+        leases = Lane("durable-turns-pg-leases", self._open_connection)
+        lanes = [Lane(f"durable-turns-pg-{i}", self._open_connection)
                  for i in range(self._pool_size)]
         try:
             self._inspect = await leases.worker.run(self._connect)
-            migrate = lambda c: store.in_transaction(c, self._migrate)  # noqa: E731
+            migrate = lambda c: self.atomic(c, self._migrate)  # noqa: E731
             await self.guard(leases.worker.run(lambda: leases.once(migrate)))
             # Every lane's connection now, together: a step never waits for one to be made.
             await asyncio.gather(*(lane.worker.run(lane.fresh) for lane in lanes))
@@ -344,17 +210,9 @@ class PostgresDialect:
             self.listen(store.feed)
 
     @staticmethod
-    def _migrate(c: psycopg.Connection[Any]) -> None:
+    def _migrate(c: PgConnection) -> None:
         c.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
-        c.execute("CREATE TABLE IF NOT EXISTS durable_turns_schema (version INTEGER NOT NULL)")
-        row = c.execute("SELECT version FROM durable_turns_schema").fetchone()
-        version = 0 if row is None else int(row[0])
-        if not migrate(c, SYNTAX, version, "the database"):
-            return
-        if row is None:
-            c.execute("INSERT INTO durable_turns_schema VALUES (%s)", (SCHEMA_VERSION,))
-        else:
-            c.execute("UPDATE durable_turns_schema SET version = %s", (SCHEMA_VERSION,))
+        upgrade(c, SYNTAX, "the database")  # the version in durable_turns_schema
 
     async def close(self) -> None:
         """``Dialect.close``."""
@@ -378,7 +236,7 @@ class PostgresDialect:
         await self._stop([*lanes, leases])
 
     @staticmethod
-    async def _stop(lanes: list[_Lane]) -> None:
+    async def _stop(lanes: list[Lane]) -> None:
         for lane in lanes:
             await lane.worker.run(lane.drop)
             lane.worker.stop()
@@ -392,7 +250,7 @@ class PostgresDialect:
     # -- connections -----------------------------------------------------------------------
 
     @property
-    def leases_lane(self) -> _Lane:
+    def leases_lane(self) -> Lane:
         """The lane the leases use (its own connection, so heartbeats never wait for steps).
 
         Raises:
@@ -412,7 +270,7 @@ class PostgresDialect:
         out: T = await self.guard(lane.worker.run(lambda: lane.once(job)))
         return out
 
-    async def take_lane(self, wait: float | None = None) -> _Lane:
+    async def take_lane(self, wait: float | None = None) -> Lane:
         """A lane for steps and reads, waiting for one to come free (at most ``wait``
         seconds; ``None``: as long as it takes).
 
@@ -430,12 +288,12 @@ class PostgresDialect:
             raise StoreError(f"no connection to PostgreSQL came free in {wait:g}s ({self!r}): "
                              "every one is busy, or the database is slow") from None
 
-    def give_lane(self, lane: _Lane) -> None:
+    def give_lane(self, lane: Lane) -> None:
         """Give back a lane of :meth:`take_lane`."""
         self._free.put_nowait(lane)
 
     @contextlib.asynccontextmanager
-    async def _lane(self) -> AsyncIterator[_Lane]:
+    async def _lane(self) -> AsyncIterator[Lane]:
         lane = await self.take_lane(self.wait_timeout)
         try:
             yield lane
@@ -470,17 +328,9 @@ class PostgresDialect:
             out: T = await self.guard(lane.worker.run(lambda: lane.once(job)))
             return out
 
-    def step(self) -> _Link:
+    def step(self) -> StepLane:
         """``Dialect.step``."""
-        return _Link(self)
-
-    def in_transaction(self, c: Any) -> bool:
-        """``Dialect.in_transaction``."""
-        return not c.closed and not c.broken and not _idle(c)
-
-    def lost(self, c: Any) -> bool:
-        """``Dialect.lost``."""
-        return bool(c.broken or c.closed)
+        return StepLane(self)
 
     def notify(self, c: Any, key: SessionKey, seq: int | None,
                live: Sequence[str] = ()) -> None:

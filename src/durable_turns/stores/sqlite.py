@@ -47,7 +47,14 @@ from typing import Any, TypeVar
 from ..errors import StoreError
 from ..records import SessionKey
 from . import StoreCapabilities
-from ._sqlite_files import FileLocks, busy, connect, open_writer
+from ._sqlite_files import (
+    FileLocks,
+    SqliteConnection,
+    SqliteTransactions,
+    busy,
+    connect,
+    open_writer,
+)
 from ._sqlite_live import SocketWire
 from ._sqlite_signals import FileSignals
 from .feed import Feed
@@ -59,24 +66,24 @@ from .sql import TRANSCRIPT_CHUNK as TRANSCRIPT_CHUNK
 from .sql import TRANSCRIPT_COPY_ROWS as TRANSCRIPT_COPY_ROWS
 from .sql import LocalLeases, SharedLink, SqlStore, Syntax, create_statements
 
-__all__ = ["CREATE", "SYNTAX", "SqliteStore"]
+__all__ = ["CREATE", "SYNTAX", "SqliteConnection", "SqliteStore", "SqliteTransactions"]
 
 T = TypeVar("T")
 
 SYNTAX = Syntax(
-    begin="BEGIN IMMEDIATE",  # the write lock at once: a transaction never upgrades and fails
     serialised=True,
     lookup_hint=" INDEXED BY log_lookup",  # SQLite plans without statistics
     keyed_suffix=" WITHOUT ROWID",
     columns_query="SELECT m.name, p.name FROM sqlite_master m "
                   "JOIN pragma_table_info(m.name) p WHERE m.type = 'table'",
     indexes_query="SELECT name FROM sqlite_master WHERE type = 'index'",
+    user_version=True,
 )
-"""SQLite's SQL."""
+"""SQLite's SQL (its transactions are :class:`SqliteTransactions`')."""
 CREATE: tuple[str, ...] = tuple(create_statements(SYNTAX))
 """The statements that create a new store's tables and indexes."""
 CAPABILITIES = StoreCapabilities(durable=True, shared_by="processes", exactly_once_local=True,
-                                 paramstyle="qmark")
+                                 local_off_loop=True, paramstyle="qmark")
 
 CHECKPOINT_EVERY = 256
 """Commits between two WAL checkpoints (run on the writer thread)."""
@@ -91,8 +98,9 @@ DETECTOR_LINGER = 2.0
 """Seconds the change detector keeps polling after the last subscriber or watcher left."""
 
 
-class SqliteDialect:
-    """SQLite's dialect of the SQL kit (``Dialect``); see the module's docstring.
+class SqliteDialect(SqliteTransactions):
+    """SQLite's dialect of the SQL kit (``Dialect``, ``SharedWriter``); see the module's
+    docstring.
 
     Args: as :class:`SqliteStore`'s.
     """
@@ -114,10 +122,10 @@ class SqliteDialect:
         self._create = create
         self._synchronous = synchronous.upper()
         self._busy_timeout = busy_timeout
-        self._writer: sqlite3.Connection | None = None
-        self._reader: sqlite3.Connection | None = None
-        self._slow_reader: sqlite3.Connection | None = None  # the reader thread's own
-        self._checkpointer: sqlite3.Connection | None = None  # the writer thread's own
+        self._writer: SqliteConnection | None = None
+        self._reader: SqliteConnection | None = None
+        self._slow_reader: SqliteConnection | None = None  # the reader thread's own
+        self._checkpointer: SqliteConnection | None = None  # the writer thread's own
         self._commits = 0
         self._checkpointing: asyncio.Task[None] | None = None
         self._write_pool: Worker | None = None
@@ -143,7 +151,7 @@ class SqliteDialect:
             self.writer()
         return self._writer is not None
 
-    def writer(self) -> sqlite3.Connection:
+    def writer(self) -> SqliteConnection:
         """The writer connection.
 
         Raises:
@@ -191,10 +199,10 @@ class SqliteDialect:
             self._write_pool = Worker("durable-turns-sqlite-write")
         return self._write_pool
 
-    def _connect(self) -> sqlite3.Connection:
+    def _connect(self) -> SqliteConnection:
         return connect(self.path, self._busy_timeout)
 
-    def _open_writer(self, *, wait: bool) -> sqlite3.Connection | None:
+    def _open_writer(self, *, wait: bool) -> SqliteConnection | None:
         return open_writer(self.path, SYNTAX, synchronous=self._synchronous,
                            busy_timeout=self._busy_timeout, wait=wait, create=self._create)
 
@@ -227,7 +235,7 @@ class SqliteDialect:
         if reader is not None:
             reader.close()
 
-    def _close_writer_thread(self, writer: sqlite3.Connection | None) -> None:
+    def _close_writer_thread(self, writer: SqliteConnection | None) -> None:
         if writer is not None:
             writer.close()
         if self._checkpointer is not None:
@@ -349,19 +357,11 @@ class SqliteDialect:
         except sqlite3.Error as e:
             raise StoreError(f"read from {self.path} failed: {e}") from e
 
-    def _waiting_reader(self) -> sqlite3.Connection:
+    def _waiting_reader(self) -> SqliteConnection:
         """The reader thread's connection, which may wait (made at its first use)."""
         if self._slow_reader is None:
             self._slow_reader = self._connect()
         return self._slow_reader
-
-    def in_transaction(self, c: Any) -> bool:
-        """``Dialect.in_transaction``."""
-        return bool(c.in_transaction)
-
-    def lost(self, c: Any) -> bool:
-        """``Dialect.lost``."""
-        return False  # a file does not go away under an open connection
 
     def notify(self, c: Any, key: SessionKey, seq: int | None,
                live: Sequence[str] = ()) -> None:

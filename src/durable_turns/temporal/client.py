@@ -1,6 +1,6 @@
 """The client side: connect to Temporal, and tell a session's workflow it has work.
 
-:class:`TemporalScheduler` is a runtime's :class:`~durable_turns.runtime.Scheduler`: every
+:class:`TemporalScheduler` is a runtime's :class:`~durable_turns.scheduling.Scheduler`: every
 host that accepts turns (``session.start``, the HTTP server, Slack) goes through
 ``Runtime.accept``, which stores the entry and then calls :meth:`TemporalScheduler.wake` —
 a signal-with-start of the session's workflow. The store holds the entry before the signal
@@ -19,6 +19,7 @@ from temporalio.service import RPCError
 
 from ..errors import ConfigurationError, StoreError
 from ..records import SessionKey
+from ..scheduling import Stepped
 from .workflow import STEPS_PER_RUN, WAKE, SessionStart, SessionWorkflow, StepOptions, workflow_id
 
 TASK_QUEUE = "durable-turns"
@@ -119,6 +120,19 @@ class TemporalScheduler:
         self.heartbeat = heartbeat
         self.task_timeout = task_timeout
         self.steps_per_run = steps_per_run
+
+    steps_here = False
+    """Temporal's workers step the sessions (``temporal_worker``), not the runtime that
+    accepts."""
+
+    def attach(self, runtime: Stepped) -> None:
+        """``Scheduler.attach``: nothing to keep (the workers have their own runtime)."""
+
+    async def wait_idle(self) -> None:
+        """``Scheduler.wait_idle``: no step of Temporal's runs in the accepting runtime."""
+
+    async def close(self) -> None:
+        """``Scheduler.close``: the workflows go on with the workers."""
 
     async def client(self) -> Client:
         """The Temporal client (connected on the first call, when given a ``Connection``).

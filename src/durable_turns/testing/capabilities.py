@@ -34,9 +34,19 @@ async def check_capabilities_are_declared(store: SessionStore) -> None:
     assert caps.lease_ttl is None or caps.lease_ttl > 0, caps
     assert caps.paramstyle is None or caps.paramstyle in _MARKS, caps
     assert not caps.exactly_once_local or caps.paramstyle is not None, \
-        "a store whose local writes join the step hands tools a DB-API handle: its paramstyle"
+        "a store whose local writes join the step hands tools a SQL handle: its paramstyle"
     assert caps.shared_by == "process" or caps.durable, "shared storage outlives a process"
     assert store.capabilities == caps
+
+
+def _sql(handle: Any, sql: str, params: tuple[Any, ...] = ()) -> list[Any]:
+    """Run one statement on a store's raw handle, either shape: DB-API (``execute(sql,
+    params)``) or ``exec(sql, *bindings)`` returning a cursor with ``raw()`` (a Durable
+    Object's); its rows."""
+    if hasattr(handle, "execute"):
+        cur = handle.execute(sql, params)
+        return list(cur.fetchall()) if cur.description is not None else []
+    return list(handle.exec(sql, *params).raw().toArray())
 
 
 async def check_local_writes_join_the_transaction(store: SessionStore) -> None:
@@ -48,11 +58,11 @@ async def check_local_writes_join_the_transaction(store: SessionStore) -> None:
     lease = await store.claim(KEY)
 
     def setup(h: Any) -> None:
-        h.execute("CREATE TABLE IF NOT EXISTS conformance_rows (v TEXT)")
+        _sql(h, "CREATE TABLE IF NOT EXISTS conformance_rows (v TEXT)")
 
     def write(value: str, fail: bool) -> Callable[[Any], None]:
         def run(h: Any) -> None:
-            h.execute(f"INSERT INTO conformance_rows (v) VALUES ({mark})", (value,))
+            _sql(h, f"INSERT INTO conformance_rows (v) VALUES ({mark})", (value,))
             if fail:
                 raise ValueError("tool failed")
 
@@ -87,13 +97,13 @@ async def check_local_writes_join_the_transaction(store: SessionStore) -> None:
     else:
         raise AssertionError("a commit under a stale epoch was accepted")
     await current.release()
-    rows = store.unwrap().execute("SELECT v FROM conformance_rows ORDER BY v").fetchall()
+    rows = _sql(store.unwrap(), "SELECT v FROM conformance_rows ORDER BY v")
     assert [r[0] for r in rows] == ["kept", "kept too"]
     assert len(await store.read_messages(KEY)) == 2
 
 
 async def check_a_cancel_never_waits_for_a_step(store: SessionStore) -> None:
-    """``exactly_once_local``: a cancel requested while a step's transaction is open (a local
+    """``local_off_loop``: a cancel requested while a step's transaction is open (a local
     tool runs in it and has written, holding whatever the step holds) returns without
     waiting for the step, and the lease's cancel check sees it once the step committed (F7:
     the turn ends at that boundary)."""

@@ -95,8 +95,10 @@ async def check_a_session_is_owned_once(store: SessionStore) -> None:
 async def check_listings_show_what_a_principal_may_see(store: SessionStore) -> None:
     """``session_summaries(visible=…)``: the sessions a principal owns, and those parked on a
     request it may answer (as the user named, under a policy it holds, or in a parallel
-    batch's ``more``); nothing else, whatever the ids hold (quotes, ``%``, ``_``)."""
+    batch's ``more``); nothing else, whatever the ids hold (quotes, ``%``, ``_``) and
+    however long they are."""
     odd = 'a"%_!\\b'  # LIKE's wildcards, its escape, JSON's escapes
+    carl = "carl@7f3c2a90-5b1e-4d8a-9c6f-2e4b8a1d0c3f"  # an id as long as an OIDC subject
     for name, owner in [("mine", "ann"), ("theirs", "bob"), ("odd", odd), ("none", None)]:
         key = SessionKey("agent", name)
         if owner is not None:
@@ -105,7 +107,7 @@ async def check_listings_show_what_a_principal_may_see(store: SessionStore) -> N
     await park(store, SessionKey("agent", "ask-ann"), "p1", InputRequest(
         "ok", 'Mention {"user":"bob"} in a prompt', answerers={"user": "ann"}, turn_id="p1"))
     await park(store, SessionKey("agent", "batch"), "p2", InputRequest(
-        "a", "A?", answerers={"user": "carl"}, turn_id="p2",
+        "a", "A?", answerers={"user": carl}, turn_id="p2",
         more=(InputRequest("b", "B?", answerers={"user": odd}, turn_id="p2"),)))
     await park(store, SessionKey("agent", "policy"), "p3", InputRequest(
         "ok", "Refund?", answerers={"policy": "refunds", "scope": "eu"}, turn_id="p3"))
@@ -123,7 +125,8 @@ async def check_listings_show_what_a_principal_may_see(store: SessionStore) -> N
     assert await shown(Visibility(owner="ann", answerer="ann"), parked_only=True) == ["ask-ann"]
     assert await shown(Visibility(answerer="bob")) == []  # a prompt's text is not answerers
     assert await shown(Visibility(answerer=odd)) == ["batch"]
-    assert await shown(Visibility(answerer="carl")) == ["batch"]
+    assert await shown(Visibility(answerer=carl)) == ["batch"]
+    assert await shown(Visibility(answerer=carl[:-1])) == []
     assert await shown(Visibility(answerer="an")) == []
     assert await shown(Visibility(policies=("refunds",))) == ["policy"]
     assert await shown(Visibility(policies=("refund", "other"))) == []

@@ -1,21 +1,24 @@
 """The public SQL store kit: a SQL backend is a :class:`Dialect` plus its registration.
 
 Everything that decides what a SQL store reads and writes is written here, once:
-the statements (:class:`Statements`), the log row's codec (``sql.log``), the schema and its
-history (``sql.schema``: one definition, rendered per dialect, and the migrations runner),
-the write path, the reads and the feed (:class:`SqlStore`), and leases for stores of one
-machine (:class:`LocalLeases`). SQLite, PostgreSQL and the in-memory store are dialects of
-it (``stores.sqlite``, ``stores.postgres``, ``stores.memory``).
+the statements (:class:`Statements`, run over a two-call :class:`Connection`), the log row's
+codec (``sql.log``), the schema and its history (``sql.schema``: one definition, rendered per
+dialect, the migrations runner and :func:`upgrade`, which keeps the version where the
+dialect says), the write path, the reads and the feed (:class:`SqlStore`), leases for stores
+whose locks end with their holder (:class:`LocalLeases` over :class:`Locks`, such as
+:class:`ProcessLocks`), and the step link of a dialect with one write connection
+(:class:`SharedLink`). SQLite, PostgreSQL and the in-memory store are dialects of it
+(``stores.sqlite``, ``stores.postgres``, ``stores.memory``); ``tests/stores/do_store.py`` is
+one written from outside, on a Durable Object's storage.
 
 A new SQL backend writes one module:
 
-1. a :class:`Syntax` (placeholders, the begin statement, row locks or serialised
-   statements, the schema's types, its lease columns and indexes, the two introspection
-   queries the migrations runner asks);
-2. a :class:`Dialect`: its connections and where jobs run on them (``read``, ``write``, a
-   :class:`StepLink` per step), ``open`` (connect, then ``schema.migrate`` under a lock),
-   its :class:`Leases` (:class:`LocalLeases` over OS locks, or row leases with a TTL), its
-   wake-ups (``listen``, ``notify``) and its :class:`~durable_turns.stores.StoreCapabilities`;
+1. a :class:`Connection` over its driver's handle (``rows``, ``changes``);
+2. a :class:`Dialect`: its :class:`Syntax`, ``capabilities`` and ``leases``; ``open`` and
+   ``close``; ``read`` and ``write``, where jobs run; ``atomic``, its transactions (its SQL or
+   its handle's calls: the kit writes no ``BEGIN`` or ``COMMIT``); ``step``, a
+   :class:`StepLink` holding a step's transaction across its local tools and its commit;
+   ``notify``, ``listen`` and ``live``, its wake-ups;
 3. ``class MyStore(SqlStore)`` whose ``__init__`` makes the dialect, and a line in
    ``stores.registry`` (or an entry point) for its URL scheme;
 
@@ -24,12 +27,14 @@ then runs ``durable_turns.testing``'s conformance suite (every tier) against it.
 
 from __future__ import annotations
 
-from .local import RELEASED_KEPT, LocalLeases, Locks, SharedLink, SharedWriter
+from .connection import Connection, first
+from .local import RELEASED_KEPT, LocalLeases, Locks, ProcessLocks, SharedLink, SharedWriter
 from .schema import (
     INDEXES,
     MIGRATIONS,
     SCHEMA_VERSION,
     TABLES,
+    VERSION_TABLE,
     Column,
     Index,
     Migration,
@@ -38,17 +43,28 @@ from .schema import (
     check_version,
     create_statements,
     migrate,
+    schema_version,
+    upgrade,
 )
 from .statements import (
     LAST_ROW,
     NEEDS_DRIVING,
     TRANSCRIPT_CHUNK,
+    TRANSCRIPT_COPY_BYTES,
     TRANSCRIPT_COPY_ROWS,
-    Connection,
     Statements,
     counters,
 )
-from .store import Dialect, Grant, Leases, SqlLease, SqlStore, SqlTransaction, StepLink
+from .store import (
+    Dialect,
+    Grant,
+    Leases,
+    SqlLease,
+    SqlStore,
+    SqlTransaction,
+    StepLink,
+    tool_ended_transaction,
+)
 
 __all__ = [
     "INDEXES",
@@ -59,7 +75,9 @@ __all__ = [
     "SCHEMA_VERSION",
     "TABLES",
     "TRANSCRIPT_CHUNK",
+    "TRANSCRIPT_COPY_BYTES",
     "TRANSCRIPT_COPY_ROWS",
+    "VERSION_TABLE",
     "Column",
     "Connection",
     "Dialect",
@@ -69,6 +87,7 @@ __all__ = [
     "LocalLeases",
     "Locks",
     "Migration",
+    "ProcessLocks",
     "SharedLink",
     "SharedWriter",
     "SqlLease",
@@ -81,5 +100,9 @@ __all__ = [
     "check_version",
     "counters",
     "create_statements",
+    "first",
     "migrate",
+    "schema_version",
+    "tool_ended_transaction",
+    "upgrade",
 ]

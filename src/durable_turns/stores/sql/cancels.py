@@ -53,6 +53,8 @@ class _Dialect(Protocol):
     def notify(self, c: Any, key: SessionKey, seq: int | None,
                live: Sequence[str] = ()) -> None: ...
 
+    def atomic(self, c: Any, job: Callable[[Any], T]) -> T: ...
+
 
 class _Store(Protocol):
     """What the cancels need of their :class:`~durable_turns.stores.sql.SqlStore`."""
@@ -67,8 +69,6 @@ class _Store(Protocol):
     def feed(self) -> Feed: ...
 
     async def transact(self, job: Callable[[Any], T]) -> T: ...
-
-    def in_transaction(self, c: Any, job: Callable[[Any], T]) -> T: ...
 
     async def turns(self, key: SessionKey, *, turn_id: str | None = None,
                     unfinished: bool = False) -> list[TurnRecord]: ...
@@ -109,8 +109,8 @@ class Cancels:
         else:
             try:
                 # Where it would wait for another writer, a signal instead of the wait.
-                ids = await store.dialect.write(lambda c: store.in_transaction(c, cancel),
-                                                waiting=_refuse)
+                atomic = store.dialect.atomic
+                ids = await store.dialect.write(lambda c: atomic(c, cancel), waiting=_refuse)
             except _Busy:
                 ids = await self._signal(signals, key, turn_id, reason)
         if ids:

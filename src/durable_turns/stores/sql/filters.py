@@ -10,15 +10,17 @@ from ...records import Visibility
 __all__ = ["visible_where"]
 
 
-def visible_where(v: Visibility) -> tuple[str, list[str]]:
+def visible_where(v: Visibility, contains: str) -> tuple[str, list[str]]:
     """The condition (with its ``?`` parameters) that keeps the sessions ``v`` shows: owned
     by ``v.owner``, or parked on a request ``v.answerer`` (or one of ``v.policies``) answers.
 
     A request is stored in its one encoding (``encode_json``: compact, keys in the order they
-    were written), so "these answerers" is a fixed piece of its JSON, matched with ``LIKE``:
-    ``"answerers":{"user":"ann"}`` can only be an ``answerers`` member, since inside a JSON
-    string every ``"`` is escaped. The requests of a parallel batch (``more``) are in the same
-    text, so a session parked on several shows to the answerer of any of them.
+    were written), so "these answerers" is a fixed piece of its JSON, found as a substring
+    (``contains``: the dialect's test, ``Syntax.contains``; not ``LIKE``, whose patterns
+    some backends bound to 50 bytes): ``"answerers":{"user":"ann"}`` can only be an
+    ``answerers`` member, since inside a JSON string every ``"`` is escaped. The requests of
+    a parallel batch (``more``) are in the same text, so a session parked on several shows to
+    the answerer of any of them.
     """
     conditions, params = ["1 = 0"], []
     if v.owner is not None:
@@ -29,11 +31,6 @@ def visible_where(v: Visibility) -> tuple[str, list[str]]:
     # (hitl.default_answerers): the policy is their start.
     pieces += [encode_json({"policy": p})[:-1] + "," for p in v.policies]
     for piece in pieces:
-        conditions.append("t.request LIKE ? ESCAPE '!'")
-        params.append(f'%"answerers":{_literal(piece)}%')
+        conditions.append(contains.format(text="t.request", part="?"))
+        params.append(f'"answerers":{piece}')
     return " OR ".join(conditions), params
-
-
-def _literal(text: str) -> str:
-    """``text`` as a ``LIKE`` pattern that matches only itself (escape character ``!``)."""
-    return text.replace("!", "!!").replace("%", "!%").replace("_", "!_")

@@ -29,12 +29,12 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from ...records import SessionKey
 from ..kit import claim_found, retry_until
-from .store import Grant
+from .store import Grant, tool_ended_transaction
 
 if TYPE_CHECKING:
     from .store import SqlLease, SqlStore
 
-__all__ = ["RELEASED_KEPT", "LocalLeases", "Locks", "SharedLink", "SharedWriter"]
+__all__ = ["RELEASED_KEPT", "LocalLeases", "Locks", "ProcessLocks", "SharedLink", "SharedWriter"]
 
 T = TypeVar("T")
 
@@ -125,9 +125,32 @@ class LocalLeases:
         self._locks.give_back(lease.hold)
 
 
+class ProcessLocks:
+    """Session locks of one process (:class:`Locks`): the set of sessions held. For a store
+    no other process opens (in memory, or a backend with one live instance per storage)."""
+
+    def __init__(self) -> None:
+        self._held: set[SessionKey] = set()
+
+    def take(self, key: SessionKey) -> SessionKey | None:
+        """``Locks.take``."""
+        if key in self._held:
+            return None
+        self._held.add(key)
+        return key
+
+    def give_back(self, token: SessionKey) -> None:
+        """``Locks.give_back``."""
+        self._held.discard(token)
+
+    def free(self, keys: Iterable[SessionKey], limit: int) -> list[SessionKey]:
+        """``Locks.free``."""
+        return [k for k in keys if k not in self._held][:limit]
+
+
 class SharedWriter(Protocol):
     """What :class:`SharedLink` needs of a dialect whose one write connection serves every
-    session."""
+    session, and whose transactions are begun and ended by calls on it (SQL text, for SQLite)."""
 
     @property
     def write_lock(self) -> asyncio.Lock:
@@ -135,7 +158,7 @@ class SharedWriter(Protocol):
         ...
 
     def writer(self) -> Any:
-        """The write connection.
+        """The write connection (a ``Connection``, and the raw handle local tools get).
 
         Raises:
             StoreError: the store is not open.
@@ -148,7 +171,8 @@ class SharedWriter(Protocol):
 
     async def run_write(self, job: Callable[[Any], T], *, began: bool = False,
                         waiting: Callable[[Any], T] | None = None) -> T:
-        """Run a write job on the write connection (see ``StepLink.commit``).
+        """Run a write job on the write connection: ``waiting`` instead where ``job`` would
+        wait for another writer; a job that ``began`` holds the write lock already.
 
         Raises:
             StoreError: the database failed.
@@ -159,10 +183,32 @@ class SharedWriter(Protocol):
         """A step committed (for the dialect's upkeep: checkpoints)."""
         ...
 
+    def begin(self, c: Any) -> None:
+        """Begin a write transaction on ``c`` (taking the database's write lock)."""
+        ...
+
+    def commit(self, c: Any) -> None:
+        """Commit ``c``'s transaction."""
+        ...
+
+    def rollback(self, c: Any) -> None:
+        """Undo ``c``'s transaction, if one is open."""
+        ...
+
+    def in_transaction(self, c: Any) -> bool:
+        """Whether ``c`` is inside a transaction."""
+        ...
+
+    def atomic(self, c: Any, job: Callable[[Any], T]) -> T:
+        """``Dialect.atomic``."""
+        ...
+
 
 class SharedLink:
     """The ``StepLink`` of a :class:`SharedWriter`: its write connection, under its write
-    lock from the step's first use of it to the end of its commit.
+    lock from the step's first use of it to the end of its commit. The first local tool
+    begins the transaction (a rollback then undoes exactly its writes: the store's own rows
+    are written at commit); every later one runs nested in it (``atomic``).
 
     Args:
         writer: the dialect.
@@ -172,12 +218,13 @@ class SharedLink:
     """
 
     # One per step: no instance dict, and nothing else allocated with it.
-    __slots__ = ("_conn", "_held", "_writer")
+    __slots__ = ("_begun", "_conn", "_held", "_writer")
 
     def __init__(self, writer: SharedWriter) -> None:
         self._writer = writer
         self._conn = writer.writer()
         self._held = False
+        self._begun = False
 
     def connection(self) -> Any:
         """``StepLink.connection``."""
@@ -188,34 +235,72 @@ class SharedLink:
             self._held = False
             self._writer.write_lock.release()
 
-    async def run_local(self, job: Callable[[Any], T]) -> T:
+    async def run_local(self, fn: Callable[[Any], T]) -> T:
         """``StepLink.run_local``."""
         # The lock taken inline, not in a helper: a coroutine call costs a step about 1 µs.
         if not self._held:
             await self._writer.write_lock.acquire()
             self._held = True
-        return await self._writer.run_local_job(job)
+        return await self._writer.run_local_job(lambda c: self._local(c, fn))
 
-    async def commit(self, job: Callable[[Any], None], *, began: bool,
-                     waiting: Callable[[Any], None] | None = None) -> None:
+    def _local(self, c: Any, fn: Callable[[Any], T]) -> T:
+        w = self._writer
+        if self._begun:
+            try:
+                out = w.atomic(c, fn)  # nested: a raise undoes this tool's writes only
+            except BaseException:
+                if not w.in_transaction(c):
+                    self._begun = False  # the tool ended the transaction, then raised
+                raise
+        else:
+            w.begin(c)
+            self._begun = True
+            try:
+                out = fn(c)
+            except BaseException:
+                # The first writer of the transaction: undoing it all undoes just the tool.
+                self._begun = False
+                w.rollback(c)
+                raise
+        if not w.in_transaction(c):
+            self._begun = False
+            raise tool_ended_transaction()
+        return out
+
+    async def commit(self, job: Callable[[Any], None], *,
+                     alone: Callable[[Any], None] | None = None) -> None:
         """``StepLink.commit``."""
+        w = self._writer
         try:
             if not self._held:
-                await self._writer.write_lock.acquire()
+                await w.write_lock.acquire()
                 self._held = True
-            await self._writer.run_write(job, began=began, waiting=waiting)
+            if self._begun:
+                await w.run_write(lambda c: self._finish(c, job), began=True)
+            elif alone is not None:
+                await w.run_write(alone, waiting=lambda c: w.atomic(c, job))
+            else:
+                await w.run_write(lambda c: w.atomic(c, job))
         finally:
             self._give_back()
-        self._writer.committed()
+        w.committed()
 
-    async def rollback(self, job: Callable[[Any], None]) -> None:
-        """``StepLink.rollback``."""
+    def _finish(self, c: Any, job: Callable[[Any], None]) -> None:
+        w = self._writer
+        self._begun = False
         try:
-            with contextlib.suppress(Exception):  # the error that got us here matters
-                job(self._conn)
-        finally:
-            self._give_back()
+            job(c)
+            w.commit(c)
+        except BaseException:
+            w.rollback(c)
+            raise
 
     async def end(self) -> None:
         """``StepLink.end``."""
-        self._give_back()
+        try:
+            if self._begun:
+                self._begun = False
+                with contextlib.suppress(Exception):  # the error that got us here matters
+                    self._writer.rollback(self._conn)
+        finally:
+            self._give_back()

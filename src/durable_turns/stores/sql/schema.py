@@ -27,11 +27,11 @@ of version 2 into ``log``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from ...errors import StoreError
+from .connection import Connection
 from .log import LEGACY_TO_LOG, LOOKED_UP
 
 __all__ = [
@@ -40,6 +40,7 @@ __all__ = [
     "OPEN",
     "SCHEMA_VERSION",
     "TABLES",
+    "VERSION_TABLE",
     "Column",
     "Index",
     "Migration",
@@ -48,6 +49,8 @@ __all__ = [
     "check_version",
     "create_statements",
     "migrate",
+    "schema_version",
+    "upgrade",
 ]
 
 
@@ -92,13 +95,11 @@ class Syntax:
 
     Statements are written with ``?`` placeholders and rewritten once to ``placeholder``;
     a parameter tested for NULL is cast, which PostgreSQL needs to know its type. Both
-    dialects shipped take ``INSERT … ON CONFLICT … DO NOTHING RETURNING``, partial indexes and
-    ``SAVEPOINT``.
+    dialects shipped take ``INSERT … ON CONFLICT … DO NOTHING RETURNING`` and partial indexes.
+    Transaction control is not here: it is the dialect's (``Dialect.atomic``).
     """
 
     placeholder: str = "?"
-    begin: str = "BEGIN"
-    """What begins a write transaction (SQLite: ``BEGIN IMMEDIATE``, the write lock at once)."""
     lock_rows: bool = False
     """Transactions do not serialise writers (PostgreSQL): every write locks its session's row
     first (``FOR UPDATE``), so the chain's rules and the fencing check see no concurrent
@@ -107,6 +108,9 @@ class Syntax:
     """One statement at a time writes (SQLite): a statement that reads and then writes is
     atomic on its own, so the common step, the common accept and a repeated claim are one
     statement each, outside any transaction."""
+    contains: str = "instr({text}, {part}) > 0"
+    """Whether the text ``{text}`` holds ``{part}`` as a substring (PostgreSQL:
+    ``strpos``)."""
     lookup_hint: str = ""
     """How a planner without statistics is told to use ``log_lookup`` (SQLite:
     ``INDEXED BY``)."""
@@ -125,6 +129,10 @@ class Syntax:
     """``(table, column)`` of every column the database has."""
     indexes_query: str = ""
     """The name of every index the database has."""
+    user_version: bool = False
+    """Where the schema's version is kept (:func:`upgrade`): ``PRAGMA user_version`` (SQLite's
+    file header); else a table of one row, :data:`VERSION_TABLE` (PostgreSQL, and a backend
+    that refuses the pragma, such as a Durable Object's SQLite)."""
 
 
 OPEN = "('queued', 'running', 'suspended')"
@@ -278,17 +286,30 @@ def _migration_statements(m: Migration, syntax: Syntax, has: set[str]) -> list[s
     return out + list(m.statements)
 
 
-def migrate(c: Any, syntax: Syntax, version: int, where: str,
-            execute: Callable[[Any, str], Any] | None = None) -> bool:
-    """Bring a database of schema ``version`` (0: empty) to :data:`SCHEMA_VERSION`, inside the
-    caller's transaction (which also records the new version, the dialect's way).
+VERSION_TABLE = "durable_turns_schema"
+"""The table of one row (``version``) that holds the schema's version where the dialect does
+not keep it in ``PRAGMA user_version`` (``Syntax.user_version``)."""
+
+
+def schema_version(c: Connection, syntax: Syntax) -> int:
+    """The database's schema version (0: a new database), read where the dialect keeps it;
+    the version table is made, empty, if missing (so: inside a write transaction)."""
+    if syntax.user_version:
+        return int(c.rows("PRAGMA user_version")[0][0])
+    c.changes(f"CREATE TABLE IF NOT EXISTS {VERSION_TABLE} (version INTEGER NOT NULL)")
+    rows = c.rows(f"SELECT version FROM {VERSION_TABLE}")
+    return int(rows[0][0]) if rows else 0
+
+
+def upgrade(c: Connection, syntax: Syntax, where: str) -> bool:
+    """Bring the database to :data:`SCHEMA_VERSION` and record it, where the dialect keeps
+    it (``Syntax.user_version``): what a dialect's ``open`` runs, inside one transaction
+    (``Dialect.atomic``) under its migration lock.
 
     Args:
-        c: a connection in a transaction that holds the dialect's migration lock.
+        c: a connection of the dialect, in a write transaction.
         syntax: the dialect's.
-        version: the database's version now.
         where: the database, as an error names it.
-        execute: runs one statement (default ``c.execute(sql)``).
 
     Returns:
         Whether anything was run (``False``: the database was current).
@@ -296,18 +317,52 @@ def migrate(c: Any, syntax: Syntax, version: int, where: str,
     Raises:
         StoreError: the database is of a newer version than this code knows.
     """
-    run = execute or (lambda conn, sql: conn.execute(sql))
+    version = schema_version(c, syntax)
+    if not migrate(c, syntax, version, where):
+        return False
+    if syntax.user_version:
+        c.changes(f"PRAGMA user_version = {SCHEMA_VERSION}")
+    elif version == 0:
+        c.changes(_q(syntax, f"INSERT INTO {VERSION_TABLE} (version) VALUES (?)"),
+                  (SCHEMA_VERSION,))
+    else:
+        c.changes(_q(syntax, f"UPDATE {VERSION_TABLE} SET version = ?"),
+                  (SCHEMA_VERSION,))
+    return True
+
+
+def _q(syntax: Syntax, sql: str) -> str:
+    """``sql`` with its ``?`` placeholders in the dialect's."""
+    return sql if syntax.placeholder == "?" else sql.replace("?", syntax.placeholder)
+
+
+def migrate(c: Connection, syntax: Syntax, version: int, where: str) -> bool:
+    """Bring a database of schema ``version`` (0: empty) to :data:`SCHEMA_VERSION`, inside the
+    caller's transaction, which records the new version (:func:`upgrade` does both).
+
+    Args:
+        c: a connection in a transaction that holds the dialect's migration lock.
+        syntax: the dialect's.
+        version: the database's version now.
+        where: the database, as an error names it.
+
+    Returns:
+        Whether anything was run (``False``: the database was current).
+
+    Raises:
+        StoreError: the database is of a newer version than this code knows.
+    """
     check_version(version, where)
     if version == SCHEMA_VERSION:
         return False
     if version == 0:
         for sql in create_statements(syntax):
-            run(c, sql)
+            c.changes(sql)
         return True
     for m in MIGRATIONS:
         if m.version > version:
             for sql in _migration_statements(m, syntax, _present(c, syntax)):
-                run(c, sql)
+                c.changes(sql)
     return True
 
 
@@ -322,8 +377,7 @@ def check_version(version: int, where: str) -> None:
                          f"knows ({SCHEMA_VERSION}); upgrade durable_turns")
 
 
-def _present(c: Any, syntax: Syntax) -> set[str]:
+def _present(c: Connection, syntax: Syntax) -> set[str]:
     """``table.column`` of every column and the name of every index the database has."""
-    found: Iterable[tuple[Any, ...]] = c.execute(syntax.columns_query).fetchall()
-    names = {f"{t}.{col}" for t, col in found}
-    return names | {r[0] for r in c.execute(syntax.indexes_query).fetchall()}
+    names = {f"{t}.{col}" for t, col in c.rows(syntax.columns_query)}
+    return names | {r[0] for r in c.rows(syntax.indexes_query)}

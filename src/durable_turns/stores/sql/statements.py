@@ -1,7 +1,8 @@
 """Every statement of a SQL store and what it means, written once for every dialect.
 
-:class:`Statements` runs them on a DB-API connection the store hands in; the writes never
-begin or end a transaction themselves (the store does). Statements use ``?`` placeholders,
+:class:`Statements` runs them on the :class:`Connection` the store hands in (two calls: a
+statement's rows, a write's count of rows changed); the writes never begin or end a
+transaction themselves (the dialect's transaction calls do). Statements use ``?`` placeholders,
 rewritten once for drivers that want ``%s``, and portable SQL; where a dialect differs it says
 so in its :class:`~durable_turns.stores.sql.schema.Syntax` (row locks, index hints).
 
@@ -24,7 +25,7 @@ rows (one migrated, a short session) reads them all from ``log``, as before.
 from __future__ import annotations
 
 import json
-from typing import Any, Protocol
+from typing import Any
 
 from ...events import TurnEvent
 from ...messages import Message, MessageLog, encode_json
@@ -43,6 +44,7 @@ from ...records import (
     encode_entry,
 )
 from ..kit import Writes, check_enqueue, supersede_reason, updated_request
+from .connection import Connection, first
 from .filters import visible_where
 from .log import LOOKED_UP, events_of, row_of, steps_of
 from .schema import OPEN as _OPEN
@@ -52,19 +54,11 @@ __all__ = [
     "LAST_ROW",
     "NEEDS_DRIVING",
     "TRANSCRIPT_CHUNK",
+    "TRANSCRIPT_COPY_BYTES",
     "TRANSCRIPT_COPY_ROWS",
-    "Connection",
     "Statements",
     "counters",
 ]
-
-
-class Connection(Protocol):
-    """What the statements need of a DB-API connection."""
-
-    def execute(self, sql: str, params: Any = ..., /) -> Any:
-        """Run one statement; returns a cursor (``fetchone``, ``fetchall``, ``rowcount``)."""
-        ...
 
 
 _TURN_COLS = (
@@ -81,12 +75,17 @@ its ``n`` the message count of generation ``gen``."""
 
 
 TRANSCRIPT_CHUNK = 32
-"""The fewest messages a ``log_transcript`` row holds: the copy is made when a commit that moves
-the chain finds this many not yet copied (so a turn end costs one indexed read, and every
-few turns a read of the turn's rows and one insert)."""
+"""The fewest messages a ``log_transcript`` row holds (unless they are large:
+:data:`TRANSCRIPT_COPY_BYTES`): the copy is made when a commit that moves the chain finds this
+many not yet copied (so a turn end costs one indexed read, and every few turns a read of the
+turn's rows and one insert)."""
 TRANSCRIPT_COPY_ROWS = 1000
 """The most ``log`` rows one commit copies: a long history not copied yet (a database of
 schema version 3) is copied over the session's next commits, a bounded piece each."""
+TRANSCRIPT_COPY_BYTES = 1 << 20
+"""The most bytes of messages one ``log_transcript`` row holds (unless one log row's alone
+is more): large tool results are copied over several rows, each well within a backend's
+bound on a value (a Durable Object's: 4 MiB)."""
 
 
 def _load(v: str | None) -> Any:
@@ -129,6 +128,7 @@ class Statements:
         self.q = q
         """Rewrites a statement's ``?`` placeholders for the dialect."""
         self._lookup_hint = syntax.lookup_hint
+        self._contains = syntax.contains
         self._sid = q("SELECT sid FROM sessions WHERE agent = ? AND session = ?")
         self._sid_for_write = self._sid + lock
         self._insert_session = q("INSERT INTO sessions (agent, session) VALUES (?, ?) "
@@ -228,14 +228,14 @@ class Statements:
         """The session's id, its row locked for this transaction's writes (``lock_rows``);
         created (and locked) if missing and ``create``."""
         params = (key.agent, key.session)
-        row = c.execute(self._sid_for_write, params).fetchone()
+        row = first(c.rows(self._sid_for_write, params))
         if row is not None:
             return int(row[0])
         if not create:
             return None
-        row = c.execute(self._insert_session, params).fetchone()
+        row = first(c.rows(self._insert_session, params))
         if row is None:  # another transaction created it meanwhile (PostgreSQL): lock it
-            row = c.execute(self._sid_for_write, params).fetchone()
+            row = first(c.rows(self._sid_for_write, params))
         return int(row[0])
 
     def claim(self, c: Connection, key: SessionKey) -> tuple[int, int, int, int, int]:
@@ -251,7 +251,7 @@ class Statements:
 
     def holds(self, c: Connection, sid: int, epoch: int) -> bool:
         """Whether ``epoch`` is still the session's: the fencing check of every commit."""
-        row = c.execute(self._epoch, (sid,)).fetchone()
+        row = first(c.rows(self._epoch, (sid,)))
         return row is not None and row[0] == epoch
 
     @staticmethod
@@ -267,9 +267,8 @@ class Statements:
         fencing check and the write as one statement. False: the lease was lost (nothing
         written)."""
         n, turn_id, body, step, memo, events = row_of(w.messages, w.steps, w.events, first)
-        cur = c.execute(self._append_fenced, (sid, w.events[-1].seq, gen, n, turn_id, body,
-                                              step, memo, events, sid, epoch))
-        return bool(cur.rowcount == 1)
+        return c.changes(self._append_fenced, (sid, w.events[-1].seq, gen, n, turn_id, body,
+                                               step, memo, events, sid, epoch)) == 1
 
     def flush(self, c: Connection, sid: int, gen: int, first: int, w: Writes, *,
               seq: int) -> None:
@@ -278,37 +277,44 @@ class Statements:
         if w.messages or w.steps or w.events:
             n, turn_id, body, step, memo, events = row_of(w.messages, w.steps, w.events, first)
             if w.events:
-                c.execute(self.insert_row, (sid, w.events[-1].seq, gen, n, turn_id, body, step,
+                c.changes(self.insert_row, (sid, w.events[-1].seq, gen, n, turn_id, body, step,
                                             memo, events))
             else:
-                c.execute(self.insert_quiet_row, (sid, seq, sid, seq, gen, n, turn_id, body,
+                c.changes(self.insert_quiet_row, (sid, seq, sid, seq, gen, n, turn_id, body,
                                                   step, memo))
         for turn_id, r in w.turns.items():
-            c.execute(self._update_turn, (r.status.value, r.text, r.error, r.reason,
+            c.changes(self._update_turn, (r.status.value, r.text, r.error, r.reason,
                                           _dump(updated_request(r)), sid, turn_id))
         for turn_id, name, value in w.data:
             self._merge_data(c, sid, turn_id, name, value, only_new=False)
         if w.turns and not w.new_generation:
             self.copy_transcript(c, sid, gen, first + len(w.messages))
         if w.status is not None:
-            c.execute(self._set_status, (w.status, sid))
+            c.changes(self._set_status, (w.status, sid))
         if w.new_generation:
-            c.execute(self._new_generation, (sid,))
-            c.execute(self._cancel_park, (sid,))
+            c.changes(self._new_generation, (sid,))
+            c.changes(self._cancel_park, (sid,))
 
     def copy_transcript(self, c: Connection, sid: int, gen: int, count: int) -> None:
         """Copy the generation's messages not yet in ``log_transcript`` into one row, once there
         are :data:`TRANSCRIPT_CHUNK` of them (``count``: the generation's message count), from
-        :data:`TRANSCRIPT_COPY_ROWS` log rows at most."""
+        :data:`TRANSCRIPT_COPY_ROWS` log rows and :data:`TRANSCRIPT_COPY_BYTES` at most (one
+        row at least)."""
         if count < TRANSCRIPT_CHUNK:  # too few in all to look
             return
-        end = c.execute(self._transcript_end, (sid, gen, count)).fetchone()
+        end = first(c.rows(self._transcript_end, (sid, gen, count)))
         n, seq = (0, 0) if end is None else end
         if count - n < TRANSCRIPT_CHUNK:
             return
-        rows = c.execute(self._bodies_to_copy, (sid, gen, seq, n)).fetchall()
+        rows = c.rows(self._bodies_to_copy, (sid, gen, seq, n))
+        size = 0
+        for i, row in enumerate(rows):  # a prefix of them, if their bodies are large
+            size += len(row[1].encode())
+            if i and size > TRANSCRIPT_COPY_BYTES:
+                rows = rows[:i]
+                break
         if rows:
-            c.execute(self._insert_transcript, (sid, gen, rows[-1][0], rows[-1][2],
+            c.changes(self._insert_transcript, (sid, gen, rows[-1][0], rows[-1][2],
                                                 "\n".join([r[1] for r in rows])))
 
     # -- the chain -------------------------------------------------------------------------
@@ -317,17 +323,17 @@ class Statements:
                 entry: NewEntry) -> tuple[TurnRecord, bool]:
         """``SessionStore.enqueue``, in the caller's transaction (see :func:`check_enqueue`)."""
         sid = self.sid(c, key, create=True)
-        row = c.execute(self._find_turn, (sid, entry.turn_id)).fetchone()
+        row = first(c.rows(self._find_turn, (sid, entry.turn_id)))
         if row is not None:
             return _turn(row), False
-        check_enqueue(key, entry.kind, c.execute(self._unfinished_rows, (sid,)).fetchall())
+        check_enqueue(key, entry.kind, c.rows(self._unfinished_rows, (sid,)))
         reason = supersede_reason(entry.kind, entry.supersede)
         if reason is not None:
-            c.execute(self._supersede, (reason, sid))
-        ordinal = c.execute(self._insert_turn, (
+            c.changes(self._supersede, (reason, sid))
+        ordinal = first(c.rows(self._insert_turn, (
             sid, entry.turn_id, entry.kind, encode_entry(entry), _dump(entry.event),
             _dump(entry.policy), entry.deliver, _dump(entry.data),
-        )).fetchone()[0]
+        )))[0]
         return _accepted(entry, int(ordinal)), True
 
     def enqueue_plain(self, c: Connection, key: SessionKey,
@@ -338,22 +344,22 @@ class Statements:
         and :meth:`enqueue` takes it in a transaction. For a backend whose statements are
         serialised (``Syntax.serialised``): the park check and the insert must see the same
         state."""
-        rows = c.execute(self._enqueue_plain, (
+        rows = c.rows(self._enqueue_plain, (
             entry.turn_id, encode_entry(entry), _dump(entry.event), _dump(entry.policy),
             entry.deliver, _dump(entry.data), key.agent, key.session,
-        )).fetchall()
+        ))
         if not rows:
             return None
         return _accepted(entry, int(rows[0][0]))
 
     def bump(self, c: Connection, sid: int) -> tuple[int, int]:
         """A new epoch for a session whose id is known: ``(epoch, generation)``."""
-        epoch, gen = c.execute(self._claim, (sid,)).fetchall()[0]
+        epoch, gen = c.rows(self._claim, (sid,))[0]
         return int(epoch), int(gen)
 
     def last_row(self, c: Connection, sid: int, generation: int) -> tuple[int, int]:
         """A lease's ``(newest seq, message count)`` read from the session's last row."""
-        return counters(c.execute(self._last_row, (sid,)).fetchone(), generation)
+        return counters(first(c.rows(self._last_row, (sid,))), generation)
 
     def request_cancel(self, c: Connection, key: SessionKey, turn_id: str | None,
                        reason: str) -> list[str]:
@@ -361,7 +367,7 @@ class Statements:
         sid = self.sid(c, key, create=False)
         if sid is None:
             return []
-        rows = c.execute(self._cancel, (reason, sid, turn_id, turn_id)).fetchall()
+        rows = c.rows(self._cancel, (reason, sid, turn_id, turn_id))
         return [r[0] for r in rows]
 
     def set_turn_data(self, c: Connection, key: SessionKey, turn_id: str, name: str,
@@ -378,19 +384,19 @@ class Statements:
         """Set one name of an entry's ``data``, keeping the others: a read-modify-write in
         the caller's transaction, which holds the session's write lock. ``None`` when the
         entry does not exist."""
-        row = c.execute(self._data_of, (sid, turn_id)).fetchone()
+        row = first(c.rows(self._data_of, (sid, turn_id)))
         if row is None:
             return None
         data = _load(row[0]) or {}
         if only_new and name in data:
             return data[name]
         data[name] = value
-        c.execute(self._set_data, (_dump(data), sid, turn_id))
+        c.changes(self._set_data, (_dump(data), sid, turn_id))
         return value
 
     def cancel_of(self, c: Connection, sid: int, turn_id: str) -> str | None:
         """``Lease.cancel_requested``: the cancel asked of an entry, if any."""
-        row = c.execute(self._cancel_of, (sid, turn_id)).fetchone()
+        row = first(c.rows(self._cancel_of, (sid, turn_id)))
         return None if row is None else row[0]
 
     # -- reads -----------------------------------------------------------------------------
@@ -404,21 +410,21 @@ class Statements:
         params: tuple[Any, ...] = (key.agent, key.session)
         if turn_id is not None:
             params = (*params, turn_id)
-        rows = c.execute(self.q(
+        rows = c.rows(self.q(
             f"SELECT {_TURN_COLS} FROM turns t WHERE sid = ({self._sid}){where} "
             "ORDER BY ordinal"
-        ), params).fetchall()
+        ), params)
         return [_turn(r) for r in rows]
 
     def session_info(self, c: Connection, key: SessionKey) -> SessionInfo | None:
         """``SessionStore.session_info``."""
-        row = c.execute(self._info, (key.agent, key.session)).fetchone()
+        row = first(c.rows(self._info, (key.agent, key.session)))
         return None if row is None else SessionInfo(row[0], row[1], row[2])
 
     def own_session(self, c: Connection, key: SessionKey, owner: str) -> str | None:
         """``SessionStore.own_session``, in the caller's transaction."""
-        c.execute(self._own, (key.agent, key.session, owner))
-        owner = c.execute(self._owner, (key.agent, key.session)).fetchone()[0]
+        c.changes(self._own, (key.agent, key.session, owner))
+        owner = first(c.rows(self._owner, (key.agent, key.session)))[0]
         return None if owner is None else str(owner)
 
     def read_messages(self, c: Connection, key: SessionKey, after: int,
@@ -426,11 +432,10 @@ class Statements:
         """The generation's messages after number ``after``: its ``log_transcript`` rows, then
         its ``log`` rows after the last of them (see the module's docstring)."""
         if generation is None:
-            found = c.execute(self._copies_live, (after, key.agent, key.session))
+            copies = c.rows(self._copies_live, (after, key.agent, key.session))
         else:
-            found = c.execute(self._copies_of, (generation, generation, generation, after,
-                                                key.agent, key.session))
-        copies = found.fetchall()
+            copies = c.rows(self._copies_of, (generation, generation, generation, after,
+                                              key.agent, key.session))
         if not copies:
             return MessageLog()
         sid, gen = copies[0][0], copies[0][1]
@@ -440,7 +445,7 @@ class Statements:
             seq = rows.pop(0)[2]
         if rows:
             n, seq = rows[-1][0], rows[-1][2]
-        rows += c.execute(self._bodies_after, (sid, gen, seq, n)).fetchall()
+        rows += c.rows(self._bodies_after, (sid, gen, seq, n))
         # A row holds the messages after the one before it (numbered on, with no gap).
         counts: list[tuple[str, int]] = []
         for n, body, _ in rows:
@@ -474,10 +479,10 @@ class Statements:
             if not step_id.startswith(HOT_STEP_PREFIXES):
                 where += f" AND {LOOKED_UP}"  # through the partial index log_lookup
                 hint = self._lookup_hint
-        rows = c.execute(self.q(
+        rows = c.rows(self.q(
             f"SELECT l.turn_id, l.step, l.memo FROM {self._of_generation(generation, hint)} "
             f"AND l.memo IS NOT NULL{where}"
-        ), params).fetchall()
+        ), params)
         out: dict[str, StepRecord] = {}
         for turn_id, step, memo in rows:
             for s in steps_of(turn_id, step, memo):
@@ -488,11 +493,11 @@ class Statements:
     def read_events(self, c: Connection, key: SessionKey, after_seq: int,
                     turn_id: str | None) -> list[TurnEvent]:
         """``SessionStore.read_events``, rebuilt whole from their rows."""
-        rows = c.execute(self.q(
+        rows = c.rows(self.q(
             f"SELECT seq, turn_id, body, events FROM log WHERE sid = ({self._sid}) AND seq > ? "
             "AND events IS NOT NULL "
             "AND (turn_id = ? OR turn_id IS NULL OR CAST(? AS text) IS NULL) ORDER BY seq"
-        ), (key.agent, key.session, after_seq, turn_id, turn_id)).fetchall()
+        ), (key.agent, key.session, after_seq, turn_id, turn_id))
         out: list[TurnEvent] = []
         for seq, row_turn, body, events in rows:
             for e in events_of(key.agent, key.session, seq, row_turn, body, events):
@@ -502,9 +507,9 @@ class Statements:
 
     def newest_seq(self, c: Connection, key: SessionKey) -> int:
         """The session's newest event seq, 0 when none (where the feed starts)."""
-        row = c.execute(self.q(
+        row = first(c.rows(self.q(
             f"SELECT coalesce(max(seq), 0) FROM log WHERE sid = ({self._sid})"
-        ), (key.agent, key.session)).fetchone()
+        ), (key.agent, key.session)))
         return int(row[0])
 
     def find_sessions(self, c: Connection, which: str | None,
@@ -522,18 +527,18 @@ class Statements:
             conditions.append("t.turn_id = ? AND t.kind = 'turn'")
             params.append(turn_id)
         where_all = " AND ".join(conditions) or "1 = 1"
-        rows = c.execute(self.q(
+        rows = c.rows(self.q(
             "SELECT DISTINCT s.agent, s.session FROM turns t JOIN sessions s ON s.sid = t.sid "
             f"WHERE {where_all} ORDER BY s.agent, s.session"
-        ), tuple(params)).fetchall()
+        ), tuple(params))
         return [SessionKey(a, s) for a, s in rows]
 
     def list_sessions(self, c: Connection, agent: str) -> list[SessionKey]:
         """``SessionStore.list_sessions``."""
         # sid grows with each new session (sessions are never deleted): newest first.
-        rows = c.execute(self.q(
+        rows = c.rows(self.q(
             "SELECT session FROM sessions WHERE agent = ? ORDER BY sid DESC"
-        ), (agent,)).fetchall()
+        ), (agent,))
         return [SessionKey(agent, r[0]) for r in rows]
 
     def session_summaries(self, c: Connection, agent: str, parked_only: bool,
@@ -543,9 +548,9 @@ class Statements:
         if parked_only:
             sql += " AND t.ordinal IS NOT NULL"
         if visible is not None:
-            where, more = visible_where(visible)
+            where, more = visible_where(visible, self._contains)
             sql, params = f"{sql} AND ({where})", [*params, *more]
-        rows = c.execute(self.q(sql + " ORDER BY s.sid DESC"), tuple(params)).fetchall()
+        rows = c.rows(self.q(sql + " ORDER BY s.sid DESC"), tuple(params))
         out = []
         for session, status, generation, request, owner in rows:
             pending = _load(request)
@@ -557,13 +562,12 @@ class Statements:
     def owed_deliveries(self, c: Connection,
                         channel: str) -> list[tuple[SessionKey, TurnRecord]]:
         """``SessionStore.owed_deliveries``: one statement, on the index of owed entries."""
-        rows = c.execute(self._owed, (channel,)).fetchall()
+        rows = c.rows(self._owed, (channel,))
         return [(SessionKey(r[0], r[1]), _turn(r[2:])) for r in rows]
 
     def settle_delivery(self, c: Connection, key: SessionKey, turn_id: str) -> bool:
         """``SessionStore.settle_delivery``: one statement, atomic on its own."""
-        cur = c.execute(self._settle, (turn_id, key.agent, key.session))
-        return bool(cur.rowcount == 1)
+        return c.changes(self._settle, (turn_id, key.agent, key.session)) == 1
 
 
 def _accepted(entry: NewEntry, ordinal: int) -> TurnRecord:

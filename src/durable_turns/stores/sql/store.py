@@ -1,9 +1,11 @@
 """A SQL store written once: the write path, the reads and the feed over a :class:`Dialect`.
 
 :class:`SqlStore` decides *what* is read and written (every statement is a
-:class:`~durable_turns.stores.sql.statements.Statements` rule) and *when* a transaction
-begins and ends; the dialect decides *where* a job runs (the event loop, a thread, a pooled
-connection), how its leases work and how the store hears of other processes' commits.
+:class:`~durable_turns.stores.sql.statements.Statements` rule) and *which* writes form one
+transaction; the dialect decides *where* a job runs (the event loop, a thread, a pooled
+connection), *how* a transaction begins, nests and ends (``Dialect.atomic`` and the step's
+:class:`StepLink`: its SQL, or calls of its handle; the kit writes no transaction control),
+how its leases work and how the store hears of other processes' commits.
 
 The write path, once for every dialect:
 
@@ -13,10 +15,10 @@ The write path, once for every dialect:
 - **a step's commit** (:class:`SqlTransaction`): the fencing check, one log row and the
   chain's updates, in one transaction; where statements are serialised, the common step (a
   log row and nothing else) is one fenced statement;
-- **local tools** (:meth:`SqlTransaction.run_local`): the first tool of a step begins the
-  transaction (a rollback then undoes exactly its writes: the store's own rows are written
-  at commit), every later one runs in a savepoint; a tool that ends the transaction through
-  the raw handle fails the turn;
+- **local tools** (:meth:`SqlTransaction.run_local`): the step's link runs each inside the
+  step's transaction, which the first one begins and the commit ends; a tool that raises
+  has its writes undone, and one that ends the transaction through the raw handle fails the
+  turn (:func:`tool_ended_transaction`);
 - **cancel, turn data, settled deliveries**: one transaction (or statement) each, no lease.
 """
 
@@ -45,7 +47,8 @@ from .schema import Syntax
 from .statements import Statements
 from .timeline import fork as write_fork
 
-__all__ = ["Dialect", "Grant", "Leases", "SqlLease", "SqlStore", "SqlTransaction", "StepLink"]
+__all__ = ["Dialect", "Grant", "Leases", "SqlLease", "SqlStore", "SqlTransaction", "StepLink",
+           "tool_ended_transaction"]
 
 T = TypeVar("T")
 
@@ -64,39 +67,49 @@ class Grant:
 
 
 class StepLink(Protocol):
-    """The connection of one step's transaction, from its first local tool (or its commit)
-    to the end of its commit: what a dialect hands each :class:`SqlTransaction`.
+    """One step's transaction, from its first local tool (or its commit) to the end of its
+    commit: what a dialect hands each :class:`SqlTransaction` (``Dialect.step``). The link
+    owns the transaction: it begins it, holds it across the awaits between the step's local
+    tools and its commit, and ends it, in the dialect's way (SQL, or calls of its handle).
 
-    Jobs are plain functions of a connection; the link runs them where the dialect's
-    connections live and translates the driver's failures into ``StoreError`` (what a job
-    raises of its own, ``LeaseLostError`` for one, propagates as it is).
+    Jobs are plain functions of a :class:`~durable_turns.stores.sql.Connection`; the link
+    runs them where the dialect's connections live and translates the driver's failures into
+    ``StoreError`` (what a job raises of its own, ``LeaseLostError`` for one, propagates as
+    it is). Nobody else's statement may land in the step's transaction while it is open.
+    The kit ships :class:`~durable_turns.stores.sql.SharedLink` for a dialect whose one write
+    connection serves every session.
     """
 
     def connection(self) -> Any | None:
-        """The step's connection while the link holds one (``Transaction.unwrap``)."""
+        """The raw handle a local tool writes through, while the link holds one
+        (``Transaction.unwrap``)."""
         ...
 
-    async def run_local(self, job: Callable[[Any], T]) -> T:
-        """Run a local tool's job on the step's connection (taken now if needed), where user
-        code may block; the driver's errors are the tool's own (not translated)."""
+    async def run_local(self, fn: Callable[[Any], T]) -> T:
+        """Run a local tool's ``fn(raw handle)`` inside the step's transaction (begun now if
+        this is its first use), where user code may block. If ``fn`` raises, its writes are
+        undone (and only its: the step's transaction stays usable) and the error propagates
+        untranslated (it is the tool's).
+
+        Raises:
+            FatalToolError: ``fn`` ended the step's transaction through the raw handle.
+        """
         ...
 
-    async def commit(self, job: Callable[[Any], None], *, began: bool,
-                     waiting: Callable[[Any], None] | None = None) -> None:
-        """Run the commit's job, then give back what the link holds (whatever happened).
-        ``began``: a local tool began the step's transaction (its connection holds the
-        database's write lock). ``waiting``: where ``job`` would wait for another writer, run
-        this instead, where waiting is fine."""
-        ...
-
-    async def rollback(self, job: Callable[[Any], None]) -> None:
-        """Run the rollback's job on the step's connection, then give back what the link
-        holds; the job's failure is not raised (the error that led here matters)."""
+    async def commit(self, job: Callable[[Any], None], *,
+                     alone: Callable[[Any], None] | None = None) -> None:
+        """Run ``job`` inside the step's transaction (a new one when no local tool began it)
+        and commit; if it raises, nothing of the step is committed (the local tools' writes
+        neither) and the error propagates. Then give back what the link holds, whatever
+        happened. ``alone``: when no local tool began a transaction, a job that is atomic on
+        its own (one statement, where statements are serialised) to run instead, outside any
+        transaction, unless it would wait for another writer (then ``job``, where waiting is
+        fine). A link may always run ``job``."""
         ...
 
     async def end(self) -> None:
-        """Give back what the link holds (a connection, the write lock): for a step that
-        neither commits nor rolls back (it failed before anything began)."""
+        """Undo whatever the step's transaction holds and give back what the link holds: a
+        step that does not commit (its block raised)."""
         ...
 
 
@@ -124,17 +137,22 @@ class Leases(Protocol):
 
 
 class Dialect(Protocol):
-    """What a SQL backend brings: its connections and where jobs run on them, its SQL's
-    differences (:attr:`syntax`), its leases, its wake-ups, and what it declares.
+    """What a SQL backend writes: its connections and where jobs run on them, its SQL's
+    differences (:attr:`syntax`), its transactions, its leases, its wake-ups, and what it
+    declares. Everything else of ``SessionStore`` is :class:`SqlStore`'s.
 
     A dialect never decides what is written: :class:`SqlStore` hands it jobs (functions of a
-    connection) that do. Jobs given to :meth:`read` and :meth:`write` are short and never
-    call user code; a local tool's job goes through :meth:`step`'s link.
+    :class:`~durable_turns.stores.sql.Connection`) that do. Jobs given to :meth:`read` and
+    :meth:`write` are short and never call user code; a local tool runs through
+    :meth:`step`'s link. A dialect that has nothing to tell other processes (one process
+    uses its storage) has ``live = None`` and a :meth:`notify` and :meth:`listen` that do
+    nothing.
     """
 
     @property
     def syntax(self) -> Syntax:
-        """The dialect's SQL."""
+        """The dialect's SQL (placeholders, row locks or serialised statements, types, where
+        the schema's version is kept)."""
         ...
 
     @property
@@ -144,13 +162,14 @@ class Dialect(Protocol):
 
     @property
     def leases(self) -> Leases:
-        """How a claim holds a session."""
+        """How a claim holds a session (:class:`~durable_turns.stores.sql.LocalLeases` over
+        locks that end with their holder, or leases of the dialect's own)."""
         ...
 
     async def open(self, store: SqlStore) -> None:
-        """Connect, and create or migrate the schema (``schema.migrate``, in one transaction
-        under the dialect's migration lock); idempotent. Start the wake-ups if
-        ``store.feed.active``.
+        """Connect, and create or migrate the schema (:func:`~durable_turns.stores.sql.upgrade`
+        inside :meth:`atomic`, under the dialect's migration lock where many processes may open
+        one database); idempotent. Start the wake-ups if ``store.feed.active``.
 
         Raises:
             StoreError: the database cannot be used.
@@ -161,12 +180,8 @@ class Dialect(Protocol):
         """Stop the wake-ups and the leases' upkeep, close the connections."""
         ...
 
-    def unwrap(self) -> Any:
-        """A raw connection for set-up and inspection outside any step."""
-        ...
-
     async def read(self, job: Callable[[Any], T]) -> T:
-        """Run a read; never waits for a writer.
+        """Run a read job on a connection; never waits for a writer.
 
         Raises:
             StoreError: the database failed.
@@ -175,25 +190,31 @@ class Dialect(Protocol):
 
     async def write(self, job: Callable[[Any], T], *,
                     waiting: Callable[[Any], T] | None = None) -> T:
-        """Run a write job (which begins and commits its own transaction, or is one statement
-        in autocommit), serialised with this store's other writes where the dialect's
-        connection is shared. ``waiting``: see :meth:`StepLink.commit`.
+        """Run a write job on a write connection, serialised with this store's other writes
+        where the connection is shared (a step's open transaction included). The kit hands
+        a job wrapped in :meth:`atomic`, or one statement atomic on its own. ``waiting``:
+        where ``job`` would wait for another writer, run this instead, where waiting is
+        fine.
 
         Raises:
             StoreError: the database failed.
         """
         ...
 
+    def atomic(self, c: Any, job: Callable[[Any], T]) -> T:
+        """Run ``job(c)`` in one transaction of ``c``: a new one that commits when ``job``
+        returns, or, inside one already open, a nested part of it (a savepoint). If ``job``
+        raises, what it wrote is undone and the error propagates. The dialect's own calls or
+        SQL (``BEGIN IMMEDIATE`` … ``COMMIT``, ``SAVEPOINT``; ``transactionSync``): the kit
+        never writes transaction control itself."""
+        ...
+
     def step(self) -> StepLink:
-        """A link for one step's transaction."""
-        ...
+        """A link for one step's transaction (see :class:`StepLink`).
 
-    def in_transaction(self, c: Any) -> bool:
-        """Whether ``c`` is inside a transaction (and usable)."""
-        ...
-
-    def lost(self, c: Any) -> bool:
-        """Whether ``c`` broke (a killed backend): a transaction begun on it is gone."""
+        Raises:
+            StoreError: the store is not open.
+        """
         ...
 
     def notify(self, c: Any, key: SessionKey, seq: int | None,
@@ -202,8 +223,8 @@ class Dialect(Protocol):
         its newest event; ``None``: its chain), after ``live``: frames of the session's live
         events (``stores.live``) that must reach them first (given only where
         ``self.live.transactional``). A dialect whose wake-ups look for changes themselves
-        (SQLite's ``data_version``) does nothing. Not called for the one-statement writes of
-        a serialised dialect."""
+        (SQLite's ``data_version``), or that no other process shares, does nothing. Not
+        called for the one-statement writes of a serialised dialect."""
         ...
 
     def listen(self, feed: Feed) -> None:
@@ -267,8 +288,9 @@ class SqlStore(SqlReads):
         await self.dialect.close()
 
     def unwrap(self) -> Any:
-        """``TurnStore.unwrap``: the dialect's raw connection."""
-        return self.dialect.unwrap()
+        """``TurnStore.unwrap``: ``None`` here; a store whose dialect has a raw handle for
+        set-up and inspection returns it."""
+        return None
 
     # -- running jobs (for the store, its dialect and its leases) -------------------------
 
@@ -277,25 +299,15 @@ class SqlStore(SqlReads):
         return await self.dialect.read(job)
 
     async def transact(self, job: Callable[[Any], T]) -> T:
-        """Run ``job`` in a write transaction of its own."""
-        return await self.dialect.write(lambda c: self.in_transaction(c, job))
+        """Run ``job`` in a write transaction of its own (``Dialect.atomic``)."""
+        atomic = self.dialect.atomic
+        return await self.dialect.write(lambda c: atomic(c, job))
 
     async def statement(self, job: Callable[[Any], T]) -> T:
         """Run ``job``, one writing statement, as its own transaction; where it would wait
         for another writer, inside a transaction where it may."""
-        return await self.dialect.write(job, waiting=lambda c: self.in_transaction(c, job))
-
-    def in_transaction(self, c: Any, job: Callable[[Any], T]) -> T:
-        """``job(c)`` between the dialect's begin and ``COMMIT`` (rolled back if it raises)."""
-        c.execute(self.dialect.syntax.begin)
-        try:
-            out = job(c)
-            c.execute("COMMIT")
-        except BaseException:
-            if self.dialect.in_transaction(c):
-                c.execute("ROLLBACK")
-            raise
-        return out
+        atomic = self.dialect.atomic
+        return await self.dialect.write(job, waiting=lambda c: atomic(c, job))
 
     # -- the write path --------------------------------------------------------------------
 
@@ -435,8 +447,8 @@ class SqlLease(LeaseCounters):
 
 class SqlTransaction(BufferedTransaction):
     """One step's transaction on a :class:`SqlStore` (the ``Transaction`` Protocol): writes
-    buffered until commit, local tools run on the step's connection (see the module's
-    docstring)."""
+    buffered until commit, local tools run in the step's transaction by the dialect's
+    :class:`StepLink` (see the module's docstring)."""
 
     lease: SqlLease
 
@@ -445,7 +457,6 @@ class SqlTransaction(BufferedTransaction):
         self._store = lease.store
         self._dialect = lease.store.dialect
         self._link = self._dialect.step()
-        self._begun = False
         self._fast = self._dialect.syntax.serialised
         self._live: list[str] = []  # the session's live frames, sent ahead of this commit
 
@@ -463,7 +474,7 @@ class SqlTransaction(BufferedTransaction):
 
     async def run_local(self, fn: Callable[[Any], T]) -> T:
         """``Transaction.run_local``."""
-        return await self._link.run_local(lambda c: self._local(c, fn))
+        return await self._link.run_local(fn)
 
     async def __aenter__(self) -> SqlTransaction:
         return self
@@ -478,39 +489,25 @@ class SqlTransaction(BufferedTransaction):
                 if self._live and not relay.wire.transactional:
                     live, self._live = self._live, []
                     await relay.wire.send(live)
-            if self._fast and not self._begun and Statements.one_row(self.writes):
-                # One fenced statement, its own transaction; where it would wait for another
-                # writer, the whole transaction instead.
-                await link.commit(self._append, began=False, waiting=self._commit)
+            if self._fast and Statements.one_row(self.writes):
+                # One fenced statement, its own transaction, unless a local tool began one.
+                await link.commit(self._commit, alone=self._append)
             else:
-                await link.commit(self._commit, began=self._begun)
+                await link.commit(self._commit)
             self.committed()
             self._store.feed.published(self.lease.key, self.writes.events)
-        elif self._begun:
-            await link.rollback(self._rollback)
         else:
             await link.end()
 
     # -- jobs, run by the link on the step's connection -----------------------------------
 
     def _commit(self, c: Any) -> None:
-        lease, w, d = self.lease, self.writes, self._dialect
-        try:
-            if not self._begun:
-                c.execute(d.syntax.begin)
-                self._begun = True
-            elif d.lost(c):
-                raise StoreError("the step's connection was lost mid-step; nothing of the "
-                                 "step was committed")
-            if not self._write(c):
-                raise LeaseLostError(str(lease.key), lease.epoch)
-            if w.events:
-                d.notify(c, lease.key, w.events[-1].seq, self._live)
-            c.execute("COMMIT")
-        except BaseException:
-            self._rollback(c)
-            raise
-        self._begun = False
+        """The step's writes, fenced, inside the transaction the link holds."""
+        lease, w = self.lease, self.writes
+        if not self._write(c):
+            raise LeaseLostError(str(lease.key), lease.epoch)
+        if w.events:
+            self._dialect.notify(c, lease.key, w.events[-1].seq, self._live)
 
     def _append(self, c: Any) -> None:
         """A :meth:`Statements.one_row` step outside any transaction: one statement."""
@@ -527,47 +524,11 @@ class SqlTransaction(BufferedTransaction):
         st.flush(c, lease.sid, lease.generation, self.first_index(), w, seq=lease.last_seq)
         return True
 
-    def _rollback(self, c: Any) -> None:
-        if self._dialect.in_transaction(c):
-            c.execute("ROLLBACK")
-        self._begun = False
 
-    def _local(self, c: Any, fn: Callable[[Any], T]) -> T:
-        d = self._dialect
-        # Our own rows are buffered until commit, so when the tool is the first to write, a
-        # rollback of the whole transaction undoes exactly the tool's writes: no savepoint.
-        first = not self._begun
-        if first:
-            c.execute(d.syntax.begin)
-            self._begun = True
-        elif d.lost(c):
-            self._begun = False
-            raise StoreError("the step's connection was lost mid-step; nothing of the step "
-                             "was committed")
-        else:
-            c.execute("SAVEPOINT local_tool")
-        try:
-            out = fn(c)
-        except BaseException:
-            if d.lost(c):
-                pass  # the transaction is gone: the step's commit is refused (see _commit)
-            elif not d.in_transaction(c):
-                self._begun = False
-            elif first:
-                c.execute("ROLLBACK")
-                self._begun = False
-            else:
-                c.execute("ROLLBACK TO local_tool")
-                c.execute("RELEASE local_tool")
-            raise
-        if not d.in_transaction(c):
-            # The tool committed or rolled back the step's own transaction through the raw
-            # handle: its writes are no longer tied to the step, which we cannot repair.
-            self._begun = False
-            raise FatalToolError(
-                "a local tool ended the store's transaction (COMMIT/ROLLBACK on the raw "
-                "handle); write through ctx.store.unwrap() without managing transactions"
-            )
-        if not first:
-            c.execute("RELEASE local_tool")
-        return out
+def tool_ended_transaction() -> FatalToolError:
+    """The error of a local tool that ended its step's transaction through the raw handle
+    (``COMMIT``, ``ROLLBACK``): its writes are no longer tied to the step, which nothing can
+    repair, so the turn fails. For a :class:`StepLink` to raise."""
+    return FatalToolError(
+        "a local tool ended the store's transaction (COMMIT/ROLLBACK on the raw handle); "
+        "write through ctx.store.unwrap() without managing transactions")

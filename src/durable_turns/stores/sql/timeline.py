@@ -16,8 +16,9 @@ from ...errors import SessionExistsError
 from ...history import Checkpoint, ForkPlan
 from ...messages import encode_json, encode_message
 from ...records import InputRequest, SessionKey, TurnRecord
+from .connection import Connection
 from .log import events_of, renamed, steps_of
-from .statements import Connection, Statements
+from .statements import Statements
 
 __all__ = ["checkpoints", "fork"]
 
@@ -48,7 +49,7 @@ def checkpoints(st: Statements, c: Connection, key: SessionKey,
     params: tuple[Any, ...] = (sid,) if generation is None else (sid, generation)
     sql = st.q(_ROWS.format(gen="" if generation is None else " AND gen = ?"))
     out: list[Checkpoint] = []
-    for gen, seq, sub, n, turn_id, body, step, memo, events in c.execute(sql, params):
+    for gen, seq, sub, n, turn_id, body, step, memo, events in c.rows(sql, params):
         out.append(Checkpoint(
             int(gen), int(seq), int(sub), int(n), turn_id,
             tuple(steps_of(turn_id, step, memo)) if memo is not None else (),
@@ -58,9 +59,9 @@ def checkpoints(st: Statements, c: Connection, key: SessionKey,
 
 
 def _sid(st: Statements, c: Connection, key: SessionKey) -> int | None:
-    row = c.execute(st.q("SELECT sid FROM sessions WHERE agent = ? AND session = ?"),
-                    (key.agent, key.session)).fetchone()
-    return None if row is None else int(row[0])
+    rows = c.rows(st.q("SELECT sid FROM sessions WHERE agent = ? AND session = ?"),
+                  (key.agent, key.session))
+    return int(rows[0][0]) if rows else None
 
 
 def fork(st: Statements, c: Connection, plan: ForkPlan) -> None:
@@ -75,25 +76,24 @@ def fork(st: Statements, c: Connection, plan: ForkPlan) -> None:
         raise SessionExistsError(str(plan.dst))  # another's: the transaction writes nothing
     dst = st.sid(c, plan.dst, create=True)
     assert dst is not None
-    if c.execute(st.q(_HAS_CHAIN), (dst,)).fetchone() is not None or \
-            c.execute(st.q(_HAS_ROWS), (dst,)).fetchone() is not None:
+    if c.rows(st.q(_HAS_CHAIN), (dst,)) or c.rows(st.q(_HAS_ROWS), (dst,)):
         raise SessionExistsError(str(plan.dst))
     if src is not None and plan.upto is not None:
         seq, sub = plan.upto
-        rows = c.execute(st.q(_ROWS_UPTO),
-                         (src, plan.generation, seq, seq, sub)).fetchall()
+        rows = c.rows(st.q(_ROWS_UPTO),
+                         (src, plan.generation, seq, seq, sub))
         last_n = 0
         for r_seq, r_sub, n, turn_id, body, step, memo, events in rows:
             memo, events = renamed(step, memo, events, plan.renames)
-            c.execute(st.q(_INSERT_ROW), (dst, r_seq, r_sub, n, turn_id, body, step, memo,
+            c.changes(st.q(_INSERT_ROW), (dst, r_seq, r_sub, n, turn_id, body, step, memo,
                                           events))
             last_n = int(n)
-        for n, copy_seq, body in c.execute(st.q(_COPIES_UPTO),
+        for n, copy_seq, body in c.rows(st.q(_COPIES_UPTO),
                                            (src, plan.generation, seq, seq, last_n)):
-            c.execute(st.q(_INSERT_COPY), (dst, n, copy_seq, body))
+            c.changes(st.q(_INSERT_COPY), (dst, n, copy_seq, body))
     for t in plan.chain:
-        c.execute(st.q(_INSERT_ENTRY), _entry_row(dst, t))
-    c.execute(st.q(_SET_STATUS), (plan.status, dst))
+        c.changes(st.q(_INSERT_ENTRY), _entry_row(dst, t))
+    c.changes(st.q(_SET_STATUS), (plan.status, dst))
 
 
 def _json(value: Any) -> str | None:

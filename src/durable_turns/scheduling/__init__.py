@@ -1,0 +1,32 @@
+"""The ways a runtime's turns get driven: each a :class:`Scheduler` calling ``Runtime.step``.
+
+A runtime tells its scheduler that a session has work (:meth:`Scheduler.wake`, after the
+work is durable); the scheduler has :meth:`Runtime.step <durable_turns.Runtime.step>` called
+for each step of the session's chain, here or elsewhere, until the :class:`ChainState` it
+returns has nothing ``more``. The runtime takes one in ``Runtime(scheduler=…)``:
+
+- :class:`InProcessScheduler` (the default): steps each session in this process as its work
+  arrives, the session's lease held across its steps;
+- :class:`NoDriveScheduler`: steps nothing here; a front (``durable-turns serve --no-drive``)
+  that accepts durably while workers drive;
+- :class:`ClaimingScheduler`: a worker (``durable-turns worker``): claims ready sessions of a
+  shared store (:meth:`ClaimingScheduler.run`) and steps them here, as the in-process one;
+- ``durable_turns.temporal.TemporalScheduler``: a Temporal workflow per session, each step an
+  activity on a Temporal worker (the ``temporal`` extra).
+"""
+
+from __future__ import annotations
+
+from ..driver import ChainState
+from .claiming import ClaimingScheduler
+from .inprocess import InProcessScheduler, NoDriveScheduler
+from .scheduler import Scheduler, Stepped
+
+__all__ = [
+    "ChainState",
+    "ClaimingScheduler",
+    "InProcessScheduler",
+    "NoDriveScheduler",
+    "Scheduler",
+    "Stepped",
+]
