@@ -6,10 +6,12 @@ action, ``authorize(principal, action, session)``, in one place, as LangGraph Pl
 
 - ``principal`` is what ``authenticate`` returned (its ``id``, a key or an attribute, is the
   caller's id; ``admin`` set to ``True`` marks an administrator);
-- ``action`` is one of :data:`ACTIONS`: ``read`` (a session's transcript, timeline, events,
-  history), ``turn`` (start a turn, or retry a failed one), ``cancel``, ``reset``, ``resume``
-  (answer its parked request), ``fork`` (copy it to a new session the caller owns, or replay
-  it into one), ``list`` (an agent's sessions) and ``inbox`` (an agent's parked requests);
+- ``action`` is one of the host's own (:data:`HOST_ACTIONS`): ``read`` (a session's
+  transcript, timeline, events, history), ``turn`` (start a turn), ``fork`` (copy it to a
+  new session the caller owns, or replay it into one), ``list`` (an agent's sessions) and
+  ``inbox`` (an agent's parked requests); or the action a command declares in the runtime's
+  registry (:func:`actions`): ``cancel``, ``reset``, ``resume`` (answer its parked request),
+  ``turn`` for a retry, and any a registered command adds;
 - ``session`` is the session's :class:`~durable_turns.records.SessionSummary` (its
   ``owner``, whether it ``exists``, the request it is ``pending`` on); ``None`` for ``list``
   and ``inbox``.
@@ -30,17 +32,20 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Literal, get_args
+from typing import Any
 
+from .commands import COMMANDS, Registry
 from .errors import ConfigurationError, SessionAccessError
 from .records import InputRequest, SessionSummary, Visibility
 
 __all__ = [
     "ACTIONS",
+    "HOST_ACTIONS",
     "LISTINGS",
     "Action",
     "Authorize",
     "Decision",
+    "actions",
     "authorized",
     "decide",
     "default_authorize",
@@ -50,9 +55,19 @@ __all__ = [
     "principal_id",
 ]
 
-Action = Literal["read", "turn", "cancel", "reset", "resume", "fork", "list", "inbox"]
+Action = str
 """What a caller asks to do (see the module's docstring)."""
-ACTIONS: tuple[Action, ...] = get_args(Action)
+HOST_ACTIONS: tuple[Action, ...] = ("read", "turn", "fork", "list", "inbox")
+"""The actions of the host's own routes (reads, turns, forks, listings)."""
+
+
+def actions(commands: Registry) -> tuple[Action, ...]:
+    """Every action a host with ``commands`` asks: its own, then its commands'."""
+    return tuple(dict.fromkeys((*HOST_ACTIONS, *commands.actions)))
+
+
+ACTIONS: tuple[Action, ...] = actions(COMMANDS)
+"""The actions of a host with the built-in commands."""
 LISTINGS: frozenset[Action] = frozenset({"list", "inbox"})
 """The actions on many sessions: decided with no session, answered with a visibility."""
 

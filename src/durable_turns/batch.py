@@ -1,4 +1,5 @@
-"""The bookkeeping of a parallel batch of tool calls (F15): outcomes and call order.
+"""The bookkeeping of a parallel batch of tool calls (F15): outcomes, call order, and the
+tool message that answers a call with its outcome.
 
 With ``Agent(parallel_tools=True)`` the remote calls of one assistant message run at once and
 each commits its own step as it finishes: the step's memo holds the call's result. The tool
@@ -13,8 +14,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from .messages import ToolCall
+from .messages import Message, ToolCall
 from .records import CallOutcome
+
+
+def tool_message(call: ToolCall, outcome: CallOutcome, turn_id: str) -> Message:
+    """The tool message that answers ``call`` with ``outcome``."""
+    return Message("tool", call_id=call.id, result=outcome.result,
+                   is_error=outcome.error is not None, turn_id=turn_id)
 
 
 class BatchState:
@@ -43,4 +50,4 @@ class BatchState:
         return out
 
 
-__all__ = ["BatchState"]
+__all__ = ["BatchState", "tool_message"]

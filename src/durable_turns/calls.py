@@ -16,8 +16,7 @@ local calls one at a time in call order; tool messages reach the transcript in c
 (``batch.py``). Calls that park are collected: the turn parks on all of them at once.
 
 A remote call gets :class:`CallServices` through its :class:`~durable_turns.ToolContext`: to
-ask a person, to see its turn's cancel, to record and follow durable child work (what a
-subagent is built on).
+ask a person, see its turn's cancel, record and follow durable child work (subagents).
 """
 
 from __future__ import annotations
@@ -33,7 +32,7 @@ from typing import Any, TypeVar
 import jsonschema
 
 from .agent import Agent
-from .batch import BatchState
+from .batch import BatchState, tool_message
 from .checkpoints import Checkpoints
 from .context import Host, ToolContext, Watcher
 from .errors import (
@@ -48,7 +47,7 @@ from .errors import (
 from .events import ActionCompleted, ActionRetry, TurnEvent
 from .hitl import default_answerers
 from .inbound import InboundEvent
-from .messages import Message, ToolCall, encode_json
+from .messages import ToolCall, encode_json
 from .records import (
     Answer,
     CallOutcome,
@@ -120,20 +119,12 @@ def _hashed(prefix: str, turn_id: str, step_id: str) -> str:
     return hashlib.sha256(f"{prefix}{turn_id}/{step_id}".encode()).hexdigest()[:32]
 
 
-def tool_message(call: ToolCall, outcome: CallOutcome, turn_id: str) -> Message:
-    """The tool message that answers ``call`` with ``outcome``."""
-    return Message("tool", call_id=call.id, result=outcome.result,
-                   is_error=outcome.error is not None, turn_id=turn_id)
-
-
 class _NoHandle:
     """The store handle a remote tool sees: there is no transaction to join."""
 
     def unwrap(self) -> Any:
-        raise FatalToolError(
-            "ctx.store.unwrap() is only available to local tools (a plain def): an async "
-            "tool runs outside the step's transaction"
-        )
+        raise FatalToolError("ctx.store.unwrap() is only available to local tools (a plain "
+                             "def): an async tool runs outside the step's transaction")
 
 
 def _run_local(tool: Tool, args: dict[str, Any], ctx: ToolContext | None, limit: int) -> Any:
@@ -186,8 +177,7 @@ class CallServices:
             raise
 
     def cancel_reason(self) -> str | None:
-        calls = self._calls
-        return calls.cancel_reason(self._turn_id) or calls.failing
+        return self._calls.reason(self._turn_id) or self._calls.failing
 
     async def ask(self, input_id: str, prompt: str, schema: Mapping[str, Any] | None,
                   answerers: Mapping[str, Any] | None) -> Any:
@@ -306,6 +296,21 @@ class ToolCalls:
         """The one attempt this drive runs of a remote call (``Runtime.step(attempt=)``), or
         ``None``: a call runs all its attempts here."""
         self._stop_batch: Callable[[], None] | None = None
+        self._ran_local = False
+        self.found: dict[str, str] = {}  # cancels looked up after a local tool's step
+
+    def reason(self, turn_id: str) -> str | None:
+        """The turn's cancel: flagged, or found in the store (:meth:`cancelled`)."""
+        return self.cancel_reason(turn_id) or self.found.get(turn_id)
+
+    async def cancelled(self, turn_id: str) -> str | None:
+        """:meth:`reason` at a boundary; after a local tool's step (it held the write lock)
+        it looks in the store too, for a cancel no flag has heard of yet (F7)."""
+        if (reason := self.reason(turn_id)) is None and self._ran_local:
+            self._ran_local = False
+            if (reason := await self.checkpoints.lease.cancel_requested(turn_id)) is not None:
+                self.found[turn_id] = reason
+        return reason
 
     async def read_step(self, step: StepId) -> StepResult | None:
         """What a stored step keeps (a batch's committed outcome, an answer), by its id."""
@@ -414,6 +419,7 @@ class ToolCalls:
                             local: Local) -> CallOutcome:
         """Run a local tool inside ``tx`` (its writes roll back if it raises)."""
         tool, args, ctx = local
+        self._ran_local = True
         if ctx is not None:
             ctx.store = tx
         limit = self.agent.max_result_bytes
@@ -523,7 +529,7 @@ class ToolCalls:
                 retrying.append(r)
                 return
             except asyncio.CancelledError:
-                if tool.interruptible and self.cancel_reason(turn_id) is not None:
+                if tool.interruptible and self.reason(turn_id) is not None:
                     return  # interrupted by a cancel of the turn: it ends cancelled
                 raise
             await commit(call, outcome, shielded=tool.interruptible, span=span)
@@ -555,7 +561,7 @@ class ToolCalls:
         self._stop_batch = stop
         try:
             for c, tool, args, problem, ctx, span in one_by_one:
-                if self.cancel_reason(turn_id) is not None:
+                if await self.cancelled(turn_id) is not None:
                     break  # a checkpoint boundary: the calls not run are cancelled
                 if problem is not None or tool is None:
                     await commit(c, CallOutcome({"error": problem}, problem), span=span)
@@ -590,5 +596,5 @@ class ToolCalls:
 
 __all__ = [
     "ERROR_LIMIT", "CallServices", "CancelReason", "Interruptible", "Local", "PublishLive",
-    "ToolCalls", "ToolResultError", "error_text", "tool_message"
+    "ToolCalls", "ToolResultError", "error_text",
 ]

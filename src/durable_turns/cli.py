@@ -53,6 +53,7 @@ from .cli_sessions import (
     session_action,
 )
 from .cli_temporal import add_temporal_commands, add_temporal_options, scheduler_of
+from .commands import COMMANDS, Registry
 from .errors import ConfigurationError, DurableTurnsError, error_kind
 from .records import TurnResult
 from .runtime import Runtime
@@ -84,8 +85,8 @@ def _version() -> str:
         return "unknown"
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The ``durable-turns`` argument parser."""
+def build_parser(registry: Registry = COMMANDS) -> argparse.ArgumentParser:
+    """The ``durable-turns`` argument parser (``sessions``' verbs from ``registry``)."""
     parser = Parser(
         prog=PROG,
         description="A durable process for every LLM agent turn: checkpointed steps, replay "
@@ -147,7 +148,8 @@ def build_parser() -> argparse.ArgumentParser:
         "sessions", help="operate on a store's sessions",
         description="Operate on the sessions of a store: a SQLite file (--db) or PostgreSQL "
                     "(--store postgresql://…).")
-    add_session_commands(sessions, run_action=_sessions, run_retry=_sessions_retry)
+    add_session_commands(sessions, run_action=_sessions, run_retry=_sessions_retry,
+                         commands=registry)
     add_replay_command(commands, run=_replay)
 
     work = commands.add_parser(
@@ -365,13 +367,14 @@ def _chatting(args: argparse.Namespace, user: str) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``durable-turns`` with ``argv`` (default: the process's arguments).
+def main(argv: Sequence[str] | None = None, *, commands: Registry = COMMANDS) -> int:
+    """Run ``durable-turns`` with ``argv`` (default: the process's arguments); ``commands``:
+    the registry ``sessions``' verbs come from.
 
     Returns:
         The exit status (see the module's docstring).
     """
-    args = build_parser().parse_args(argv)
+    args = build_parser(commands).parse_args(argv)
     try:
         code: int = args.run(args)
     except KeyboardInterrupt:

@@ -1,5 +1,6 @@
-"""``durable-turns sessions …``: list, show, cancel, reset and retry the sessions of a store,
-SQLite or PostgreSQL; and where the command line's stores come from (:func:`store_from_spec`).
+"""``durable-turns sessions …``: list and show the sessions of a store, SQLite or PostgreSQL,
+and give them commands — a verb for each command of the registry that declares one (cancel,
+reset, retry, and any a runtime adds: ``commands.registry.Verb``).
 
 Every read goes through ``Runtime.queries`` and :class:`~durable_turns.AgentSession`; the
 commands raise, and ``durable_turns.cli`` turns what they raise into a message and an exit
@@ -16,6 +17,7 @@ from typing import Any
 
 from .agent import Agent
 from .cli_args import MODEL_HELP, load, store_of, store_options
+from .commands import COMMANDS, Registry
 from .errors import ConfigurationError
 from .messages import Message
 from .models.scripted import scripted
@@ -29,24 +31,51 @@ LEASE_WAIT = 30.0
 SESSION_ACTIONS = {
     "list": "list the store's sessions, newest first per agent, with status",
     "show": "print a session's status, park, turns and transcript",
-    "cancel": "request cancellation of a session's turn (or of every unfinished one)",
-    "reset": "archive a session's history and start it over (F8)",
 }
+"""The reads of ``durable-turns sessions`` (its other verbs are the registry's commands)."""
 Command = Callable[[argparse.Namespace], int]
 
 
 def add_session_commands(sessions: argparse.ArgumentParser, *, run_action: Command,
-                         run_retry: Command) -> None:
-    """The subcommands of ``durable-turns sessions``.
+                         run_retry: Command, commands: Registry = COMMANDS) -> None:
+    """The subcommands of ``durable-turns sessions``: its reads, and a verb per command of
+    ``commands`` that declares one.
 
     Args:
         sessions: the ``sessions`` parser.
-        run_action: runs ``list``, ``show``, ``cancel`` and ``reset`` (the CLI's wrapper of
+        run_action: runs the reads and the commands' verbs (the CLI's wrapper of
             :func:`session_action`).
-        run_retry: runs ``retry`` (the CLI's wrapper of :func:`retry`).
+        run_retry: runs ``retry``, whose verb has a runner of its own (the CLI's wrapper of
+            :func:`retry`).
+        commands: the registry the verbs come from.
     """
-    commands = sessions.add_subparsers(dest="action", metavar="ACTION", required=True)
-    again = commands.add_parser(
+    verbs = sessions.add_subparsers(dest="action", metavar="ACTION", required=True)
+    if "retry" in commands:
+        _add_retry(verbs, run_retry)
+    for name, summary in SESSION_ACTIONS.items():
+        cmd = verbs.add_parser(name, help=summary, description=summary + ".")
+        if name != "list":
+            cmd.add_argument("session", metavar="AGENT/ID", type=_session_key,
+                             help="the session, as agent/session")
+        else:
+            cmd.add_argument("--agent", metavar="NAME", help="only this agent's sessions")
+        store_options(cmd)
+        cmd.set_defaults(run=run_action, commands=commands)
+    for spec in commands:
+        verb = spec.verb
+        if verb is None or verb.run is None:
+            continue
+        cmd = verbs.add_parser(spec.name, help=verb.help, description=verb.help + ".")
+        cmd.add_argument("session", metavar="AGENT/ID", type=_session_key,
+                         help="the session, as agent/session")
+        store_options(cmd)
+        for arg in verb.args:
+            cmd.add_argument(*arg.flags, **arg.options)
+        cmd.set_defaults(run=run_action, commands=commands, verb=verb)
+
+
+def _add_retry(verbs: Any, run_retry: Command) -> None:
+    again = verbs.add_parser(
         "retry", help="re-open a failed turn where it failed",
         description="Re-open a failed turn at its failed step: finished steps stay, a failed "
                     "model call is asked again. With APP_DIR the app's agent drives it to its "
@@ -60,19 +89,6 @@ def add_session_commands(sessions: argparse.ArgumentParser, *, run_action: Comma
                        help="the turn's session, if two sessions have a turn of that id")
     again.add_argument("--model", metavar="PROVIDER:NAME", help=MODEL_HELP)
     again.set_defaults(run=run_retry)
-    for name, summary in SESSION_ACTIONS.items():
-        cmd = commands.add_parser(name, help=summary, description=summary + ".")
-        if name != "list":
-            cmd.add_argument("session", metavar="AGENT/ID", type=_session_key,
-                             help="the session, as agent/session")
-        else:
-            cmd.add_argument("--agent", metavar="NAME", help="only this agent's sessions")
-        store_options(cmd)
-        if name == "cancel":
-            cmd.add_argument("--turn", metavar="TURN",
-                             help="the turn to cancel (default: every unfinished one)")
-            cmd.add_argument("--reason", default="cancelled by request", help="why")
-        cmd.set_defaults(run=run_action)
 
 
 def _session_key(text: str) -> tuple[str, str]:
@@ -83,7 +99,8 @@ def _session_key(text: str) -> tuple[str, str]:
 
 
 async def session_action(args: argparse.Namespace) -> int:
-    """``sessions list|show|cancel|reset``; returns the exit status.
+    """``sessions list|show`` and a command's verb (``cancel``, ``reset``, …); returns the
+    exit status.
 
     Raises:
         LookupError: the store or the session does not exist.
@@ -98,20 +115,17 @@ async def session_action(args: argparse.Namespace) -> int:
                     print(f"{found.key}\t{found.status}\tgeneration {found.generation}")
         return 0
     agent, session_id = args.session
-    # A reset runs on the session's chain, so this runtime drives it; the model is never
-    # asked (the turns the reset cancels stop before their next model call).
-    async with Runtime([Agent(agent)], make(), scripted([]), lease_timeout=LEASE_WAIT) as rt:
+    # A queued command runs on the session's chain, so this runtime drives it; the model is
+    # never asked (the turns a reset cancels stop before their next model call).
+    async with Runtime([Agent(agent)], make(), scripted([]), lease_timeout=LEASE_WAIT,
+                       commands=args.commands) as rt:
         session = rt.session(agent, session_id)
         summary = await session.summary()
         if not summary.exists:
             raise LookupError(f"{named} has no session {session.key}")
-        if args.action == "cancel":
-            ids = await session.cancel(args.turn, reason=args.reason)
-            print(f"cancel requested for {', '.join(ids)}" if ids else "no unfinished turn")
-        elif args.action == "reset":
-            done = await session.reset()
-            print(f"{session.key} reset: history archived as {done.previous_session}, "
-                  f"generation {done.generation}")
+        verb = getattr(args, "verb", None)
+        if verb is not None:
+            print(await verb.run(session, args))
         else:
             _show(summary, await session.turns(), await session.transcript())
         await rt.idle()

@@ -21,14 +21,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from .commands import Place, Reset, command_of
+from .commands import Place
 from .engine import TurnEngine
 from .events import TurnEvent
 from .messages import Message, owed_calls
 from .records import TurnRecord, TurnResult, TurnStatus
 from .stepping import StepContext
 from .stores import Lease
-from .subagents import cancel_children, reset_children
+from .subagents import cancel_children
 
 log = logging.getLogger("durable_turns")
 
@@ -181,8 +181,9 @@ class SessionDriver:
                 return self._going_on(pending, engine.transcript)
         else:
             assert pending is not None
-            result = await self._apply(engine, Place(entry, pending, engine.checkpoints,
-                                                     self._find))
+            result = await self._apply(engine, Place(
+                entry, pending, engine.checkpoints, self._find, ctx.host,
+                lambda r: ctx.finished(key, r)))
         self._cancels.pop(entry.turn_id, None)
         log.debug("%s %s of %s: %s", entry.kind, entry.turn_id, key, result.status)
         ctx.finished(key, result)
@@ -206,17 +207,10 @@ class SessionDriver:
         return found[0] if found else None
 
     async def _apply(self, engine: TurnEngine, at: Place) -> TurnResult:
-        command = command_of(at.entry)
-        if not isinstance(command, Reset):
-            return await command.apply(at)
         ctx = self._ctx
-        parked = [t for t in at.pending if t.status == TurnStatus.SUSPENDED]
-        # Parked on subagents: their requests go too (parent-close policy).
-        await reset_children(ctx.host, at.entry.turn_id, parked)
-        result = await command.apply(at)
+        result = await ctx.commands.command_of(at.entry).apply(at)
+        # A command may have started a generation (a reset): the cache keeps the log's.
         ctx.transcripts.keep(self.key, self.lease.generation, engine.transcript)
-        for t in parked:
-            ctx.finished(self.key, TurnResult(t.turn_id, TurnStatus.CANCELLED, reason="reset"))
         return result
 
     # -- cancels from other processes ------------------------------------------------------

@@ -23,7 +23,8 @@ from collections.abc import Awaitable
 from typing import Any, TypeVar
 
 from .agent import SurfacePolicy
-from .calls import ERROR_LIMIT, CancelReason, ToolCalls, tool_message
+from .batch import tool_message
+from .calls import ERROR_LIMIT, CancelReason, ToolCalls
 from .checkpoints import TRACE, Checkpoints
 from .errors import (
     RUNTIME_FAILURES,
@@ -98,9 +99,9 @@ class TurnEngine:
         self._publish_live = ctx.publish_live
         self._wants_live = ctx.wants_live
         self._retry = RetryPolicy(agent.model_retries, agent.model_retry_delay)
-        self._cancel_reason = cancel_reason
         self.calls = ToolCalls(ctx, agent, self.checkpoints, cancel_reason,
                                self._interruptible)
+        self._cancel_reason = self.calls.reason
         self.turn_id: str | None = None
         """The turn being stepped, from its first step here until its end (or park)."""
         self._turn: tuple[SurfacePolicy | None, InboundEvent | None, dict[str, Tool]] | None = None
@@ -215,6 +216,7 @@ class TurnEngine:
                 if request is not None:
                     return await self._finish(TurnResult(turn_id, TurnStatus.SUSPENDED,
                                                          request=request), owed=False)
+                await self.calls.cancelled(turn_id)  # after a local tool's step: the store too
                 going_on = True
                 return None
             if last and last.role == "assistant" and not last.tool_calls \
@@ -239,6 +241,7 @@ class TurnEngine:
             if not going_on:
                 self.turn_id = self.checkpoints.turn_id = None
                 self._turn = None
+                self.calls.found.pop(turn_id, None)
 
     def _has_opening(self, turn_id: str) -> bool:
         # Turns run in chain order, so this turn's messages are at the end of the log.

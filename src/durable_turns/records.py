@@ -15,8 +15,9 @@ from typing import Any, ClassVar, Literal, cast
 from .messages import Message, decode_message, encode_json, encode_message
 
 SessionStatus = Literal["new", "idle", "running", "suspended"]
-EntryKind = Literal["turn", "reset", "resume", "retry"]
-"""What a chain entry is: a turn, or a command that runs in the chain's order (F2, F6, F8)."""
+EntryKind = str
+"""What a chain entry is: ``turn``, or the kind of a queued command that runs in the chain's
+order (``reset``, ``resume``, ``retry``, or any the runtime's command registry knows)."""
 StepKind = Literal["model", "tool", "input", "child"]
 
 

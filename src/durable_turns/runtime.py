@@ -28,6 +28,7 @@ import os
 from collections.abc import Iterable
 
 from .agent import Agent
+from .commands import COMMANDS, Registry, check_redelivery, supersede_at_once
 from .context import Host
 from .driver import ChainState, SessionDriver, chain_state
 from .errors import (
@@ -36,7 +37,6 @@ from .errors import (
     RetryStep,
     RuntimeNotOpenError,
     StoreError,
-    TurnConflictError,
     UnknownAgentError,
     UnknownTurnError,
     runtime_failure,
@@ -80,6 +80,8 @@ class Runtime:
             (``durable_turns.temporal.TemporalScheduler``). One scheduler per runtime.
         owns_store: ``False`` for a store another runtime of this process opened and
             closes (a replay's runtime shares its source's): ``close()`` leaves it open.
+        commands: its sessions' commands (the hosts' routes, verbs and actions are built
+            from it): ``commands.COMMANDS``, or that registry ``with_`` more.
 
     Raises:
         ConfigurationError: two agents share a name, a model is a string, or the removed
@@ -97,6 +99,7 @@ class Runtime:
         secret: bytes | None = None,
         scheduler: Scheduler | None = None,
         owns_store: bool = True,
+        commands: Registry = COMMANDS,
         drive: None = None,
     ) -> None:
         if drive is not None:  # removed: a clear error rather than a TypeError
@@ -125,6 +128,7 @@ class Runtime:
         self.lease_timeout = lease_timeout
         self.secret = secret or os.urandom(32)
         self.owns_store = owns_store
+        self.commands = commands
         self._opened = False
         self._open_lock = asyncio.Lock()
         self._drivers: dict[SessionKey, SessionDriver] = {}
@@ -141,7 +145,7 @@ class Runtime:
             store=store, agents=self.agents, model_for=self.model_for, host=self.host,
             transcripts=self._transcripts, publish=self._publish,
             publish_live=self._publish_live, wants_live=self._wants_live,
-            finished=self._finished)
+            finished=self._finished, commands=commands)
         self.scheduler: Scheduler = scheduler if scheduler is not None else InProcessScheduler()
         """When and where the sessions' steps run."""
         self.scheduler.attach(self)
@@ -256,8 +260,8 @@ class Runtime:
         whether it is new.
 
         A redelivered id is returned as stored, and driven again if it is unfinished. With
-        ``entry.supersede`` (replace) or ``kind="reset"``, the unfinished turns before it are
-        asked to cancel and a running one is stopped at once.
+        ``entry.supersede`` (replace, reset), the unfinished turns before it are asked to
+        cancel at once (``commands.accepting``), and a running one stops at its boundary.
 
         Raises:
             SessionBusyError: a turn is parked (for ``kind="turn"``).
@@ -266,20 +270,13 @@ class Runtime:
         self.require_open()
         if self.scheduler.steps_here:
             self.model_for(self.agents[key.agent])  # fail now, not in the background
+        reason = entry.supersede
+        if reason is not None and await supersede_at_once(self.store, key, entry) \
+                and (driver := self._drivers.get(key)) is not None:
+            driver.interrupt_running(reason)  # it stops at its next boundary
         rec, new = await self.store.enqueue(key, entry)
-        if not new and entry.kind == "turn" and entry.opening is not None and (
-                rec.opening is None or (rec.opening.role, rec.opening.text)
-                != (entry.opening.role, entry.opening.text)):
-            before = rec.opening.text[:60] if rec.opening is not None else rec.kind
-            raise TurnConflictError(
-                f"session {key} already has a {rec.kind} {entry.turn_id!r} opened with other "
-                f"text ({before!r}); a redelivery must repeat it, a new turn needs a new id",
-                session=str(key), turn_id=entry.turn_id)
-        reason = "reset" if entry.kind == "reset" else entry.supersede
-        if new and reason is not None:
-            driver = self._drivers.get(key)
-            if driver is not None:
-                driver.interrupt_running(reason)
+        if not new:
+            check_redelivery(key, rec, entry)
         if rec.needs_driving or not rec.status.final:
             await self.scheduler.wake(key, interrupt=new and reason is not None)
         return rec, new

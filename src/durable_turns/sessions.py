@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from .agent import Agent, AuthorizeAnswer
-from .commands import RESET, Cancel, Reset, Resume, Retry, latest_turn
+from .commands import RESET, Cancel, ChainCommand, Registry, Reset, Resume, Retry, latest_turn
 from .errors import (
     AuthorizeAnswerError,
     ConfigurationError,
@@ -58,6 +58,7 @@ class RuntimeAPI(Protocol):
     store: SessionStore
     model: Model | None
     secret: bytes
+    commands: Registry
 
     @property
     def steps_here(self) -> bool: ...
@@ -199,6 +200,20 @@ class AgentSession:
                 raise TurnConflictError(done.error or "the turn cannot be retried",
                                         session=str(self.key), turn_id=turn_id)
         return StartedTurn(turn_id, new=False)
+
+    async def send(self, command: ChainCommand) -> StartedTurn:
+        """Queue a command on the session's chain: durable when this returns, applied by the
+        session's driver at its place (wait for its end with ``result(command.entry_id)``).
+
+        Raises:
+            ConfigurationError: the runtime's registry has no command of its kind
+                (``Runtime(commands=COMMANDS.with_(…))`` registers one).
+        """
+        if not self.runtime.commands.queues(command.kind):
+            raise ConfigurationError(f"the runtime knows no command of kind {command.kind!r}; "
+                                     "register it: Runtime(commands=COMMANDS.with_(…))")
+        _rec, new = await self.runtime.accept(self.key, command.entry())
+        return StartedTurn(command.entry_id, new)
 
     async def cancel(self, turn_id: str | None = None, *,
                      reason: str = "cancelled by request") -> list[str]:

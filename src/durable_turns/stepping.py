@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from .agent import Agent
+from .commands import Registry
 from .context import Host
 from .events import TurnEvent
 from .messages import Message, MessageLog
@@ -87,3 +88,6 @@ class StepContext:
     """Whether anyone takes the session's live text now (else deltas are not even built)."""
     finished: Callable[[SessionKey, TurnResult], None]
     """Told each chain entry's end (or park), for the runtime's waiters."""
+    commands: Registry
+    """The runtime's command registry: how a chain entry's command is read back and
+    applied."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -266,3 +267,68 @@ def test_a_piped_chat_reads_as_a_typed_one_and_leaves_a_park_waiting(tmp_path: P
                                 "for 'approve': reopen this chat to answer it, or answer it "
                                 "with durable-turns approve)\n")
     assert asyncio.run(statuses(app, db)) == ["completed", "suspended"]
+
+
+
+LOCAL_HOLD = '''
+from durable_turns import ModelReply, ToolCall, scripted
+from durable_turns.models.scripted import calls_this_turn
+
+name = "desk"
+
+def _reply(request):
+    opening = next(m.text for m in reversed(request.messages) if m.is_opening)
+    if calls_this_turn(request) == 0 and opening.startswith("hold "):
+        gate = opening.removeprefix("hold ")
+        return ModelReply("Holding.", [ToolCall("c1", "hold", {"gate": gate}),
+                                       ToolCall("c2", "hold", {"gate": gate})])
+    return ModelReply("asked again")
+
+model = scripted(_reply)
+'''
+HOLD_TOOL = '''
+import pathlib, time
+from durable_turns import tool
+
+@tool
+def hold(gate: str) -> str:
+    """A local tool that holds its step (and the store's write lock) until GATE exists."""
+    path = pathlib.Path(gate)
+    pathlib.Path(gate + ".running").write_text("yes")
+    for _ in range(6000):  # a bounded wait on a file the test writes
+        if path.exists():
+            return "released"
+        time.sleep(0.01)
+    return "never released"
+'''
+
+
+def test_ctrl_c_while_a_local_tool_runs_cancels_the_turn_at_its_step(tmp_path: Path) -> None:
+    """F7 in the chat: Ctrl-C while a plain-def tool holds its step ends the turn when the
+    tool's step ends; the model is not asked again and the batch's next call never runs."""
+    app, db = make_app(tmp_path, LOCAL_HOLD), tmp_path / "chat.sqlite"
+    (app / "tools" / "hold.py").write_text(HOLD_TOOL)
+    gate = tmp_path / "gate"
+    running = Path(f"{gate}.running")
+    with chatting(app, db) as child:
+        child.expect_exact("you> ")
+        child.sendline(f"hold {gate}")
+        deadline = time.monotonic() + WAIT
+        while not running.exists():  # a bounded poll of the file the tool writes
+            assert time.monotonic() < deadline, "the local tool never ran"
+            time.sleep(0.01)
+        child.sendintr()
+        child.expect_exact("cancelling the turn")
+        gate.write_text("open")
+        child.expect_exact("(turn cancelled: cancelled at the terminal)")
+        quits(child)
+    assert asyncio.run(statuses(app, db))[-1] == "cancelled"
+    asyncio.run(_check_one_model_call(app, db))
+
+
+async def _check_one_model_call(app: Path, db: Path) -> None:
+    async with Runtime([load_agent(app)], SqliteStore(db), scheduler=NoDriveScheduler()) as rt:
+        transcript = await rt.session("desk", "chat").transcript()
+        assert [m.text for m in transcript if m.role == "assistant"] == ["Holding."]
+        assert [m.result for m in transcript if m.role == "tool"] == [
+            "released", {"cancelled": True}]

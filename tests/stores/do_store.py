@@ -153,6 +153,7 @@ class DoDialect:
     capabilities = StoreCapabilities(durable=True, shared_by="process",
                                      exactly_once_local=True, paramstyle="qmark")
     live = None  # nothing else shares the object's storage
+    signals = None  # one isolate: nothing can cancel while a step runs a (synchronous) tool
 
     def __init__(self, storage: DurableObjectStorage) -> None:
         self.storage = storage

@@ -18,9 +18,9 @@ async def test_store_conformance(check: Check, store_factory: Callable[[], Sessi
 
 
 TIERS = {
-    "memory": ["exactly_once_local"],
-    "sqlite": ["exactly_once_local", "durable", "shared_by"],
-    "postgres": ["exactly_once_local", "durable", "shared_by", "lease_ttl"],
+    "memory": ["exactly_once_local", "local_off_loop"],
+    "sqlite": ["exactly_once_local", "local_off_loop", "durable", "shared_by"],
+    "postgres": ["exactly_once_local", "local_off_loop", "durable", "shared_by", "lease_ttl"],
 }
 """The optional tiers each shipped store declares, as ``durable_turns.testing``'s docstring
 says (its table)."""

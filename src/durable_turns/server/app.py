@@ -1,8 +1,10 @@
-"""The routes of the HTTP host (F12): sessions, turns, answers and their event streams.
+"""The routes of the HTTP host (F12): sessions, turns, commands and their event streams.
 
 Each handler is a few calls to a :class:`~durable_turns.channels.ChannelContext` or an
 :class:`~durable_turns.AgentSession`; the turn itself runs in the runtime, so it goes on
-when the client that started it leaves.
+when the client that started it leaves. A command's route (cancel, reset, resume, retry,
+and any the runtime's registry adds) is built from its declaration
+(``commands.registry.Route``): its path, body, authorization action and what it does.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from starlette.routing import BaseRoute, Route
 from ..access import Authorize, default_authorize
 from ..agent import check_surfaces
 from ..channels import Channel, ChannelContext, TurnStream, mount_agent
+from ..commands import Call, CommandSpec, Registry, Streamed
 from ..errors import ConfigurationError
 from ..events import TurnEvent
 from ..inbound import InboundEvent
@@ -75,41 +78,12 @@ class TurnBody(BaseModel):
     """Development mode only: who speaks (with ``authenticate``, the principal's id)."""
 
 
-class ResumeBody(BaseModel):
-    """``POST /resume``."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)  # JSON types, not coerced
-    turn_id: str = Field(min_length=1)
-    input_id: str = Field(min_length=1)
-    value: Any = None
-    by: str | None = None
-
-
-class CancelBody(BaseModel):
-    """``POST /cancel``."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)  # JSON types, not coerced
-    turn_id: str | None = Field(default=None, min_length=1)
-    reason: str = "cancelled by request"
-
-
-class ResetBody(BaseModel):
-    """``POST /reset`` (no fields)."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)  # JSON types, not coerced
-
-
-class RetryBody(BaseModel):
-    """``POST /retry``: the failed turn to re-open where it failed (F2)."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)  # JSON types, not coerced
-    turn_id: str = Field(min_length=1)
-
-
-BODIES: dict[str, type[BaseModel]] = {
-    "turn": TurnBody, "chat": TurnBody, "resume": ResumeBody, "cancel": CancelBody,
-    "reset": ResetBody, "retry": RetryBody, **TIME_TRAVEL_BODIES,
-}
+def bodies(commands: Registry) -> dict[str, type[BaseModel]]:
+    """Each POST route's body model, by its last path segment: the turn's, the commands'
+    (from the registry), time travel's."""
+    return {"turn": TurnBody, "chat": TurnBody,
+            **{c.route.path: c.route.body for c in commands if c.route is not None},
+            **TIME_TRAVEL_BODIES}
 
 
 def create_app(runtime: Runtime, authenticate: Authenticate | None = None,
@@ -241,13 +215,9 @@ class _Host:
             Route(base, g(self.show, "read"), methods=["GET"]),
             Route(f"{base}/turn", g(self.turn, "turn", body=TurnBody), methods=["POST"]),
             Route(f"{base}/chat", g(self.chat, "turn", body=TurnBody), methods=["POST"]),
-            Route(f"{base}/resume", g(self.resume, "resume", body=ResumeBody),
-                  methods=["POST"]),
-            Route(f"{base}/cancel", g(self.cancel, "cancel", body=CancelBody),
-                  methods=["POST"]),
-            Route(f"{base}/reset", g(self.reset, "reset", body=ResetBody), methods=["POST"]),
-            # A retry runs a failed turn on: what starting a turn may.
-            Route(f"{base}/retry", g(self.retry, "turn", body=RetryBody), methods=["POST"]),
+            *(Route(f"{base}/{c.route.path}", g(self.command(c), c.action, body=c.route.body,
+                                                 claim=c.route.claims), methods=["POST"])
+              for c in self.rt.commands if c.route is not None),
             Route(f"{base}/events", g(self.events, "read", claim=True), methods=["GET"]),
             *timetravel_routes(self.rt, g, self.replay_models),
             *console_routes(self.rt, g, self.authenticate is None, list(self.replay_models)),
@@ -304,7 +274,8 @@ class _Host:
     # -- routes ----------------------------------------------------------------------------
 
     async def openapi(self, request: Request) -> Response:
-        doc = openapi(BODIES, sorted(self.rt.agents), sorted(self.replay_models))
+        doc = openapi(bodies(self.rt.commands), sorted(self.rt.agents),
+                      sorted(self.replay_models), self.rt.commands)
         doc["paths"].update(self.protocols.paths)  # the mounted protocols' routes
         doc["components"]["schemas"].update(self.protocols.schemas)
         return JSONResponse(doc)
@@ -366,42 +337,29 @@ class _Host:
         result = await stream.session.result(stream.turn_id)
         return JSONResponse(result.to_dict())
 
-    async def resume(self, request: Request) -> Response:
-        body = await read_body(request, ResumeBody)
-        ch = self.channel(request)
-        s = self.session(request)
-        by, principal = self.by(request, body.by)
-        # A policy-restricted request is decided by the agent's authorize_answer, with the
-        # principal, inside resume(): one check of a resume, wherever it comes from.
-        stream = await ch.open_resume(body.turn_id, body.input_id, body.value,
-                                      session=s.key.session, by=by, authorize=True,
-                                      principal=principal)
-        if "text/event-stream" in request.headers.get("accept", ""):
-            return self.sse(stream)
-        stream.close()
-        result = await s.result(body.turn_id)
-        return JSONResponse(result.to_dict())
+    def command(self, spec: CommandSpec) -> Any:
+        """The handler of a command's route: its body, the session, who asks, then the
+        command's own ``run``; a turn it sets going answers with the turn's events (``Accept:
+        text/event-stream``) or its result."""
+        route = spec.route
+        assert route is not None
 
-    async def cancel(self, request: Request) -> Response:
-        body = await read_body(request, CancelBody)
-        s = await self.known_session(request)
-        ids = await s.cancel(body.turn_id, reason=body.reason)
-        return JSONResponse({"cancelled": ids})
+        async def handle(request: Request) -> Response:
+            body = await read_body(request, route.body)
+            ch = self.channel(request)
+            s = await self.known_session(request) if route.known_session \
+                else self.session(request)
+            by, principal = self.by(request, getattr(body, "by", None))
+            answer = await route.run(Call(s, body, by, principal, ch))
+            if not isinstance(answer, Streamed):
+                return JSONResponse(dict(answer))
+            stream = answer.stream
+            if "text/event-stream" in request.headers.get("accept", ""):
+                return self.sse(stream)
+            stream.close()
+            return JSONResponse((await s.result(answer.turn_id)).to_dict())
 
-    async def reset(self, request: Request) -> Response:
-        await read_body(request, ResetBody)
-        ch = self.channel(request)
-        done = await ch.reset_session(session=request.path_params["session"])
-        return JSONResponse({"previous_session": done.previous_session,
-                             "generation": done.generation})
-
-    async def retry(self, request: Request) -> Response:
-        body = await read_body(request, RetryBody)
-        s = self.session(request)
-        # Accepted once the retry has re-opened the turn; the turn then runs on, and its
-        # events follow on the session's stream.
-        await s.retry(body.turn_id)
-        return JSONResponse({"turn_id": body.turn_id, "retried": True})
+        return handle
 
     async def events(self, request: Request) -> Response:
         s = self.session(request)

@@ -37,7 +37,7 @@ from ._http import Authenticate, error_response, is_loopback, principal_of, read
 Handler = Callable[[Request], Awaitable[Response]]
 
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
-CLAIMS: frozenset[Action] = frozenset({"turn", "reset"})
+CLAIMS: frozenset[Action] = frozenset({"turn"})
 """The actions that make a session the store does not have (and so take it)."""
 
 

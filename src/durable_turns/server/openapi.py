@@ -13,6 +13,7 @@ from typing import Any, get_args
 
 from pydantic import BaseModel
 
+from ..commands import Registry
 from ..events import EventType
 from ..wire import MAX_CURSOR
 
@@ -88,10 +89,10 @@ def _object(**properties: Any) -> dict[str, Any]:
 
 
 def openapi(bodies: dict[str, type[BaseModel]], agents: list[str],
-            replay_models: list[str]) -> dict[str, Any]:
+            replay_models: list[str], commands: Registry) -> dict[str, Any]:
     """The document, with each request body's JSON schema taken from its pydantic model, the
-    ``agent`` path parameter listing the served agents and a replay's ``model`` the models
-    the host offers."""
+    ``agent`` path parameter listing the served agents, a replay's ``model`` the models the
+    host offers, and a path for each command of ``commands`` that declares a route."""
     params = [
         {"name": "agent", "in": "path", "required": True,
          "schema": {"type": "string", "enum": agents}},
@@ -176,15 +177,11 @@ def openapi(bodies: dict[str, type[BaseModel]], agents: list[str],
             f"{base}/turn": _keyed(post("turn", "start a turn; its events", turn, 409, 422)),
             f"{base}/chat": _keyed(post("chat", "start a turn; its result or its events", chat,
                                         409, 422)),
-            f"{base}/resume": post("resume", "answer a parked turn", result, 409, 422, 500),
-            f"{base}/cancel": post("cancel", "cancel a turn or every unfinished one", _json(
-                _object(cancelled={"type": "array", "items": {"type": "string"}})),
-                required=False),
-            f"{base}/reset": post("reset", "archive the session's history", _json(_object(
-                previous_session={"type": "string"}, generation={"type": "integer"})),
-                required=False),
-            f"{base}/retry": post("retry", "re-open a failed turn where it failed", _json(
-                _object(turn_id={"type": "string"}, retried={"type": "boolean"})), 409),
+            **{f"{base}/{c.route.path}": post(
+                c.route.path, c.route.summary,
+                result if c.route.answer is None else _json(dict(c.route.answer)),
+                *c.route.codes, required=c.route.required)
+               for c in commands if c.route is not None},
             f"{base}/history": {"get": {
                 "summary": "the session's checkpoints, oldest first: each commit's place "
                            "(generation, seq, sub), kind, steps and events",

@@ -116,6 +116,11 @@ class StoreCapabilities:
     """A local tool (a plain ``def``) writes through :meth:`Transaction.unwrap`, the raw
     handle, inside its step's transaction: its writes commit with the step and roll back when
     the tool raises or the step does not commit."""
+    local_off_loop: bool = False
+    """A local tool runs off the event loop (on a thread), so the process goes on while one
+    runs and its step holds the write lock: a cancel sent meanwhile returns at once and is
+    seen at the step's end (F7). Where local tools run on the loop (one isolate, as a
+    Durable Object), nothing can be asked while one runs."""
     lease_ttl: float | None = None
     """Seconds after which a lease whose holder stopped renewing it (paused, cut off) may be
     taken over; ``None``: a lease ends only when released or when its holder's process ends."""

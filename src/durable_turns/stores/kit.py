@@ -240,8 +240,10 @@ def check_enqueue(key: SessionKey, kind: EntryKind,
 
 
 def supersede_reason(kind: EntryKind, supersede: str | None) -> str | None:
-    """The cancellation reason a new entry gives the unfinished turns before it, if any."""
-    return "reset" if kind == "reset" else supersede
+    """The cancellation reason a new entry gives the unfinished turns before it, if any: the
+    one it carries (a reset's is its command's, ``commands.reset``; ``kind`` is kept for the
+    stores that call this)."""
+    return supersede
 
 
 def updated_request(result: TurnResult) -> dict[str, Any] | None:

@@ -17,7 +17,9 @@ a lock, so no statement goes to a thread); leases are a set of held sessions in 
 process (:class:`~durable_turns.stores.sql.LocalLeases`), the feed hears only of this
 process's commits, which are all there are. ``unwrap()`` is the ``sqlite3.Connection``: a
 local tool's writes through it commit with its step and roll back with it (exactly once, as
-on the file stores); the local tool runs on the loop (no thread to hand it to).
+on the file stores). A local tool runs on a thread of the store's (where threads can be
+started; else on the loop), so the loop goes on meanwhile: a cancel sent while it runs is
+kept as a signal (``stores.signals``) and folded once the step let the connection go.
 """
 
 from __future__ import annotations
@@ -31,12 +33,19 @@ from ..errors import StoreError
 from ..records import SessionKey
 from . import StoreCapabilities
 from .feed import Feed
+from .signals import ProcessSignals
 from .sql import LocalLeases, ProcessLocks, SharedLink, SqlStore, upgrade
 from .sqlite import SYNTAX, SqliteConnection, SqliteTransactions
+from .worker import Worker
 
 __all__ = ["MemoryStore"]
 
 T = TypeVar("T")
+
+LOCAL_LINGER = 0.0005
+"""Seconds the loop waits, blocked, for a local tool on the store's thread before it waits
+on the loop (as ``SqliteStore``'s writer thread: a tool that writes a few rows is done by
+then, and its step skips a wake-up of the loop)."""
 
 
 def _run(job: Callable[[sqlite3.Connection], T], c: sqlite3.Connection) -> T:
@@ -52,7 +61,8 @@ class MemoryDialect(SqliteTransactions):
 
     syntax = SYNTAX
     capabilities = StoreCapabilities(durable=False, shared_by="process",
-                                     exactly_once_local=True, paramstyle="qmark")
+                                     exactly_once_local=True, local_off_loop=True,
+                                     paramstyle="qmark")
 
     def __init__(self) -> None:
         # Made here, not at open: a memory store is usable at once, and a closed one keeps
@@ -63,6 +73,10 @@ class MemoryDialect(SqliteTransactions):
         self.write_lock = asyncio.Lock()
         """Held by whoever uses the connection for a write (it serves every session)."""
         self.leases = LocalLeases(ProcessLocks())
+        self.signals = ProcessSignals(self.write_lock)
+        """``Dialect.signals``: cancels sent while a step holds the connection."""
+        self._local: Worker | None = None
+        self._no_threads = False
 
     async def open(self, store: SqlStore) -> None:
         """``Dialect.open``."""
@@ -70,7 +84,9 @@ class MemoryDialect(SqliteTransactions):
 
     async def close(self) -> None:
         """``Dialect.close``."""
-        return None
+        local, self._local = self._local, None
+        if local is not None:
+            local.stop()
 
     def unwrap(self) -> sqlite3.Connection:
         """``Dialect.unwrap``."""
@@ -95,8 +111,18 @@ class MemoryDialect(SqliteTransactions):
         return self.conn
 
     async def run_local_job(self, job: Callable[[Any], T]) -> T:
-        """``SharedWriter.run_local_job``: on the loop (no thread to hand it to)."""
-        return job(self.conn)
+        """``SharedWriter.run_local_job``: on the store's thread, so the loop goes on while
+        the tool runs (the step holds the write lock, so nothing else writes meanwhile; the
+        loop's reads see only committed rows of ours, as ours are written at commit)."""
+        if self._local is None and not self._no_threads:
+            try:
+                self._local = Worker("durable-turns-memory-local")
+            except RuntimeError:  # no threads here (Pyodide): the tool runs on the loop
+                self._no_threads = True
+        if self._local is None:
+            return job(self.conn)
+        conn = self.conn
+        return await self._local.run(lambda: job(conn), linger=LOCAL_LINGER)
 
     async def run_write(self, job: Callable[[Any], T], *, began: bool = False,
                         waiting: Callable[[Any], T] | None = None) -> T:

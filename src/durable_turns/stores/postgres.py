@@ -107,6 +107,9 @@ class PostgresDialect(PgTransactions):
     """
 
     syntax = SYNTAX
+    signals = None
+    """``Dialect.signals``: none needed, a cancel's write takes row locks only (a step's
+    open transaction holds none of the rows it updates until its commit)."""
 
     def __init__(self, dsn: str, *, lease_ttl: float, pool_size: int, poll_interval: float,
                  connect_timeout: float, idle_timeout: float | None,
@@ -117,8 +120,8 @@ class PostgresDialect(PgTransactions):
         self.idle_timeout = idle_timeout
         self.wait_timeout = wait_timeout
         self.capabilities = StoreCapabilities(
-            durable=True, shared_by="machines", exactly_once_local=True, lease_ttl=lease_ttl,
-            paramstyle="format")
+            durable=True, shared_by="machines", exactly_once_local=True, local_off_loop=True,
+            lease_ttl=lease_ttl, paramstyle="format")
         self.owner = f"{socket.gethostname()}:{os.getpid()}"
         self.origin = uuid.uuid4().hex[:16]
         self.leases = RowLeases(self)

@@ -56,6 +56,7 @@ from ._sqlite_files import (
     open_writer,
 )
 from ._sqlite_live import SocketWire
+from ._sqlite_signals import FileSignals
 from .feed import Feed
 from .kit import Worker
 
@@ -82,7 +83,7 @@ SYNTAX = Syntax(
 CREATE: tuple[str, ...] = tuple(create_statements(SYNTAX))
 """The statements that create a new store's tables and indexes."""
 CAPABILITIES = StoreCapabilities(durable=True, shared_by="processes", exactly_once_local=True,
-                                 paramstyle="qmark")
+                                 local_off_loop=True, paramstyle="qmark")
 
 CHECKPOINT_EVERY = 256
 """Commits between two WAL checkpoints (run on the writer thread)."""
@@ -134,9 +135,13 @@ class SqliteDialect(SqliteTransactions):
         self._locks = FileLocks(self.path, self._check_open)
         self.leases = LocalLeases(self._locks)
         self._feed: Feed | None = None
+        self._adopt: Callable[[], None] | None = None  # the store's Cancels.adopt
         self._detector: asyncio.Task[None] | None = None
         self.live = SocketWire(self.path)
         """``Dialect.live``: datagrams to the other processes on this file."""
+        self.signals = FileSignals(self.path, self.write_lock)
+        """``Dialect.signals``: cancels sent while a step holds the write lock, in
+        ``<path>-signals``."""
 
     def __repr__(self) -> str:
         return f"SqliteStore({str(self.path)!r})"
@@ -161,6 +166,7 @@ class SqliteDialect(SqliteTransactions):
     async def open(self, store: SqlStore) -> None:
         """``Dialect.open``."""
         self._feed = store.feed
+        self._adopt = store.cancels.adopt
         if self._writer is not None:
             return
         # Here, when nothing makes it wait (the schema lock free, the database not busy, no
@@ -209,6 +215,7 @@ class SqliteDialect(SqliteTransactions):
             self._detector.cancel()
             self._detector = None
         self.live.close()
+        self.signals.close()
         writer, reader = self._writer, self._reader
         write_pool, read_pool = self._write_pool, self._read_pool
         self._writer = self._reader = None
@@ -373,6 +380,8 @@ class SqliteDialect(SqliteTransactions):
         """Tell the feed when another connection committed, while anyone listens; and take
         other processes' live events meanwhile."""
         seen: int | None = None
+        signalled: int | None = None
+        looked = False
         loop = asyncio.get_running_loop()
         idle_since = loop.time()
         self.live.start()
@@ -384,6 +393,14 @@ class SqliteDialect(SqliteTransactions):
             ):
                 if feed.active:
                     idle_since = loop.time()
+                # A cancel another process kept as a signal (the write lock was held): not
+                # under our write lock, which one of our local tools may hold a long time.
+                version = self.signals.version()
+                if looked and version != signalled:
+                    feed.changed_any()
+                    if self._adopt is not None:
+                        self._adopt()
+                signalled, looked = version, True
                 # Asked of the writer connection, whose own commits leave it unchanged: it
                 # moves only when another process committed.
                 async with self.write_lock:

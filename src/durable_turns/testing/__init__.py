@@ -15,6 +15,8 @@ the checks of two tiers:
 
   - ``exactly_once_local``: a local tool's writes through the raw handle commit with its
     step and roll back with it (a raising tool, a failed step, a refused commit);
+  - ``local_off_loop``: a cancel requested while a local tool's step is open returns at once
+    (it never waits for the step), and the lease's cancel check sees it after the step;
   - ``durable``: a store opened afterwards on the same storage reads what one committed;
   - ``shared_by`` (``processes`` or ``machines``): two stores open on one storage see each
     other's writes, exclude each other's leases, wake each other's subscribers and carry
@@ -24,13 +26,13 @@ the checks of two tiers:
 Which tiers the shipped stores pass (``tests/stores/test_store_conformance.py`` runs every tier on
 each):
 
-============================  ========  ==================  =======  =========  =========
-store                         required  exactly_once_local  durable  shared_by  lease_ttl
-============================  ========  ==================  =======  =========  =========
-``MemoryStore``               yes       yes                 --       --         --
-``SqliteStore``               yes       yes                 yes      yes        --
-``PostgresStore``             yes       yes                 yes      yes        yes
-============================  ========  ==================  =======  =========  =========
+=================  ========  ==================  ==============  =======  =========  =========
+store              required  exactly_once_local  local_off_loop  durable  shared_by  lease_ttl
+=================  ========  ==================  ==============  =======  =========  =========
+``MemoryStore``    yes       yes                 yes             --       --         --
+``SqliteStore``    yes       yes                 yes             yes      yes        --
+``PostgresStore``  yes       yes                 yes             yes      yes        yes
+=================  ========  ==================  ==============  =======  =========  =========
 
 :data:`CONFORMANCE` is every check of both tiers. Run them from your own tests with a
 factory of stores on fresh storage (each call of it within one check on the *same* storage:
@@ -112,6 +114,7 @@ REQUIRED: list[Check] = [
 
 OPTIONAL: dict[str, list[Check]] = {
     "exactly_once_local": [capabilities.check_local_writes_join_the_transaction],
+    "local_off_loop": [capabilities.check_a_cancel_never_waits_for_a_step],
     "durable": [capabilities.check_commits_outlive_the_store],
     "shared_by": [capabilities.check_stores_on_one_storage_share_sessions,
                   capabilities.check_live_events_reach_a_store_on_the_same_storage],
@@ -121,6 +124,7 @@ OPTIONAL: dict[str, list[Check]] = {
 
 CAPABILITIES: dict[str, Callable[[StoreCapabilities], bool]] = {
     "exactly_once_local": lambda c: c.exactly_once_local,
+    "local_off_loop": lambda c: c.exactly_once_local and c.local_off_loop,
     "durable": lambda c: c.durable,
     "shared_by": lambda c: c.shared_by != "process",
     "lease_ttl": lambda c: c.lease_ttl is not None,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -99,6 +100,42 @@ async def check_local_writes_join_the_transaction(store: SessionStore) -> None:
     rows = _sql(store.unwrap(), "SELECT v FROM conformance_rows ORDER BY v")
     assert [r[0] for r in rows] == ["kept", "kept too"]
     assert len(await store.read_messages(KEY)) == 2
+
+
+async def check_a_cancel_never_waits_for_a_step(store: SessionStore) -> None:
+    """``local_off_loop``: a cancel requested while a step's transaction is open (a local
+    tool runs in it and has written, holding whatever the step holds) returns without
+    waiting for the step, and the lease's cancel check sees it once the step committed (F7:
+    the turn ends at that boundary)."""
+    mark = _MARKS[store.capabilities.paramstyle or "qmark"]
+    await store.enqueue(KEY, NewEntry("t1", opening("t1")))
+    lease = await store.claim(KEY)
+    running, release = threading.Event(), threading.Event()
+
+    def hold(h: Any) -> None:
+        h.execute("CREATE TABLE IF NOT EXISTS conformance_held (v TEXT)")
+        h.execute(f"INSERT INTO conformance_held (v) VALUES ({mark})", ("held",))
+        running.set()
+        if not release.wait(WAIT):
+            raise AssertionError("the check never let the local tool end")
+
+    async def step() -> None:
+        async with lease.transaction() as tx:
+            await tx.run_local(hold)
+            tx.add_message(opening("t1"))
+
+    stepping = asyncio.create_task(step())
+    try:
+        assert await asyncio.to_thread(running.wait, WAIT), "the local tool never ran"
+        cancelled = await asyncio.wait_for(store.request_cancel(KEY, "t1", "stop"), WAIT)
+        assert cancelled == ["t1"], cancelled
+        assert not stepping.done(), "request_cancel waited for the step to end"
+    finally:
+        release.set()
+    await asyncio.wait_for(stepping, WAIT)
+    assert await lease.cancel_requested("t1") == "stop"
+    assert (await get_turn(store, KEY, "t1")).cancel == "stop"  # type: ignore[union-attr]
+    await lease.release()
 
 
 async def check_commits_outlive_the_store(store: SessionStore, factory: StoreFactory) -> None:

@@ -40,6 +40,8 @@ from .. import StoreCapabilities, Watcher
 from ..feed import Feed, Subscription
 from ..kit import BufferedTransaction, LeaseCounters
 from ..live import LiveRelay, LiveWire
+from ..signals import Signals
+from .cancels import Cancels
 from .reads import SqlReads
 from .schema import Syntax
 from .statements import Statements
@@ -237,6 +239,12 @@ class Dialect(Protocol):
         share the storage; ``None`` where only this process uses it."""
         ...
 
+    @property
+    def signals(self) -> Signals | None:
+        """Where a cancel goes while a running step holds the write lock (``stores.signals``);
+        ``None`` where a cancel's write never waits behind a step."""
+        ...
+
 
 class SqlStore(SqlReads):
     """A session store on a SQL database: the ``SessionStore`` seam over a :class:`Dialect`.
@@ -255,6 +263,8 @@ class SqlStore(SqlReads):
         self.relay = None if wire is None else LiveRelay(wire, self.feed.live)
         """What carries this store's live events to other processes (``None``: no other
         process shares the storage)."""
+        self.cancels = Cancels(self)
+        """Its cancels: written at once, never behind a running step (``sql.cancels``)."""
 
     def _listen(self) -> None:
         self.dialect.listen(self.feed)
@@ -267,9 +277,11 @@ class SqlStore(SqlReads):
     async def open(self) -> None:
         """``TurnStore.open``."""
         await self.dialect.open(self)
+        await self.cancels.open()
 
     async def close(self) -> None:
         """``TurnStore.close``."""
+        await self.cancels.close()
         self.feed.close()
         if self.relay is not None:
             await self.relay.close()
@@ -330,17 +342,14 @@ class SqlStore(SqlReads):
 
     async def request_cancel(self, key: SessionKey, turn_id: str | None,
                              reason: str) -> list[str]:
-        """``TurnStore.request_cancel``."""
-        def cancel(c: Any) -> list[str]:
-            ids = self.statements.request_cancel(c, key, turn_id, reason)
-            if ids:
-                self.dialect.notify(c, key, None)
-            return ids
+        """``TurnStore.request_cancel``: at once, never behind a running step."""
+        return await self.cancels.request(key, turn_id, reason)
 
-        ids = await self.transact(cancel)
-        if ids:
-            self.feed.changed(key)
-        return ids
+    async def turns(self, key: SessionKey, *, turn_id: str | None = None,
+                    unfinished: bool = False) -> list[TurnRecord]:
+        """``TurnStore.turns``: a cancel not folded into the chain yet is the entry's."""
+        return await self.cancels.merged(
+            key, await super().turns(key, turn_id=turn_id, unfinished=unfinished))
 
     async def set_turn_data(self, key: SessionKey, turn_id: str, name: str, value: Any, *,
                             only_new: bool = False) -> Any:
@@ -426,7 +435,8 @@ class SqlLease(LeaseCounters):
     async def cancel_requested(self, turn_id: str) -> str | None:
         """``Lease.cancel_requested``."""
         sid, st = self.sid, self.store.statements
-        return await self.store.read(lambda c: st.cancel_of(c, sid, turn_id))
+        stored = await self.store.read(lambda c: st.cancel_of(c, sid, turn_id))
+        return await self.store.cancels.reason(self.key, turn_id, stored)
 
     async def release(self) -> None:
         """``Lease.release`` (idempotent)."""

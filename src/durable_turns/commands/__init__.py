@@ -1,0 +1,58 @@
+"""Commands: what is asked of a session besides a turn — cancel it, reset it, answer its
+parked turn, retry a failed turn (F2, F6, F7, F8) — one module each, and the registry.
+
+Each module declares its command once (a :class:`~durable_turns.commands.registry.
+CommandSpec`): how it is accepted (``queued`` behind the running turn as a chain entry, or
+``at once`` as a durable signal), its check (written once, run when it is accepted and
+again where it applies, since the session may have changed in between), its effect (the
+chain entry's ``apply``, run by the session's driver at its place), its HTTP route, its CLI
+verb and its authorization action. :data:`COMMANDS` registers them; the HTTP routes, the
+OpenAPI document, ``durable-turns sessions`` and the actions ``access`` knows are built
+from the runtime's registry (``Runtime(commands=COMMANDS.with_(MY_SPEC))`` adds one).
+"""
+
+from __future__ import annotations
+
+from . import cancel, reset, resume, retry
+from .accepting import check_redelivery, supersede_at_once
+from .cancel import Cancel
+from .place import Place
+from .registry import (
+    Acceptance,
+    Arg,
+    Call,
+    ChainCommand,
+    CommandSpec,
+    Registry,
+    Route,
+    Streamed,
+    Verb,
+)
+from .reset import RESET, Reset
+from .resume import Resume
+from .retry import Retry, latest_turn
+
+__all__ = [
+    "COMMANDS",
+    "RESET",
+    "Acceptance",
+    "Arg",
+    "Call",
+    "Cancel",
+    "ChainCommand",
+    "CommandSpec",
+    "Place",
+    "Registry",
+    "Reset",
+    "Resume",
+    "Retry",
+    "Route",
+    "Streamed",
+    "Verb",
+    "check_redelivery",
+    "latest_turn",
+    "supersede_at_once",
+]
+
+COMMANDS = Registry([cancel.SPEC, reset.SPEC, resume.SPEC, retry.SPEC])
+"""The commands every runtime knows."""
