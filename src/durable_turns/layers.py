@@ -49,17 +49,16 @@ LAYERS: tuple[Layer, ...] = (
     ),
     Layer(
         "parts",
-        "what the engine puts together: the Agent, answerers and grants, a batch's call "
-        "order, a checked model reply, spans",
-        ("agent", "hitl", "batch", "replies", "tracing"),
+        "what the engine puts together: the Agent, answerers and grants, spans",
+        ("agent", "hitl", "tracing"),
     ),
     Layer(
         "engine",
-        "what a step uses of its runtime, how a step commits, tool steps, a turn's steps, "
-        "commands, subagents, a session's driver, the schedulers that have steps run, "
-        "queries for hosts, AgentSession (a façade), the runtime's host, Runtime",
-        ("stepping", "checkpoints", "calls", "engine", "commands", "subagents", "forks",
-         "driver", "scheduling", "queries", "sessions", "host", "runtime", "replay"),
+        "the engine (a turn's loop and its step kinds, how a step commits, a session's "
+        "driver), commands, subagents, forks, the schedulers that have steps run, queries "
+        "for hosts, AgentSession (a façade), Runtime, replay",
+        ("engine", "commands", "subagents", "forks", "scheduling", "queries", "sessions",
+         "runtime", "replay"),
     ),
     Layer(
         "adapters",

@@ -30,7 +30,9 @@ from collections.abc import Iterable
 from .agent import Agent
 from .commands import COMMANDS, Registry, check_redelivery, supersede_at_once
 from .context import Host
-from .driver import ChainState, SessionDriver, chain_state
+from .engine._driver import ChainState, SessionDriver, chain_state
+from .engine._sessions import RuntimeHost
+from .engine._step_context import StepContext, TranscriptCache
 from .errors import (
     ConfigurationError,
     DurableTurnsError,
@@ -42,13 +44,11 @@ from .errors import (
     runtime_failure,
 )
 from .events import EventSink, TurnEvent
-from .host import RuntimeHost
 from .model import Model
 from .queries import Queries
 from .records import NewEntry, SessionKey, TurnRecord, TurnResult
 from .scheduling import InProcessScheduler, Scheduler
 from .sessions import AgentSession
-from .stepping import StepContext, TranscriptCache
 from .stores import Lease, SessionStore, Subscription
 
 log = logging.getLogger("durable_turns")

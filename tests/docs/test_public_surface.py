@@ -1,6 +1,8 @@
 """F1 seams and stores: the public surface is deliberate. Every public module of the package
 (one whose name, and whose packages' names, start with no underscore) says what it offers in
-a sorted ``__all__``, and every name listed there exists."""
+a sorted ``__all__``, and every name listed there exists. A folder (a package whose
+``__init__`` holds only its docstring, like ``engine/``) is no module of the surface: it
+holds private modules only."""
 
 from __future__ import annotations
 
@@ -16,20 +18,33 @@ import durable_turns
 PACKAGE = Path(durable_turns.__file__).parent
 
 
-def public_modules() -> list[str]:
-    """The dotted names of the package's public modules, found on disk (so a module nobody
-    imports is not missed)."""
-    found = ["durable_turns"]
-    for info in pkgutil.walk_packages([str(PACKAGE)], "durable_turns."):
-        if not any(part.startswith("_") for part in info.name.split(".")[1:]):
-            found.append(info.name)
-    return sorted(found)
-
-
 def source_of(module: str) -> Path:
     path = PACKAGE.joinpath(*module.split(".")[1:])
     # server/console.py is a module; server/console/ beside it holds its static files.
     return path.with_suffix(".py") if path.with_suffix(".py").is_file() else path / "__init__.py"
+
+
+def is_folder(module: str) -> bool:
+    """A package whose ``__init__`` is its docstring alone: a room of private modules."""
+    source = source_of(module)
+    if source.name != "__init__.py" or module == "durable_turns":
+        return False
+    body = ast.parse(source.read_text()).body
+    return len(body) == 1 and isinstance(body[0], ast.Expr) \
+        and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str)
+
+
+def all_modules() -> list[str]:
+    """The dotted names of every module of the package, found on disk (so a module nobody
+    imports is not missed)."""
+    return sorted(["durable_turns", *(info.name for info in pkgutil.walk_packages(
+        [str(PACKAGE)], "durable_turns."))])
+
+
+def public_modules() -> list[str]:
+    """The package's public modules: no part of the name private, and no folder."""
+    return [m for m in all_modules()
+            if not any(part.startswith("_") for part in m.split(".")[1:]) and not is_folder(m)]
 
 
 def sort_key(name: str) -> tuple[int, str]:
@@ -61,6 +76,15 @@ def test_the_walk_finds_the_modules_and_skips_the_private_ones() -> None:
     assert {"durable_turns.runtime", "durable_turns.stores.sql.log",
             "durable_turns.server.guard"} <= set(MODULES)
     assert not [m for m in MODULES if "._" in m]
+    assert "durable_turns.engine" not in MODULES
+
+
+def test_a_folder_holds_private_modules_only() -> None:
+    folders = [m for m in all_modules() if is_folder(m)]
+    assert "durable_turns.engine" in folders
+    public_inside = [m for m in all_modules() for f in folders
+                     if m.startswith(f"{f}.") and not m.removeprefix(f"{f}.").startswith("_")]
+    assert public_inside == [], f"a folder's modules are private: rename {public_inside}"
 
 
 @pytest.mark.parametrize("module", MODULES)

@@ -346,7 +346,7 @@ async def test_an_attempt_that_its_policy_retries_writes_nothing(tmp_path: Path)
 
 
 def test_a_step_s_options_are_those_of_the_calls_it_runs() -> None:
-    from durable_turns.driver import ChainState
+    from durable_turns.engine._driver import ChainState
     from durable_turns.temporal import WorkerSettings, step_options
 
     @tool(timeout=3, retries=4, retry_delay=2.0)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
-from ..checkpoints import Checkpoints
 from ..context import Host
+from ..engine._commits import StepCommits
 from ..events import TurnEvent
 from ..records import Answer, InputStepId, TurnRecord, TurnResult, TurnStatus
 from ..stores import Transaction
@@ -22,7 +22,7 @@ class Place:
     """The command's own chain entry."""
     pending: Sequence[TurnRecord]
     """The session's unfinished entries, in chain order (parked turns among them)."""
-    checkpoints: Checkpoints
+    commits: StepCommits
     """How it commits (fenced by the driver's lease), and the live transcript."""
     find: Callable[[str], Awaitable[TurnRecord | None]]
     """Reads a chain entry by id."""
@@ -49,5 +49,5 @@ class Place:
                 tx.set_status("running")
             return []
 
-        await self.checkpoints.commit(fill)
+        await self.commits.commit(fill)
         return result

@@ -51,7 +51,7 @@ class Reset:
 
     async def apply(self, at: Place) -> TurnResult:
         done = TurnResult(at.entry.turn_id, TurnStatus.COMPLETED)
-        cp = at.checkpoints
+        cp = at.commits
         parked = [t for t in at.pending if t.status == TurnStatus.SUSPENDED]
         # Parked on subagents: their requests go too (parent-close policy).
         await reset_children(at.host, at.entry.turn_id, parked)

@@ -102,7 +102,7 @@ class Resume:
     async def apply(self, at: Place) -> TurnResult:
         own = at.entry.turn_id
         try:
-            self.request(at.checkpoints.lease.key, at.pending, before=at.entry.ordinal)
+            self.request(at.commits.lease.key, at.pending, before=at.entry.ordinal)
         except ResumeConflictError as e:
             return await at.end(TurnResult(own, TurnStatus.FAILED, error=str(e)))
         return await at.end(TurnResult(own, TurnStatus.COMPLETED), reopen=self.turn_id,

@@ -77,7 +77,7 @@ class Retry:
     async def apply(self, at: Place) -> TurnResult:
         own = at.entry.turn_id
         problem = self.problem(await at.find(self.turn_id),
-                               latest_turn(at.checkpoints.transcript))
+                               latest_turn(at.commits.transcript))
         if problem is not None:
             return await at.end(TurnResult(own, TurnStatus.FAILED, error=problem))
         return await at.end(TurnResult(own, TurnStatus.COMPLETED), reopen=self.turn_id)

@@ -17,7 +17,7 @@ returns has nothing ``more``. The runtime takes one in ``Runtime(scheduler=…)`
 
 from __future__ import annotations
 
-from ..driver import ChainState
+from ..engine._driver import ChainState
 from .claiming import ClaimingScheduler
 from .inprocess import InProcessScheduler, NoDriveScheduler
 from .scheduler import Scheduler, Stepped

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Protocol
 
 from ..agent import Agent
-from ..driver import ChainState
+from ..engine._driver import ChainState
 from ..records import SessionKey
 from ..stores import Lease, SessionStore
 
@@ -50,7 +50,7 @@ class Scheduler(Protocol):
     :meth:`wait_idle` and :meth:`close` as it shuts down. However the scheduler decides, each
     step
     is one call of ``Runtime.step(key)`` (in this process, or in a worker's), looped until
-    the returned :class:`~durable_turns.driver.ChainState` says nothing is ``more``.
+    the returned :class:`~durable_turns.engine._driver.ChainState` says nothing is ``more``.
     """
 
     @property

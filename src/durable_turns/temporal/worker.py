@@ -37,9 +37,9 @@ from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from ..agent import Agent
-from ..driver import ChainState
+from ..engine._driver import ChainState
+from ..engine._model_step import BACKOFF_CAP
 from ..errors import RetryStep
-from ..replies import BACKOFF_CAP
 from ..runtime import Runtime
 from ..tools import RETRY_BACKOFF_CAP
 from .client import TASK_QUEUE

@@ -8,10 +8,10 @@ the transcript, and the next step simply is the first one the transcript does no
 - no assistant message after the opening (or the last calls all answered) → model step
   ``model:<n>``, ``n`` = the index the reply will get;
 - the last assistant message has calls with no tool message → tool steps ``tool:<n>:<id>``
-  (``calls.py``: one at a time, or a parallel batch), ``n`` = that assistant message's index;
+  (``_tool_steps.py``: one at a time, or a parallel batch), ``n`` = that assistant message's index;
 - the last assistant message has no calls → the turn is complete (committed with it).
 
-How a step commits is ``checkpoints.py``; what the chain's commands do, ``commands.py``. The
+How a step commits is ``_commits.py``; what the chain's commands do, ``commands/``. The
 engine imports seams only (stores, models, events): never an adapter.
 """
 
@@ -22,11 +22,8 @@ import logging
 from collections.abc import Awaitable
 from typing import Any, TypeVar
 
-from .agent import SurfacePolicy
-from .batch import tool_message
-from .calls import ERROR_LIMIT, CancelReason, ToolCalls
-from .checkpoints import TRACE, Checkpoints
-from .errors import (
+from ..agent import SurfacePolicy
+from ..errors import (
     RUNTIME_FAILURES,
     Cancelled,
     ConfigurationError,
@@ -34,7 +31,7 @@ from .errors import (
     ModelError,
     ToolCrashedError,
 )
-from .events import (
+from ..events import (
     ActionCompleted,
     ActionRequested,
     InputRequested,
@@ -48,10 +45,10 @@ from .events import (
     TurnFailed,
     TurnStarted,
 )
-from .inbound import InboundEvent
-from .messages import Message, owed_calls
-from .model import ABNORMAL_STOPS, ModelRequest
-from .records import (
+from ..inbound import InboundEvent
+from ..messages import Message, owed_calls
+from ..model import ABNORMAL_STOPS, ModelRequest
+from ..records import (
     CallOutcome,
     ModelMemo,
     ModelStepId,
@@ -61,11 +58,14 @@ from .records import (
     TurnResult,
     TurnStatus,
 )
-from .replies import RetryPolicy, ask
-from .stepping import StepContext
-from .stores import Lease, Transaction
-from .tools import Tool
-from .tracing import TurnTrace, begin_turn
+from ..stores import Lease, Transaction
+from ..tools import Tool
+from ..tracing import TurnTrace, begin_turn
+from ._commits import TRACE, StepCommits
+from ._model_step import RetryPolicy, ask
+from ._step_context import StepContext
+from ._tool_message import tool_message
+from ._tool_steps import ERROR_LIMIT, CancelReason, ToolCalls
 
 log = logging.getLogger("durable_turns")
 _ABANDONED: tuple[type[BaseException], ...] = (*RUNTIME_FAILURES, ToolCrashedError)
@@ -93,13 +93,13 @@ class TurnEngine:
         self.agent = agent = ctx.agents[key.agent]
         self.model = ctx.model_for(agent)
         self.lease = lease
-        self.checkpoints = Checkpoints(lease, transcript, ctx.publish)
+        self.commits = StepCommits(lease, transcript, ctx.publish)
         self.transcript = transcript
         """The live message log: one list for the lease's steps (a reset clears it in place)."""
         self._publish_live = ctx.publish_live
         self._wants_live = ctx.wants_live
         self._retry = RetryPolicy(agent.model_retries, agent.model_retry_delay)
-        self.calls = ToolCalls(ctx, agent, self.checkpoints, cancel_reason,
+        self.calls = ToolCalls(ctx, agent, self.commits, cancel_reason,
                                self._interruptible)
         self._cancel_reason = self.calls.reason
         self.turn_id: str | None = None
@@ -166,18 +166,18 @@ class TurnEngine:
         if self.turn_id != turn.turn_id:
             self.pause()  # (a turn left mid-way by a command that ran first: a new stretch)
             self._trace = begin_turn(self.lease.key, turn, self.transcript, self.model)
-        trace = self.checkpoints.trace = self._trace
+        trace = self.commits.trace = self._trace
         try:
             out = await self._step(turn)
         except BaseException as e:
             if trace is not None:
                 trace.abandon(e)
-            self._trace = self.checkpoints.trace = None
+            self._trace = self.commits.trace = None
             raise
         if out is not None:
             if trace is not None:
                 trace.end(out)
-            self._trace = self.checkpoints.trace = None
+            self._trace = self.commits.trace = None
         return out
 
     def pause(self) -> None:
@@ -185,8 +185,8 @@ class TurnEngine:
         its trace's stretch ends here."""
         if self._trace is not None:
             self._trace.pause()
-        self._trace = self.checkpoints.trace = None
-        self.turn_id = self.checkpoints.turn_id = None
+        self._trace = self.commits.trace = None
+        self.turn_id = self.commits.turn_id = None
 
     async def _step(self, turn: TurnRecord) -> TurnResult | None:
         turn_id = turn.turn_id
@@ -195,7 +195,7 @@ class TurnEngine:
             policy = SurfacePolicy.from_dict(turn.policy) if turn.policy else None
             event = InboundEvent.from_dict(turn.event) if turn.event else None
             self._turn = (policy, event, self._tools(policy))
-            self.turn_id = self.checkpoints.turn_id = turn_id
+            self.turn_id = self.commits.turn_id = turn_id
         assert self._turn is not None
         policy, event, tools = self._turn
         going_on = False
@@ -239,7 +239,7 @@ class TurnEngine:
             return await self._finish(TurnResult(turn_id, TurnStatus.FAILED, error=error))
         finally:
             if not going_on:
-                self.turn_id = self.checkpoints.turn_id = None
+                self.turn_id = self.commits.turn_id = None
                 self._turn = None
                 self.calls.found.pop(turn_id, None)
 
@@ -260,7 +260,7 @@ class TurnEngine:
     async def _open(self, turn: TurnRecord) -> None:
         opening = turn.opening
         assert opening is not None, "a turn always has an opening message"
-        cp = self.checkpoints
+        cp = self.commits
 
         async def fill(tx: Transaction) -> list[TurnEvent]:
             cp.add(tx, opening)
@@ -288,7 +288,7 @@ class TurnEngine:
 
     async def _model_step(self, turn_id: str, policy: SurfacePolicy | None,
                           tools: dict[str, Tool]) -> TurnResult | None:
-        cp = self.checkpoints
+        cp = self.commits
         n = len(self.transcript)
         request = ModelRequest(system=self._system(policy), messages=self.transcript,
                                tools=[t.spec for t in tools.values()], turn_id=turn_id)
@@ -349,7 +349,7 @@ class TurnEngine:
     def _end(self, tx: Transaction, out: TurnResult) -> list[TurnEvent]:
         """Buffer a turn's end (or park) in ``tx``: its outcome, the session's status, its
         terminal event."""
-        cp = self.checkpoints
+        cp = self.commits
         ids = cp.ids(out.turn_id)
         tx.set_turn(out)
         if cp.trace is not None:  # how the stretch ended: the next one links to it
@@ -374,7 +374,7 @@ class TurnEngine:
         n, calls = owed_calls(self.transcript)
         calls = calls if owed and n >= 0 and self.transcript[n].turn_id == turn_id else []
         committed = await self.calls.committed(n, calls) if self.agent.parallel_tools else {}
-        cp = self.checkpoints
+        cp = self.commits
 
         async def fill(tx: Transaction) -> list[TurnEvent]:
             events: list[TurnEvent] = []

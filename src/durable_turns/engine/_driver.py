@@ -21,14 +21,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from .commands import Place
-from .engine import TurnEngine
-from .events import TurnEvent
-from .messages import Message, owed_calls
-from .records import TurnRecord, TurnResult, TurnStatus
-from .stepping import StepContext
-from .stores import Lease
-from .subagents import cancel_children
+from ..commands import Place
+from ..events import TurnEvent
+from ..messages import Message, owed_calls
+from ..records import TurnRecord, TurnResult, TurnStatus
+from ..stores import Lease
+from ..subagents import cancel_children
+from ._loop import TurnEngine
+from ._step_context import StepContext
 
 log = logging.getLogger("durable_turns")
 
@@ -182,7 +182,7 @@ class SessionDriver:
         else:
             assert pending is not None
             result = await self._apply(engine, Place(
-                entry, pending, engine.checkpoints, self._find, ctx.host,
+                entry, pending, engine.commits, self._find, ctx.host,
                 lambda r: ctx.finished(key, r)))
         self._cancels.pop(entry.turn_id, None)
         log.debug("%s %s of %s: %s", entry.kind, entry.turn_id, key, result.status)

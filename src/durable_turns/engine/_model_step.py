@@ -23,10 +23,10 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import Cancelled, ModelError, RetryStep
-from .messages import ToolCall
-from .model import Model, ModelRequest, Stop, TextDelta, ThinkingDelta
-from .tools import backoff
+from ..errors import Cancelled, ModelError, RetryStep
+from ..messages import ToolCall
+from ..model import Model, ModelRequest, Stop, TextDelta, ThinkingDelta
+from ..tools import backoff
 
 RETRY_AFTER_CAP = 60.0
 """The longest ``retry-after`` the engine honours, in seconds."""

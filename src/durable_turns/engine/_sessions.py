@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection
 
-from .commands import Reset
-from .context import Watcher
-from .events import TurnEvent
-from .inbound import InboundEvent
-from .records import SessionKey, TurnRecord, TurnResult
-from .sessions import RuntimeAPI
+from ..commands import Reset
+from ..context import Watcher
+from ..events import TurnEvent
+from ..inbound import InboundEvent
+from ..records import SessionKey, TurnRecord, TurnResult
+from ..sessions import RuntimeAPI
 
 
 class RuntimeHost:

@@ -13,7 +13,7 @@ that made it). Its result and its tool message commit in one transaction:
 With ``Agent(parallel_tools=True)`` the owed calls of one reply run as a batch: remote calls
 concurrently, each committing its own step as it finishes (its outcome in the step's memo),
 local calls one at a time in call order; tool messages reach the transcript in call order
-(``batch.py``). Calls that park are collected: the turn parks on all of them at once.
+(``_tool_message.py``). Calls that park are collected: the turn parks on all of them at once.
 
 A remote call gets :class:`CallServices` through its :class:`~durable_turns.ToolContext`: to
 ask a person, see its turn's cancel, record and follow durable child work (subagents).
@@ -31,11 +31,9 @@ from typing import Any, TypeVar
 
 import jsonschema
 
-from .agent import Agent
-from .batch import BatchState, tool_message
-from .checkpoints import Checkpoints
-from .context import Host, ToolContext, Watcher
-from .errors import (
+from ..agent import Agent
+from ..context import Host, ToolContext, Watcher
+from ..errors import (
     RUNTIME_FAILURES,
     ConfigurationError,
     FatalToolError,
@@ -44,11 +42,11 @@ from .errors import (
     ToolCrashedError,
     runtime_failure,
 )
-from .events import ActionCompleted, ActionRetry, TurnEvent
-from .hitl import default_answerers
-from .inbound import InboundEvent
-from .messages import ToolCall, encode_json
-from .records import (
+from ..events import ActionCompleted, ActionRetry, TurnEvent
+from ..hitl import default_answerers
+from ..inbound import InboundEvent
+from ..messages import ToolCall, encode_json
+from ..records import (
     Answer,
     CallOutcome,
     ChildMemo,
@@ -63,10 +61,12 @@ from .records import (
     TurnRecord,
     TurnResult,
 )
-from .stepping import StepContext
-from .stores import Transaction
-from .tools import Tool, compile_schema
-from .tracing import StepSpan
+from ..stores import Transaction
+from ..tools import Tool, compile_schema
+from ..tracing import StepSpan
+from ._commits import StepCommits
+from ._step_context import StepContext
+from ._tool_message import BatchState, tool_message
 
 log = logging.getLogger("durable_turns")
 T = TypeVar("T")
@@ -184,7 +184,7 @@ class CallServices:
         step = InputStepId(self._turn_id, input_id)
         stored = await self.guard(self._calls.read_step(step))
         if isinstance(stored, Answer):
-            trace = self._calls.checkpoints.trace
+            trace = self._calls.commits.trace
             if trace is not None:
                 trace.input(str(step), stored.by)
             return stored.value
@@ -208,23 +208,23 @@ class CallServices:
             tx.add_step(step, turn_id, memo)
             return []
 
-        await self.guard(self._calls.checkpoints.beside(fill, shielded=True))
+        await self.guard(self._calls.commits.beside(fill, shielded=True))
         return memo
 
     async def forward(self, events: list[TurnEvent]) -> None:
-        ids = self._calls.checkpoints.ids(self._turn_id)
+        ids = self._calls.commits.ids(self._turn_id)
 
         async def fill(tx: Transaction) -> list[TurnEvent]:
             # Each event names its child already; it joins this turn's stream.
             return [tx.add_event(dataclasses.replace(e, seq=0, **ids)) for e in events]
 
-        await self.guard(self._calls.checkpoints.beside(fill, shielded=True))
+        await self.guard(self._calls.commits.beside(fill, shielded=True))
 
     def forward_live(self, event: TurnEvent) -> None:
-        checkpoints = self._calls.checkpoints
+        commits = self._calls.commits
         # After this turn's last durable event, as every live event is.
         self._calls.publish_live(dataclasses.replace(
-            event, seq=checkpoints.lease.last_seq, **checkpoints.ids(self._turn_id)))
+            event, seq=commits.lease.last_seq, **commits.ids(self._turn_id)))
 
 
 class _GuardedHost:
@@ -273,15 +273,15 @@ class ToolCalls:
         ctx: the runtime's collaborators (the store, live events, the runtime's sessions
             for calls that start durable child work).
         agent: the session's agent (its tools, limits, parallelism).
-        checkpoints: how a step commits.
+        commits: how a step commits.
         cancel_reason: the reason a turn was asked to cancel, if it was.
         interruptible: awaits a call so that a cancel of its turn stops it at once.
     """
 
-    def __init__(self, ctx: StepContext, agent: Agent, checkpoints: Checkpoints,
+    def __init__(self, ctx: StepContext, agent: Agent, commits: StepCommits,
                  cancel_reason: CancelReason, interruptible: Interruptible) -> None:
         self.agent = agent
-        self.checkpoints = checkpoints
+        self.commits = commits
         self.cancel_reason = cancel_reason
         self.publish_live: PublishLive = ctx.publish_live
         self.host: Host = ctx.host
@@ -308,14 +308,14 @@ class ToolCalls:
         it looks in the store too, for a cancel no flag has heard of yet (F7)."""
         if (reason := self.reason(turn_id)) is None and self._ran_local:
             self._ran_local = False
-            if (reason := await self.checkpoints.lease.cancel_requested(turn_id)) is not None:
+            if (reason := await self.commits.lease.cancel_requested(turn_id)) is not None:
                 self.found[turn_id] = reason
         return reason
 
     async def read_step(self, step: StepId) -> StepResult | None:
         """What a stored step keeps (a batch's committed outcome, an answer), by its id."""
         step_id = str(step)
-        steps = await self._store.read_steps(self.checkpoints.lease.key, step_id=step_id)
+        steps = await self._store.read_steps(self.commits.lease.key, step_id=step_id)
         return steps[step_id].result if step_id in steps else None
 
     def interrupt(self) -> None:
@@ -331,7 +331,7 @@ class ToolCalls:
         (nothing of it is committed then: the engine commits the park)."""
         step = ToolStepId(n, call.id)
         tool, args, problem, ctx = self._prepare(turn_id, step, call, tools, event)
-        trace = self.checkpoints.trace
+        trace = self.commits.trace
         span = trace.tool_step(str(step), call) if trace is not None else None
         outcome: CallOutcome | None = None
         if problem is not None or tool is None:
@@ -353,12 +353,12 @@ class ToolCalls:
             if local is not None:
                 outcome = await self._run_local_in(tx, call, turn_id, local)
             assert outcome is not None
-            idx = self.checkpoints.add(tx, tool_message(call, outcome, turn_id))
+            idx = self.commits.add(tx, tool_message(call, outcome, turn_id))
             tx.add_step(step, turn_id, ToolMemo(idx))
-            return [tx.add_event(ActionCompleted(**self.checkpoints.ids(turn_id), call=call,
+            return [tx.add_event(ActionCompleted(**self.commits.ids(turn_id), call=call,
                                                  result=outcome.result, error=outcome.error))]
 
-        await self.checkpoints.commit(fill)
+        await self.commits.commit(fill)
         if span is not None and outcome is not None:
             span.done(outcome.error)
         return None
@@ -380,11 +380,11 @@ class ToolCalls:
                 problem = f"invalid input for {call.name}: {e}"[:ERROR_LIMIT]
         if tool is None or problem is not None or not tool.uses_context:
             return tool, args, problem, None
-        key, step_id = self.checkpoints.lease.key, str(step)
+        key, step_id = self.commits.lease.key, str(step)
         ctx = ToolContext(
             agent=key.agent, session=key.session, turn_id=turn_id, call_id=call.id,
             step_id=step_id,
-            idempotency_key=_hashed(self.checkpoints.key_prefix(), turn_id, step_id),
+            idempotency_key=_hashed(self.commits.key_prefix(), turn_id, step_id),
             store=_NoHandle(), event=event, user=event.user if event else None,
             services=CallServices(self, turn_id, call.id, event) if tool.remote else None,
         )
@@ -434,7 +434,7 @@ class ToolCalls:
         try:
             return CallOutcome(await running)
         except (KeyboardInterrupt, SystemExit) as e:
-            key = self.checkpoints.lease.key
+            key = self.commits.lease.key
             log.error("turn %s of %s: tool %r raised %s; the step is abandoned", turn_id, key,
                       tool.name, type(e).__name__)
             raise ToolCrashedError(tool.name, e, session=str(key), turn_id=turn_id,
@@ -451,8 +451,8 @@ class ToolCalls:
                   ) -> Callable[[int, float, BaseException], None] | None:
         if not tool.retries:
             return None
-        ids = self.checkpoints.ids(turn_id)
-        lease = self.checkpoints.lease
+        ids = self.commits.ids(turn_id)
+        lease = self.commits.lease
 
         def on_retry(attempt: int, delay: float, e: BaseException) -> None:
             error = error_text(e)
@@ -484,8 +484,8 @@ class ToolCalls:
                     ) -> InputRequest | None:
         """Run the owed calls of one reply at once (see the module docstring); returns the
         request the turn parks on if calls parked (the first, the others in ``more``)."""
-        ids = self.checkpoints.ids(turn_id)
-        fresh = n == self.asked_at and len(owed) == len(self.checkpoints.transcript[n].tool_calls)
+        ids = self.commits.ids(turn_id)
+        fresh = n == self.asked_at and len(owed) == len(self.commits.transcript[n].tool_calls)
         self.asked_at = -1  # once: a batch that parks comes back as a replay
         state = BatchState(owed, {} if fresh else await self.committed(n, owed))
         parked: dict[str, InputRequest] = {}
@@ -502,14 +502,14 @@ class ToolCalls:
                 tx.add_step(ToolStepId(n, call.id), turn_id, done)
                 ready = state.ready()
                 for c, o in ready:
-                    self.checkpoints.add(tx, tool_message(c, o, turn_id))
+                    self.commits.add(tx, tool_message(c, o, turn_id))
                 # Counted under the commit lock (the next commit reads it); a failed commit
                 # ends the whole batch, so it never counts what was not written.
                 state.listed += len(ready)
                 return [tx.add_event(ActionCompleted(**ids, call=call, result=done.result,
                                                      error=done.error))]
 
-            await self.checkpoints.beside(fill, shielded=shielded)
+            await self.commits.beside(fill, shielded=shielded)
             if span is not None:
                 span.done(state.done[call.id].error)
 
@@ -537,7 +537,7 @@ class ToolCalls:
         tasks: list[asyncio.Task[None]] = []
         one_by_one: list[tuple[ToolCall, Tool | None, dict[str, Any], str | None,
                                ToolContext | None, StepSpan | None]] = []
-        trace = self.checkpoints.trace
+        trace = self.commits.trace
         for c in owed:
             if c.id in state.done:
                 continue

@@ -1,8 +1,8 @@
 """What a session's driver and its turn engine use of their runtime, in one object.
 
 :class:`StepContext` is made once per :class:`~durable_turns.Runtime` and passed down to
-every :class:`~durable_turns.driver.SessionDriver` and
-:class:`~durable_turns.engine.TurnEngine` it makes, instead of each taking the store, the
+every :class:`~durable_turns.engine._driver.SessionDriver` and
+:class:`~durable_turns.engine._loop.TurnEngine` it makes, instead of each taking the store, the
 model, the host and the runtime's callbacks one by one. :class:`TranscriptCache` (the live
 logs of recently stepped sessions) is one of its parts.
 """
@@ -13,14 +13,14 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from .agent import Agent
-from .commands import Registry
-from .context import Host
-from .events import TurnEvent
-from .messages import Message, MessageLog
-from .model import Model
-from .records import SessionKey, TurnResult
-from .stores import Lease, SessionStore
+from ..agent import Agent
+from ..commands import Registry
+from ..context import Host
+from ..events import TurnEvent
+from ..messages import Message, MessageLog
+from ..model import Model
+from ..records import SessionKey, TurnResult
+from ..stores import Lease, SessionStore
 
 __all__ = ["StepContext", "TranscriptCache"]
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from .messages import Message, ToolCall
-from .records import CallOutcome
+from ..messages import Message, ToolCall
+from ..records import CallOutcome
 
 
 def tool_message(call: ToolCall, outcome: CallOutcome, turn_id: str) -> Message:

@@ -1,8 +1,8 @@
 """One transaction per step: how the turn loop, its tool calls and the chain's commands commit.
 
-A :class:`Checkpoints` belongs to one drive of a session (one lease). :meth:`~Checkpoints.commit`
+A :class:`StepCommits` belongs to one drive of a session (one lease). :meth:`~StepCommits.commit`
 opens the lease's transaction, lets a *fill* buffer what the step writes — messages (through
-:meth:`~Checkpoints.add`), its checkpoint, events, the turn's updates — commits, and only then
+:meth:`~StepCommits.add`), its checkpoint, events, the turn's updates — commits, and only then
 appends the messages to the transcript and publishes the events: nobody ever sees a step that
 was rolled back. Commits made beside the loop's own (a parallel batch's calls, a subagent's
 forwarded events) take turns: one transaction of a lease at a time.
@@ -13,10 +13,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
-from .events import EventIds, TurnEvent
-from .messages import Message
-from .stores import Lease, Transaction
-from .tracing import TurnTrace
+from ..events import EventIds, TurnEvent
+from ..messages import Message
+from ..stores import Lease, Transaction
+from ..tracing import TurnTrace
 
 Fill = Callable[[Transaction], Awaitable[list[TurnEvent]]]
 """Buffers one step's writes in its transaction; returns the events it logged."""
@@ -26,7 +26,7 @@ TRACE = "trace"
 """The name tracing keeps a turn's span context under, on the turn's chain entry."""
 
 
-class Checkpoints:
+class StepCommits:
     """The commits of one drive of a session; see the module docstring.
 
     Args:
@@ -111,4 +111,4 @@ class Checkpoints:
             raise asyncio.CancelledError
 
 
-__all__ = ["TRACE", "Checkpoints", "Fill", "Publish"]
+__all__ = ["TRACE", "Fill", "Publish", "StepCommits"]
