@@ -100,8 +100,7 @@ LAYERS: tuple[Layer, ...] = (
         "the CLI (the only asyncio.run): its options and errors, the approvals of any app, "
         "the demo's, the sessions and the Temporal commands; the package's re-exports, this "
         "table",
-        ("cli", "cli_args", "cli_approvals", "cli_demo", "cli_sessions", "cli_temporal",
-         "__init__", "layers"),
+        ("cli", "__init__", "layers"),
     ),
 )
 """Bottom first: a module may import from its own layer and the layers before it."""

@@ -17,14 +17,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
-from .agent import Agent
-from .demo import DemoFailure, DemoInputError
-from .errors import ConfigurationError, DurableTurnsError, StoreError, error_kind
-from .loader import App, load_app
-from .models.resolve import resolve_model
-from .stores import SessionStore
-from .stores.registry import file_of, store_for
-from .stores.sqlite import SqliteStore
+from ..agent import Agent
+from ..demo import DemoFailure, DemoInputError
+from ..errors import ConfigurationError, DurableTurnsError, StoreError, error_kind
+from ..loader import App, load_app
+from ..models.resolve import resolve_model
+from ..stores import SessionStore
+from ..stores.registry import file_of, store_for
+from ..stores.sqlite import SqliteStore
 
 PROG = "durable-turns"
 MODEL_HELP = ("the model: 'scripted' (offline: it calls the agent's tools when you write a "

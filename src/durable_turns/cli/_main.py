@@ -1,18 +1,20 @@
 """``durable-turns``: the command line, and the package's composition root.
 
-This is the only module that runs an event loop (``asyncio.run``, here and in the command
-modules beside it); everything it starts is a coroutine of a lower layer. The commands:
+This folder is the only place that runs an event loop (``asyncio.run``, here and in the
+command modules beside it); everything it starts is a coroutine of a lower layer. The
+commands:
 
-- ``demo`` (and ``demo refund|approve|pending``): the demo's stories (``cli_demo``);
-- ``pending``, ``approve``, ``deny``: any app's parked turns (``cli_approvals``);
-- ``sessions list|show|cancel|reset|retry`` (``cli_sessions``);
+- ``demo`` (and ``demo refund|approve|pending``): the demo's stories (``_demo``);
+- ``pending``, ``approve``, ``deny``: any app's parked turns (``_approvals``);
+- ``sessions list|show|cancel|reset|retry`` (``_sessions``);
+- ``temporal-worker`` and ``--temporal`` (``_temporal``);
 - ``serve``, ``worker``, ``receive``, ``chat``: an app folder's agent at work (here).
 
 No command shows a traceback for what a person can get wrong: exit 0 success, 1 the command
 ran and failed, 2 bad input (a usage error, a bad path, port or model, a database that is
 another app's), 130 interrupted, 141 its output was closed (``… | head``). What a command
-raises is mapped once, by ``errors.ERRORS`` (``cli_args.run_command``); a usage error is one
-line too (``cli_args.Parser``).
+raises is mapped once, by ``errors.ERRORS`` (``_args.run_command``); a usage error is one
+line too (``_args.Parser``).
 """
 
 from __future__ import annotations
@@ -25,10 +27,15 @@ from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from .agent import check_surfaces
-from .channels.registry import channel_from_env
-from .cli_approvals import add_approval_commands
-from .cli_args import (
+from ..agent import check_surfaces
+from ..channels.registry import channel_from_env
+from ..commands import COMMANDS, Registry
+from ..errors import ConfigurationError, DurableTurnsError, error_kind
+from ..records import TurnResult
+from ..runtime import Runtime
+from ..scheduling import ClaimingScheduler, NoDriveScheduler
+from ._approvals import add_approval_commands
+from ._args import (
     MODEL_HELP,
     PROG,
     Parser,
@@ -44,20 +51,15 @@ from .cli_args import (
     store_of,
     store_options,
 )
-from .cli_demo import add_demo_commands
-from .cli_sessions import (
+from ._demo import add_demo_commands
+from ._sessions import (
     add_replay_command,
     add_session_commands,
     replay_action,
     retry,
     session_action,
 )
-from .cli_temporal import add_temporal_commands, add_temporal_options, scheduler_of
-from .commands import COMMANDS, Registry
-from .errors import ConfigurationError, DurableTurnsError, error_kind
-from .records import TurnResult
-from .runtime import Runtime
-from .scheduling import ClaimingScheduler, NoDriveScheduler
+from ._temporal import add_temporal_commands, add_temporal_options, scheduler_of
 
 SERVE_HELP = """\
 Serve the app folder's agent over HTTP with server-sent events (F12): the routes under
@@ -239,15 +241,15 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _serving(args: argparse.Namespace) -> int:
-    from .server import is_loopback
-    from .server.run import Listening, loop_factory, serve  # uvicorn: this command only
+    from ..server import is_loopback
+    from ..server.run import Listening, loop_factory, serve  # uvicorn: this command only
 
     if args.slack:
         print(f"{PROG} serve: --slack is deprecated; use --channel slack", file=sys.stderr)
     app = load(app_dir(args), args.model)
     authenticate = app.authenticate
     if args.auth:
-        from .loader import load_callable
+        from ..loader import load_callable
 
         authenticate = load_callable(args.auth)
     names = [*(args.channel or []), *(["slack"] if args.slack else [])]
@@ -304,8 +306,8 @@ def _receive(args: argparse.Namespace) -> int:
 
 
 def _receiving(args: argparse.Namespace) -> int:
-    from .channels import mount_agent, receive, recover_deliveries
-    from .inbound import Trigger
+    from ..channels import mount_agent, receive, recover_deliveries
+    from ..inbound import Trigger
 
     folder = app_dir(args)
     app = load(folder, args.model, needs_model=False)
@@ -350,8 +352,8 @@ def _chat(args: argparse.Namespace) -> int:
 
 
 def _chatting(args: argparse.Namespace, user: str) -> int:
-    from .channels import mount_agent
-    from .channels.repl import SOURCE, chat
+    from ..channels import mount_agent
+    from ..channels.repl import SOURCE, chat
 
     agent = agent_of(args)
     make, _named = store_of(args, create=True)
@@ -390,7 +392,3 @@ __all__ = [
     "build_parser",
     "main",
 ]
-
-
-if __name__ == "__main__":
-    sys.exit(main())

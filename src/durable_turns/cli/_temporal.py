@@ -15,9 +15,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .cli_args import MODEL_HELP, agent_of, run_command, store_of, store_options
-from .runtime import Runtime
-from .scheduling import Scheduler
+from ..runtime import Runtime
+from ..scheduling import Scheduler
+from ._args import MODEL_HELP, agent_of, run_command, store_of, store_options
 
 API_KEY_ENV = "TEMPORAL_API_KEY"
 """The environment variable an API key is read from when ``--api-key`` is not given."""
@@ -55,13 +55,13 @@ def scheduler_of(args: argparse.Namespace) -> Scheduler | None:
     """The scheduler ``--temporal`` asks for (it connects on its first use), or ``None``."""
     if not getattr(args, "temporal", None):
         return None
-    from .temporal import TemporalScheduler
+    from ..temporal import TemporalScheduler
 
     return TemporalScheduler(_connection(args), args.task_queue)
 
 
 def _connection(args: argparse.Namespace) -> Any:
-    from .temporal import Connection
+    from ..temporal import Connection
 
     return Connection(args.temporal, args.namespace,
                       api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
@@ -99,7 +99,7 @@ def add_temporal_commands(commands: Any, *, epilog: str) -> None:
 
 
 async def _temporal_work(args: argparse.Namespace) -> int:
-    from .temporal import TemporalScheduler, WorkerSettings, connect, temporal_worker
+    from ..temporal import TemporalScheduler, WorkerSettings, connect, temporal_worker
 
     if args.max_steps < 1:
         raise ValueError("--max-steps must be at least 1")

@@ -15,16 +15,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .agent import Agent
-from .cli_args import MODEL_HELP, load, store_of, store_options
-from .commands import COMMANDS, Registry
-from .errors import ConfigurationError
-from .messages import Message
-from .models.scripted import scripted
-from .records import SessionSummary, TurnRecord
-from .replay import replay
-from .runtime import Runtime
-from .scheduling import NoDriveScheduler
+from ..agent import Agent
+from ..commands import COMMANDS, Registry
+from ..errors import ConfigurationError
+from ..messages import Message
+from ..models.scripted import scripted
+from ..records import SessionSummary, TurnRecord
+from ..replay import replay
+from ..runtime import Runtime
+from ..scheduling import NoDriveScheduler
+from ._args import MODEL_HELP, load, store_of, store_options
 
 LEASE_WAIT = 30.0
 """How long a ``sessions`` command waits for a process that drives the session."""

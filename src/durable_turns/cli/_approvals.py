@@ -9,7 +9,7 @@ answer as the attested ``--by`` (default: the operating-system user), then drive
 to its end or its next park with the app's model, printing what follows.
 
 Every read goes through ``Runtime.queries`` and :class:`~durable_turns.AgentSession`; what
-the commands raise is answered by ``cli_args.run_command`` (one line, ``errors.ERRORS``).
+the commands raise is answered by ``_args.run_command`` (one line, ``errors.ERRORS``).
 """
 
 from __future__ import annotations
@@ -23,10 +23,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .agent import Agent
-from .channels import mount_agent
-from .channels.repl import render
-from .cli_args import (
+from ..agent import Agent
+from ..channels import mount_agent
+from ..channels.repl import render
+from ..errors import ResumeConflictError
+from ..hitl import who_may_answer
+from ..records import InputRequest, SessionKey
+from ..runtime import Runtime
+from ..scheduling import NoDriveScheduler
+from ..sessions import AgentSession
+from ._args import (
     MODEL_HELP,
     PROG,
     app_dir,
@@ -39,12 +45,6 @@ from .cli_args import (
     store_of,
     store_options,
 )
-from .errors import ResumeConflictError
-from .hitl import who_may_answer
-from .records import InputRequest, SessionKey
-from .runtime import Runtime
-from .scheduling import NoDriveScheduler
-from .sessions import AgentSession
 
 LEASE_WAIT = 30.0
 """How long an answer waits for a process that drives the session to let go of it."""

@@ -8,7 +8,7 @@
 They live under ``demo`` so that no generic command runs the demo's agent against an app's
 database: ``demo approve`` answers only a database the demo made (its ``orders`` and
 ``refunds`` tables), and an app's parked turns are answered with ``durable-turns approve
-APP_DIR`` (``cli_approvals``).
+APP_DIR`` (``_approvals``).
 """
 
 from __future__ import annotations
@@ -19,13 +19,13 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .cli_args import PROG, fail, name, os_user, run_command
-from .demo import KILL_POINTS, DemoOptions, WorkerOptions, run_demo, run_worker
-from .demo.approval import ApproveOptions, RefundOptions, run_approve, run_pending, run_refund
-from .demo.choice import DEFAULT_ANTHROPIC, ModelChoice, choose_model
-from .demo.refunds import APPROVAL_ID, ORDER_ID
-from .demo.term import make_console
-from .errors import ConfigurationError
+from ..demo import KILL_POINTS, DemoOptions, WorkerOptions, run_demo, run_worker
+from ..demo.approval import ApproveOptions, RefundOptions, run_approve, run_pending, run_refund
+from ..demo.choice import DEFAULT_ANTHROPIC, ModelChoice, choose_model
+from ..demo.refunds import APPROVAL_ID, ORDER_ID
+from ..demo.term import make_console
+from ..errors import ConfigurationError
+from ._args import PROG, fail, name, os_user, run_command
 
 DEMO_HELP = f"""\
 Run a small ops agent's turn ("order a keyboard, a mouse and a monitor, then tell the team")
