@@ -5,7 +5,7 @@ A tool step may do four things beyond its own work, each through :class:`StepSer
 which the engine gives every remote call: ask a person (park the turn), see that its turn
 was asked to cancel, checkpoint a record of durable work it starts, and carry that work's
 events into its turn's stream. A subagent (``durable_turns.subagents``) is built on these
-alone, plus :class:`Host`: the other sessions of the runtime the step runs in, through the
+alone, plus :class:`Sessions`: the other sessions of the runtime the step runs in, through the
 runtime's public API. Nothing of the engine or the runtime reaches a tool any other way.
 """
 
@@ -32,10 +32,10 @@ class StoreHandle(Protocol):
         ...
 
 
-class Host(Protocol):
+class Sessions(Protocol):
     """The other sessions of the runtime a step runs in, through its public API.
 
-    ``Runtime.host`` is one; a tool reaches it as ``ctx.services.host``.
+    ``Runtime.sessions`` is one; a tool reaches it as ``ctx.services.sessions``.
     """
 
     def agent_names(self) -> Collection[str]:
@@ -83,7 +83,7 @@ class StepServices(Protocol):
     """What a remote tool's step offers it beyond its input (the engine makes one per call)."""
 
     @property
-    def host(self) -> Host:
+    def sessions(self) -> Sessions:
         """The runtime's other sessions."""
         ...
 
@@ -176,4 +176,4 @@ class ActionContext:
     user: User | None = None
 
 
-__all__ = ["ActionContext", "Host", "StepServices", "StoreHandle", "ToolContext", "Watcher"]
+__all__ = ["ActionContext", "Sessions", "StepServices", "StoreHandle", "ToolContext", "Watcher"]

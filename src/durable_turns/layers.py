@@ -69,7 +69,7 @@ LAYERS: tuple[Layer, ...] = (
             "models",
             "stores.feed",
             "stores.live",
-            "stores.worker",
+            "stores._thread",
             "stores.kit",
             "stores.signals",
             "stores.sql",
@@ -93,7 +93,7 @@ LAYERS: tuple[Layer, ...] = (
         "what puts an agent before people: the bounds of what arrives over the wire, who "
         "may do what to a session, channels, the HTTP/SSE server and its console, the app "
         "folder's loader, the demo",
-        ("wire", "access", "channels", "server", "loader", "demo"),
+        ("_input_limits", "access", "channels", "server", "loader", "demo"),
     ),
     Layer(
         "composition",

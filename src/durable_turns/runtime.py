@@ -29,9 +29,9 @@ from collections.abc import Iterable
 
 from .agent import Agent
 from .commands import COMMANDS, Registry, check_redelivery, supersede_at_once
-from .context import Host
+from .context import Sessions
 from .engine._driver import ChainState, SessionDriver, chain_state
-from .engine._sessions import RuntimeHost
+from .engine._sessions import RuntimeSessions
 from .engine._step_context import StepContext, TranscriptCache
 from .errors import (
     ConfigurationError,
@@ -139,10 +139,10 @@ class Runtime:
         self._failed: dict[SessionKey, BaseException] = {}
         self.queries = Queries(store, self.require_open)
         """What hosts read across sessions (summaries, an inbox, owed deliveries)."""
-        self.host: Host = RuntimeHost(self)
+        self.sessions: Sessions = RuntimeSessions(self)
         """The runtime's sessions as a tool step sees them (a subagent's child turns)."""
         self._ctx = StepContext(
-            store=store, agents=self.agents, model_for=self.model_for, host=self.host,
+            store=store, agents=self.agents, model_for=self.model_for, sessions=self.sessions,
             transcripts=self._transcripts, publish=self._publish,
             publish_live=self._publish_live, wants_live=self._wants_live,
             finished=self._finished, commands=commands)

@@ -40,7 +40,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
-from .context import Host, StepServices, ToolContext
+from .context import Sessions, StepServices, ToolContext
 from .errors import ConfigurationError, Parked
 from .events import MessageCompleted, MessageDelta, MessageThinking, TurnEvent
 from .records import ChildMemo, ChildStepId, InputRequest, SessionKey, TurnRecord, TurnStatus
@@ -102,10 +102,10 @@ async def _run_child(agent_name: str, task: str, ctx: ToolContext) -> dict[str, 
     services = ctx.services
     if services is None:
         raise ConfigurationError(f"subagent {agent_name!r} runs only in a turn a Runtime drives")
-    host = services.host
-    if agent_name not in host.agent_names():
+    sessions = services.sessions
+    if agent_name not in sessions.agent_names():
         raise ConfigurationError(f"subagent {agent_name!r}: the runtime has no such agent "
-                                 f"({sorted(host.agent_names())})")
+                                 f"({sorted(sessions.agent_names())})")
     session_id, turn_id = child_ids(ctx.agent, ctx.session, ctx.turn_id, ctx.call_id)
     # Recorded before the child starts: a replay re-attaches to exactly this child.
     memo = await services.remember(ChildStepId(ctx.turn_id, ctx.call_id),
@@ -113,14 +113,14 @@ async def _run_child(agent_name: str, task: str, ctx: ToolContext) -> dict[str, 
     key, turn_id = SessionKey(memo.agent, memo.session), memo.turn_id
     tag = {"agent": key.agent, "session": key.session, "turn_id": turn_id}
     try:
-        await host.start(key, task, turn_id=turn_id, event=ctx.event)
+        await sessions.start(key, task, turn_id=turn_id, event=ctx.event)
         rec = await _follow(ctx, services, key, turn_id, tag)
     except asyncio.CancelledError:
         reason = services.cancel_reason()
         if reason is not None:  # the parent was cancelled or reset, not shut down
-            await host.interrupt(key, turn_id, reason=f"parent turn cancelled: {reason}")
+            await sessions.interrupt(key, turn_id, reason=f"parent turn cancelled: {reason}")
             with contextlib.suppress(Exception):
-                await host.wait(key, turn_id, timeout=CANCEL_WAIT)
+                await sessions.wait(key, turn_id, timeout=CANCEL_WAIT)
         raise
     if rec.status == TurnStatus.COMPLETED:
         return {"answer": rec.text or ""}
@@ -142,21 +142,21 @@ async def _follow(ctx: ToolContext, services: StepServices, key: SessionKey, tur
                   tag: dict[str, str]) -> TurnRecord:
     """Forward the child turn's events into the parent's stream until the turn ends or
     parks; returns its record."""
-    host = services.host
+    sessions = services.sessions
     # Events forwarded before a crash or a park are in the parent's log: go on after them.
     parent = SessionKey(ctx.agent, ctx.session)
-    cursor = max((int(e.child["seq"]) for e in await host.events(parent, turn_id=ctx.turn_id)
+    cursor = max((int(e.child["seq"]) for e in await sessions.events(parent, turn_id=ctx.turn_id)
                   if e.child is not None and e.child.get("turn_id") == turn_id
                   and e.child.get("session") == key.session), default=0)
     changed = asyncio.Event()
-    unwatch = host.watch(key, lambda _events: changed.set())
+    unwatch = sessions.watch(key, lambda _events: changed.set())
 
     def on_live(e: TurnEvent) -> None:
         # The child's live text, from whichever process drives it: handed on as it streams.
         if isinstance(e, MessageDelta | MessageThinking) and e.turn_id == turn_id:
             services.forward_live(replace(e, child={**tag, "seq": e.seq}))
 
-    stop_live = host.live(key, on_live)
+    stop_live = sessions.live(key, on_live)
     try:
         while True:
             if services.cancel_reason() is not None:
@@ -164,11 +164,11 @@ async def _follow(ctx: ToolContext, services: StepServices, key: SessionKey, tur
                 # that ever be lost, the flag it sets still stops the child at the next look.
                 raise asyncio.CancelledError
             changed.clear()
-            rec = await host.entry(key, turn_id)
+            rec = await sessions.entry(key, turn_id)
             if rec is None:
                 raise RuntimeError(f"subagent session {key} has no turn {turn_id!r}")
             # Read after the record: every event up to an end it shows is read too.
-            events = await host.events(key, after_seq=cursor, turn_id=turn_id)
+            events = await sessions.events(key, after_seq=cursor, turn_id=turn_id)
             if events:
                 await services.forward([replace(e, child={**tag, "seq": e.seq})
                                         for e in events])
@@ -186,7 +186,7 @@ async def _follow(ctx: ToolContext, services: StepServices, key: SessionKey, tur
         stop_live()
 
 
-def _children(host: Host, parked: Iterable[TurnRecord]) -> dict[SessionKey, str]:
+def _children(sessions: Sessions, parked: Iterable[TurnRecord]) -> dict[SessionKey, str]:
     """The child sessions (and their turns) that parked turns wait on, of agents the
     runtime has."""
     found: dict[SessionKey, str] = {}
@@ -195,7 +195,7 @@ def _children(host: Host, parked: Iterable[TurnRecord]) -> dict[SessionKey, str]
             if r.child is None:
                 continue
             agent, session = str(r.child.get("agent")), str(r.child.get("session"))
-            if agent not in host.agent_names():
+            if agent not in sessions.agent_names():
                 log.warning("a parent parked on a child of agent %r, which this runtime does "
                             "not have: session %s stays parked", agent, session)
                 continue
@@ -203,7 +203,7 @@ def _children(host: Host, parked: Iterable[TurnRecord]) -> dict[SessionKey, str]
     return found
 
 
-async def cancel_children(host: Host, parked: TurnRecord, reason: str) -> None:
+async def cancel_children(sessions: Sessions, parked: TurnRecord, reason: str) -> None:
     """Cancel the child turns a parked turn waits on: the parent-close policy for a cancel
     of a parked parent (its driver calls this before the parent's end commits). Their
     requests are withdrawn with them. Waits for each child to end (at most ``CANCEL_WAIT``
@@ -213,15 +213,15 @@ async def cancel_children(host: Host, parked: TurnRecord, reason: str) -> None:
         StoreError: a child's cancel could not be made durable (the parent's end is then
             driven again).
     """
-    children = _children(host, [parked])
+    children = _children(sessions, [parked])
     for key, turn_id in children.items():
-        await host.interrupt(key, turn_id, reason=f"parent turn cancelled: {reason}")
+        await sessions.interrupt(key, turn_id, reason=f"parent turn cancelled: {reason}")
     for key, turn_id in children.items():
         with contextlib.suppress(Exception):
-            await host.wait(key, turn_id, timeout=CANCEL_WAIT)
+            await sessions.wait(key, turn_id, timeout=CANCEL_WAIT)
 
 
-async def reset_children(host: Host, entry_id: str, parked: Iterable[TurnRecord]) -> None:
+async def reset_children(sessions: Sessions, entry_id: str, parked: Iterable[TurnRecord]) -> None:
     """Reset the sessions of the children that parked turns wait on: the parent-close policy
     for a reset of a parked parent (its driver calls this before the reset commits).
 
@@ -231,7 +231,7 @@ async def reset_children(host: Host, entry_id: str, parked: Iterable[TurnRecord]
     for each child's reset to run (at most ``CANCEL_WAIT`` seconds).
 
     Args:
-        host: the runtime driving the parent.
+        sessions: the runtime driving the parent.
         entry_id: the parent's reset entry.
         parked: the parent's parked turns the reset cancels.
 
@@ -239,12 +239,12 @@ async def reset_children(host: Host, entry_id: str, parked: Iterable[TurnRecord]
         StoreError: a child's reset could not be made durable (the parent's reset is then
             driven again).
     """
-    keys = _children(host, parked)
+    keys = _children(sessions, parked)
     for key in keys:
-        await host.reset(key, entry_id)
+        await sessions.reset(key, entry_id)
     for key in keys:
         with contextlib.suppress(Exception):
-            await host.wait(key, entry_id, timeout=CANCEL_WAIT)
+            await sessions.wait(key, entry_id, timeout=CANCEL_WAIT)
 
 
 __all__ = [

@@ -122,7 +122,7 @@ def test_help() -> None:
     top = cli("--help")
     assert top.returncode == 0
     assert "demo" in top.stdout
-    assert "demo-worker" not in top.stdout  # the child's subcommand stays hidden
+    assert "demo-child" not in top.stdout  # the child's subcommand stays hidden
     for command in ("approve", "deny", "pending", "serve", "chat"):
         assert command in top.stdout
     demo = cli("demo", "--help")
@@ -249,18 +249,18 @@ def test_demo_refuses_a_path_it_cannot_use(tmp_path: Path, where: str) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
-def test_worker_kill_point_needs_a_control_pipe(tmp_path: Path) -> None:
-    out = cli("demo-worker", "--db", str(tmp_path / "x.sqlite"), "--session", "s",
+def test_child_kill_point_needs_a_control_pipe(tmp_path: Path) -> None:
+    out = cli("demo-child", "--db", str(tmp_path / "x.sqlite"), "--session", "s",
               "--turn", "t", "--delivery", "1", "--kill-at", "after-order-2")
     assert out.returncode == 2
     assert "--control-fd" in out.stderr
 
 
-def test_a_paused_worker_leaves_when_its_parent_goes_away(tmp_path: Path) -> None:
+def test_a_paused_child_leaves_when_its_parent_goes_away(tmp_path: Path) -> None:
     """Closing the paused child's stdin (what the parent's death does) ends it: no orphan."""
     read_fd, write_fd = os.pipe()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "durable_turns.cli", "demo-worker",
+        [sys.executable, "-m", "durable_turns.cli", "demo-child",
          "--db", str(tmp_path / "w.sqlite"), "--session", "s", "--turn", "t",
          "--delivery", "1", "--kill-at", "after-order-2", "--control-fd", str(write_fd)],
         stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, pass_fds=(write_fd,),

@@ -49,14 +49,14 @@ class Note:
         except ValueError as e:
             return await at.end(TurnResult(own, TurnStatus.FAILED, error=str(e)))
         done = TurnResult(own, TurnStatus.COMPLETED, self.text)
-        seen = len(at.checkpoints.transcript)
+        seen = len(at.commits.transcript)
 
         async def fill(tx: Transaction) -> list[TurnEvent]:
             tx.set_turn(done)
             tx.set_turn_data(own, "note", {"text": self.text, "after": seen})
             return []
 
-        await at.checkpoints.commit(fill)
+        await at.commits.commit(fill)
         return done
 
 

@@ -26,11 +26,11 @@ from durable_turns import (
     scripted,
     tool,
 )
+from durable_turns._input_limits import MAX_DEPTH
 from durable_turns.channels.slack import slack_channel
 from durable_turns.models import ModelRequest
 from durable_turns.models.scripted import calls_this_turn
 from durable_turns.server import create_app
-from durable_turns.wire import MAX_DEPTH
 from fakes.serving import serving
 from fakes.slack_api import SECRET, event_callback, sign, signed
 

@@ -1,5 +1,6 @@
 """F18: Slow clients are cut off: headers that trickle in (or never come) and bodies that do, while
-the server goes on answering everyone else (``server.deadlines``, ``wire.read_limited``)."""
+the server goes on answering everyone else (``server.deadlines``,
+``_input_limits.read_limited``)."""
 
 from __future__ import annotations
 

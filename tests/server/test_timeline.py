@@ -27,7 +27,7 @@ from durable_turns import (
 from durable_turns.events import TurnEvent, event_from_fields
 from durable_turns.models import ModelEvent, ModelRequest
 from durable_turns.server import create_app
-from durable_turns.server.timeline import read_timeline
+from durable_turns.server._timeline import read_timeline
 from durable_turns.stores import SessionStore
 
 

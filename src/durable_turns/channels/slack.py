@@ -53,12 +53,12 @@ except ImportError as e:  # pragma: no cover - depends on the install
         "the Slack channel needs slack_sdk, aiohttp and starlette: "
         "pip install 'durable-turns[slack]'") from e
 
+from .._input_limits import HttpError, loads, read_limited
 from ..access import Authorize
 from ..errors import ConfigurationError
 from ..events import InputRequested, TurnEvent
 from ..records import InputRequest
 from ..runtime import Runtime
-from ..wire import HttpError, loads, read_limited
 from .slack_thread import APPROVE, DENY, chunk_json, prompt_blocks, text_blocks
 from .thread_channel import Click, Said, ThreadChannel
 from .threads import STREAM_IDLE, SUPERSEDED, Chunk, StreamEnded, Thread, outcome

@@ -3,7 +3,7 @@
 - ``demo``: a turn SIGKILLed mid-way and delivered again; the store proves nothing ran twice;
 - ``demo refund`` / ``demo approve`` / ``demo pending``: the demo's refund parks for a
   person's approval in one process and is answered from another (F6);
-- ``demo-worker`` (hidden): one delivery of the demo's turn, in the child the demo starts.
+- ``demo-child`` (hidden): one delivery of the demo's turn, in the child the demo starts.
 
 They live under ``demo`` so that no generic command runs the demo's agent against an app's
 database: ``demo approve`` answers only a database the demo made (its ``orders`` and
@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..demo import KILL_POINTS, DemoOptions, WorkerOptions, run_demo, run_worker
+from ..demo import KILL_POINTS, ChildOptions, DemoOptions, run_child, run_demo
 from ..demo.approval import ApproveOptions, RefundOptions, run_approve, run_pending, run_refund
 from ..demo.choice import DEFAULT_ANTHROPIC, ModelChoice, choose_model
 from ..demo.refunds import APPROVAL_ID, ORDER_ID
@@ -75,7 +75,7 @@ unusable --db or --model, a database the demo did not make).
 
 def add_demo_commands(commands: Any) -> None:
     """``demo`` (with ``refund``, ``approve`` and ``pending`` under it) and the hidden
-    ``demo-worker``, on the subcommands of the top-level parser."""
+    ``demo-child``, on the subcommands of the top-level parser."""
     demo = commands.add_parser(
         "demo", help="kill an agent turn mid-way, deliver it again, show nothing ran twice "
                      "(and: demo refund|approve|pending)",
@@ -139,15 +139,15 @@ def add_demo_commands(commands: Any) -> None:
     pending.set_defaults(run=_pending)
 
     # Hidden: one delivery of the demo's turn, in the child process the demo starts.
-    worker = commands.add_parser("demo-worker")
-    worker.add_argument("--db", type=Path, required=True)
-    worker.add_argument("--session", required=True)
-    worker.add_argument("--turn", required=True)
-    worker.add_argument("--delivery", type=int, required=True)
-    worker.add_argument("--kill-at", choices=list(KILL_POINTS))
-    worker.add_argument("--control-fd", type=int)
-    worker.add_argument("--model", default="scripted")
-    worker.set_defaults(run=_demo_worker)
+    child = commands.add_parser("demo-child")
+    child.add_argument("--db", type=Path, required=True)
+    child.add_argument("--session", required=True)
+    child.add_argument("--turn", required=True)
+    child.add_argument("--delivery", type=int, required=True)
+    child.add_argument("--kill-at", choices=list(KILL_POINTS))
+    child.add_argument("--control-fd", type=int)
+    child.add_argument("--model", default="scripted")
+    child.set_defaults(run=_demo_child)
 
 
 def _order_id(text: str) -> str:
@@ -189,13 +189,13 @@ def _demo(args: argparse.Namespace) -> int:
     return run_command("demo", work)
 
 
-def _demo_worker(args: argparse.Namespace) -> int:
+def _demo_child(args: argparse.Namespace) -> int:
     if args.kill_at is not None and args.control_fd is None:
-        return fail("demo-worker", "--kill-at needs --control-fd", 2)
-    opts = WorkerOptions(db=args.db, session=args.session, turn_id=args.turn,
+        return fail("demo-child", "--kill-at needs --control-fd", 2)
+    opts = ChildOptions(db=args.db, session=args.session, turn_id=args.turn,
                          delivery=args.delivery, kill_at=args.kill_at,
                          control_fd=args.control_fd, model=args.model)
-    return run_command("demo-worker", lambda: asyncio.run(run_worker(opts, make_console())),
+    return run_command("demo-child", lambda: asyncio.run(run_child(opts, make_console())),
                        timed_out=f"turn {args.turn} did not end in time")
 
 

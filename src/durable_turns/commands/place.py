@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
-from ..context import Host
+from ..context import Sessions
 from ..engine._commits import StepCommits
 from ..events import TurnEvent
 from ..records import Answer, InputStepId, TurnRecord, TurnResult, TurnStatus
@@ -26,7 +26,7 @@ class Place:
     """How it commits (fenced by the driver's lease), and the live transcript."""
     find: Callable[[str], Awaitable[TurnRecord | None]]
     """Reads a chain entry by id."""
-    host: Host
+    sessions: Sessions
     """The runtime's other sessions (a parked turn's subagents, for a reset)."""
     finished: Callable[[TurnResult], None]
     """Tells the runtime of another entry's end the command committed (a park it ended)."""

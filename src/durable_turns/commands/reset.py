@@ -54,7 +54,7 @@ class Reset:
         cp = at.commits
         parked = [t for t in at.pending if t.status == TurnStatus.SUSPENDED]
         # Parked on subagents: their requests go too (parent-close policy).
-        await reset_children(at.host, at.entry.turn_id, parked)
+        await reset_children(at.sessions, at.entry.turn_id, parked)
 
         async def fill(tx: Transaction) -> list[TurnEvent]:
             tx.set_turn(done)

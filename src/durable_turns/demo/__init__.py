@@ -11,7 +11,7 @@ is set, or any provider with ``--model``.
   ``issue_refund`` (``refunds``: parks for approval, pays only after the answer);
 - ``brain``: the scripted model, which reads its position off the transcript;
 - ``choice``: which model the processes run on, and why;
-- ``worker``: one delivery of the turn in a child process, streaming its events;
+- ``_child``: one delivery of the turn in a child process, streaming its events;
 - ``runner``: the parent — delivers, kills, delivers again;
 - ``report``: reads the store back and proves nothing ran twice;
 - ``reach``: tells a model that could not be reached from one that misbehaved;
@@ -24,15 +24,15 @@ its coroutines.
 
 from __future__ import annotations
 
+from ._child import KILL_POINTS, ChildOptions, run_child
 from .runner import DemoFailure, DemoInputError, DemoOptions, run_demo
-from .worker import KILL_POINTS, WorkerOptions, run_worker
 
 __all__ = [
     "KILL_POINTS",
+    "ChildOptions",
     "DemoFailure",
     "DemoInputError",
     "DemoOptions",
-    "WorkerOptions",
+    "run_child",
     "run_demo",
-    "run_worker",
 ]

@@ -32,12 +32,12 @@ from ..inbound import InboundEvent
 from ..records import InputRequest, SessionKey, TurnResult
 from ..runtime import Runtime
 from ..stores.sqlite import SqliteStore
+from ._child import LEASE_TIMEOUT, EventPrinter
 from .choice import OFFLINE, ModelChoice, build_model
 from .ops import AGENT_NAME, build_agent
 from .refunds import APPROVAL_ID, RefundRow, money, read_refunds
 from .runner import DemoInputError, prepare_db
 from .term import compact, heading, table
-from .worker import LEASE_TIMEOUT, EventPrinter
 
 SOURCE = "cli"
 """The inbound event's ``source`` for turns the CLI starts."""

@@ -1,7 +1,7 @@
 """The demo's parent process: deliver a turn, SIGKILL it mid-way, deliver it again, check.
 
 1. Open (or create) the SQLite file — a foreign or corrupt file is refused untouched.
-2. Delivery 1: a child process (``durable-turns demo-worker``) runs the turn and stops dead
+2. Delivery 1: a child process (``durable-turns demo-child``) runs the turn and stops dead
    at the kill point, writing one line to a pipe; the parent SIGKILLs it on that line, so the
    crash lands on the same checkpoint every run (no timing involved).
 3. Read what the store kept.
@@ -26,11 +26,11 @@ from rich.text import Text
 
 from ..errors import StoreError
 from ..stores.sqlite import SqliteStore
+from ._child import KILL_POINTS, UNREACHABLE
 from .choice import OFFLINE, ModelChoice
 from .ops import AGENT_NAME, REQUEST, check_schema, ensure_schema, outbox_path
 from .report import StoreState, judge, read_state, render
 from .term import rule
-from .worker import KILL_POINTS, UNREACHABLE
 
 DEFAULT_KILL_POINT = "after-order-2"
 AFTER_KILL = {
@@ -186,8 +186,8 @@ def _describe(state: StoreState, what: str) -> Text:
     )
 
 
-def _worker_cmd(args: list[str]) -> list[str]:
-    return [sys.executable, "-m", "durable_turns.cli", "demo-worker", *args]
+def _child_cmd(args: list[str]) -> list[str]:
+    return [sys.executable, "-m", "durable_turns.cli", "demo-child", *args]
 
 
 async def _deliver(console: Console, args: list[str], timeout: float) -> int:
@@ -200,7 +200,7 @@ async def _deliver(console: Console, args: list[str], timeout: float) -> int:
     console.file.flush()  # the child writes to the same stdout: keep the order of lines
     try:
         proc = await asyncio.create_subprocess_exec(
-            *_worker_cmd([*args, "--control-fd", str(write_fd)]),
+            *_child_cmd([*args, "--control-fd", str(write_fd)]),
             stdin=asyncio.subprocess.DEVNULL, pass_fds=(write_fd,),
         )
     except BaseException:
@@ -220,7 +220,7 @@ async def _deliver(console: Console, args: list[str], timeout: float) -> int:
 
 
 def _raise_if_unreachable(line: bytes) -> None:
-    """A worker's ``unreachable …`` line: the model was never reached, whatever it would say."""
+    """A child's ``unreachable …`` line: the model was never reached, whatever it would say."""
     if line.startswith(UNREACHABLE.encode()):
         raise DemoFailure(line.removeprefix(UNREACHABLE.encode()).decode(errors="replace").strip())
 
@@ -231,7 +231,7 @@ async def _deliver_and_kill(console: Console, args: list[str], timeout: float) -
     console.file.flush()
     try:
         proc = await asyncio.create_subprocess_exec(
-            *_worker_cmd([*args, "--control-fd", str(write_fd)]),
+            *_child_cmd([*args, "--control-fd", str(write_fd)]),
             # Our end of its stdin: if this process dies, the paused child sees EOF and exits.
             stdin=asyncio.subprocess.PIPE,
             pass_fds=(write_fd,),

@@ -7,7 +7,7 @@
 - ``_commits``: :class:`StepCommits`, one transaction per step;
 - ``_step_context``: :class:`StepContext`, what a step uses of its runtime;
 - ``_driver``: :class:`SessionDriver`, one per session, running its chain in order;
-- ``_sessions``: :class:`RuntimeHost`, the runtime's sessions as a tool step sees them.
+- ``_sessions``: :class:`RuntimeSessions`, the runtime's sessions as a tool step sees them.
 
 Nothing here is for users: :class:`~durable_turns.Runtime` puts it together.
 """

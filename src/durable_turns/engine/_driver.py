@@ -171,7 +171,7 @@ class SessionDriver:
                     and entry.cancel is not None:
                 # A cancel withdrew the park (parent-close policy): the children it waits
                 # on are cancelled first, then the turn ends.
-                await cancel_children(ctx.host, entry, entry.cancel)
+                await cancel_children(ctx.sessions, entry, entry.cancel)
         if entry.kind == "turn":
             self._entry = None
             result = await engine.step(entry)
@@ -182,7 +182,7 @@ class SessionDriver:
         else:
             assert pending is not None
             result = await self._apply(engine, Place(
-                entry, pending, engine.commits, self._find, ctx.host,
+                entry, pending, engine.commits, self._find, ctx.sessions,
                 lambda r: ctx.finished(key, r)))
         self._cancels.pop(entry.turn_id, None)
         log.debug("%s %s of %s: %s", entry.kind, entry.turn_id, key, result.status)

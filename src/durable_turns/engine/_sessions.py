@@ -1,5 +1,5 @@
-"""``Runtime.host``: the runtime's sessions as a tool step sees them (:class:`~durable_turns.
-context.Host`), through the session API — what a subagent starts, follows and cancels."""
+"""``Runtime.sessions``: the runtime's sessions as a tool step sees them (:class:`~durable_turns.
+context.Sessions`), through the session API — what a subagent starts, follows and cancels."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from ..records import SessionKey, TurnRecord, TurnResult
 from ..sessions import RuntimeAPI
 
 
-class RuntimeHost:
-    """The :class:`~durable_turns.context.Host` of a runtime.
+class RuntimeSessions:
+    """The :class:`~durable_turns.context.Sessions` of a runtime.
 
     Args:
         runtime: the runtime whose sessions it reaches.
@@ -63,4 +63,4 @@ class RuntimeHost:
         return sub.close
 
 
-__all__ = ["RuntimeHost"]
+__all__ = ["RuntimeSessions"]

@@ -3,7 +3,7 @@
 :class:`StepContext` is made once per :class:`~durable_turns.Runtime` and passed down to
 every :class:`~durable_turns.engine._driver.SessionDriver` and
 :class:`~durable_turns.engine._loop.TurnEngine` it makes, instead of each taking the store, the
-model, the host and the runtime's callbacks one by one. :class:`TranscriptCache` (the live
+model, the runtime's sessions and its callbacks one by one. :class:`TranscriptCache` (the live
 logs of recently stepped sessions) is one of its parts.
 """
 
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from ..agent import Agent
 from ..commands import Registry
-from ..context import Host
+from ..context import Sessions
 from ..events import TurnEvent
 from ..messages import Message, MessageLog
 from ..model import Model
@@ -75,7 +75,7 @@ class StepContext:
     """The runtime's agents, by name."""
     model_for: Callable[[Agent], Model]
     """The model an agent's turns ask (raises ``ConfigurationError`` when it has none)."""
-    host: Host
+    sessions: Sessions
     """The runtime's other sessions, for tools that start durable child work (subagents,
     F13) and the parent-close policy of commands."""
     transcripts: TranscriptCache

@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 import jsonschema
 
 from ..agent import Agent
-from ..context import Host, ToolContext, Watcher
+from ..context import Sessions, ToolContext, Watcher
 from ..errors import (
     RUNTIME_FAILURES,
     ConfigurationError,
@@ -157,14 +157,14 @@ class CallServices:
         self._turn_id = turn_id
         self._call_id = call_id
         self._event = event
-        self._host = _GuardedHost(calls.host, self)
+        self._sessions = _GuardedSessions(calls.sessions, self)
         self.failure: BaseException | None = None
         """The first runtime failure (``errors.RUNTIME_FAILURES``) a call of the tool on its
         context met: the tool's attempt is then abandoned, whatever the tool made of it."""
 
     @property
-    def host(self) -> Host:
-        return self._host
+    def sessions(self) -> Sessions:
+        return self._sessions
 
     async def guard(self, running: Awaitable[T]) -> T:
         """Await a call the tool made on its context, keeping a runtime failure it meets."""
@@ -227,12 +227,12 @@ class CallServices:
             event, seq=commits.lease.last_seq, **commits.ids(self._turn_id)))
 
 
-class _GuardedHost:
-    """The runtime's sessions as a remote tool reaches them (``ctx.services.host``): each call
+class _GuardedSessions:
+    """The runtime's sessions as a remote tool reaches them (``ctx.services.sessions``): each call
     goes through :meth:`CallServices.guard`, so a store failure it meets abandons the step."""
 
-    def __init__(self, host: Host, services: CallServices) -> None:
-        self._h = host
+    def __init__(self, sessions: Sessions, services: CallServices) -> None:
+        self._h = sessions
         self._s = services
 
     def agent_names(self) -> Collection[str]:
@@ -284,7 +284,7 @@ class ToolCalls:
         self.commits = commits
         self.cancel_reason = cancel_reason
         self.publish_live: PublishLive = ctx.publish_live
-        self.host: Host = ctx.host
+        self.sessions: Sessions = ctx.sessions
         self._store = ctx.store
         self._interruptible = interruptible
         self.asked_at = -1

@@ -17,10 +17,10 @@ from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse
 
+from .._input_limits import BODY_TIMEOUT, HttpError, loads, read_limited
 from ..access import principal_id
 from ..errors import StoreError, error_kind
 from ..events import TurnEvent
-from ..wire import BODY_TIMEOUT, HttpError, loads, read_limited
 
 log = logging.getLogger("durable_turns.server")
 
@@ -85,8 +85,8 @@ async def read_body(request: Request, model: type[B], *,
     Raises:
         HttpError: 415 a body (or a ``Content-Type``) that is not ``application/json`` (what
             a form of another site cannot send); 413 over :data:`MAX_BODY`; 408 slower than
-            ``timeout`` seconds (``wire.BODY_TIMEOUT``); 400 not JSON, nested deeper than
-            ``wire.MAX_DEPTH``, or not the model's shape.
+            ``timeout`` seconds (``_input_limits.BODY_TIMEOUT``); 400 not JSON, nested deeper than
+            ``_input_limits.MAX_DEPTH``, or not the model's shape.
     """
     done = getattr(request.state, "json_body", None)
     if done is not None and isinstance(done, model):

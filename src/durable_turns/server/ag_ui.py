@@ -63,10 +63,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
+from .._input_limits import HttpError
 from ..access import Action
 from ..channels import ChannelContext, TurnStream
 from ..records import InputRequest
-from ..wire import HttpError
 from ._http import read_body
 from .mounts import (
     ProtocolSeam,

@@ -39,11 +39,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
+from .._input_limits import HttpError
 from ..access import Action
 from ..channels import ChannelContext, TurnStream
 from ..events import InputRequested, TurnEvent
 from ..records import InputRequest, TurnStatus
-from ..wire import HttpError
 from ._http import read_body
 from .idempotency import idempotent, open_keyed
 from .mounts import (

@@ -19,6 +19,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
+from .._input_limits import BODY_TIMEOUT, HttpError, cursor
 from ..access import Authorize, default_authorize
 from ..agent import check_surfaces
 from ..channels import Channel, ChannelContext, TurnStream, mount_agent
@@ -31,7 +32,6 @@ from ..models.resolve import resolve_model
 from ..records import TurnRecord
 from ..runtime import Runtime
 from ..sessions import AgentSession
-from ..wire import BODY_TIMEOUT, HttpError, cursor
 from ._http import (
     RETRY_AFTER,
     Authenticate,
@@ -39,6 +39,7 @@ from ._http import (
     is_durable,
     read_body,
 )
+from ._timeline import last_activity
 from .console import console_routes
 from .fanout import BACK, HEADERS, MAX_BACKLOG, OUTAGE, EventStream, FrameCache, Outbox, Streams
 from .guard import Guard
@@ -47,7 +48,6 @@ from .idempotency import HEADER, idempotent, open_keyed
 from .lifespan import GRACE, host_lifespan
 from .mounts import ProtocolSeam
 from .openapi import openapi
-from .timeline import last_activity
 from .timetravel import BODIES as TIME_TRAVEL_BODIES
 from .timetravel import timetravel_routes
 

@@ -17,9 +17,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
+from .._input_limits import HttpError, cursor
 from ..runtime import Runtime
-from ..wire import HttpError, cursor
-from .timeline import read_timeline
+from ._timeline import read_timeline
 
 Handler = Callable[[Request], Awaitable[Response]]
 

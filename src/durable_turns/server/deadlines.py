@@ -6,7 +6,7 @@ kept open for as long as the client likes: a few hundred such connections hold a
 sockets and file descriptors. These protocols give each request :data:`HEADER_TIMEOUT`
 seconds from its first byte (or from the connection's start) to the end of its headers; past
 it the client gets ``408 Request Timeout`` and the connection is closed. The body has its own
-bound, in the app (``wire.BODY_TIMEOUT``: ``read_body``, the Slack routes).
+bound, in the app (``_input_limits.BODY_TIMEOUT``: ``read_body``, the Slack routes).
 
 ``serve`` runs uvicorn with :data:`HttpProtocol`; under uvicorn's own command line, pass it as
 ``--http durable_turns.server.deadlines:HttpProtocol``.

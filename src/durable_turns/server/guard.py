@@ -29,9 +29,9 @@ from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.responses import Response
 
+from .._input_limits import BODY_TIMEOUT, HttpError
 from ..access import Action, Authorize, authorized, listing
 from ..runtime import Runtime
-from ..wire import BODY_TIMEOUT, HttpError
 from ._http import Authenticate, error_response, is_loopback, principal_of, read_body
 
 Handler = Callable[[Request], Awaitable[Response]]

@@ -33,11 +33,11 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from .._input_limits import HttpError
 from ..channels import ChannelContext, TurnStream
 from ..errors import TurnConflictError
 from ..inbound import InboundEvent
 from ..sessions import AgentSession
-from ..wire import HttpError
 
 HEADER = "idempotency-key"
 """The request header (case does not matter)."""

@@ -20,12 +20,12 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.routing import BaseRoute
 
+from .._input_limits import HttpError
 from ..channels import ChannelContext, TurnStream
 from ..commands import Resume
 from ..errors import ConfigurationError, error_kind
 from ..inbound import InboundEvent
 from ..runtime import Runtime
-from ..wire import HttpError
 from .fanout import EventStream, Streams
 from .guard import Guard
 from .turnparts import request_id

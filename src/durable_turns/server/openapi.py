@@ -13,9 +13,9 @@ from typing import Any, get_args
 
 from pydantic import BaseModel
 
+from .._input_limits import MAX_CURSOR
 from ..commands import Registry
 from ..events import EventType
-from ..wire import MAX_CURSOR
 
 _ERROR = {"description": "refused: {\"error\": {\"type\", \"message\"}}",
           "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}

@@ -13,12 +13,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
+from .._input_limits import MAX_CURSOR, HttpError
 from ..history import Checkpoint
 from ..model import Model
 from ..replay import replay, replay_id
 from ..runtime import Runtime
 from ..sessions import AgentSession
-from ..wire import MAX_CURSOR, HttpError
 from ._http import read_body
 
 Handler = Callable[[Request], Awaitable[Response]]

@@ -13,10 +13,10 @@ import psycopg
 from psycopg import pq
 
 from ..errors import StoreError
-from .kit import Worker
+from .kit import StoreThread
 from .sql import tool_ended_transaction
 
-__all__ = ["Lane", "LaneHost", "PgConnection", "PgTransactions", "StepLane"]
+__all__ = ["Lane", "LaneDialect", "PgConnection", "PgTransactions", "StepLane"]
 
 T = TypeVar("T")
 
@@ -77,7 +77,7 @@ class PgTransactions:
         return out
 
 
-class LaneHost(Protocol):
+class LaneDialect(Protocol):
     """What a :class:`StepLane` needs of its dialect."""
 
     async def take_lane(self, wait: float | None = None) -> Lane:
@@ -130,7 +130,7 @@ class Lane:
     """
 
     def __init__(self, name: str, connect: Callable[[], psycopg.Connection[Any]]) -> None:
-        self.worker = Worker(name)
+        self.worker = StoreThread(name)
         self._connect = connect
         self.conn: psycopg.Connection[Any] | None = None
 
@@ -181,7 +181,7 @@ class StepLane:
     at the first job only: one lost mid-step is never replaced (the step is abandoned). The
     first local tool begins the transaction; every later one runs in a savepoint."""
 
-    def __init__(self, dialect: LaneHost) -> None:
+    def __init__(self, dialect: LaneDialect) -> None:
         self._dialect = dialect
         self._lane: Lane | None = None
         self._began = False  # the lane's connection was taken (made fresh) for this step

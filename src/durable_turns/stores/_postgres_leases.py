@@ -26,7 +26,7 @@ T = TypeVar("T")
 log = logging.getLogger("durable_turns")
 
 
-class LeaseHost(Protocol):
+class LeaseDialect(Protocol):
     """What the leases need of their dialect."""
 
     lease_ttl: float
@@ -87,7 +87,7 @@ class Beat:
 class RowLeases:
     """Row leases with a TTL, renewed by heartbeats (``Leases``); see the module docstring."""
 
-    def __init__(self, dialect: LeaseHost) -> None:
+    def __init__(self, dialect: LeaseDialect) -> None:
         self._d = dialect
         self.held: dict[Beat, tuple[int, int]] = {}
         """The heartbeats running, with their lease's ``(sid, epoch)``."""

@@ -11,7 +11,7 @@
 - claim helpers: :func:`retry_until` (a claim that waits, backing off) and
   :func:`claim_found` (``claim_ready`` from a list of candidates and a claim that does not
   wait);
-- :class:`Worker` (from ``stores.worker``): a thread of its own for a driver that blocks;
+- :class:`StoreThread` (from ``stores._thread``): a thread of its own for a driver that blocks;
 - live events across processes (from ``stores.live``): :class:`LiveRelay` coalesces a store's
   live events into frames over the :class:`LiveWire` its dialect brings, and offers the
   frames other processes send to the feed.
@@ -40,9 +40,9 @@ from ..records import (
     TurnResult,
     TurnStatus,
 )
+from ._thread import StoreThread
 from .feed import Feed, Subscription
 from .live import LiveRelay, LiveWire
-from .worker import Worker
 
 __all__ = [
     "BufferedTransaction",
@@ -50,8 +50,8 @@ __all__ = [
     "LeaseCounters",
     "LiveRelay",
     "LiveWire",
+    "StoreThread",
     "Subscription",
-    "Worker",
     "Writes",
     "check_enqueue",
     "claim_found",

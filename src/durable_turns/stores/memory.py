@@ -32,11 +32,11 @@ from typing import Any, TypeVar
 from ..errors import StoreError
 from ..records import SessionKey
 from . import StoreCapabilities
+from ._thread import StoreThread
 from .feed import Feed
 from .signals import ProcessSignals
 from .sql import LocalLeases, ProcessLocks, SharedLink, SqlStore, upgrade
 from .sqlite import SYNTAX, SqliteConnection, SqliteTransactions
-from .worker import Worker
 
 __all__ = ["MemoryStore"]
 
@@ -75,7 +75,7 @@ class MemoryDialect(SqliteTransactions):
         self.leases = LocalLeases(ProcessLocks())
         self.signals = ProcessSignals(self.write_lock)
         """``Dialect.signals``: cancels sent while a step holds the connection."""
-        self._local: Worker | None = None
+        self._local: StoreThread | None = None
         self._no_threads = False
 
     async def open(self, store: SqlStore) -> None:
@@ -116,7 +116,7 @@ class MemoryDialect(SqliteTransactions):
         loop's reads see only committed rows of ours, as ours are written at commit)."""
         if self._local is None and not self._no_threads:
             try:
-                self._local = Worker("durable-turns-memory-local")
+                self._local = StoreThread("durable-turns-memory-local")
             except RuntimeError:  # no threads here (Pyodide): the tool runs on the loop
                 self._no_threads = True
         if self._local is None:

@@ -3,7 +3,7 @@ the SQL kit (``stores.sql``), which writes its statements, its write path and it
 
 - Statements are not serialised: every write locks its session's row first (``lock_rows``:
   ``FOR UPDATE``), so the chain rules and the fencing check see no concurrent writer.
-- Connections: each of the store's threads (a ``Worker``: ``pool_size`` of them for steps and
+- Connections: each of the store's threads (a ``StoreThread``: ``pool_size`` of them for steps and
   reads, one for leases, so long local tools never starve a heartbeat) keeps one sync psycopg
   connection, so the event loop never blocks and a local tool gets the step's connection
   (``ctx.store.unwrap()``) inside the step's transaction: its writes commit with the step,

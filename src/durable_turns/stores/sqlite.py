@@ -58,7 +58,7 @@ from ._sqlite_files import (
 from ._sqlite_live import SocketWire
 from ._sqlite_signals import FileSignals
 from .feed import Feed
-from .kit import Worker
+from .kit import StoreThread
 
 # Re-exported: the fewest messages a ``log_transcript`` row holds, the most log rows a
 # commit copies into it.
@@ -128,8 +128,8 @@ class SqliteDialect(SqliteTransactions):
         self._checkpointer: SqliteConnection | None = None  # the writer thread's own
         self._commits = 0
         self._checkpointing: asyncio.Task[None] | None = None
-        self._write_pool: Worker | None = None
-        self._read_pool: Worker | None = None
+        self._write_pool: StoreThread | None = None
+        self._read_pool: StoreThread | None = None
         self.write_lock = asyncio.Lock()
         """Held by whoever uses the writer connection (it serves every session)."""
         self._locks = FileLocks(self.path, self._check_open)
@@ -193,10 +193,10 @@ class SqliteDialect(SqliteTransactions):
             # feed starts one only when it gets its first listener.
             self.listen(self._feed)
 
-    def _writer_thread(self) -> Worker:
+    def _writer_thread(self) -> StoreThread:
         """The writer thread (started at its first job)."""
         if self._write_pool is None:
-            self._write_pool = Worker("durable-turns-sqlite-write")
+            self._write_pool = StoreThread("durable-turns-sqlite-write")
         return self._write_pool
 
     def _connect(self) -> SqliteConnection:
@@ -257,7 +257,7 @@ class SqliteDialect(SqliteTransactions):
                                linger: float = 0.0) -> T:
         """Run ``job(writer connection)`` on the writer thread, where the connection may wait
         for the lock (the caller holds :attr:`write_lock`); ``linger``: see
-        :meth:`Worker.run`."""
+        :meth:`StoreThread.run`."""
         writer = self.writer()
         pool = self._writer_thread()
         timeout = int(self._busy_timeout * 1000)
@@ -352,7 +352,7 @@ class SqliteDialect(SqliteTransactions):
                 if not busy(e):
                     raise
             if self._read_pool is None:
-                self._read_pool = Worker("durable-turns-sqlite-read")
+                self._read_pool = StoreThread("durable-turns-sqlite-read")
             return await self._read_pool.run(lambda: job(self._waiting_reader()))
         except sqlite3.Error as e:
             raise StoreError(f"read from {self.path} failed: {e}") from e

@@ -54,7 +54,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
 from ..stores import SessionStore, StoreCapabilities
-from . import capabilities, chain, leases, log, queries, timeline
+from . import capabilities, chain, history, leases, log, queries
 from .capabilities import StoreFactory
 from .helpers import get_turn, step_result
 
@@ -96,10 +96,10 @@ REQUIRED: list[Check] = [
     queries.check_listings_show_what_a_principal_may_see,
     log.check_reset_starts_a_new_generation,
     log.check_a_long_transcript_reads_back_whole,
-    timeline.check_history_lists_every_commit_in_order,
-    timeline.check_a_fork_copies_a_session_up_to_a_checkpoint,
-    timeline.check_a_fork_before_any_checkpoint_is_an_empty_session,
-    timeline.check_a_fork_is_owned_by_its_plan_s_owner,
+    history.check_history_lists_every_commit_in_order,
+    history.check_a_fork_copies_a_session_up_to_a_checkpoint,
+    history.check_a_fork_before_any_checkpoint_is_an_empty_session,
+    history.check_a_fork_is_owned_by_its_plan_s_owner,
     chain.check_supersede_cancels_unfinished_turns_but_not_a_park,
     log.check_events_are_read_by_turn,
     leases.check_subscribe_replays_then_goes_live,

@@ -18,8 +18,8 @@ from ...records import (
     TurnRecord,
     Visibility,
 )
+from .history import checkpoints as read_checkpoints
 from .statements import Statements
-from .timeline import checkpoints as read_checkpoints
 
 __all__ = ["SqlReads"]
 

@@ -42,10 +42,10 @@ from ..kit import BufferedTransaction, LeaseCounters
 from ..live import LiveRelay, LiveWire
 from ..signals import Signals
 from .cancels import Cancels
+from .history import fork as write_fork
 from .reads import SqlReads
 from .schema import Syntax
 from .statements import Statements
-from .timeline import fork as write_fork
 
 __all__ = ["Dialect", "Grant", "Leases", "SqlLease", "SqlStore", "SqlTransaction", "StepLink",
            "tool_ended_transaction"]

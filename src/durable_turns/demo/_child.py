@@ -1,6 +1,6 @@
-"""One delivery of the demo's turn, in its own process (``durable-turns demo-worker``).
+"""One delivery of the demo's turn, in its own process (``durable-turns demo-child``).
 
-The worker opens the SQLite store, delivers the turn id it was given, and prints the turn's
+The child opens the SQLite store, delivers the turn id it was given, and prints the turn's
 events as they come. With a *kill point* it stops dead there — the whole process, event loop
 included, so no further step can start — and tells the parent through a pipe, which then
 SIGKILLs it. That makes the crash land on an exact checkpoint boundary, every run:
@@ -49,7 +49,7 @@ KILL_POINTS: dict[str, str] = {
     "inside-notify": "inside notify: the message posted, its step not committed",
 }
 EXIT_ORPHANED = 70
-"""The worker's exit code when its parent went away while it waited at a kill point."""
+"""The child's exit code when its parent went away while it waited at a kill point."""
 LEASE_TIMEOUT = 15.0
 TURN_TIMEOUT = 30.0
 REAL_MODEL_TURN_TIMEOUT = 300.0
@@ -57,7 +57,7 @@ REAL_MODEL_TURN_TIMEOUT = 300.0
 
 
 @dataclass(frozen=True, slots=True)
-class WorkerOptions:
+class ChildOptions:
     """What one delivery needs: where, which turn, and where to stop."""
 
     db: Path
@@ -66,7 +66,7 @@ class WorkerOptions:
     delivery: int
     kill_at: str | None = None
     control_fd: int | None = None
-    """A pipe to the parent: the worker writes one line there when it reaches ``kill_at``
+    """A pipe to the parent: the child writes one line there when it reaches ``kill_at``
     (``paused <point>``), or when the turn failed because the model could not be reached
     (``unreachable <message>``)."""
     model: str = SCRIPTED
@@ -184,7 +184,7 @@ class EventPrinter:
             self.streaming = False
 
 
-async def run_worker(opts: WorkerOptions, console: Console) -> int:
+async def run_child(opts: ChildOptions, console: Console) -> int:
     """Deliver the turn once; 0 when it completed, 1 when it failed or was cancelled.
 
     Raises:
@@ -230,7 +230,7 @@ async def run_worker(opts: WorkerOptions, console: Console) -> int:
 
 
 UNREACHABLE = "unreachable "
-"""How a worker's line to its parent starts when the model could not be reached."""
+"""How a child's line to its parent starts when the model could not be reached."""
 
 
 __all__ = [
@@ -240,8 +240,8 @@ __all__ = [
     "REAL_MODEL_TURN_TIMEOUT",
     "TURN_TIMEOUT",
     "UNREACHABLE",
+    "ChildOptions",
     "EventPrinter",
     "Freezer",
-    "WorkerOptions",
-    "run_worker",
+    "run_child",
 ]

@@ -1,5 +1,6 @@
-"""What arrives over the wire, bounded before anything trusts it: a body read within a size
-and a time, JSON decoded within a depth, a cursor that is a number of this world.
+"""HTTP input limits: what arrives over the wire, bounded before anything trusts it: a body
+read within a size and a time, JSON decoded within a depth, a cursor that is a number of this
+world.
 
 The HTTP host and the channels read their requests through these, so a bad request is a
 refusal with its status (:class:`HttpError`: 400, 408, 413), never a failure of the server:

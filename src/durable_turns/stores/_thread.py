@@ -5,7 +5,7 @@ about half the CPU of an executor round trip), and safe for jobs that hold a con
 transaction: a caller cancelled while its job runs waits for the job to finish before the
 cancellation goes on, so nobody rolls back a connection a job is still using.
 
-:meth:`Worker.run` may *linger*: the loop's thread waits (blocked, the GIL released) up to
+:meth:`StoreThread.run` may *linger*: the loop's thread waits (blocked, the GIL released) up to
 ``linger`` seconds for a short job before it goes back to the loop to wait. A job done in
 that time costs a third of the CPU of a round trip through the loop (no self-pipe write, no
 loop wake-up), measured at about 22 against 50 µs on a small machine; a longer job delays
@@ -52,7 +52,7 @@ class _Lingering:
         self.loop: asyncio.AbstractEventLoop | None = None
 
     def done(self, ok: bool, value: Any) -> None:
-        """On the worker's thread: keep the outcome, and tell the loop if it waits there."""
+        """On the store's thread: keep the outcome, and tell the loop if it waits there."""
         with self.guard:
             self.ok, self.value, self.finished = ok, value, True
             fut, loop = self.fut, self.loop
@@ -67,7 +67,7 @@ class _Lingering:
         raise self.value
 
 
-class Worker:
+class StoreThread:
     """One daemon thread and its queue of jobs.
 
     Args:
@@ -130,4 +130,4 @@ class Worker:
         self._thread.join()
 
 
-__all__ = ["Worker"]
+__all__ = ["StoreThread"]
