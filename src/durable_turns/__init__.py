@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import typing
 
+from ._loader import load_agent
 from .agent import Agent, SurfacePolicy
 from .channels import mount_agent, receive
 from .context import ActionContext, ToolContext
@@ -28,7 +29,6 @@ from .errors import (
 )
 from .events import TurnEvent
 from .inbound import InboundEvent, Trigger, User
-from .loader import load_agent
 from .messages import Message, ToolCall
 from .model import Model, ModelRequest, Stop, TextDelta
 from .models.scripted import ModelReply, scripted

@@ -50,14 +50,14 @@ LAYERS: tuple[Layer, ...] = (
     Layer(
         "parts",
         "what the engine puts together: the Agent, answerers and grants, spans",
-        ("agent", "hitl", "tracing"),
+        ("agent", "_hitl", "_tracing"),
     ),
     Layer(
         "engine",
         "the engine (a turn's loop and its step kinds, how a step commits, a session's "
         "driver), commands, subagents, forks, the schedulers that have steps run, queries "
         "for hosts, AgentSession (a façade), Runtime, replay",
-        ("engine", "commands", "subagents", "forks", "scheduling", "queries", "sessions",
+        ("engine", "commands", "subagents", "_forks", "scheduling", "_queries", "sessions",
          "runtime", "replay"),
     ),
     Layer(
@@ -67,11 +67,11 @@ LAYERS: tuple[Layer, ...] = (
         "scheduler and worker, the store conformance suite",
         (
             "models",
-            "stores.feed",
+            "stores._feed",
             "stores.live",
             "stores._thread",
             "stores.kit",
-            "stores.signals",
+            "stores._signals",
             "stores.sql",
             "stores.memory",
             "stores.sqlite",
@@ -93,7 +93,7 @@ LAYERS: tuple[Layer, ...] = (
         "what puts an agent before people: the bounds of what arrives over the wire, who "
         "may do what to a session, channels, the HTTP/SSE server and its console, the app "
         "folder's loader, the demo",
-        ("_input_limits", "access", "channels", "server", "loader", "demo"),
+        ("_input_limits", "access", "channels", "server", "_loader", "_demo"),
     ),
     Layer(
         "composition",

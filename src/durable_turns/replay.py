@@ -21,11 +21,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+from ._hitl import Grant, sign
 from .agent import Agent
 from .context import ToolContext
 from .errors import ConfigurationError
 from .history import ForkPlan
-from .hitl import Grant, sign
 from .inbound import InboundEvent, Trigger
 from .messages import Message, ToolCall
 from .model import Model

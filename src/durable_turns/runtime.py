@@ -27,6 +27,7 @@ import logging
 import os
 from collections.abc import Iterable
 
+from ._queries import Queries
 from .agent import Agent
 from .commands import COMMANDS, Registry, check_redelivery, supersede_at_once
 from .context import Sessions
@@ -45,7 +46,6 @@ from .errors import (
 )
 from .events import EventSink, TurnEvent
 from .model import Model
-from .queries import Queries
 from .records import NewEntry, SessionKey, TurnRecord, TurnResult
 from .scheduling import InProcessScheduler, Scheduler
 from .sessions import AgentSession

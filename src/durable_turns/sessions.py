@@ -2,7 +2,7 @@
 questions, cancel, retry or reset them (F5 to F8) — and what those calls return.
 
 A façade: every call is one or two of the runtime's public methods (``accept``, ``wait``,
-``subscribe``, ``interrupt``), a read of the session, or a command of ``commands.py``,
+``subscribe``, ``interrupt``), a read of the session, or a command of ``commands/``,
 whose checks it runs before accepting it. It depends on the runtime through
 :class:`RuntimeAPI` only.
 """
@@ -19,6 +19,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from ._forks import plan_fork
+from ._hitl import Grant, check_answerer, sign, validate_answer
+from ._queries import summary_of
 from .agent import Agent, AuthorizeAnswer
 from .commands import RESET, Cancel, ChainCommand, Registry, Reset, Resume, Retry, latest_turn
 from .errors import (
@@ -30,13 +33,10 @@ from .errors import (
     TurnSuspendedError,
 )
 from .events import TurnEvent, TurnFailed
-from .forks import plan_fork
 from .history import Checkpoint
-from .hitl import Grant, check_answerer, sign, validate_answer
 from .inbound import InboundEvent, Trigger
 from .messages import Message
 from .model import Model
-from .queries import summary_of
 from .records import (
     InputRequest,
     NewEntry,

@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 
 from durable_turns import Agent, Message, Runtime, SqliteStore
-from durable_turns.demo import KILL_POINTS
-from durable_turns.demo.reach import WatchedModel, unreachable
+from durable_turns._demo import KILL_POINTS
+from durable_turns._demo.reach import WatchedModel, unreachable
 from durable_turns.errors import ModelError
 from durable_turns.records import Answer, StepResult
 from durable_turns.testing import get_turn, step_result

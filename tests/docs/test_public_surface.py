@@ -1,6 +1,7 @@
 """F1 seams and stores: the public surface is deliberate. Every public module of the package
 (one whose name, and whose packages' names, start with no underscore) says what it offers in
-a sorted ``__all__``, and every name listed there exists. A folder (a package whose
+a sorted ``__all__``, and every name listed there exists; the public modules are exactly the
+ones ``docs/reference/index.md`` lists under "The public modules". A folder (a package whose
 ``__init__`` holds only its docstring, like ``engine/``) is no module of the surface: it
 holds private modules only."""
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 import ast
 import importlib
 import pkgutil
+import re
 from pathlib import Path
 
 import pytest
@@ -20,7 +22,7 @@ PACKAGE = Path(durable_turns.__file__).parent
 
 def source_of(module: str) -> Path:
     path = PACKAGE.joinpath(*module.split(".")[1:])
-    # server/console.py is a module; server/console/ beside it holds its static files.
+    # server/_console.py is a module; server/console/ beside it holds its static files.
     return path.with_suffix(".py") if path.with_suffix(".py").is_file() else path / "__init__.py"
 
 
@@ -70,13 +72,37 @@ def declared_all(module: str) -> list[str] | None:
 
 
 MODULES = public_modules()
+REFERENCE = Path(__file__).resolve().parents[2] / "docs" / "reference" / "index.md"
+
+
+def listed_modules() -> set[str]:
+    """The modules "The public modules" of the reference names: ``durable_turns.x`` and the
+    submodules written after it as ``(`.a`, `.b`)``."""
+    text = REFERENCE.read_text()
+    section = text[text.index("## The public modules"):]
+    found: set[str] = set()
+    for item in re.split(r"^- ", section, flags=re.M)[1:]:
+        item = " ".join(item.split())
+        for m in re.finditer(r"`(durable_turns(?:\.\w+)*)`(?: \(([^)]*)\))?", item):
+            found.add(m.group(1))
+            for sub in re.findall(r"`(\.[\w.]+)`", m.group(2) or ""):
+                found.add(m.group(1) + sub)
+    return found
 
 
 def test_the_walk_finds_the_modules_and_skips_the_private_ones() -> None:
-    assert {"durable_turns.runtime", "durable_turns.stores.sql.log",
-            "durable_turns.server.guard"} <= set(MODULES)
+    assert {"durable_turns.runtime", "durable_turns.stores.sql.schema",
+            "durable_turns.server.run"} <= set(MODULES)
+    assert "durable_turns.server._guard" in all_modules()
     assert not [m for m in MODULES if "._" in m]
     assert "durable_turns.engine" not in MODULES
+
+
+def test_the_public_modules_are_exactly_the_documented_ones() -> None:
+    listed = listed_modules()
+    assert sorted(set(MODULES) - listed) == [], \
+        "public modules the reference does not list: list each, or make it private (_name)"
+    assert sorted(listed - set(MODULES)) == [], "the reference lists modules that are not public"
 
 
 def test_a_folder_holds_private_modules_only() -> None:

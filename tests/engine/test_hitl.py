@@ -19,6 +19,7 @@ from durable_turns import (
     scripted,
     tool,
 )
+from durable_turns._hitl import Grant
 from durable_turns.errors import (
     InvalidInputError,
     ResumeAuthorizationError,
@@ -27,7 +28,6 @@ from durable_turns.errors import (
     TurnSuspendedError,
 )
 from durable_turns.events import TurnEvent
-from durable_turns.hitl import Grant
 from durable_turns.models import ModelRequest
 from durable_turns.records import NewEntry
 from durable_turns.stores import SessionStore

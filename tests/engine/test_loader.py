@@ -17,9 +17,9 @@ from durable_turns import (
     load_agent,
     scripted,
 )
+from durable_turns._loader import load_app
 from durable_turns.agent import check_surfaces
 from durable_turns.errors import ConfigurationError
-from durable_turns.loader import load_app
 from durable_turns.models import ModelRequest
 
 AGENT_PY = '''

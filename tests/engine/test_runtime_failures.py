@@ -175,7 +175,7 @@ class FailingAccepts(MemoryStore):
 
 async def test_the_chat_repl_offers_a_line_s_turn_again_and_it_is_started_once() -> None:
     from durable_turns.channels import mount_agent
-    from durable_turns.channels.repl import chat
+    from durable_turns.channels._repl import chat
 
     written: list[str] = []
 

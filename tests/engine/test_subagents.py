@@ -455,7 +455,7 @@ async def test_a_parents_stream_shows_the_child_and_ends_with_the_parent(
 async def test_the_terminal_nests_the_childs_work_and_asks_the_parents_question(
         store: SessionStore) -> None:
     from durable_turns.channels import ChannelContext
-    from durable_turns.channels.repl import render
+    from durable_turns.channels._repl import render
 
     rt = runtime(store, scripted([ModelReply("", [ToolCall("h1", "approve", {"amount": 3})]),
                                   ModelReply("Paid.")]), approve)

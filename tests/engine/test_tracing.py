@@ -320,7 +320,7 @@ import asyncio, sys
 if sys.argv[1] == "no-api":
     sys.modules["opentelemetry"] = None  # as if opentelemetry-api were not installed
 from durable_turns import Agent, MemoryStore, ModelReply, Runtime, scripted
-from durable_turns.tracing import begin_turn
+from durable_turns._tracing import begin_turn
 async def main():
     async with Runtime([Agent("ops")], MemoryStore(), scripted([ModelReply("hi")])) as rt:
         print((await rt.session("ops", "s1").turn("hello")).text)

@@ -48,8 +48,8 @@ from durable_turns import (
     scripted,
     tool,
 )
-from durable_turns.demo.brain import ops_model
-from durable_turns.demo.refunds import ensure_refunds_schema, read_refunds, refund_tool
+from durable_turns._demo.brain import ops_model
+from durable_turns._demo.refunds import ensure_refunds_schema, read_refunds, refund_tool
 from durable_turns.models import ModelEvent, ModelRequest
 from durable_turns.models.scripted import calls_this_turn
 from durable_turns.server import create_app

@@ -16,7 +16,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from durable_turns import Agent, MemoryStore, ModelReply, Runtime, scripted
 from durable_turns.models import ModelRequest
 from durable_turns.server import create_app
-from durable_turns.server.fanout import EventStream, Outbox, Pacer, start_eagerly
+from durable_turns.server._fanout import EventStream, Outbox, Pacer, start_eagerly
 from fakes.serving import serving
 
 WAIT = 60.0

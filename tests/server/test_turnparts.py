@@ -1,4 +1,4 @@
-"""F19: A turn's events as frontend parts (``server/turnparts.py``): the text of a message shown
+"""F19: A turn's events as frontend parts (``server/_turnparts.py``): the text of a message shown
 once and whole, whether the stream saw the step from its start, joined it late, lost a live
 piece or saw a model call tried again; and AG-UI's frames of those parts a valid sequence."""
 
@@ -20,9 +20,9 @@ from durable_turns.events import (
 )
 from durable_turns.messages import ToolCall
 from durable_turns.records import InputRequest
-from durable_turns.server.ag_ui import Frames
-from durable_turns.server.ai_sdk import chunks
-from durable_turns.server.turnparts import Part, TurnParts
+from durable_turns.server._ag_ui import Frames
+from durable_turns.server._ai_sdk import chunks
+from durable_turns.server._turnparts import Part, TurnParts
 
 IDS: EventIds = {"agent": "ops", "session": "s1", "turn_id": "t1"}
 CALL = ToolCall("c1", "lookup", {"city": "Paris"})

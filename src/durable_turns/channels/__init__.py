@@ -19,10 +19,10 @@ Importing this package imports no web framework or SDK: a channel's own module d
 
 from __future__ import annotations
 
-from .context import ChannelContext, TurnStream, mount_agent
-from .contract import Channel, Deliverer
-from .delivery import DELIVERED, deliver_owed, receive, recover_deliveries
-from .registry import BUILTIN_CHANNELS, ChannelFactory, channel_from_env
+from ._context import ChannelContext, TurnStream, mount_agent
+from ._contract import Channel, Deliverer
+from ._delivery import DELIVERED, deliver_owed, receive, recover_deliveries
+from ._registry import BUILTIN_CHANNELS, ChannelFactory, channel_from_env
 
 __all__ = [
     "BUILTIN_CHANNELS",

@@ -59,7 +59,7 @@ from ..errors import ConfigurationError
 from ..events import InputRequested, TurnEvent
 from ..records import InputRequest
 from ..runtime import Runtime
-from .slack_thread import APPROVE, DENY, chunk_json, prompt_blocks, text_blocks
+from ._slack_thread import APPROVE, DENY, chunk_json, prompt_blocks, text_blocks
 from .thread_channel import Click, Said, ThreadChannel
 from .threads import STREAM_IDLE, SUPERSEDED, Chunk, StreamEnded, Thread, outcome
 

@@ -41,7 +41,7 @@ from ..errors import (
 from ..events import TurnEvent
 from ..inbound import InboundEvent
 from ..sessions import AgentSession
-from .context import ChannelContext, mount_agent
+from ._context import ChannelContext, mount_agent
 from .threads import STREAM_IDLE, Chunk, Thread, ThreadDeliveries
 
 if TYPE_CHECKING:

@@ -45,9 +45,9 @@ from ..inbound import InboundEvent
 from ..records import InputRequest, SessionKey, TurnRecord, TurnStatus
 from ..sessions import AgentSession
 from ..stores import Subscription
-from .context import ChannelContext
-from .contract import Deliverer
-from .delivery import deliver_when_settled, delivery_settled, delivery_target
+from ._context import ChannelContext
+from ._contract import Deliverer
+from ._delivery import deliver_when_settled, delivery_settled, delivery_target
 
 SUPERSEDED = "superseded by a newer message"
 """How a reply superseded by a newer message in its thread ends."""

@@ -23,11 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .._hitl import who_may_answer
 from ..agent import Agent
 from ..channels import mount_agent
-from ..channels.repl import render
+from ..channels._repl import render
 from ..errors import ResumeConflictError
-from ..hitl import who_may_answer
 from ..records import InputRequest, SessionKey
 from ..runtime import Runtime
 from ..scheduling import NoDriveScheduler

@@ -17,10 +17,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
+from .._demo import DemoFailure, DemoInputError
+from .._loader import App, load_app
 from ..agent import Agent
-from ..demo import DemoFailure, DemoInputError
 from ..errors import ConfigurationError, DurableTurnsError, StoreError, error_kind
-from ..loader import App, load_app
 from ..models.resolve import resolve_model
 from ..stores import SessionStore
 from ..stores.registry import file_of, store_for

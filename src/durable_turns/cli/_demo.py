@@ -19,11 +19,11 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..demo import KILL_POINTS, ChildOptions, DemoOptions, run_child, run_demo
-from ..demo.approval import ApproveOptions, RefundOptions, run_approve, run_pending, run_refund
-from ..demo.choice import DEFAULT_ANTHROPIC, ModelChoice, choose_model
-from ..demo.refunds import APPROVAL_ID, ORDER_ID
-from ..demo.term import make_console
+from .._demo import KILL_POINTS, ChildOptions, DemoOptions, run_child, run_demo
+from .._demo.approval import ApproveOptions, RefundOptions, run_approve, run_pending, run_refund
+from .._demo.choice import DEFAULT_ANTHROPIC, ModelChoice, choose_model
+from .._demo.refunds import APPROVAL_ID, ORDER_ID
+from .._demo.term import make_console
 from ..errors import ConfigurationError
 from ._args import PROG, fail, name, os_user, run_command
 

@@ -28,7 +28,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from ..agent import check_surfaces
-from ..channels.registry import channel_from_env
+from ..channels._registry import channel_from_env
 from ..commands import COMMANDS, Registry
 from ..errors import ConfigurationError, DurableTurnsError, error_kind
 from ..records import TurnResult
@@ -249,7 +249,7 @@ def _serving(args: argparse.Namespace) -> int:
     app = load(app_dir(args), args.model)
     authenticate = app.authenticate
     if args.auth:
-        from ..loader import load_callable
+        from .._loader import load_callable
 
         authenticate = load_callable(args.auth)
     names = [*(args.channel or []), *(["slack"] if args.slack else [])]
@@ -353,7 +353,7 @@ def _chat(args: argparse.Namespace) -> int:
 
 def _chatting(args: argparse.Namespace, user: str) -> int:
     from ..channels import mount_agent
-    from ..channels.repl import SOURCE, chat
+    from ..channels._repl import SOURCE, chat
 
     agent = agent_of(args)
     make, _named = store_of(args, create=True)

@@ -1,7 +1,7 @@
 """Commands: what is asked of a session besides a turn — cancel it, reset it, answer its
 parked turn, retry a failed turn (F2, F6, F7, F8) — one module each, and the registry.
 
-Each module declares its command once (a :class:`~durable_turns.commands.registry.
+Each module declares its command once (a :class:`~durable_turns.commands._registry.
 CommandSpec`): how it is accepted (``queued`` behind the running turn as a chain entry, or
 ``at once`` as a durable signal), its check (written once, run when it is accepted and
 again where it applies, since the session may have changed in between), its effect (the
@@ -13,11 +13,11 @@ from the runtime's registry (``Runtime(commands=COMMANDS.with_(MY_SPEC))`` adds 
 
 from __future__ import annotations
 
-from . import cancel, reset, resume, retry
-from .accepting import check_redelivery, supersede_at_once
-from .cancel import Cancel
-from .place import Place
-from .registry import (
+from ._accepting import check_redelivery, supersede_at_once
+from ._cancel import SPEC as CANCEL_SPEC
+from ._cancel import Cancel
+from ._place import Place
+from ._registry import (
     Acceptance,
     Arg,
     Call,
@@ -28,9 +28,12 @@ from .registry import (
     Streamed,
     Verb,
 )
-from .reset import RESET, Reset
-from .resume import Resume
-from .retry import Retry, latest_turn
+from ._reset import RESET, Reset
+from ._reset import SPEC as RESET_SPEC
+from ._resume import SPEC as RESUME_SPEC
+from ._resume import Resume
+from ._retry import SPEC as RETRY_SPEC
+from ._retry import Retry, latest_turn
 
 __all__ = [
     "COMMANDS",
@@ -54,5 +57,5 @@ __all__ = [
     "supersede_at_once",
 ]
 
-COMMANDS = Registry([cancel.SPEC, reset.SPEC, resume.SPEC, retry.SPEC])
+COMMANDS = Registry([CANCEL_SPEC, RESET_SPEC, RESUME_SPEC, RETRY_SPEC])
 """The commands every runtime knows."""

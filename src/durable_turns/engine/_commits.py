@@ -13,10 +13,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
+from .._tracing import TurnTrace
 from ..events import EventIds, TurnEvent
 from ..messages import Message
 from ..stores import Lease, Transaction
-from ..tracing import TurnTrace
 
 Fill = Callable[[Transaction], Awaitable[list[TurnEvent]]]
 """Buffers one step's writes in its transaction; returns the events it logged."""

@@ -22,6 +22,7 @@ import logging
 from collections.abc import Awaitable
 from typing import Any, TypeVar
 
+from .._tracing import TurnTrace, begin_turn
 from ..agent import SurfacePolicy
 from ..errors import (
     RUNTIME_FAILURES,
@@ -60,7 +61,6 @@ from ..records import (
 )
 from ..stores import Lease, Transaction
 from ..tools import Tool
-from ..tracing import TurnTrace, begin_turn
 from ._commits import TRACE, StepCommits
 from ._model_step import RetryPolicy, ask
 from ._step_context import StepContext

@@ -31,6 +31,8 @@ from typing import Any, TypeVar
 
 import jsonschema
 
+from .._hitl import default_answerers
+from .._tracing import StepSpan
 from ..agent import Agent
 from ..context import Sessions, ToolContext, Watcher
 from ..errors import (
@@ -43,7 +45,6 @@ from ..errors import (
     runtime_failure,
 )
 from ..events import ActionCompleted, ActionRetry, TurnEvent
-from ..hitl import default_answerers
 from ..inbound import InboundEvent
 from ..messages import ToolCall, encode_json
 from ..records import (
@@ -63,7 +64,6 @@ from ..records import (
 )
 from ..stores import Transaction
 from ..tools import Tool, compile_schema
-from ..tracing import StepSpan
 from ._commits import StepCommits
 from ._step_context import StepContext
 from ._tool_message import BatchState, tool_message

@@ -18,9 +18,9 @@ returns has nothing ``more``. The runtime takes one in ``Runtime(scheduler=…)`
 from __future__ import annotations
 
 from ..engine._driver import ChainState
-from .claiming import ClaimingScheduler
-from .inprocess import InProcessScheduler, NoDriveScheduler
-from .scheduler import Scheduler, Stepped
+from ._claiming import ClaimingScheduler
+from ._inprocess import InProcessScheduler, NoDriveScheduler
+from ._scheduler import Scheduler, Stepped
 
 __all__ = [
     "ChainState",

@@ -19,10 +19,10 @@ except ImportError as e:  # pragma: no cover - depends on the install
 
 from typing import Any
 
+from ._ai_sdk import mount_ai_sdk
+from ._app import PING, create_app
+from ._fanout import MAX_BACKLOG
 from ._http import MAX_BODY, Authenticate, is_loopback
-from .ai_sdk import mount_ai_sdk
-from .app import PING, create_app
-from .fanout import MAX_BACKLOG
 
 __all__ = ["MAX_BACKLOG", "MAX_BODY", "PING", "Authenticate", "create_app", "is_loopback",
            "mount_ag_ui", "mount_ai_sdk"]
@@ -31,7 +31,7 @@ __all__ = ["MAX_BACKLOG", "MAX_BODY", "PING", "Authenticate", "create_app", "is_
 def __getattr__(name: str) -> Any:
     # AG-UI's types come with the ag-ui extra: imported when mount_ag_ui is first asked for.
     if name == "mount_ag_ui":
-        from .ag_ui import mount_ag_ui
+        from ._ag_ui import mount_ag_ui
 
         return mount_ag_ui
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -16,11 +16,11 @@ import uvicorn
 from ..channels import Channel
 from ..errors import ConfigurationError
 from ..runtime import Runtime
+from ._app import create_app
+from ._frontends import mount_frontends
 from ._http import Authenticate, is_loopback
-from .app import create_app
+from ._lifespan import GRACE
 from .deadlines import HttpProtocol
-from .frontends import mount_frontends
-from .lifespan import GRACE
 
 log = logging.getLogger("durable_turns.server")
 

@@ -31,7 +31,7 @@ from typing import Any
 import psycopg
 
 from ..records import SessionKey
-from .feed import Feed
+from ._feed import Feed
 
 CHANNEL = "durable_turns"
 """The NOTIFY channel; a payload is

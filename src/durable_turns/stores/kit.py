@@ -40,8 +40,8 @@ from ..records import (
     TurnResult,
     TurnStatus,
 )
+from ._feed import Feed, Subscription
 from ._thread import StoreThread
-from .feed import Feed, Subscription
 from .live import LiveRelay, LiveWire
 
 __all__ = [
@@ -241,7 +241,7 @@ def check_enqueue(key: SessionKey, kind: EntryKind,
 
 def supersede_reason(kind: EntryKind, supersede: str | None) -> str | None:
     """The cancellation reason a new entry gives the unfinished turns before it, if any: the
-    one it carries (a reset's is its command's, ``commands.reset``; ``kind`` is kept for the
+    one it carries (a reset's is its command's, ``commands._reset``; ``kind`` is kept for the
     stores that call this)."""
     return supersede
 

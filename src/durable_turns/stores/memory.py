@@ -32,9 +32,9 @@ from typing import Any, TypeVar
 from ..errors import StoreError
 from ..records import SessionKey
 from . import StoreCapabilities
+from ._feed import Feed
+from ._signals import ProcessSignals
 from ._thread import StoreThread
-from .feed import Feed
-from .signals import ProcessSignals
 from .sql import LocalLeases, ProcessLocks, SharedLink, SqlStore, upgrade
 from .sqlite import SYNTAX, SqliteConnection, SqliteTransactions
 

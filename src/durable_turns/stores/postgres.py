@@ -50,10 +50,10 @@ import psycopg
 from ..errors import StoreError
 from ..records import SessionKey
 from . import StoreCapabilities
+from ._feed import Feed
 from ._postgres_lanes import Lane, PgConnection, PgTransactions, StepLane
 from ._postgres_leases import Beat, RowLeases
 from ._postgres_listen import CHANNEL, LISTENER_NAME, NotifyWire, listen, notify
-from .feed import Feed
 from .sql import (
     Column,
     Index,

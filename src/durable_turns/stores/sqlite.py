@@ -47,6 +47,7 @@ from typing import Any, TypeVar
 from ..errors import StoreError
 from ..records import SessionKey
 from . import StoreCapabilities
+from ._feed import Feed
 from ._sqlite_files import (
     FileLocks,
     SqliteConnection,
@@ -57,7 +58,6 @@ from ._sqlite_files import (
 )
 from ._sqlite_live import SocketWire
 from ._sqlite_signals import FileSignals
-from .feed import Feed
 from .kit import StoreThread
 
 # Re-exported: the fewest messages a ``log_transcript`` row holds, the most log rows a

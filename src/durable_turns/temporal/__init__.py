@@ -21,9 +21,9 @@ except ImportError as e:  # pragma: no cover - the extra is part of the dev inst
         "durable_turns.temporal needs the Temporal SDK: pip install 'durable-turns[temporal]'"
     ) from e
 
-from .client import TASK_QUEUE, Connection, TemporalScheduler, connect
-from .worker import StepActivity, WorkerSettings, step_options, temporal_worker
-from .workflow import SessionWorkflow, workflow_id
+from ._client import TASK_QUEUE, Connection, TemporalScheduler, connect
+from ._worker import StepActivity, WorkerSettings, step_options, temporal_worker
+from ._workflow import SessionWorkflow, workflow_id
 
 __all__ = [
     "TASK_QUEUE",

@@ -27,8 +27,27 @@ then runs ``durable_turns.testing``'s conformance suite (every tier) against it.
 
 from __future__ import annotations
 
-from .connection import Connection, first
-from .local import RELEASED_KEPT, LocalLeases, Locks, ProcessLocks, SharedLink, SharedWriter
+from ._connection import Connection, first
+from ._local import RELEASED_KEPT, LocalLeases, Locks, ProcessLocks, SharedLink, SharedWriter
+from ._statements import (
+    LAST_ROW,
+    NEEDS_DRIVING,
+    TRANSCRIPT_CHUNK,
+    TRANSCRIPT_COPY_BYTES,
+    TRANSCRIPT_COPY_ROWS,
+    Statements,
+    counters,
+)
+from ._store import (
+    Dialect,
+    Grant,
+    Leases,
+    SqlLease,
+    SqlStore,
+    SqlTransaction,
+    StepLink,
+    tool_ended_transaction,
+)
 from .schema import (
     INDEXES,
     MIGRATIONS,
@@ -45,25 +64,6 @@ from .schema import (
     migrate,
     schema_version,
     upgrade,
-)
-from .statements import (
-    LAST_ROW,
-    NEEDS_DRIVING,
-    TRANSCRIPT_CHUNK,
-    TRANSCRIPT_COPY_BYTES,
-    TRANSCRIPT_COPY_ROWS,
-    Statements,
-    counters,
-)
-from .store import (
-    Dialect,
-    Grant,
-    Leases,
-    SqlLease,
-    SqlStore,
-    SqlTransaction,
-    StepLink,
-    tool_ended_transaction,
 )
 
 __all__ = [

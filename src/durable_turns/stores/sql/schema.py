@@ -31,8 +31,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ...errors import StoreError
-from .connection import Connection
-from .log import LEGACY_TO_LOG, LOOKED_UP
+from ._connection import Connection
+from ._log import LEGACY_TO_LOG, LOOKED_UP
 
 __all__ = [
     "INDEXES",

@@ -26,13 +26,13 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
+from .._hitl import who_may_answer
 from ..errors import ResumeAuthorizationError, ResumeConflictError, SessionBusyError
-from ..hitl import who_may_answer
 from ..inbound import InboundEvent
 from ..records import InputRequest, SessionKey, TurnResult
 from ..runtime import Runtime
 from ..stores.sqlite import SqliteStore
-from ._child import LEASE_TIMEOUT, EventPrinter
+from .child import LEASE_TIMEOUT, EventPrinter
 from .choice import OFFLINE, ModelChoice, build_model
 from .ops import AGENT_NAME, build_agent
 from .refunds import APPROVAL_ID, RefundRow, money, read_refunds

@@ -29,10 +29,10 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from ...records import SessionKey
 from ..kit import claim_found, retry_until
-from .store import Grant, tool_ended_transaction
+from ._store import Grant, tool_ended_transaction
 
 if TYPE_CHECKING:
-    from .store import SqlLease, SqlStore
+    from ._store import SqlLease, SqlStore
 
 __all__ = ["RELEASED_KEPT", "LocalLeases", "Locks", "ProcessLocks", "SharedLink", "SharedWriter"]
 

@@ -26,7 +26,7 @@ from rich.text import Text
 
 from ..errors import StoreError
 from ..stores.sqlite import SqliteStore
-from ._child import KILL_POINTS, UNREACHABLE
+from .child import KILL_POINTS, UNREACHABLE
 from .choice import OFFLINE, ModelChoice
 from .ops import AGENT_NAME, REQUEST, check_schema, ensure_schema, outbox_path
 from .report import StoreState, judge, read_state, render

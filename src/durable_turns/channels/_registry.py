@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 
 from ..errors import ConfigurationError
-from .contract import Channel
+from ._contract import Channel
 
 ChannelFactory = Callable[[Mapping[str, str]], Channel]
 """Makes a channel from the environment's variables.

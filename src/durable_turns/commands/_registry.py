@@ -22,7 +22,7 @@ from typing import Any, ClassVar, Literal, Protocol
 from pydantic import BaseModel
 
 from ..records import NewEntry, TurnRecord, TurnResult
-from .place import Place
+from ._place import Place
 
 __all__ = [
     "Acceptance",

@@ -7,7 +7,7 @@ import importlib.util
 
 from starlette.applications import Starlette
 
-from .ai_sdk import mount_ai_sdk
+from ._ai_sdk import mount_ai_sdk
 
 
 def mount_frontends(app: Starlette) -> list[str]:
@@ -23,7 +23,7 @@ def mount_frontends(app: Starlette) -> list[str]:
     mount_ai_sdk(app)
     if importlib.util.find_spec("ag_ui") is None:
         return ["ai-sdk"]
-    from .ag_ui import mount_ag_ui
+    from ._ag_ui import mount_ag_ui
 
     mount_ag_ui(app)
     return ["ai-sdk", "ag-ui"]

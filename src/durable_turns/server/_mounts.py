@@ -26,9 +26,9 @@ from ..commands import Resume
 from ..errors import ConfigurationError, error_kind
 from ..inbound import InboundEvent
 from ..runtime import Runtime
-from .fanout import EventStream, Streams
-from .guard import Guard
-from .turnparts import request_id
+from ._fanout import EventStream, Streams
+from ._guard import Guard
+from ._turnparts import request_id
 
 SEP = "\n"
 """The line separator of a protocol's streams: AG-UI's client splits events on a blank line

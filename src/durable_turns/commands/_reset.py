@@ -24,8 +24,8 @@ from ..events import TurnCancelled, TurnEvent
 from ..records import NewEntry, TurnRecord, TurnResult, TurnStatus
 from ..stores import Transaction
 from ..subagents import reset_children
-from .place import Place
-from .registry import Call, CommandSpec, Route, Verb
+from ._place import Place
+from ._registry import Call, CommandSpec, Route, Verb
 
 __all__ = ["REASON", "RESET", "SPEC", "Reset", "ResetBody"]
 

@@ -24,7 +24,7 @@ its coroutines.
 
 from __future__ import annotations
 
-from ._child import KILL_POINTS, ChildOptions, run_child
+from .child import KILL_POINTS, ChildOptions, run_child
 from .runner import DemoFailure, DemoInputError, DemoOptions, run_demo
 
 __all__ = [

@@ -20,7 +20,7 @@ from temporalio.service import RPCError
 from ..errors import ConfigurationError, StoreError
 from ..records import SessionKey
 from ..scheduling import Stepped
-from .workflow import STEPS_PER_RUN, WAKE, SessionStart, SessionWorkflow, StepOptions, workflow_id
+from ._workflow import STEPS_PER_RUN, WAKE, SessionStart, SessionWorkflow, StepOptions, workflow_id
 
 TASK_QUEUE = "durable-turns"
 """The task queue sessions' workflows and steps run on, unless told otherwise."""

@@ -1,7 +1,7 @@
 """A SQL store written once: the write path, the reads and the feed over a :class:`Dialect`.
 
 :class:`SqlStore` decides *what* is read and written (every statement is a
-:class:`~durable_turns.stores.sql.statements.Statements` rule) and *which* writes form one
+:class:`~durable_turns.stores.sql._statements.Statements` rule) and *which* writes form one
 transaction; the dialect decides *where* a job runs (the event loop, a thread, a pooled
 connection), *how* a transaction begins, nests and ends (``Dialect.atomic`` and the step's
 :class:`StepLink`: its SQL, or calls of its handle; the kit writes no transaction control),
@@ -37,15 +37,15 @@ from ...records import (
     TurnRecord,
 )
 from .. import StoreCapabilities, Watcher
-from ..feed import Feed, Subscription
+from .._feed import Feed, Subscription
+from .._signals import Signals
 from ..kit import BufferedTransaction, LeaseCounters
 from ..live import LiveRelay, LiveWire
-from ..signals import Signals
-from .cancels import Cancels
-from .history import fork as write_fork
-from .reads import SqlReads
+from ._cancels import Cancels
+from ._history import fork as write_fork
+from ._reads import SqlReads
+from ._statements import Statements
 from .schema import Syntax
-from .statements import Statements
 
 __all__ = ["Dialect", "Grant", "Leases", "SqlLease", "SqlStore", "SqlTransaction", "StepLink",
            "tool_ended_transaction"]

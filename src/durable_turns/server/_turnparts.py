@@ -1,5 +1,5 @@
 """A turn's events as the parts a frontend protocol shows: steps, text, reasoning, tool calls,
-a park, an end — what the AI SDK's UI message stream (``ai_sdk.py``) and AG-UI (``ag_ui.py``)
+a park, an end — what the AI SDK's UI message stream (``_ai_sdk.py``) and AG-UI (``_ag_ui.py``)
 both render, each in its own words.
 
 One rule lives here, for both: **a message's text is shown once, whole**. Live text

@@ -3,7 +3,7 @@
 A cancel is one write of the chain (``Statements.request_cancel``: the entries' ``cancel``)
 when the database's write lock can be had now. Where a running step holds it — a local
 tool's step on a dialect with one writer at a time, in this process or another — the cancel
-becomes a signal instead (the dialect's :class:`~durable_turns.stores.signals.Signals`,
+becomes a signal instead (the dialect's :class:`~durable_turns.stores._signals.Signals`,
 durable at once) and is folded into the chain as soon as the lock is free; meanwhile the
 lease's cancel check and the chain's reads see the signal as the entry's cancel.
 """
@@ -19,9 +19,9 @@ from typing import Any, Protocol, TypeVar
 
 from ...errors import StoreError
 from ...records import SessionKey, TurnRecord
-from ..feed import Feed
-from ..signals import Signals
-from .statements import Statements
+from .._feed import Feed
+from .._signals import Signals
+from ._statements import Statements
 
 T = TypeVar("T")
 

@@ -14,10 +14,10 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
+from .._hitl import Grant
 from ..agent import Agent
 from ..errors import ConfigurationError
 from ..events import TurnEvent
-from ..hitl import Grant
 from ..inbound import InboundEvent, Trigger
 from ..records import TurnStatus
 from ..runtime import Runtime

@@ -18,8 +18,8 @@ from ..events import TurnEvent
 from ..inbound import InboundEvent, Trigger
 from ..records import TurnRecord, TurnResult
 from ..sessions import AgentSession
-from .context import ChannelContext
-from .contract import Deliverer
+from ._context import ChannelContext
+from ._contract import Deliverer
 
 log = logging.getLogger("durable_turns")
 

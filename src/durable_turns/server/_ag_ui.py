@@ -68,7 +68,7 @@ from ..access import Action
 from ..channels import ChannelContext, TurnStream
 from ..records import InputRequest
 from ._http import read_body
-from .mounts import (
+from ._mounts import (
     ProtocolSeam,
     answer_all,
     component_schemas,
@@ -76,7 +76,7 @@ from .mounts import (
     protocol_seam,
     refusal,
 )
-from .turnparts import (
+from ._turnparts import (
     Ended,
     Parked,
     Part,

@@ -10,7 +10,7 @@ import logging
 from ..errors import ConfigurationError, LeaseLostError, LeaseTimeoutError, StoreError
 from ..records import SessionKey
 from ..stores import Lease
-from .scheduler import Stepped
+from ._scheduler import Stepped
 
 __all__ = ["InProcessScheduler", "NoDriveScheduler"]
 

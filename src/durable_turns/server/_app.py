@@ -32,6 +32,9 @@ from ..models.resolve import resolve_model
 from ..records import TurnRecord
 from ..runtime import Runtime
 from ..sessions import AgentSession
+from ._console import console_routes
+from ._fanout import BACK, HEADERS, MAX_BACKLOG, OUTAGE, EventStream, FrameCache, Outbox, Streams
+from ._guard import Guard
 from ._http import (
     RETRY_AFTER,
     Authenticate,
@@ -39,17 +42,14 @@ from ._http import (
     is_durable,
     read_body,
 )
+from ._idempotency import HEADER, idempotent, open_keyed
+from ._lifespan import GRACE, host_lifespan
+from ._mounts import ProtocolSeam
+from ._openapi import openapi
 from ._timeline import last_activity
-from .console import console_routes
-from .fanout import BACK, HEADERS, MAX_BACKLOG, OUTAGE, EventStream, FrameCache, Outbox, Streams
-from .guard import Guard
+from ._timetravel import BODIES as TIME_TRAVEL_BODIES
+from ._timetravel import timetravel_routes
 from .headers import SecurityHeaders
-from .idempotency import HEADER, idempotent, open_keyed
-from .lifespan import GRACE, host_lifespan
-from .mounts import ProtocolSeam
-from .openapi import openapi
-from .timetravel import BODIES as TIME_TRAVEL_BODIES
-from .timetravel import timetravel_routes
 
 PING = 15.0
 """Seconds between keep-alive comments on an idle event stream."""
@@ -202,7 +202,7 @@ class _Host:
         self.streams = Streams(ping, max_backlog)
         self.mounted: dict[str, ChannelContext] = {
             name: mount_agent(agent, runtime) for name, agent in runtime.agents.items()}
-        # What mount_ai_sdk and mount_ag_ui add their routes through (server/mounts.py).
+        # What mount_ai_sdk and mount_ag_ui add their routes through (server/_mounts.py).
         self.protocols = ProtocolSeam(runtime, guard, self.mounted, self.streams)
 
     def app(self, extra: Sequence[BaseRoute], lifespan: Any, *, api: bool) -> Starlette:

@@ -16,9 +16,9 @@ from ...errors import SessionExistsError
 from ...history import Checkpoint, ForkPlan
 from ...messages import encode_json, encode_message
 from ...records import InputRequest, SessionKey, TurnRecord
-from .connection import Connection
-from .log import events_of, renamed, steps_of
-from .statements import Statements
+from ._connection import Connection
+from ._log import events_of, renamed, steps_of
+from ._statements import Statements
 
 __all__ = ["checkpoints", "fork"]
 

@@ -7,7 +7,7 @@ import contextlib
 import logging
 
 from ..errors import StoreError
-from .inprocess import InProcessScheduler
+from ._inprocess import InProcessScheduler
 
 __all__ = ["ClaimingScheduler"]
 

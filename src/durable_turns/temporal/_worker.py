@@ -42,8 +42,8 @@ from ..engine._model_step import BACKOFF_CAP
 from ..errors import RetryStep
 from ..runtime import Runtime
 from ..tools import RETRY_BACKOFF_CAP
-from .client import TASK_QUEUE
-from .workflow import (
+from ._client import TASK_QUEUE
+from ._workflow import (
     ACTIVITY,
     BACKOFF,
     PLAN,

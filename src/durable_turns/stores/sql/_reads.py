@@ -1,5 +1,5 @@
 """The reads of a SQL store, once for every dialect: each is a
-:class:`~durable_turns.stores.sql.statements.Statements` query run where the dialect runs its
+:class:`~durable_turns.stores.sql._statements.Statements` query run where the dialect runs its
 reads (``SqlStore.read``)."""
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from ...records import (
     TurnRecord,
     Visibility,
 )
-from .history import checkpoints as read_checkpoints
-from .statements import Statements
+from ._history import checkpoints as read_checkpoints
+from ._statements import Statements
 
 __all__ = ["SqlReads"]
 

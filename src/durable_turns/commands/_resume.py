@@ -27,8 +27,8 @@ from ..records import (
     TurnStatus,
     resume_entry_id,
 )
-from .place import Place
-from .registry import Call, CommandSpec, Route, Streamed
+from ._place import Place
+from ._registry import Call, CommandSpec, Route, Streamed
 
 __all__ = ["SPEC", "Resume", "ResumeBody"]
 

@@ -42,8 +42,8 @@ from ..events import (
 )
 from ..inbound import InboundEvent
 from ..records import InputRequest
-from .context import ChannelContext, TurnStream
-from .terminal import StdioTerminal, Terminal
+from ._context import ChannelContext, TurnStream
+from ._terminal import StdioTerminal, Terminal
 
 PROMPT = "you> "
 SOURCE = "cli"
@@ -74,7 +74,7 @@ async def chat(channel: ChannelContext, *, session: str, user: str,
         session: the session the conversation lives in (it survives restarts).
         user: who types; the REPL attests it (it is the terminal's user).
         terminal: where it reads and writes (default: this process's stdin and stdout,
-            :class:`~durable_turns.channels.terminal.StdioTerminal`).
+            :class:`~durable_turns.channels._terminal.StdioTerminal`).
     """
     if terminal is None:
         with StdioTerminal() as own:

@@ -215,7 +215,7 @@ def openapi(bodies: dict[str, type[BaseModel]], agents: list[str],
 
 
 def _keyed(route: dict[str, Any]) -> dict[str, Any]:
-    """A route that starts a turn takes an ``Idempotency-Key`` (``server/idempotency.py``)."""
+    """A route that starts a turn takes an ``Idempotency-Key`` (``server/_idempotency.py``)."""
     post = route["post"]
     post["parameters"] = [*post["parameters"], {
         "name": "Idempotency-Key", "in": "header", "required": False,

@@ -44,9 +44,9 @@ from ...records import (
     encode_entry,
 )
 from ..kit import Writes, check_enqueue, supersede_reason, updated_request
-from .connection import Connection, first
-from .filters import visible_where
-from .log import LOOKED_UP, events_of, row_of, steps_of
+from ._connection import Connection, first
+from ._filters import visible_where
+from ._log import LOOKED_UP, events_of, row_of, steps_of
 from .schema import OPEN as _OPEN
 from .schema import Syntax
 

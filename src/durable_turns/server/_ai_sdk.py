@@ -14,7 +14,7 @@
   shows the approval again and can answer it); 204 when no turn runs or waits. The store is
   the stream.
 
-A turn's events become chunks (``turnparts.py`` says how text is shown once, whole): ``start``
+A turn's events become chunks (``_turnparts.py`` says how text is shown once, whole): ``start``
 (its ``messageId`` is the turn id), ``start-step``/``finish-step`` per model step,
 ``text-*``, ``reasoning-*`` (live only), ``tool-input-available``, ``tool-output-available``
 or ``tool-output-error``, a ``tool-approval-request`` for a yes/no request of a tool call
@@ -45,8 +45,8 @@ from ..channels import ChannelContext, TurnStream
 from ..events import InputRequested, TurnEvent
 from ..records import InputRequest, TurnStatus
 from ._http import read_body
-from .idempotency import idempotent, open_keyed
-from .mounts import (
+from ._idempotency import idempotent, open_keyed
+from ._mounts import (
     ProtocolSeam,
     answer_all,
     component_schemas,
@@ -54,7 +54,7 @@ from .mounts import (
     protocol_seam,
     refusal,
 )
-from .turnparts import (
+from ._turnparts import (
     Ended,
     Parked,
     Part,

@@ -16,8 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..errors import TurnConflictError, UnknownTurnError
 from ..messages import Message
 from ..records import NewEntry, SessionKey, TurnRecord, TurnResult, TurnStatus
-from .place import Place
-from .registry import Call, CommandSpec, Route, Verb
+from ._place import Place
+from ._registry import Call, CommandSpec, Route, Verb
 
 __all__ = ["SPEC", "Retry", "RetryBody", "latest_turn"]
 

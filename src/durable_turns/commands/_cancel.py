@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import UnknownTurnError
 from ..records import SessionKey, TurnRecord
-from .registry import Arg, Call, CommandSpec, Route, Verb
+from ._registry import Arg, Call, CommandSpec, Route, Verb
 
 __all__ = ["SPEC", "Cancel", "CancelBody"]
 
