@@ -27,15 +27,23 @@ T = TypeVar("T")
 
 
 class SqlReads:
-    """The ``TurnStore`` and ``SessionQueries`` reads of
-    :class:`~durable_turns.stores.sql.SqlStore`."""
+    """The ``TurnStore`` and ``SessionQueries`` reads of a
+    :class:`~durable_turns.stores.sql.SqlStore`, which holds one and answers its reads with it.
 
-    statements: Statements
-    """The dialect's statements (set by the store)."""
+    Args:
+        statements: the dialect's statements.
+        read: runs a read job where the dialect runs them (``SqlStore.read``).
+    """
+
+    def __init__(self, statements: Statements, read: Callable[[Callable[[Any], Any]], Any]
+                 ) -> None:
+        self.statements = statements
+        self._read = read
 
     async def read(self, job: Callable[[Any], T]) -> T:
-        """Run a read job where the dialect runs them (the store's)."""
-        raise NotImplementedError
+        """Run a read job where the dialect runs them."""
+        out: T = await self._read(job)
+        return out
 
     async def turns(self, key: SessionKey, *, turn_id: str | None = None,
                     unfinished: bool = False) -> list[TurnRecord]:

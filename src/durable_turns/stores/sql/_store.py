@@ -30,11 +30,16 @@ from typing import Any, Protocol, TypeVar
 
 from ...errors import FatalToolError, LeaseLostError, StoreError
 from ...events import TurnEvent
-from ...history import ForkPlan
+from ...history import Checkpoint, ForkPlan
+from ...messages import Message
 from ...records import (
     NewEntry,
+    SessionInfo,
     SessionKey,
+    SessionSummary,
+    StepRecord,
     TurnRecord,
+    Visibility,
 )
 from .. import StoreCapabilities, Watcher
 from .._feed import Feed, Subscription
@@ -246,7 +251,7 @@ class Dialect(Protocol):
         ...
 
 
-class SqlStore(SqlReads):
+class SqlStore:
     """A session store on a SQL database: the ``SessionStore`` seam over a :class:`Dialect`.
 
     Args:
@@ -257,6 +262,8 @@ class SqlStore(SqlReads):
         self.dialect = dialect
         self.statements = Statements(dialect.syntax)
         """The dialect's statements."""
+        self.reads = SqlReads(self.statements, self.read)
+        """Its reads: the seam's read methods below answer with them."""
         self.feed = Feed(self._events_after, self._newest_seq, on_active=self._listen)
         """The store's event feed (its dialect's wake-ups tell it)."""
         wire = dialect.live
@@ -349,7 +356,50 @@ class SqlStore(SqlReads):
                     unfinished: bool = False) -> list[TurnRecord]:
         """``TurnStore.turns``: a cancel not folded into the chain yet is the entry's."""
         return await self.cancels.merged(
-            key, await super().turns(key, turn_id=turn_id, unfinished=unfinished))
+            key, await self.reads.turns(key, turn_id=turn_id, unfinished=unfinished))
+
+    async def session_info(self, key: SessionKey) -> SessionInfo | None:
+        """``SessionQueries.session_info``."""
+        return await self.reads.session_info(key)
+
+    async def read_messages(self, key: SessionKey, *, after: int = 0,
+                            generation: int | None = None) -> list[Message]:
+        """``TurnStore.read_messages``."""
+        return await self.reads.read_messages(key, after=after, generation=generation)
+
+    async def read_steps(self, key: SessionKey, *, generation: int | None = None,
+                         step_id: str | None = None) -> dict[str, StepRecord]:
+        """``TurnStore.read_steps``."""
+        return await self.reads.read_steps(key, generation=generation, step_id=step_id)
+
+    async def read_events(self, key: SessionKey, *, after_seq: int = 0,
+                          turn_id: str | None = None) -> list[TurnEvent]:
+        """``TurnStore.read_events``."""
+        return await self.reads.read_events(key, after_seq=after_seq, turn_id=turn_id)
+
+    async def find_sessions(self, which: str | None = None, *,
+                            turn_id: str | None = None) -> list[SessionKey]:
+        """``SessionQueries.find_sessions``."""
+        return await self.reads.find_sessions(which, turn_id=turn_id)
+
+    async def list_sessions(self, agent: str) -> list[SessionKey]:
+        """``SessionQueries.list_sessions``."""
+        return await self.reads.list_sessions(agent)
+
+    async def session_summaries(self, agent: str, *, parked_only: bool = False,
+                                visible: Visibility | None = None) -> list[SessionSummary]:
+        """``SessionQueries.session_summaries``."""
+        return await self.reads.session_summaries(agent, parked_only=parked_only,
+                                                  visible=visible)
+
+    async def owed_deliveries(self, channel: str) -> list[tuple[SessionKey, TurnRecord]]:
+        """``SessionQueries.owed_deliveries``."""
+        return await self.reads.owed_deliveries(channel)
+
+    async def checkpoints(self, key: SessionKey, *,
+                          generation: int | None = None) -> list[Checkpoint]:
+        """``SessionQueries.checkpoints``."""
+        return await self.reads.checkpoints(key, generation=generation)
 
     async def set_turn_data(self, key: SessionKey, turn_id: str, name: str, value: Any, *,
                             only_new: bool = False) -> Any:
