@@ -4,7 +4,7 @@ Each handler is a few calls to a :class:`~durable_turns.channels.ChannelContext`
 :class:`~durable_turns.AgentSession`; the turn itself runs in the runtime, so it goes on
 when the client that started it leaves. A command's route (cancel, reset, resume, retry,
 and any the runtime's registry adds) is built from its declaration
-(``commands.registry.Route``): its path, body, authorization action and what it does.
+(``commands.Route``): its path, body, authorization action and what it does.
 """
 
 from __future__ import annotations

@@ -43,7 +43,7 @@ def console_routes(runtime: Runtime, guard: Callable[..., Handler],
 
     Args:
         guard: wraps each handler (origin, authentication, JSON errors; with the route's
-            action, authorization), as for every API route (``guard.Guard``).
+            action, authorization), as for every API route (``_guard.Guard``).
         development: whether the host runs without ``authenticate``.
         replay_models: the names ``POST …/replay`` takes for its ``model`` (the console
             offers them).

@@ -100,7 +100,7 @@ async def serve(runtime: Runtime, *, host: str = "127.0.0.1", port: int = 8000,
                 channels: Sequence[Channel] = (), api: bool = True,
                 on_listening: Callable[[Listening], None] | None = None) -> None:
     """Serve ``create_app(runtime, authenticate, channels)`` with uvicorn until SIGTERM or
-    SIGINT; with the API, the frontend protocols too (``frontends.mount_frontends``: the AI
+    SIGINT; with the API, the frontend protocols too (``_frontends.mount_frontends``: the AI
     SDK's, and AG-UI with its extra).
 
     The app's lifespan does the rest: at start it recovers the store's unfinished turns and

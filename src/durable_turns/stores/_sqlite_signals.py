@@ -1,4 +1,4 @@
-"""The SQLite store's signals (``stores.signals``): a small SQLite file of their own,
+"""The SQLite store's signals (``stores._signals``): a small SQLite file of their own,
 ``<path>-signals``, beside the database.
 
 Why a second file: a local tool's step holds the database's write lock (``BEGIN

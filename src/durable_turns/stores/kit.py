@@ -1,6 +1,6 @@
 """The public store kit: what every backend builds on, whatever it keeps its rows in.
 
-- the event feed (:class:`Feed`, :class:`Subscription`, from ``stores.feed``): a store makes
+- the event feed (:class:`Feed`, :class:`Subscription`, from ``stores._feed``): a store makes
   one, tells it of its own commits (``published``) and of what may have changed elsewhere
   (``changed``), and hands out its subscriptions and watchers;
 - the lease's counters (:class:`LeaseCounters`) and the buffered transaction

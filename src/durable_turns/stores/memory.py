@@ -19,7 +19,7 @@ process's commits, which are all there are. ``unwrap()`` is the ``sqlite3.Connec
 local tool's writes through it commit with its step and roll back with it (exactly once, as
 on the file stores). A local tool runs on a thread of the store's (where threads can be
 started; else on the loop), so the loop goes on meanwhile: a cancel sent while it runs is
-kept as a signal (``stores.signals``) and folded once the step let the connection go.
+kept as a signal (``stores._signals``) and folded once the step let the connection go.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Everything that decides what a SQL store reads and writes is written here, once:
 the statements (:class:`Statements`, run over a two-call :class:`Connection`), the log row's
-codec (``sql.log``), the schema and its history (``sql.schema``: one definition, rendered per
+codec (``sql._log``), the schema and its history (``sql.schema``: one definition, rendered per
 dialect, the migrations runner and :func:`upgrade`, which keeps the version where the
 dialect says), the write path, the reads and the feed (:class:`SqlStore`), leases for stores
 whose locks end with their holder (:class:`LocalLeases` over :class:`Locks`, such as

@@ -246,7 +246,7 @@ class Dialect(Protocol):
 
     @property
     def signals(self) -> Signals | None:
-        """Where a cancel goes while a running step holds the write lock (``stores.signals``);
+        """Where a cancel goes while a running step holds the write lock (``stores._signals``);
         ``None`` where a cancel's write never waits behind a step."""
         ...
 
@@ -271,7 +271,7 @@ class SqlStore:
         """What carries this store's live events to other processes (``None``: no other
         process shares the storage)."""
         self.cancels = Cancels(self)
-        """Its cancels: written at once, never behind a running step (``sql.cancels``)."""
+        """Its cancels: written at once, never behind a running step (``sql._cancels``)."""
 
     def _listen(self) -> None:
         self.dialect.listen(self.feed)
