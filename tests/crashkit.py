@@ -76,7 +76,7 @@ from durable_turns import (
 from durable_turns.messages import Message
 from durable_turns.models import ModelEvent
 from durable_turns.models.scripted import calls_this_turn
-from durable_turns.stores import SessionKey, TurnRecord
+from durable_turns.stores import ChainEntry, SessionKey
 from durable_turns.testing import get_turn
 
 AGENT = "ops"
@@ -402,7 +402,7 @@ class State:
     """What the store holds for the harness's session, read from the test process."""
 
     messages: list[Message]
-    turn: TurnRecord | None
+    turn: ChainEntry | None
     status: str | None
     events: list[TurnEvent]
     rows: list[tuple[str, str, int]]

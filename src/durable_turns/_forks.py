@@ -20,12 +20,12 @@ from dataclasses import replace
 from .events import InputRequested, TurnCancelled, TurnCompleted, TurnEvent, TurnFailed
 from .history import Checkpoint, ForkPlan
 from .records import (
+    ChainEntry,
     ChildMemo,
     ChildStepId,
     InputRequest,
     SessionKey,
     SessionStatus,
-    TurnRecord,
     TurnStatus,
 )
 from .stores import SessionStore
@@ -61,7 +61,7 @@ async def _plans(store: SessionStore, src: SessionKey, dst: SessionKey, generati
     copied = [cp for cp in every if cp.generation == generation and upto is not None
               and cp.position <= upto]
     own = [e for cp in copied for e in cp.events if e.child is None]
-    chain = await store.turns(src)
+    chain = await store.entries(src)
     plans: list[ForkPlan] = []
     renames: dict[str, str] = {}
     for step_id, memo in _children(copied):
@@ -91,8 +91,8 @@ def _children(copied: list[Checkpoint]) -> list[tuple[ChildStepId, ChildMemo]]:
     return out
 
 
-def _entries(chain: list[TurnRecord], own: list[TurnEvent],
-             renames: dict[str, str]) -> list[TurnRecord]:
+def _entries(chain: list[ChainEntry], own: list[TurnEvent],
+             renames: dict[str, str]) -> list[ChainEntry]:
     """The source's turns that had begun by the checkpoint (an event of theirs was logged),
     each as it stood there."""
     by_turn: dict[str, list[TurnEvent]] = {}
@@ -108,7 +108,7 @@ def _entries(chain: list[TurnRecord], own: list[TurnEvent],
     return out
 
 
-def _as_of(t: TurnRecord, last: TurnEvent, renames: dict[str, str]) -> TurnRecord:
+def _as_of(t: ChainEntry, last: TurnEvent, renames: dict[str, str]) -> ChainEntry:
     """Turn ``t`` as it stood after its event ``last``."""
     blank = replace(t, text=None, error=None, reason=None, request=None)
     if isinstance(last, TurnCompleted):
@@ -131,7 +131,7 @@ def _renamed(r: InputRequest, renames: dict[str, str]) -> InputRequest:
     return replace(r, child=child, more=tuple(_renamed(m, renames) for m in r.more))
 
 
-def _status(entries: list[TurnRecord]) -> SessionStatus:
+def _status(entries: list[ChainEntry]) -> SessionStatus:
     if any(t.status == TurnStatus.SUSPENDED for t in entries):
         return "suspended"
     return "idle" if entries else "new"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .records import SessionKey, SessionSummary, TurnRecord, Visibility
+from .records import ChainEntry, SessionKey, SessionSummary, Visibility
 from .stores import SessionStore
 
 Check = Callable[[], None]
@@ -62,7 +62,7 @@ class Queries:
         return await self._store.find_sessions(turn_id=turn_id)
 
     async def owed_deliveries(self, channel: str,
-                              agent: str | None = None) -> list[tuple[SessionKey, TurnRecord]]:
+                              agent: str | None = None) -> list[tuple[SessionKey, ChainEntry]]:
         """The turns accepted with ``deliver=channel`` whose delivery the channel has not
         settled (of ``agent`` only, if given), in the order they were accepted, whatever
         their status (a channel follows a running one and delivers an ended one): the
@@ -78,7 +78,7 @@ async def summary_of(store: SessionStore, key: SessionKey) -> SessionSummary:
     if info is None:
         return SessionSummary(key, exists=False)
     pending = None
-    for t in await store.turns(key, unfinished=True):
+    for t in await store.entries(key, unfinished=True):
         if t.parked and t.request is not None:
             pending = t.request
             break

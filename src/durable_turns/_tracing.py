@@ -36,11 +36,11 @@ from typing import TYPE_CHECKING, Any
 
 from .messages import Message, ToolCall
 from .records import (
+    ChainEntry,
     InputRequest,
     ModelStepId,
     SessionKey,
     ToolStepId,
-    TurnRecord,
     TurnResult,
     TurnStatus,
 )
@@ -65,7 +65,7 @@ def _otel() -> ModuleType | None:
     return trace
 
 
-def begin_turn(key: SessionKey, turn: TurnRecord, transcript: list[Message],
+def begin_turn(key: SessionKey, turn: ChainEntry, transcript: list[Message],
                model: object) -> TurnTrace | None:
     """Start tracing a stretch of ``turn``, or ``None`` when tracing is off.
 
@@ -89,7 +89,7 @@ def _model_name(model: object) -> str:
 class TurnTrace:
     """The spans of one stretch of a turn; the engine calls it at its step boundaries."""
 
-    def __init__(self, trace: ModuleType, tracer: Tracer, key: SessionKey, turn: TurnRecord,
+    def __init__(self, trace: ModuleType, tracer: Tracer, key: SessionKey, turn: ChainEntry,
                  transcript: list[Message], model: object) -> None:
         self._trace = trace
         self._tracer = tracer

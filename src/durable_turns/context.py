@@ -18,7 +18,7 @@ from typing import Any, Protocol
 from .errors import ToolDeclarationError
 from .events import TurnEvent
 from .inbound import InboundEvent, User
-from .records import ChildMemo, ChildStepId, SessionKey, TurnRecord, TurnResult
+from .records import ChainEntry, ChildMemo, ChildStepId, SessionKey, TurnResult
 
 Watcher = Callable[[list[TurnEvent] | None], None]
 """Told of committed events of a session (a list), or that it may have changed (``None``)."""
@@ -60,7 +60,7 @@ class Sessions(Protocol):
         """Accept a reset of session ``key`` under this entry id (a redelivery if known)."""
         ...
 
-    async def entry(self, key: SessionKey, turn_id: str) -> TurnRecord | None:
+    async def entry(self, key: SessionKey, turn_id: str) -> ChainEntry | None:
         """The chain entry ``turn_id`` of session ``key``, or ``None``."""
         ...
 

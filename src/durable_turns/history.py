@@ -18,11 +18,11 @@ from typing import Any
 
 from .events import InputRequested, TurnEvent, TurnStarted
 from .records import (
+    ChainEntry,
     SessionKey,
     SessionStatus,
     StepRecord,
     StepResult,
-    TurnRecord,
 )
 
 
@@ -101,7 +101,7 @@ class ForkPlan:
     upto: tuple[int, int] | None
     """The last checkpoint copied, ``(seq, sub)``; ``None``: none (a fork before the source's
     first turn)."""
-    chain: tuple[TurnRecord, ...] = ()
+    chain: tuple[ChainEntry, ...] = ()
     """The fork's chain entries in order: their status, outcome and request as they stood at
     the checkpoint (the ordinals given here are not kept)."""
     status: SessionStatus = "new"

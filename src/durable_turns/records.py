@@ -183,7 +183,7 @@ class TurnResult:
 
 
 @dataclass(frozen=True, slots=True)
-class TurnRecord:
+class ChainEntry:
     """One entry of a session's chain, as the store keeps it: a turn, or a command that
     runs in the chain's order (``kind``)."""
 
@@ -238,7 +238,7 @@ class TurnRecord:
                                           and self.cancel is not None)
 
 
-def live_turns(chain: Sequence[TurnRecord]) -> list[TurnRecord]:
+def live_turns(chain: Sequence[ChainEntry]) -> list[ChainEntry]:
     """The turns of a chain's live generation: those accepted after the last reset that ran
     (a reset archives the turns before it, F8; one still queued archives nothing yet).
 
@@ -267,10 +267,10 @@ class NewEntry:
     (``replace=True``); a reset always supersedes (reason ``reset``)."""
     deliver: str | None = None
     """The channel (by name) that owes the turn a delivery: set when a channel accepts it,
-    read back as ``TurnRecord.deliver`` and listed by ``SessionStore.owed_deliveries``
+    read back as ``ChainEntry.deliver`` and listed by ``SessionStore.owed_deliveries``
     until settled."""
     data: dict[str, Any] | None = None
-    """Names of the entry's data set as it is accepted, in the same write (``TurnRecord.
+    """Names of the entry's data set as it is accepted, in the same write (``ChainEntry.
     data``): what must never exist without the entry, nor the entry without it (an HTTP
     request's idempotency fingerprint)."""
 
@@ -500,6 +500,7 @@ __all__ = [
     "HOT_STEP_PREFIXES",
     "Answer",
     "CallOutcome",
+    "ChainEntry",
     "ChildMemo",
     "ChildStepId",
     "EntryKind",
@@ -518,7 +519,6 @@ __all__ = [
     "StepResult",
     "ToolMemo",
     "ToolStepId",
-    "TurnRecord",
     "TurnResult",
     "TurnStatus",
     "Visibility",

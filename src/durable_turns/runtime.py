@@ -46,7 +46,7 @@ from .errors import (
 )
 from .events import EventSink, TurnEvent
 from .model import Model
-from .records import NewEntry, SessionKey, TurnRecord, TurnResult
+from .records import ChainEntry, NewEntry, SessionKey, TurnResult
 from .scheduling import InProcessScheduler, Scheduler
 from .sessions import AgentSession
 from .stores import Lease, SessionStore, Subscription
@@ -255,7 +255,7 @@ class Runtime:
 
     # -- the public API the sessions, channels and hosts use -------------------------------
 
-    async def accept(self, key: SessionKey, entry: NewEntry) -> tuple[TurnRecord, bool]:
+    async def accept(self, key: SessionKey, entry: NewEntry) -> tuple[ChainEntry, bool]:
         """Accept a chain entry (a turn or a command) durably and drive it; returns it and
         whether it is new.
 
@@ -329,7 +329,7 @@ class Runtime:
                 known = done.result() if done.done() else None
                 if known is not None:
                     return known  # this runtime drove it: what it committed
-                found = await self.store.turns(key, turn_id=turn_id)
+                found = await self.store.entries(key, turn_id=turn_id)
                 if not found:
                     raise UnknownTurnError(str(key), turn_id)
                 rec = found[0]
@@ -475,7 +475,7 @@ class Runtime:
         driving, whether a turn is parked, and the next step (what a scheduler asks before
         it schedules one)."""
         self.require_open()
-        return chain_state(await self.store.turns(key, unfinished=True),
+        return chain_state(await self.store.entries(key, unfinished=True),
                            self._transcripts.peek(key))
 
     # -- drivers ---------------------------------------------------------------------------

@@ -38,12 +38,12 @@ from .inbound import InboundEvent, Trigger
 from .messages import Message
 from .model import Model
 from .records import (
+    ChainEntry,
     InputRequest,
     NewEntry,
     SessionKey,
     SessionSummary,
     StepRecord,
-    TurnRecord,
     TurnResult,
     TurnStatus,
     live_turns,
@@ -65,7 +65,7 @@ class RuntimeAPI(Protocol):
 
     def require_open(self) -> None: ...
 
-    async def accept(self, key: SessionKey, entry: NewEntry) -> tuple[TurnRecord, bool]: ...
+    async def accept(self, key: SessionKey, entry: NewEntry) -> tuple[ChainEntry, bool]: ...
 
     async def wait(self, key: SessionKey, turn_id: str, *,
                    timeout: float | None = None) -> TurnResult: ...
@@ -359,7 +359,7 @@ class AgentSession:
             return await self._repeated(rec, resume)
         self._applied(await rt.wait(self.key, resume.entry_id), resume)
 
-    async def _repeated(self, rec: TurnRecord, resume: Resume) -> None:
+    async def _repeated(self, rec: ChainEntry, resume: Resume) -> None:
         given = Resume.from_entry(rec)
         if not given.same_answer(resume):
             # Say what differs: a double click is one answer only from the same person.
@@ -380,28 +380,28 @@ class AgentSession:
                 turn_id=resume.turn_id, input_id=resume.input_id,
             )
 
-    async def _pending(self) -> list[TurnRecord]:
+    async def _pending(self) -> list[ChainEntry]:
         """The session's unfinished chain entries."""
-        return await self._store.turns(self.key, unfinished=True)
+        return await self._store.entries(self.key, unfinished=True)
 
     async def summary(self) -> SessionSummary:
         """Where the session stands: status, generation, the request it is parked on
         (``exists=False`` while the store does not have it)."""
         return await summary_of(self._store, self.key)
 
-    async def chain(self) -> list[TurnRecord]:
+    async def chain(self) -> list[ChainEntry]:
         """Every entry of the session's chain in order: its turns and the commands that ran
         in their place (resets, answers, retries), with how each ended."""
-        return await self._store.turns(self.key)
+        return await self._store.entries(self.key)
 
-    async def turns(self) -> list[TurnRecord]:
+    async def turns(self) -> list[ChainEntry]:
         """The turns of the live generation, in order: the chain's turns since the last reset
         that ran (the archived ones stay readable through :meth:`archive`)."""
         return live_turns(await self.chain())
 
-    async def entry(self, turn_id: str) -> TurnRecord | None:
+    async def entry(self, turn_id: str) -> ChainEntry | None:
         """The chain entry ``turn_id`` (a turn or a command), or ``None``."""
-        found = await self._store.turns(self.key, turn_id=turn_id)
+        found = await self._store.entries(self.key, turn_id=turn_id)
         return found[0] if found else None
 
     async def set_turn_data(self, turn_id: str, name: str, value: Any, *,
@@ -529,7 +529,7 @@ async def grant_answer(
     """
     session.runtime.require_open()
     asked = Resume(resume["turn_id"], resume["input_id"])
-    pending = await session.runtime.store.turns(session.key, unfinished=True)
+    pending = await session.runtime.store.entries(session.key, unfinished=True)
     return await _granted(session, asked.request(session.key, pending), resume.get("by"),
                           resume.get("principal"), authorize_answer)
 

@@ -43,7 +43,7 @@ from typing import Any
 from .context import Sessions, StepServices, ToolContext
 from .errors import ConfigurationError, Parked
 from .events import MessageCompleted, MessageDelta, MessageThinking, TurnEvent
-from .records import ChildMemo, ChildStepId, InputRequest, SessionKey, TurnRecord, TurnStatus
+from .records import ChainEntry, ChildMemo, ChildStepId, InputRequest, SessionKey, TurnStatus
 from .tools import Tool, ToolSpec
 
 log = logging.getLogger("durable_turns")
@@ -139,7 +139,7 @@ def _mirror(r: InputRequest, ctx: ToolContext, tag: dict[str, str]) -> InputRequ
 
 
 async def _follow(ctx: ToolContext, services: StepServices, key: SessionKey, turn_id: str,
-                  tag: dict[str, str]) -> TurnRecord:
+                  tag: dict[str, str]) -> ChainEntry:
     """Forward the child turn's events into the parent's stream until the turn ends or
     parks; returns its record."""
     sessions = services.sessions
@@ -186,7 +186,7 @@ async def _follow(ctx: ToolContext, services: StepServices, key: SessionKey, tur
         stop_live()
 
 
-def _children(sessions: Sessions, parked: Iterable[TurnRecord]) -> dict[SessionKey, str]:
+def _children(sessions: Sessions, parked: Iterable[ChainEntry]) -> dict[SessionKey, str]:
     """The child sessions (and their turns) that parked turns wait on, of agents the
     runtime has."""
     found: dict[SessionKey, str] = {}
@@ -203,7 +203,7 @@ def _children(sessions: Sessions, parked: Iterable[TurnRecord]) -> dict[SessionK
     return found
 
 
-async def cancel_children(sessions: Sessions, parked: TurnRecord, reason: str) -> None:
+async def cancel_children(sessions: Sessions, parked: ChainEntry, reason: str) -> None:
     """Cancel the child turns a parked turn waits on: the parent-close policy for a cancel
     of a parked parent (its driver calls this before the parent's end commits). Their
     requests are withdrawn with them. Waits for each child to end (at most ``CANCEL_WAIT``
@@ -221,7 +221,7 @@ async def cancel_children(sessions: Sessions, parked: TurnRecord, reason: str) -
             await sessions.wait(key, turn_id, timeout=CANCEL_WAIT)
 
 
-async def reset_children(sessions: Sessions, entry_id: str, parked: Iterable[TurnRecord]) -> None:
+async def reset_children(sessions: Sessions, entry_id: str, parked: Iterable[ChainEntry]) -> None:
     """Reset the sessions of the children that parked turns wait on: the parent-close policy
     for a reset of a parked parent (its driver calls this before the reset commits).
 

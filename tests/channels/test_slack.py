@@ -188,7 +188,7 @@ async def test_a_mention_streams_a_reply_with_a_tool_timeline(tmp_path: Path) ->
         s = mount_agent(w.runtime.agents[slack_app.AGENT], w.runtime).session(
             "slack:T0001:C1:200.000001")
         await asyncio.wait_for(w.slack.idle(), WAIT)
-        (t,) = await w.runtime.store.turns(s.key)
+        (t,) = await w.runtime.store.entries(s.key)
         assert t.event is not None and t.event["user"] == {"id": "U1", "attested": True}
         assert t.event["source"] == "slack" and (t.data or {})["slack"]["done"] is True
         transcript = await s.transcript()
@@ -207,7 +207,7 @@ async def test_a_retry_or_the_message_twin_never_starts_a_second_turn(tmp_path: 
         (reply,) = await w.reply("300.000001")
         assert reply.markdown == "You said: hello there"
         key = w.slack.ctx.session("slack:T0001:C1:300.000001").key
-        assert [t.turn_id for t in await w.runtime.store.turns(key)] == ["slack:C1:300.000001"]
+        assert [t.turn_id for t in await w.runtime.store.entries(key)] == ["slack:C1:300.000001"]
         assert len(w.fake.called("chat.startStream")) == 1
 
 
@@ -299,7 +299,7 @@ async def test_a_thread_with_a_refund_on_every_store(
         assert msgs[2].markdown == "Refunded order 11." and slack_app.paid == ["11"]
         await asyncio.wait_for(w.slack.idle(), WAIT)
         key = w.slack.ctx.session("slack:T0001:C1:520.000001").key
-        (t,) = await w.runtime.store.turns(key, turn_id="slack:C1:520.000001")
+        (t,) = await w.runtime.store.entries(key, turn_id="slack:C1:520.000001")
         state = (t.data or {})["slack"]
         assert state["done"] is True and state["prompts"]["approve"] == prompt.ts
 
@@ -335,7 +335,7 @@ async def test_replace_in_flight_supersedes_the_running_turn(tmp_path: Path) -> 
                                 ts="700.000002")
         await w.post("/slack/events", follow)
         key = w.slack.ctx.session("slack:T0001:C1:700.000001").key
-        first = (await w.runtime.store.turns(key, turn_id="slack:C1:700.000001"))[0]
+        first = (await w.runtime.store.entries(key, turn_id="slack:C1:700.000001"))[0]
         assert first.cancel is not None and first.cancel.startswith("superseded")
         slack_app.held["hold"].set()  # the tool ends; the turn stops at that checkpoint
         msgs = await w.reply("700.000001", 2)
@@ -471,7 +471,7 @@ async def test_receive_raises_without_deliver_and_keeps_a_failed_delivery_owed(
         with pytest.raises(SlackApiError):
             await receive(w.slack, ctx, seed="hi", target={"channel_id": "nope"},
                           session="bad", turn_id="bad-1")
-        (t,) = await w.runtime.store.turns(ctx.session("bad").key)
+        (t,) = await w.runtime.store.entries(ctx.session("bad").key)
         assert t.status == "completed" and "delivered" not in (t.data or {})
 
 

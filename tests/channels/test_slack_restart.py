@@ -82,7 +82,7 @@ async def _turn(db: Path, session: str, turn_id: str) -> Any:
     store = SqliteStore(db)
     await store.open()
     try:
-        found = await store.turns(SessionKey("helper", session), turn_id=turn_id)
+        found = await store.entries(SessionKey("helper", session), turn_id=turn_id)
         return found[0] if found else None
     finally:
         await store.close()

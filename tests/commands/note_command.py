@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from durable_turns.commands import COMMANDS, Arg, Call, CommandSpec, Place, Route, Verb
 from durable_turns.events import TurnEvent
-from durable_turns.records import NewEntry, TurnRecord, TurnResult, TurnStatus
+from durable_turns.records import ChainEntry, NewEntry, TurnResult, TurnStatus
 from durable_turns.stores import Transaction
 
 
@@ -39,7 +39,7 @@ class Note:
         return NewEntry(self.entry_id, kind=self.kind, args={"text": self.text})
 
     @classmethod
-    def from_entry(cls, entry: TurnRecord) -> Note:
+    def from_entry(cls, entry: ChainEntry) -> Note:
         return cls(str((entry.args or {}).get("text", "")), entry.turn_id)
 
     async def apply(self, at: Place) -> TurnResult:

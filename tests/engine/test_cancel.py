@@ -19,7 +19,7 @@ from durable_turns.events import TurnEvent
 from durable_turns.models import ModelEvent, ModelRequest
 from durable_turns.models.scripted import calls_this_turn
 from durable_turns.scheduling import ClaimingScheduler, NoDriveScheduler, Scheduler
-from durable_turns.stores import SessionStore, TurnRecord
+from durable_turns.stores import ChainEntry, SessionStore
 
 WAIT = 30.0
 """The bound on every wait: a backstop against a hang, not a timing claim."""
@@ -180,7 +180,7 @@ async def test_reset_archives_the_log_and_the_next_turn_starts_empty(
     reset_accepted = asyncio.Event()
     enqueue = store.enqueue
 
-    async def spy(*args: Any, **kwargs: Any) -> tuple[TurnRecord, bool]:
+    async def spy(*args: Any, **kwargs: Any) -> tuple[ChainEntry, bool]:
         accepted = await enqueue(*args, **kwargs)
         if accepted[0].kind == "reset":
             reset_accepted.set()

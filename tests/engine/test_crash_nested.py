@@ -68,7 +68,7 @@ async def read_subagent(db: Path) -> tuple[list[SessionKey], list[str], list[str
     await store.open()
     try:
         helpers = await store.list_sessions("helper")
-        turns = [t.turn_id for k in helpers for t in await store.turns(k) if t.kind == "turn"]
+        turns = [t.turn_id for k in helpers for t in await store.entries(k) if t.kind == "turn"]
         lead = SessionKey("lead", "s1")
         steps = list(await store.read_steps(lead))
         forwarded = [e.child["seq"] for e in await store.read_events(lead) if e.child]

@@ -487,11 +487,11 @@ async def test_cli_sessions_retry_reopens_a_failed_turn_for_the_next_worker(
     again = cli("--turn", "t1")  # asked twice before a worker ran it: one retry
     assert again.returncode == 0, again.stderr
     async with Runtime([Agent("ops")], SqliteStore(db), scripted([ModelReply("hi")])) as rt:
-        (entry,) = [t for t in await rt.store.turns(rt.key("ops", "s1")) if t.kind == "retry"]
+        (entry,) = [t for t in await rt.store.entries(rt.key("ops", "s1")) if t.kind == "retry"]
         assert await rt.recover() == [rt.key("ops", "s1")]
         await rt.session("ops", "s1").result(entry.turn_id, timeout=30)  # the turn re-opened
         r = await rt.session("ops", "s1").result("t1", timeout=30)
-        retries = [t for t in await rt.store.turns(rt.key("ops", "s1")) if t.kind == "retry"]
+        retries = [t for t in await rt.store.entries(rt.key("ops", "s1")) if t.kind == "retry"]
     assert (r.status, r.text, r.error) == ("completed", "hi", None)
     assert [t.status for t in retries] == ["completed"]
     assert cli("--turn", "t1").returncode == 1  # completed now: nothing to retry

@@ -91,7 +91,7 @@ async def test_a_parent_gets_its_subagents_answer(store: SessionStore) -> None:
     assert turn_usage(events, "t1") == {"output_tokens": 15}
     # A redelivery of the finished parent starts no second child.
     await s.start("Ask the helper", turn_id="t1")
-    assert len([t for t in await store.turns(child.key) if t.kind == "turn"]) == 1
+    assert len([t for t in await store.entries(child.key) if t.kind == "turn"]) == 1
     await rt.close()
 
 
@@ -375,11 +375,11 @@ async def test_resetting_a_parent_parked_on_its_children_withdraws_their_request
     await asyncio.wait_for(s.reset(), WAIT)
     assert await s.pending() is None
     assert (await s.result("t1")).status == "cancelled"
-    (reset,) = [t.turn_id for t in await store.turns(s.key) if t.kind == "reset"]
+    (reset,) = [t.turn_id for t in await store.entries(s.key) if t.kind == "reset"]
     for session_id, turn_id in children:
         child = rt.session("helper", session_id)
         # Reset by an entry with the parent's reset's id: a replay of it adds no second one.
-        assert [t.turn_id for t in await store.turns(child.key) if t.kind == "reset"] == [reset]
+        assert [t.turn_id for t in await store.entries(child.key) if t.kind == "reset"] == [reset]
         assert await child.pending() is None  # no stale approval left open
         rec = await get_turn(store, child.key, turn_id)
         assert rec is not None and rec.status == TurnStatus.CANCELLED and rec.request is None

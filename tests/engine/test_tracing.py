@@ -128,7 +128,7 @@ async def test_the_span_tree_of_a_turn_with_two_tools_a_retry_and_a_park(
         await session.resume("t1", "approve", True, by="alice")
         done = await session.result("t1", timeout=WAIT)
         assert done.status == "completed"
-        record = (await rt.store.turns(rt.key("shop", "s1"), turn_id="t1"))[0]
+        record = (await rt.store.entries(rt.key("shop", "s1"), turn_id="t1"))[0]
     finished = spans.get_finished_spans()
 
     # The park ended the first turn span: it was exported before anyone answered.
@@ -350,7 +350,7 @@ async def _untraced_record(tmp: str) -> Any:
     async with Runtime([Agent("ops")], SqliteStore(Path(tmp) / "db.sqlite"),
                        scripted([ModelReply("hi")])) as rt:
         await rt.session("ops", "s1").turn("hello", turn_id="t1")
-        found = await rt.store.turns(rt.key("ops", "s1"), turn_id="t1")
+        found = await rt.store.entries(rt.key("ops", "s1"), turn_id="t1")
         return found[0].data
 
 
@@ -398,7 +398,7 @@ async def test_turn_data_a_channel_sets_mid_turn_survives_tracing(
     async with Runtime([Agent("ops", tools=[deliver])], store, model) as rt:
         assert (await rt.session("ops", "s1").turn("post it", turn_id="t1")).status \
             == "completed"
-        (rec,) = await store.turns(key, turn_id="t1")
+        (rec,) = await store.entries(key, turn_id="t1")
     assert rec.data is not None and rec.data.get("delivery") == {"ts": "1.1"}
     assert set(rec.data) == {"delivery", "trace"} and rec.data["trace"]["ended"] == "completed"
     assert any(s.name == "durable_turns.turn" for s in spans.get_finished_spans())

@@ -105,7 +105,7 @@ async def test_an_empty_file_becomes_a_store_only_when_asked(tmp_path: Path) -> 
     await store.close()
     reopened = SqliteStore(db)  # a store now: opened without create
     await reopened.open()
-    assert [t.turn_id for t in await reopened.turns(SessionKey("a", "s"))] == ["t1"]
+    assert [t.turn_id for t in await reopened.entries(SessionKey("a", "s"))] == ["t1"]
     await reopened.close()
 
 

@@ -57,7 +57,7 @@ async def test_a_park_outlives_every_worker_and_takes_its_answer_from_any_proces
         # (Temporal keeps the signal); resume() returns once a worker applied it.
         answering = asyncio.create_task(session.resume("t1", "approve", True, by="alice"))
         async with asyncio.timeout(WAIT):
-            while [t.kind for t in await rt.store.turns(rt.key("ask", "s1"), unfinished=True)] \
+            while [t.kind for t in await rt.store.entries(rt.key("ask", "s1"), unfinished=True)] \
                     != ["turn", "resume"]:
                 await asyncio.sleep(0.01)  # a poll of the store, bounded by the timeout
         assert not answering.done()

@@ -194,7 +194,7 @@ async def run_approve(opts: ApproveOptions, console: Console) -> int:
         except ResumeAuthorizationError as e:
             raise DemoInputError(f"ResumeAuthorizationError: {e}") from None
         except ResumeConflictError as e:
-            rec = next(iter(await store.turns(key, turn_id=opts.turn_id)), None)
+            rec = next(iter(await store.entries(key, turn_id=opts.turn_id)), None)
             why = (f"; turn {opts.turn_id!r} already {rec.status}"
                    if rec is not None and rec.status.final else "")
             raise DemoInputError(f"ResumeConflictError: {e}{why}") from None
@@ -285,7 +285,7 @@ async def find_parked(db: Path) -> list[Parked]:
     try:
         found = []
         for key in await store.find_sessions("parked"):
-            for t in await store.turns(key, unfinished=True):
+            for t in await store.entries(key, unfinished=True):
                 if t.status == "suspended" and t.request:
                     user: Any = (t.event or {}).get("user") or {}
                     found.append(Parked(key, t.request,

@@ -61,7 +61,7 @@ async def read_state(db: Path, session_id: str, turn_id: str) -> StoreState:
         session = runtime.session(AGENT_NAME, session_id)
         transcript = await session.transcript()
         status = await session.status()
-        rec = next(iter(await store.turns(session.key, turn_id=turn_id)), None)
+        rec = next(iter(await store.entries(session.key, turn_id=turn_id)), None)
         orders = read_orders(store.unwrap(), turn_id)
     return StoreState(
         session_status=status,

@@ -16,7 +16,7 @@ from typing import Any
 from ..errors import ConfigurationError
 from ..events import TurnEvent
 from ..inbound import InboundEvent, Trigger
-from ..records import TurnRecord, TurnResult
+from ..records import ChainEntry, TurnResult
 from ..sessions import AgentSession
 from ._context import ChannelContext
 from ._contract import Deliverer
@@ -28,7 +28,7 @@ DELIVERED = "delivered"
 ``{"step", "receipt", "final"}`` (``final``: the turn's end was delivered, not a park)."""
 
 
-def delivery_target(rec: TurnRecord) -> Mapping[str, Any] | None:
+def delivery_target(rec: ChainEntry) -> Mapping[str, Any] | None:
     """Where a ``receive()`` turn is delivered (its ``target``), or ``None`` for any other
     turn."""
     spec = ((rec.event or {}).get("meta") or {}).get("deliver")
@@ -36,7 +36,7 @@ def delivery_target(rec: TurnRecord) -> Mapping[str, Any] | None:
     return target if isinstance(target, Mapping) else None
 
 
-def delivery_settled(rec: TurnRecord) -> bool:
+def delivery_settled(rec: ChainEntry) -> bool:
     """Whether a ``receive()`` turn's end was delivered (nothing is owed any more)."""
     return bool(((rec.data or {}).get(DELIVERED) or {}).get("final"))
 

@@ -42,7 +42,7 @@ from ..events import (
     TurnStarted,
 )
 from ..inbound import InboundEvent
-from ..records import InputRequest, SessionKey, TurnRecord, TurnStatus
+from ..records import ChainEntry, InputRequest, SessionKey, TurnStatus
 from ..sessions import AgentSession
 from ..stores import Subscription
 from ._context import ChannelContext
@@ -102,7 +102,7 @@ class Thread:
     """Who spoke: the inbound event's user id (attested by the channel)."""
 
     @classmethod
-    def of(cls, rec: TurnRecord, session: str) -> Thread:
+    def of(cls, rec: ChainEntry, session: str) -> Thread:
         """The thread of a turn the channel started, read off its stored inbound event."""
         event = rec.event or {}
         user = (event.get("user") or {}).get("id")
@@ -151,7 +151,7 @@ class ThreadPlatform(Protocol):
         ...
 
 
-def reply_state(rec: TurnRecord, name: str) -> dict[str, Any]:
+def reply_state(rec: ChainEntry, name: str) -> dict[str, Any]:
     """What the channel ``name`` delivered of the turn so far (``rec.data[name]``)."""
     return dict((rec.data or {}).get(name) or {})
 
@@ -160,7 +160,7 @@ class ThreadReply:
     """One delivery of a turn's reply: from where its stored state says to the turn's end or
     its next park. Feed it the turn's events with :meth:`on`."""
 
-    def __init__(self, platform: ThreadPlatform, session: AgentSession, rec: TurnRecord,
+    def __init__(self, platform: ThreadPlatform, session: AgentSession, rec: ChainEntry,
                  name: str, log: logging.Logger) -> None:
         self.platform = platform
         self.session = session

@@ -20,7 +20,7 @@ from ..commands import COMMANDS, Registry
 from ..errors import ConfigurationError
 from ..messages import Message
 from ..models.scripted import scripted
-from ..records import SessionSummary, TurnRecord
+from ..records import ChainEntry, SessionSummary
 from ..replay import replay
 from ..runtime import Runtime
 from ..scheduling import NoDriveScheduler
@@ -219,7 +219,7 @@ async def replay_action(args: argparse.Namespace) -> int:
     return 0 if report.identical else 1
 
 
-def _show(summary: SessionSummary, turns: list[TurnRecord], transcript: list[Message]) -> None:
+def _show(summary: SessionSummary, turns: list[ChainEntry], transcript: list[Message]) -> None:
     print(f"{summary.key}: {summary.status}, generation {summary.generation}")
     pending = summary.pending
     if pending is not None:

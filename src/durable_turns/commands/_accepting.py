@@ -12,13 +12,13 @@ enqueue then sets the same cancel in its transaction, for what came meanwhile.
 from __future__ import annotations
 
 from ..errors import TurnConflictError
-from ..records import NewEntry, SessionKey, TurnRecord
+from ..records import ChainEntry, NewEntry, SessionKey
 from ..stores import SessionStore
 
 __all__ = ["check_redelivery", "supersede_at_once"]
 
 
-def check_redelivery(key: SessionKey, rec: TurnRecord, entry: NewEntry) -> None:
+def check_redelivery(key: SessionKey, rec: ChainEntry, entry: NewEntry) -> None:
     """A redelivered turn id must repeat its turn's opening.
 
     Raises:
@@ -48,9 +48,9 @@ async def supersede_at_once(store: SessionStore, key: SessionKey, entry: NewEntr
         The ids of the entries that got the cancel.
     """
     reason = entry.supersede
-    if reason is None or await store.turns(key, turn_id=entry.turn_id):
+    if reason is None or await store.entries(key, turn_id=entry.turn_id):
         return []
-    pending = await store.turns(key, unfinished=True)
+    pending = await store.entries(key, unfinished=True)
     if not pending or any(t.parked for t in pending):
         return []
     # Nothing parked: every unfinished entry is queued or running, and one request reaches

@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import UnknownTurnError
-from ..records import SessionKey, TurnRecord
+from ..records import ChainEntry, SessionKey
 from ._registry import Arg, Call, CommandSpec, Route, Verb
 
 __all__ = ["SPEC", "Cancel", "CancelBody"]
@@ -29,7 +29,7 @@ class Cancel:
     turn_id: str | None = None
     reason: str = "cancelled by request"
 
-    def check(self, key: SessionKey, target: TurnRecord | None) -> None:
+    def check(self, key: SessionKey, target: ChainEntry | None) -> None:
         """Raises UnknownTurnError when ``turn_id`` names no turn of the session."""
         if self.turn_id is not None and target is None:
             raise UnknownTurnError(str(key), self.turn_id)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from ..context import Sessions
 from ..engine._commits import StepCommits
 from ..events import TurnEvent
-from ..records import Answer, InputStepId, TurnRecord, TurnResult, TurnStatus
+from ..records import Answer, ChainEntry, InputStepId, TurnResult, TurnStatus
 from ..stores import Transaction
 
 __all__ = ["Place"]
@@ -18,13 +18,13 @@ __all__ = ["Place"]
 class Place:
     """A command's place in the chain, when its turn comes: what it sees and commits with."""
 
-    entry: TurnRecord
+    entry: ChainEntry
     """The command's own chain entry."""
-    pending: Sequence[TurnRecord]
+    pending: Sequence[ChainEntry]
     """The session's unfinished entries, in chain order (parked turns among them)."""
     commits: StepCommits
     """How it commits (fenced by the driver's lease), and the live transcript."""
-    find: Callable[[str], Awaitable[TurnRecord | None]]
+    find: Callable[[str], Awaitable[ChainEntry | None]]
     """Reads a chain entry by id."""
     sessions: Sessions
     """The runtime's other sessions (a parked turn's subagents, for a reset)."""
@@ -32,7 +32,7 @@ class Place:
     """Tells the runtime of another entry's end the command committed (a park it ended)."""
 
     @property
-    def parked(self) -> list[TurnRecord]:
+    def parked(self) -> list[ChainEntry]:
         """The turns parked on a standing request."""
         return [t for t in self.pending if t.parked]
 

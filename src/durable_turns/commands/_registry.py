@@ -21,7 +21,7 @@ from typing import Any, ClassVar, Literal, Protocol
 
 from pydantic import BaseModel
 
-from ..records import NewEntry, TurnRecord, TurnResult
+from ..records import ChainEntry, NewEntry, TurnResult
 from ._place import Place
 
 __all__ = [
@@ -59,7 +59,7 @@ class ChainCommand(Protocol):
     def entry(self) -> NewEntry: ...
 
     @classmethod
-    def from_entry(cls, entry: TurnRecord) -> ChainCommand: ...
+    def from_entry(cls, entry: ChainEntry) -> ChainCommand: ...
 
     async def apply(self, at: Place) -> TurnResult: ...
 
@@ -205,7 +205,7 @@ class Registry:
         """The authorization actions its commands ask, each once, in order."""
         return tuple(dict.fromkeys(c.action for c in self))
 
-    def command_of(self, entry: TurnRecord) -> ChainCommand:
+    def command_of(self, entry: ChainEntry) -> ChainCommand:
         """The command a chain entry holds.
 
         Raises:

@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict
 
 from ..events import TurnCancelled, TurnEvent
-from ..records import NewEntry, TurnRecord, TurnResult, TurnStatus
+from ..records import ChainEntry, NewEntry, TurnResult, TurnStatus
 from ..stores import Transaction
 from ..subagents import reset_children
 from ._place import Place
@@ -46,7 +46,7 @@ class Reset:
         return NewEntry(self.entry_id, kind=self.kind, supersede=REASON)
 
     @classmethod
-    def from_entry(cls, entry: TurnRecord) -> Reset:
+    def from_entry(cls, entry: ChainEntry) -> Reset:
         return cls(entry.turn_id)
 
     async def apply(self, at: Place) -> TurnResult:

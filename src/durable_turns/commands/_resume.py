@@ -18,11 +18,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..errors import ResumeConflictError
 from ..records import (
     Answer,
+    ChainEntry,
     InputRequest,
     InputStepId,
     NewEntry,
     SessionKey,
-    TurnRecord,
     TurnResult,
     TurnStatus,
     resume_entry_id,
@@ -56,7 +56,7 @@ class Resume:
             "by": self.by, "at": self.at})
 
     @classmethod
-    def from_entry(cls, entry: TurnRecord) -> Resume:
+    def from_entry(cls, entry: ChainEntry) -> Resume:
         args = entry.args or {}
         return cls(str(args.get("turn_id")), str(args.get("input_id")), args.get("value"),
                    args.get("by"), args.get("at"))
@@ -65,7 +65,7 @@ class Resume:
         """Whether ``other`` gives the same answer by the same person (a double click)."""
         return (self.value, self.by) == (other.value, other.by)
 
-    def request(self, key: SessionKey, pending: Sequence[TurnRecord], *,
+    def request(self, key: SessionKey, pending: Sequence[ChainEntry], *,
                 before: int | None = None) -> InputRequest:
         """The request this answers: the check of every resume, when accepted and at its
         place.

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import TurnConflictError, UnknownTurnError
 from ..messages import Message
-from ..records import NewEntry, SessionKey, TurnRecord, TurnResult, TurnStatus
+from ..records import ChainEntry, NewEntry, SessionKey, TurnResult, TurnStatus
 from ._place import Place
 from ._registry import Call, CommandSpec, Route, Verb
 
@@ -44,10 +44,10 @@ class Retry:
         return NewEntry(self.entry_id, kind=self.kind, args={"turn_id": self.turn_id})
 
     @classmethod
-    def from_entry(cls, entry: TurnRecord) -> Retry:
+    def from_entry(cls, entry: ChainEntry) -> Retry:
         return cls(str((entry.args or {}).get("turn_id")))
 
-    def problem(self, target: TurnRecord | None, latest: str | None) -> str | None:
+    def problem(self, target: ChainEntry | None, latest: str | None) -> str | None:
         """Why the turn cannot be re-opened (``None``: it can): the check of every retry,
         when accepted and at its place. ``latest``: the turn the transcript's last opening
         message belongs to."""
@@ -60,7 +60,7 @@ class Retry:
                     "after it); start a new turn instead")
         return None
 
-    def check(self, key: SessionKey, target: TurnRecord | None, latest: str | None) -> None:
+    def check(self, key: SessionKey, target: ChainEntry | None, latest: str | None) -> None:
         """:meth:`problem` as the exception a caller gets.
 
         Raises:

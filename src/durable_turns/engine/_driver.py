@@ -24,7 +24,7 @@ from typing import Any
 from ..commands import Place
 from ..events import TurnEvent
 from ..messages import Message, owed_calls
-from ..records import TurnRecord, TurnResult, TurnStatus
+from ..records import ChainEntry, TurnResult, TurnStatus
 from ..stores import Lease
 from ..subagents import cancel_children
 from ._loop import TurnEngine
@@ -33,7 +33,7 @@ from ._step_context import StepContext
 log = logging.getLogger("durable_turns")
 
 
-def runnable(pending: Iterable[TurnRecord]) -> list[TurnRecord]:
+def runnable(pending: Iterable[ChainEntry]) -> list[ChainEntry]:
     """The chain entries a driver runs next, in chain order, of the session's unfinished ones.
 
     A parked turn with a cancel runs (to its end) in its place in the chain; while a turn is
@@ -60,7 +60,7 @@ class ChainState:
     """For a ``tool`` step: the names of the calls it runs."""
 
 
-def chain_state(pending: Iterable[TurnRecord], transcript: list[Message] | None) -> ChainState:
+def chain_state(pending: Iterable[ChainEntry], transcript: list[Message] | None) -> ChainState:
     """What is left of a chain, from its unfinished entries and (when known) its live log.
 
     Args:
@@ -102,9 +102,9 @@ class SessionDriver:
         self._ctx = ctx
         self._cancels: dict[str, str] = {}
         self._engine: TurnEngine | None = None
-        self._pending: list[TurnRecord] | None = None
+        self._pending: list[ChainEntry] | None = None
         """The session's unfinished entries as last read (``None``: read them next)."""
-        self._entry: TurnRecord | None = None
+        self._entry: ChainEntry | None = None
         """The turn under way: its next step runs without reading the chain again."""
         self._parked: bool | None = None
         """Whether a turn of :attr:`_pending` is parked (``None``: not looked yet)."""
@@ -158,7 +158,7 @@ class SessionDriver:
         entry, pending = self._entry, self._pending
         if entry is None:
             if pending is None:
-                pending = await ctx.store.turns(key, unfinished=True)
+                pending = await ctx.store.entries(key, unfinished=True)
             self._pending = self._parked = None
             entries = runnable(pending)
             if not entries:
@@ -189,10 +189,10 @@ class SessionDriver:
         ctx.finished(key, result)
         # The chain as the next step finds it (a step of this lease reads it once an entry
         # ended, never at each step).
-        pending = self._pending = await ctx.store.turns(key, unfinished=True)
+        pending = self._pending = await ctx.store.entries(key, unfinished=True)
         return chain_state(pending, engine.transcript)
 
-    def _going_on(self, pending: list[TurnRecord], transcript: list[Message]) -> ChainState:
+    def _going_on(self, pending: list[ChainEntry], transcript: list[Message]) -> ChainState:
         """The chain's state while its turn goes on: the next step is the turn's."""
         parked = self._parked
         if parked is None:
@@ -202,8 +202,8 @@ class SessionDriver:
             return ChainState(True, parked, "tool", tuple(c.name for c in owed))
         return ChainState(True, parked, "model")
 
-    async def _find(self, turn_id: str) -> TurnRecord | None:
-        found = await self._ctx.store.turns(self.key, turn_id=turn_id)
+    async def _find(self, turn_id: str) -> ChainEntry | None:
+        found = await self._ctx.store.entries(self.key, turn_id=turn_id)
         return found[0] if found else None
 
     async def _apply(self, engine: TurnEngine, at: Place) -> TurnResult:

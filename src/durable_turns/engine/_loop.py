@@ -51,11 +51,11 @@ from ..messages import Message, owed_calls
 from ..model import ABNORMAL_STOPS, ModelRequest
 from ..records import (
     CallOutcome,
+    ChainEntry,
     ModelMemo,
     ModelStepId,
     ToolMemo,
     ToolStepId,
-    TurnRecord,
     TurnResult,
     TurnStatus,
 )
@@ -156,7 +156,7 @@ class TurnEngine:
 
     # -- the steps -------------------------------------------------------------------------
 
-    async def step(self, turn: TurnRecord) -> TurnResult | None:
+    async def step(self, turn: ChainEntry) -> TurnResult | None:
         """Run ``turn``'s next step (its opening goes with its first), and commit it.
 
         Returns:
@@ -188,7 +188,7 @@ class TurnEngine:
         self._trace = self.commits.trace = None
         self.turn_id = self.commits.turn_id = None
 
-    async def _step(self, turn: TurnRecord) -> TurnResult | None:
+    async def _step(self, turn: ChainEntry) -> TurnResult | None:
         turn_id = turn.turn_id
         fresh = self.turn_id != turn_id or self._turn is None
         if fresh:
@@ -257,7 +257,7 @@ class TurnEngine:
         if reason is not None:
             raise Cancelled(reason)
 
-    async def _open(self, turn: TurnRecord) -> None:
+    async def _open(self, turn: ChainEntry) -> None:
         opening = turn.opening
         assert opening is not None, "a turn always has an opening message"
         cp = self.commits

@@ -9,7 +9,7 @@ from ..commands import Reset
 from ..context import Watcher
 from ..events import TurnEvent
 from ..inbound import InboundEvent
-from ..records import SessionKey, TurnRecord, TurnResult
+from ..records import ChainEntry, SessionKey, TurnResult
 from ..sessions import RuntimeAPI
 
 
@@ -41,7 +41,7 @@ class RuntimeSessions:
     async def reset(self, key: SessionKey, entry_id: str) -> None:
         await self._rt.accept(key, Reset(entry_id).entry())
 
-    async def entry(self, key: SessionKey, turn_id: str) -> TurnRecord | None:
+    async def entry(self, key: SessionKey, turn_id: str) -> ChainEntry | None:
         return await self._rt.session(key.agent, key.session).entry(turn_id)
 
     async def events(self, key: SessionKey, *, after_seq: int = 0,

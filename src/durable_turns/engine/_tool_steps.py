@@ -50,6 +50,7 @@ from ..messages import ToolCall, encode_json
 from ..records import (
     Answer,
     CallOutcome,
+    ChainEntry,
     ChildMemo,
     ChildStepId,
     InputRequest,
@@ -59,7 +60,6 @@ from ..records import (
     StepResult,
     ToolMemo,
     ToolStepId,
-    TurnRecord,
     TurnResult,
 )
 from ..stores import Transaction
@@ -252,7 +252,7 @@ class _GuardedSessions:
     async def reset(self, key: SessionKey, entry_id: str) -> None:
         await self._s.guard(self._h.reset(key, entry_id))
 
-    async def entry(self, key: SessionKey, turn_id: str) -> TurnRecord | None:
+    async def entry(self, key: SessionKey, turn_id: str) -> ChainEntry | None:
         return await self._s.guard(self._h.entry(key, turn_id))
 
     async def events(self, key: SessionKey, *, after_seq: int = 0,

@@ -29,7 +29,7 @@ from ..events import TurnEvent
 from ..inbound import InboundEvent
 from ..model import Model
 from ..models.resolve import resolve_model
-from ..records import TurnRecord
+from ..records import ChainEntry
 from ..runtime import Runtime
 from ..sessions import AgentSession
 from ._console import console_routes
@@ -416,7 +416,7 @@ def _message(m: Any) -> dict[str, Any]:
     return out
 
 
-def _turn(t: TurnRecord) -> dict[str, Any]:
+def _turn(t: ChainEntry) -> dict[str, Any]:
     return {**t.result.to_dict(), "opening": t.opening.text if t.opening else None}
 
 

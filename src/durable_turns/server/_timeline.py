@@ -31,10 +31,10 @@ from ..events import (
 )
 from ..messages import Message
 from ..records import (
+    ChainEntry,
     InputStepId,
     ModelStepId,
     ToolStepId,
-    TurnRecord,
     TurnStatus,
     live_turns,
 )
@@ -71,8 +71,8 @@ def _tool_status(e: ActionCompleted) -> str:
 class _Turn:
     """The fold of one turn's events into rows."""
 
-    def __init__(self, record: TurnRecord, assistant: list[tuple[int, Message]],
-                 answers: dict[str, TurnRecord]) -> None:
+    def __init__(self, record: ChainEntry, assistant: list[tuple[int, Message]],
+                 answers: dict[str, ChainEntry]) -> None:
         self.record = record
         self.assistant = assistant
         self.answers = answers
@@ -211,7 +211,7 @@ class _Turn:
         return out
 
 
-def timeline(chain: Sequence[TurnRecord], events: Sequence[TurnEvent],
+def timeline(chain: Sequence[ChainEntry], events: Sequence[TurnEvent],
              transcript: Sequence[Message], *, since: int | None = None) -> dict[str, Any]:
     """The live generation's turns, each with its rows, and ``seq``, the newest event seen.
 
@@ -227,7 +227,7 @@ def timeline(chain: Sequence[TurnRecord], events: Sequence[TurnEvent],
     seq = max((e.seq for e in events), default=0)
     live = live_turns(chain)
     shown = [t for t in live if since is None or t.ordinal >= since]
-    answers: dict[str, dict[str, TurnRecord]] = {}
+    answers: dict[str, dict[str, ChainEntry]] = {}
     for t in chain:
         if t.kind == "resume" and t.args:
             answers.setdefault(str(t.args.get("turn_id")), {})[str(t.args.get("input_id"))] = t

@@ -58,6 +58,7 @@ from ..events import TurnEvent
 from ..history import Checkpoint, ForkPlan
 from ..messages import Message
 from ..records import (
+    ChainEntry,
     NewEntry,
     SessionInfo,
     SessionKey,
@@ -66,7 +67,6 @@ from ..records import (
     StepId,
     StepRecord,
     StepResult,
-    TurnRecord,
     TurnResult,
     Visibility,
 )
@@ -74,6 +74,7 @@ from ..records import (
 T = TypeVar("T")
 
 __all__ = [
+    "ChainEntry",
     "Lease",
     "NewEntry",
     "SessionFilter",
@@ -87,7 +88,6 @@ __all__ = [
     "StoreCapabilities",
     "Subscription",
     "Transaction",
-    "TurnRecord",
     "TurnStore",
     "Visibility",
     "Watcher",
@@ -338,7 +338,7 @@ class TurnStore(Protocol):
         and never hands one session to two of them."""
         ...
 
-    async def enqueue(self, key: SessionKey, entry: NewEntry) -> tuple[TurnRecord, bool]:
+    async def enqueue(self, key: SessionKey, entry: NewEntry) -> tuple[ChainEntry, bool]:
         """Accept a chain entry (a turn or a command) at the end of the chain, durably;
         creates the session if needed.
 
@@ -366,8 +366,8 @@ class TurnStore(Protocol):
         asked once)."""
         ...
 
-    async def turns(self, key: SessionKey, *, turn_id: str | None = None,
-                    unfinished: bool = False) -> list[TurnRecord]:
+    async def entries(self, key: SessionKey, *, turn_id: str | None = None,
+                      unfinished: bool = False) -> list[ChainEntry]:
         """The session's chain in order: every entry, only one (``turn_id``), or only the
         queued, running and suspended ones (``unfinished``)."""
         ...
@@ -451,7 +451,7 @@ class SessionQueries(Protocol):
                                 visible: Visibility | None = None) -> list[SessionSummary]:
         """Every session of ``agent`` as :meth:`list_sessions` orders them, each with its
         status, generation, owner and the request it is parked on (a suspended turn with no
-        cancel, as ``TurnRecord.parked``); with ``parked_only``, only the parked ones (an
+        cancel, as ``ChainEntry.parked``); with ``parked_only``, only the parked ones (an
         operator's inbox); with ``visible``, only those it shows (owned by ``visible.owner``,
         or parked on a request whose answerers are ``{"user": visible.answerer}`` or
         ``{"policy": p, …}`` with ``p`` in ``visible.policies``, in the request itself or in
@@ -468,7 +468,7 @@ class SessionQueries(Protocol):
         """
         ...
 
-    async def owed_deliveries(self, channel: str) -> list[tuple[SessionKey, TurnRecord]]:
+    async def owed_deliveries(self, channel: str) -> list[tuple[SessionKey, ChainEntry]]:
         """The chain entries accepted with ``deliver=channel`` whose delivery is not settled,
         whatever their status (a channel follows running ones and delivers ended ones), in
         the order they were accepted (each session's in chain order): a channel's durable

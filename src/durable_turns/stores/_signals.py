@@ -11,7 +11,7 @@ place of their own, written at once, that the store reads with its chain's own c
   running step holds it, the cancel becomes a signal (durable at once) and its returned ids
   are the entries it reached, and the store *folds* it into the chain (the entries' cancel)
   as soon as the lock is free;
-- ``Lease.cancel_requested`` and ``turns()`` see a signal as the entry's cancel, so the
+- ``Lease.cancel_requested`` and ``entries()`` see a signal as the entry's cancel, so the
   engine's look after a local tool's step finds it, whichever process sent it;
 - a signal left unfolded (its sender died before the lock came free) is folded by the next
   store that opens the storage, or that hears of it (SQLite's change detector).

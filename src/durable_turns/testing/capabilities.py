@@ -172,7 +172,7 @@ async def check_stores_on_one_storage_share_sessions(store: SessionStore,
     await other.open()
     try:
         await store.enqueue(KEY, NewEntry("t1", opening("t1")))
-        assert [t.turn_id for t in await other.turns(KEY)] == ["t1"]
+        assert [t.turn_id for t in await other.entries(KEY)] == ["t1"]
         held = await store.claim(KEY)
         with contextlib.suppress(LeaseTimeoutError):
             await other.claim(KEY, timeout=0.05)

@@ -32,7 +32,7 @@ async def check_enqueue_is_durable_and_idempotent(store: SessionStore) -> None:
     assert again.event == {"source": "x"}
     info = await store.session_info(KEY)
     assert info is not None and info.status == "new" and info.generation == 0
-    assert [t.turn_id for t in await store.turns(KEY, unfinished=True)] == ["t1", "t2"]
+    assert [t.turn_id for t in await store.entries(KEY, unfinished=True)] == ["t1", "t2"]
     assert await store.find_sessions("unfinished") == [KEY]
     got = await get_turn(store, KEY, "t2")
     assert got is not None and got.opening == opening("t2")
@@ -66,20 +66,20 @@ async def check_turn_data_is_set_without_a_lease(store: SessionStore) -> None:
     async with lease.transaction() as tx:  # the engine's own write keeps the names
         tx.set_turn(TurnResult("t1", TurnStatus.COMPLETED, text="done"))
     await lease.release()
-    (t,) = await store.turns(KEY, turn_id="t1")
+    (t,) = await store.entries(KEY, turn_id="t1")
     assert t.status == "completed" and t.text == "done"
     assert t.data == {"stream": {"ts": "1.1"}, "prompt": "3.3"}
     assert await store.set_turn_data(KEY, "nope", "x", 1) is None
     assert await store.set_turn_data(SessionKey("agent", "none"), "t1", "x", 1) is None
     # Data accepted with its entry, in the same write (a new session, then a known one).
     for key in (SessionKey("agent", "with-data"), SessionKey("agent", "with-data")):
-        tid = f"d{len(await store.turns(key))}"
+        tid = f"d{len(await store.entries(key))}"
         rec, new = await store.enqueue(key, NewEntry(tid, opening(tid), data={"k": [1, "a"]}))
         assert new and rec.data == {"k": [1, "a"]}
-        (found,) = await store.turns(key, turn_id=tid)
+        (found,) = await store.entries(key, turn_id=tid)
         assert found.data == {"k": [1, "a"]}
         assert await store.set_turn_data(key, tid, "other", 2) == 2
-        (found,) = await store.turns(key, turn_id=tid)
+        (found,) = await store.entries(key, turn_id=tid)
         assert found.data == {"k": [1, "a"], "other": 2}
 
 
@@ -96,7 +96,7 @@ async def check_turn_data_of_two_writers_merges(store: SessionStore) -> None:
         tx.set_turn_data("t1", "trace", {"span": "b"})
         tx.set_turn(TurnResult("t1", TurnStatus.COMPLETED, text="done"))
     await lease.release()
-    (t,) = await store.turns(KEY, turn_id="t1")
+    (t,) = await store.entries(KEY, turn_id="t1")
     assert t.data == {"trace": {"span": "b"}, "delivery": {"ts": "1.1"}}, t.data
     assert (t.status, t.text) == ("completed", "done")
 
@@ -134,7 +134,7 @@ async def check_parked_session_refuses_other_turns(store: SessionStore) -> None:
         raise AssertionError("a parked session accepted another turn")
     rec, new = await store.enqueue(KEY, NewEntry("t1", opening("t1")))
     assert not new and rec.status == "suspended" and rec.request == InputRequest("approve", "ok?")
-    assert [t.turn_id for t in await store.turns(KEY, unfinished=True)] == ["t1"]
+    assert [t.turn_id for t in await store.entries(KEY, unfinished=True)] == ["t1"]
     assert await store.find_sessions("unfinished") == []
     assert await store.find_sessions("parked") == [KEY]
 

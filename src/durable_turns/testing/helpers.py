@@ -7,11 +7,11 @@ from typing import Any
 from ..events import MessageCompleted, TurnCompleted, TurnStarted
 from ..messages import Message
 from ..records import (
+    ChainEntry,
     InputRequest,
     NewEntry,
     SessionKey,
     StepResult,
-    TurnRecord,
     TurnResult,
     TurnStatus,
 )
@@ -44,9 +44,9 @@ async def park(store: SessionStore, key: SessionKey, turn_id: str,
     await lease.release()
 
 
-async def get_turn(store: SessionStore, key: SessionKey, turn_id: str) -> TurnRecord | None:
+async def get_turn(store: SessionStore, key: SessionKey, turn_id: str) -> ChainEntry | None:
     """The chain entry ``turn_id`` of a session, or ``None``."""
-    found = await store.turns(key, turn_id=turn_id)
+    found = await store.entries(key, turn_id=turn_id)
     return found[0] if found else None
 
 

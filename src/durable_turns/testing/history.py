@@ -11,6 +11,7 @@ from ..history import ForkPlan
 from ..messages import Message, ToolCall
 from ..records import (
     Answer,
+    ChainEntry,
     ChildMemo,
     ChildStepId,
     InputRequest,
@@ -21,7 +22,6 @@ from ..records import (
     SessionKey,
     ToolMemo,
     ToolStepId,
-    TurnRecord,
     TurnResult,
     TurnStatus,
 )
@@ -103,7 +103,7 @@ async def check_a_fork_copies_a_session_up_to_a_checkpoint(store: SessionStore) 
     history = await store.checkpoints(KEY)
     park = history[3]
     dst = SessionKey("agent", "s1-alt")
-    (t1,) = await store.turns(KEY)
+    (t1,) = await store.entries(KEY)
     forked_request = replace(t1.request, child={**CHILD, "session": "new-child",
                                                 "input_id": "ok"}) if t1.request else None
     entry = replace(t1, status=TurnStatus.SUSPENDED, request=forked_request)
@@ -144,7 +144,7 @@ async def check_a_fork_copies_a_session_up_to_a_checkpoint(store: SessionStore) 
         pass
     else:
         raise AssertionError("a fork onto an existing session was written")
-    assert await store.checkpoints(other) == [] and await store.turns(other) == []
+    assert await store.checkpoints(other) == [] and await store.entries(other) == []
 
 
 async def check_a_fork_before_any_checkpoint_is_an_empty_session(store: SessionStore) -> None:
@@ -153,7 +153,7 @@ async def check_a_fork_before_any_checkpoint_is_an_empty_session(store: SessionS
     entry = replace(await _accepted(store), status=TurnStatus.QUEUED)
     await store.fork([ForkPlan(KEY, dst, 0, None, (entry,), "idle")])
     assert await store.checkpoints(dst) == [] and await store.read_messages(dst) == []
-    assert [(t.turn_id, t.status) for t in await store.turns(dst)] == [("t1", "queued")]
+    assert [(t.turn_id, t.status) for t in await store.entries(dst)] == [("t1", "queued")]
     assert await store.find_sessions("unfinished") == sorted([KEY, dst])
 
 
@@ -174,12 +174,12 @@ async def check_a_fork_is_owned_by_its_plan_s_owner(store: SessionStore) -> None
         pass
     else:
         raise AssertionError("a fork onto a session another owns was written")
-    assert await store.turns(taken) == []
+    assert await store.entries(taken) == []
     info = await store.session_info(taken)
     assert info is None or info.owner == "bob"
 
 
-async def _accepted(store: SessionStore) -> TurnRecord:
+async def _accepted(store: SessionStore) -> ChainEntry:
     rec, _ = await store.enqueue(KEY, NewEntry("t1", opening("t1")))
     return rec
 

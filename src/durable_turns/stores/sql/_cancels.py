@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
 from ...errors import StoreError
-from ...records import SessionKey, TurnRecord
+from ...records import ChainEntry, SessionKey
 from .._feed import Feed
 from .._signals import Signals
 from ._statements import Statements
@@ -70,8 +70,8 @@ class _Store(Protocol):
 
     async def transact(self, job: Callable[[Any], T]) -> T: ...
 
-    async def turns(self, key: SessionKey, *, turn_id: str | None = None,
-                    unfinished: bool = False) -> list[TurnRecord]: ...
+    async def entries(self, key: SessionKey, *, turn_id: str | None = None,
+                      unfinished: bool = False) -> list[ChainEntry]: ...
 
 
 class Cancels:
@@ -119,7 +119,7 @@ class Cancels:
 
     async def _signal(self, signals: Signals, key: SessionKey, turn_id: str | None,
                       reason: str) -> list[str]:
-        open_ = await self._store.turns(key, turn_id=turn_id, unfinished=True)
+        open_ = await self._store.entries(key, turn_id=turn_id, unfinished=True)
         ids = await signals.put(key, [t.turn_id for t in open_ if t.cancel is None], reason)
         if ids:
             self._fold(key, ids, reason)
@@ -171,7 +171,7 @@ class Cancels:
             return stored
         return (await signals.of(key)).get(turn_id)
 
-    async def merged(self, key: SessionKey, found: list[TurnRecord]) -> list[TurnRecord]:
+    async def merged(self, key: SessionKey, found: list[ChainEntry]) -> list[ChainEntry]:
         """``found`` with each unfinished entry's signal as its cancel."""
         signals = self._signals
         if signals is None or not found:

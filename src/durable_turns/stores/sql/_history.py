@@ -15,7 +15,7 @@ from typing import Any
 from ...errors import SessionExistsError
 from ...history import Checkpoint, ForkPlan
 from ...messages import encode_json, encode_message
-from ...records import InputRequest, SessionKey, TurnRecord
+from ...records import ChainEntry, InputRequest, SessionKey
 from ._connection import Connection
 from ._log import events_of, renamed, steps_of
 from ._statements import Statements
@@ -100,7 +100,7 @@ def _json(value: Any) -> str | None:
     return None if value is None else encode_json(value)
 
 
-def _entry_row(sid: int, t: TurnRecord) -> tuple[Any, ...]:
+def _entry_row(sid: int, t: ChainEntry) -> tuple[Any, ...]:
     if t.opening is None:
         raise ValueError(f"a fork's chain holds turns only, not the {t.kind} {t.turn_id!r}")
     request: InputRequest | None = t.request

@@ -11,11 +11,11 @@ from ...events import TurnEvent
 from ...history import Checkpoint
 from ...messages import Message
 from ...records import (
+    ChainEntry,
     SessionInfo,
     SessionKey,
     SessionSummary,
     StepRecord,
-    TurnRecord,
     Visibility,
 )
 from ._history import checkpoints as read_checkpoints
@@ -45,10 +45,10 @@ class SqlReads:
         out: T = await self._read(job)
         return out
 
-    async def turns(self, key: SessionKey, *, turn_id: str | None = None,
-                    unfinished: bool = False) -> list[TurnRecord]:
-        """``TurnStore.turns``."""
-        return await self.read(lambda c: self.statements.turns(c, key, turn_id, unfinished))
+    async def entries(self, key: SessionKey, *, turn_id: str | None = None,
+                      unfinished: bool = False) -> list[ChainEntry]:
+        """``TurnStore.entries``."""
+        return await self.read(lambda c: self.statements.entries(c, key, turn_id, unfinished))
 
     async def session_info(self, key: SessionKey) -> SessionInfo | None:
         """``SessionQueries.session_info``."""
@@ -87,7 +87,7 @@ class SqlReads:
         return await self.read(
             lambda c: self.statements.session_summaries(c, agent, parked_only, visible))
 
-    async def owed_deliveries(self, channel: str) -> list[tuple[SessionKey, TurnRecord]]:
+    async def owed_deliveries(self, channel: str) -> list[tuple[SessionKey, ChainEntry]]:
         """``SessionQueries.owed_deliveries``."""
         return await self.read(lambda c: self.statements.owed_deliveries(c, channel))
 

@@ -31,13 +31,13 @@ from ...events import TurnEvent
 from ...messages import Message, MessageLog, encode_json
 from ...records import (
     HOT_STEP_PREFIXES,
+    ChainEntry,
     InputRequest,
     NewEntry,
     SessionInfo,
     SessionKey,
     SessionSummary,
     StepRecord,
-    TurnRecord,
     TurnStatus,
     Visibility,
     decode_entry,
@@ -68,7 +68,7 @@ _TURN_COLS = (
 NEEDS_DRIVING = ("(t.status IN ('queued', 'running') "
                  "OR (t.status = 'suspended' AND t.cancel IS NOT NULL))")
 """The chain entries ``t`` a driver has work for: queued or running, or parked with a cancel
-to carry out (``TurnRecord.needs_driving``)."""
+to carry out (``ChainEntry.needs_driving``)."""
 LAST_ROW = "SELECT seq, gen, n FROM log WHERE sid = {} ORDER BY seq DESC, sub DESC LIMIT 1"
 """The session's last log row (``{}``: the session id): its ``seq`` is the newest event seq,
 its ``n`` the message count of generation ``gen``."""
@@ -96,10 +96,10 @@ def _dump(v: Any) -> str | None:
     return None if v is None else encode_json(v)
 
 
-def _turn(row: Any) -> TurnRecord:
+def _turn(row: Any) -> ChainEntry:
     request = _load(row[6])
     opening, args, data = decode_entry(row[11], row[3], _load(row[12]))
-    return TurnRecord(
+    return ChainEntry(
         turn_id=row[0], ordinal=row[1], status=TurnStatus(row[2]), opening=opening,
         event=_load(row[4]), policy=_load(row[5]),
         request=InputRequest.from_dict(request) if request else None,
@@ -320,7 +320,7 @@ class Statements:
     # -- the chain -------------------------------------------------------------------------
 
     def enqueue(self, c: Connection, key: SessionKey,
-                entry: NewEntry) -> tuple[TurnRecord, bool]:
+                entry: NewEntry) -> tuple[ChainEntry, bool]:
         """``SessionStore.enqueue``, in the caller's transaction (see :func:`check_enqueue`)."""
         sid = self.sid(c, key, create=True)
         row = first(c.rows(self._find_turn, (sid, entry.turn_id)))
@@ -337,7 +337,7 @@ class Statements:
         return _accepted(entry, int(ordinal)), True
 
     def enqueue_plain(self, c: Connection, key: SessionKey,
-                      entry: NewEntry) -> TurnRecord | None:
+                      entry: NewEntry) -> ChainEntry | None:
         """The common accept in one statement: a new ``turn`` (no supersede) of a session
         that exists and has no parked turn. None: not that case (a new session, a turn id
         already taken, a park, for which :func:`check_enqueue` decides); nothing was written,
@@ -401,9 +401,9 @@ class Statements:
 
     # -- reads -----------------------------------------------------------------------------
 
-    def turns(self, c: Connection, key: SessionKey, turn_id: str | None,
-              unfinished: bool) -> list[TurnRecord]:
-        """``SessionStore.turns``."""
+    def entries(self, c: Connection, key: SessionKey, turn_id: str | None,
+                unfinished: bool) -> list[ChainEntry]:
+        """``SessionStore.entries``."""
         where = f" AND status IN {_OPEN}" if unfinished else ""
         if turn_id is not None:
             where += " AND turn_id = ?"
@@ -560,7 +560,7 @@ class Statements:
         return out
 
     def owed_deliveries(self, c: Connection,
-                        channel: str) -> list[tuple[SessionKey, TurnRecord]]:
+                        channel: str) -> list[tuple[SessionKey, ChainEntry]]:
         """``SessionStore.owed_deliveries``: one statement, on the index of owed entries."""
         rows = c.rows(self._owed, (channel,))
         return [(SessionKey(r[0], r[1]), _turn(r[2:])) for r in rows]
@@ -570,9 +570,9 @@ class Statements:
         return c.changes(self._settle, (turn_id, key.agent, key.session)) == 1
 
 
-def _accepted(entry: NewEntry, ordinal: int) -> TurnRecord:
+def _accepted(entry: NewEntry, ordinal: int) -> ChainEntry:
     """The record of an entry just accepted."""
-    return TurnRecord(entry.turn_id, ordinal, TurnStatus.QUEUED, entry.opening, entry.event,
+    return ChainEntry(entry.turn_id, ordinal, TurnStatus.QUEUED, entry.opening, entry.event,
                       entry.policy, kind=entry.kind, args=entry.args,
                       data=dict(entry.data) if entry.data else None, deliver=entry.deliver)
 

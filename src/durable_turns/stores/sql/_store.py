@@ -33,12 +33,12 @@ from ...events import TurnEvent
 from ...history import Checkpoint, ForkPlan
 from ...messages import Message
 from ...records import (
+    ChainEntry,
     NewEntry,
     SessionInfo,
     SessionKey,
     SessionSummary,
     StepRecord,
-    TurnRecord,
     Visibility,
 )
 from .. import StoreCapabilities, Watcher
@@ -327,7 +327,7 @@ class SqlStore:
         return [SqlLease(self, key, grant)
                 for key, grant in await self.dialect.leases.claim_ready(self, agents, limit)]
 
-    async def enqueue(self, key: SessionKey, entry: NewEntry) -> tuple[TurnRecord, bool]:
+    async def enqueue(self, key: SessionKey, entry: NewEntry) -> tuple[ChainEntry, bool]:
         """``TurnStore.enqueue``."""
         st = self.statements
         if self.dialect.syntax.serialised and entry.kind == "turn" and entry.supersede is None:
@@ -336,7 +336,7 @@ class SqlStore:
                 self.feed.changed(key)
                 return record, True
 
-        def accept(c: Any) -> tuple[TurnRecord, bool]:
+        def accept(c: Any) -> tuple[ChainEntry, bool]:
             out = st.enqueue(c, key, entry)
             if out[1]:
                 self.dialect.notify(c, key, None)
@@ -352,11 +352,11 @@ class SqlStore:
         """``TurnStore.request_cancel``: at once, never behind a running step."""
         return await self.cancels.request(key, turn_id, reason)
 
-    async def turns(self, key: SessionKey, *, turn_id: str | None = None,
-                    unfinished: bool = False) -> list[TurnRecord]:
-        """``TurnStore.turns``: a cancel not folded into the chain yet is the entry's."""
+    async def entries(self, key: SessionKey, *, turn_id: str | None = None,
+                      unfinished: bool = False) -> list[ChainEntry]:
+        """``TurnStore.entries``: a cancel not folded into the chain yet is the entry's."""
         return await self.cancels.merged(
-            key, await self.reads.turns(key, turn_id=turn_id, unfinished=unfinished))
+            key, await self.reads.entries(key, turn_id=turn_id, unfinished=unfinished))
 
     async def session_info(self, key: SessionKey) -> SessionInfo | None:
         """``SessionQueries.session_info``."""
@@ -392,7 +392,7 @@ class SqlStore:
         return await self.reads.session_summaries(agent, parked_only=parked_only,
                                                   visible=visible)
 
-    async def owed_deliveries(self, channel: str) -> list[tuple[SessionKey, TurnRecord]]:
+    async def owed_deliveries(self, channel: str) -> list[tuple[SessionKey, ChainEntry]]:
         """``SessionQueries.owed_deliveries``."""
         return await self.reads.owed_deliveries(channel)
 
