@@ -1,7 +1,6 @@
 """F1: a fake of a Cloudflare Durable Object's SQLite storage (``ctx.storage``), over
-``sqlite3``, that keeps the rules a store on it must live with (from workerd's source; see
-``/work/shared/notes/cloudflare.md``), so that a store that passes its tests here would pass on
-a Durable Object:
+``sqlite3``, that keeps the rules a store on it must live with (as workerd's own source
+enforces them), so that a store that passes its tests here would pass on a Durable Object:
 
 - ``sql.exec(query, *bindings)`` runs at once and returns a :class:`Cursor` (iterable rows as
   dicts, ``toArray()``, ``one()``, ``raw()``, ``columnNames``, ``rowsRead``, ``rowsWritten``);
