@@ -102,21 +102,21 @@ async def test_every_route_for_the_owner_another_an_admin_and_the_answerer() -> 
         answer = {"turn_id": parked, "input_id": "approve", "value": True}
         # (method, path, keywords, expected status for alice, bob, root, carol)
         matrix: list[tuple[str, str, dict[str, Any], tuple[int | None, ...]]] = [
-            ("GET", "/alice-s", {}, (200, 403, 200, 403)),
-            ("GET", "/alice-p", {}, (200, 403, 200, 403)),
-            ("GET", "/alice-s/timeline", {}, (200, 403, 200, 403)),
+            ("GET", "/alice-s", {}, (200, 404, 200, 404)),
+            ("GET", "/alice-p", {}, (200, 404, 200, 404)),
+            ("GET", "/alice-s/timeline", {}, (200, 404, 200, 404)),
             ("GET", "/alice-s/events", {"params": {"after": "0", "until": "turn"}},
-             (200, 403, 200, 403)),
-            ("HEAD", "/alice-p/events", {"params": {"after": "0"}}, (200, 403, 200, 403)),
-            ("POST", "/alice-s/chat", {"json": {"text": "more"}}, (200, 403, 200, 403)),
-            ("POST", "/alice-s/turn", {"json": {"text": "more"}}, (200, 403, 200, 403)),
-            ("POST", "/alice-s/cancel", {"json": {}}, (200, 403, 200, 403)),
+             (200, 404, 200, 404)),
+            ("HEAD", "/alice-p/events", {"params": {"after": "0"}}, (200, 404, 200, 404)),
+            ("POST", "/alice-s/chat", {"json": {"text": "more"}}, (200, 404, 200, 404)),
+            ("POST", "/alice-s/turn", {"json": {"text": "more"}}, (200, 404, 200, 404)),
+            ("POST", "/alice-s/cancel", {"json": {}}, (200, 404, 200, 404)),
             # Parked: a new turn is refused (409) to those who may write at all.
-            ("POST", "/alice-p/chat", {"json": {"text": "x"}}, (409, 403, 409, 403)),
+            ("POST", "/alice-p/chat", {"json": {"text": "x"}}, (409, 404, 409, 404)),
             # The session may be answered by its answerer only: alice and root pass the
             # session's rule, and the request's answerers refuse them.
             ("POST", "/alice-p/resume", {"json": {**answer, "value": False}},
-             (403, 403, 403, None)),
+             (403, 404, 403, None)),
         ]
         for method, path, kw, statuses in matrix:
             for who, status in zip(PRINCIPALS, statuses, strict=True):
@@ -124,17 +124,17 @@ async def test_every_route_for_the_owner_another_an_admin_and_the_answerer() -> 
                     continue
                 r = await a.call(who, method, path, **kw)  # a stream: read to its end
                 assert r.status_code == status, (who, method, path, r.text[:300])
-                if status == 403 and method != "HEAD":
-                    assert r.json()["error"]["type"] in ("SessionAccessError",
+                if status in (403, 404) and method != "HEAD":
+                    assert r.json()["error"]["type"] in ("SessionAccessError", "UnknownSession",
                                                          "ResumeAuthorizationError")
         # Nothing a refusal touched changed: alice's park stands, her history is whole.
         s = a.rt.session("desk", "alice-p")
         assert (await s.pending()) is not None and await s.status() == "suspended"
         for who in ("bob", "carol"):
             r = await a.call(who, "POST", "/alice-p/reset", json={})
-            assert r.status_code == 403
+            assert r.status_code == 404
             r = await a.call(who, "POST", "/alice-p/cancel", json={})
-            assert r.status_code == 403
+            assert r.status_code == 404
         assert (await s.pending()) is not None and await s.status() == "suspended"
         assert len(await s.transcript()) == 2
         # The answerer answers; the owner and the admin may reset and cancel.
@@ -169,7 +169,7 @@ async def test_lists_and_the_inbox_show_what_each_may_see() -> None:
         assert await listed("carol", "pending") == ["alice-p", "bob-s"]  # she answers both
         assert await listed("root", "pending") == ["alice-p", "bob-s"]
         r = await a.call("alice", "GET", "/cli-made")
-        assert r.status_code == 403  # a session with no owner is the administrators'
+        assert r.status_code == 404  # a session with no owner is the administrators'
         assert (await a.call("root", "GET", "/cli-made")).status_code == 200
 
 
@@ -178,13 +178,13 @@ async def test_a_new_session_is_owned_by_whoever_starts_it_and_only_one_of_two()
         r = await a.call("bob", "POST", "/fresh/chat", json={"text": "mine"})
         assert r.status_code == 200
         assert (await a.rt.session("desk", "fresh").summary()).owner == "bob"
-        assert (await a.call("alice", "GET", "/fresh")).status_code == 403
+        assert (await a.call("alice", "GET", "/fresh")).status_code == 404
         # Two principals start one new session at once: one owns it, the other is refused.
         for n in range(5):
             got = await asyncio.gather(*(
                 a.call(who, "POST", f"/race-{n}/chat", json={"text": f"from {who}"})
                 for who in ("alice", "bob")))
-            assert sorted(r.status_code for r in got) == [200, 403], [r.text for r in got]
+            assert sorted(r.status_code for r in got) == [200, 404], [r.text for r in got]
             owner = (await a.rt.session("desk", f"race-{n}").summary()).owner
             winner = "alice" if got[0].status_code == 200 else "bob"
             assert owner == winner
@@ -193,19 +193,52 @@ async def test_a_new_session_is_owned_by_whoever_starts_it_and_only_one_of_two()
             assert users == {winner}  # the loser's turn was never accepted
 
 
-async def test_following_a_new_sessions_events_takes_it() -> None:
+async def test_no_get_takes_a_session_not_even_a_cross_site_navigation() -> None:
     async with api() as a:
-        url = "/agents/desk/sessions/watched/events"
-        async with a.client.stream("GET", url, params={"after": "0", "until": "turn"},
-                                   headers={"Authorization": "Bearer t-bob"}) as watching:
-            assert watching.status_code == 200
-            # What bob follows cannot become alice's: her turn there is refused.
-            r = await a.call("alice", "POST", "/watched/chat", json={"text": "secret"})
-            assert r.status_code == 403
-            r = await a.call("bob", "POST", "/watched/chat", json={"text": "hi"})
-            assert r.status_code == 200
-            body = await asyncio.wait_for(watching.aread(), WAIT)
-        assert b"turn.completed" in body and b"secret" not in body
+        url = "/agents/desk/sessions/NEW/events"
+        # A link another site's page follows (a top-level navigation) to a new session's
+        # events: nothing is made, nobody owns it, and anyone may then start it.
+        nav = {"Authorization": "Bearer t-bob", "Sec-Fetch-Site": "cross-site",
+               "Sec-Fetch-Mode": "navigate", "Sec-Fetch-Dest": "document"}
+        for method in ("GET", "HEAD"):
+            r = await a.client.request(method, url, params={"after": "0"}, headers=nav)
+            assert r.status_code in (200, 404), r.text
+        assert (await a.call("bob", "GET", "/NEW")).status_code == 404
+        found = await a.rt.session("desk", "NEW").summary()
+        assert not found.exists and found.owner is None
+        assert (await a.rt.queries.sessions("desk")) == []
+        r = await a.call("alice", "POST", "/NEW/chat", json={"text": "mine"})
+        assert r.status_code == 200, r.text
+        assert (await a.rt.session("desk", "NEW").summary()).owner == "alice"
+
+
+async def test_a_stream_of_a_session_someone_else_starts_is_not_theirs() -> None:
+    async with api() as a:
+        async with a.client.stream("GET", "/agents/desk/sessions/watched/events",
+                                   params={"after": "0"},
+                                   headers={"Authorization": "Bearer t-bob"}) as r:
+            assert r.status_code == 404  # no stream opens (on main it did, and took it)
+            await asyncio.wait_for(r.aread(), WAIT) and r.json()["error"]["type"] == "UnknownSession"
+        assert (await a.call("alice", "POST", "/watched/chat",
+                             json={"text": "secret"})).status_code == 200
+        r = await a.call("bob", "GET", "/watched/events", params={"after": "0", "until": "turn"})
+        assert r.status_code == 404 and b"secret" not in r.content
+
+
+async def test_a_session_one_may_not_read_answers_as_if_it_did_not_exist() -> None:
+    async with api() as a:
+        await _alices_sessions(a)
+        for method, path, kw in [("GET", "/alice-s", {}), ("GET", "/alice-s/timeline", {}),
+                                 ("GET", "/alice-s/events", {"params": {"after": "0"}}),
+                                 ("POST", "/alice-s/chat", {"json": {"text": "x"}}),
+                                 ("POST", "/alice-s/reset", {"json": {}})]:
+            mine = await a.call("bob", method, path.replace("alice-s", "nobody"), **kw)
+            hers = await a.call("bob", method, path, **kw)
+            assert hers.status_code == 404, (method, path, hers.text)
+            assert hers.json()["error"]["type"] == "UnknownSession"
+            if method == "GET" and "timeline" not in path:  # as for a session nobody made
+                assert mine.status_code == 404
+                assert hers.json()["error"]["type"] == mine.json()["error"]["type"]
 
 
 async def test_an_apps_authorize_decides_every_route_in_one_place() -> None:
@@ -231,8 +264,9 @@ async def test_an_apps_authorize_decides_every_route_in_one_place() -> None:
         await a.client.get("/agents/desk/pending", headers={"Authorization": "Bearer t-bob"})
     assert [(who, action) for who, action, _ in asked] == [
         ("bob", "turn"), ("carol", "read"), ("carol", "read"), ("carol", "reset"),
-        ("carol", "list"), ("bob", "cancel"), ("bob", "inbox")]
-    assert asked[0][2] == "b1" and asked[4][2] is None
+        # refused: may carol read it? (a 403 if so, a 404 if not)
+        ("carol", "read"), ("carol", "list"), ("bob", "cancel"), ("bob", "inbox")]
+    assert asked[0][2] == "b1" and asked[5][2] is None
 
 
 async def test_an_authorize_that_answers_nonsense_is_a_500_that_says_nothing() -> None:

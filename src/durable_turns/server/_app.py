@@ -218,7 +218,7 @@ class _Host:
             *(Route(f"{base}/{c.route.path}", g(self.command(c), c.action, body=c.route.body,
                                                  claim=c.route.claims), methods=["POST"])
               for c in self.rt.commands if c.route is not None),
-            Route(f"{base}/events", g(self.events, "read", claim=True), methods=["GET"]),
+            Route(f"{base}/events", g(self.events, "read"), methods=["GET"]),
             *timetravel_routes(self.rt, g, self.replay_models),
             *console_routes(self.rt, g, self.authenticate is None, list(self.replay_models)),
         ]
@@ -377,6 +377,12 @@ class _Host:
             return Response(media_type="text/event-stream", headers=HEADERS)
         sub = self.rt.subscribe(s.key, after)
         await sub.ready()
+        if self.authenticate is not None:
+            try:
+                await self.guard.check_follow(request, await s.summary())
+            except BaseException:
+                sub.close()
+                raise
         # The fan-out path (fanout.py): the feed hands each event to this client's outbox
         # as it is published; the response writes whatever has queued meanwhile at once.
         outbox = self.streams.outbox()

@@ -16,8 +16,9 @@
 3. **Its body** (``POST``): within its size, its JSON depth and its shape (400, 413, 415).
 4. **May it?** ``authorize(principal, action, session)`` (``access``) decides the route's
    action; a session the store does not have is taken by the principal that starts it (a
-   turn, a reset, or following its events), atomically, and the decision is made again if
-   another principal took it first.
+   turn or a reset: never a ``GET``), atomically, and the decision is made again if another
+   principal took it first. A refusal on a session the caller may not even read is a 404,
+   as for a session that does not exist: a caller cannot tell whose sessions exist.
 """
 
 from __future__ import annotations
@@ -30,7 +31,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from .._input_limits import BODY_TIMEOUT, HttpError
-from ..access import Action, Authorize, authorized, listing
+from ..access import Action, Authorize, authorized, decide, listing
+from ..errors import SessionAccessError
+from ..records import SessionSummary
 from ..runtime import Runtime
 from ._http import Authenticate, error_response, is_loopback, principal_of, read_body
 
@@ -74,8 +77,8 @@ class Guard:
                 it (a protocol route that starts a turn or answers one, as its body says).
             body: the route's body model, read and checked before ``authorize`` runs (the
                 handler's own ``read_body`` then returns it).
-            claim: a read that takes a session the store does not have (following its
-                events: what a principal follows must not become another's).
+            claim: a ``POST`` that takes a session the store does not have, besides those
+                of :data:`CLAIMS` (a ``GET`` never takes one).
             session: where the route's session is named when its path does not name it: a
                 function of its body (a protocol's chat or thread id). The guard keeps it
                 as ``request.state.session``.
@@ -97,7 +100,8 @@ class Guard:
                 self.rt.require_open()
                 act = action(parsed) if callable(action) else action
                 if act is not None and self.authenticate is not None:
-                    await self.check_action(request, act, claim or act in CLAIMS)
+                    await self.check_action(request, act, request.method not in
+                                            SAFE_METHODS and (claim or act in CLAIMS))
                 return await handler(request)
             except Exception as e:
                 return error_response(e)
@@ -138,7 +142,8 @@ class Guard:
         """Ask ``authorize`` about ``action``; take a new session for the caller if ``claim``.
 
         Raises:
-            SessionAccessError: refused (403).
+            SessionAccessError: refused (403), on a session the caller may read.
+            HttpError: refused on a session the caller may not read (404, as for none).
             UnknownAgentError: no such agent (404).
         """
         principal = request.state.principal
@@ -149,12 +154,41 @@ class Guard:
             return
         s = self.rt.session(agent, session_of(request))
         found = await s.summary()
-        await authorized(self.authorize, principal, action, found)
+        await self.decided(principal, action, found)
         # Taken atomically: of two principals starting one session, one owns it, and the
         # other is decided again against that owner.
         if claim and not found.exists and \
                 await self.rt.queries.own(s.key, request.state.by) != request.state.by:
-            await authorized(self.authorize, principal, action, await s.summary())
+            await self.decided(principal, action, await s.summary())
+
+    async def decided(self, principal: Any, action: Action, found: SessionSummary) -> None:
+        """``authorize``'s decision on ``found``; a refusal is a 404 when the principal may
+        not read the session either (its existence is none of its business).
+
+        Raises:
+            SessionAccessError: refused, on a session the principal may read.
+            HttpError: 404, refused on a session it may not read.
+        """
+        try:
+            await authorized(self.authorize, principal, action, found)
+        except SessionAccessError:
+            if found.exists and (action == "read" or await decide(
+                    self.authorize, principal, "read", found) is not True):
+                raise HttpError(404, "UnknownSession", f"no session {found.key}") from None
+            raise
+
+    async def check_follow(self, request: Request, found: SessionSummary) -> None:
+        """After a stream of a session's events has subscribed: the session exists, and the
+        caller may still read it (another principal may have started it meanwhile).
+
+        Raises:
+            HttpError: 404, no such session (or none the caller may read).
+        """
+        if not found.exists:
+            raise HttpError(404, "UnknownSession", f"no session {found.key}: a stream of "
+                            "its events opens once a turn has started it")
+        if self.authenticate is not None:
+            await self.decided(request.state.principal, "read", found)
 
 
 def session_of(request: Request) -> str:
