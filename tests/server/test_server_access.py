@@ -140,6 +140,13 @@ async def test_every_route_for_the_owner_another_an_admin_and_the_answerer() -> 
         # The answerer answers; the owner and the admin may reset and cancel.
         r = await a.call("carol", "POST", "/alice-p/resume", json=answer)
         assert r.status_code == 200 and r.json()["status"] == "completed", r.text
+        # Her double click: the same response as the first, not a refusal; another answer
+        # is a conflict; bob, who never answered, still may not.
+        again = await a.call("carol", "POST", "/alice-p/resume", json=answer)
+        assert (again.status_code, again.json()) == (r.status_code, r.json()), again.text
+        other = await a.call("carol", "POST", "/alice-p/resume", json={**answer, "value": False})
+        assert other.status_code == 409, other.text
+        assert (await a.call("bob", "POST", "/alice-p/resume", json=answer)).status_code == 404
         for who in ("alice", "root"):
             r = await a.call(who, "POST", "/alice-s/reset", json={})
             assert r.status_code == 200, r.text

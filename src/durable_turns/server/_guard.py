@@ -33,7 +33,8 @@ from starlette.responses import Response
 from .._input_limits import BODY_TIMEOUT, HttpError
 from ..access import Action, Authorize, authorized, decide, listing
 from ..errors import SessionAccessError
-from ..records import SessionSummary
+from ..records import SessionSummary, resume_entry_id
+from ..sessions import AgentSession
 from ..runtime import Runtime
 from ._http import Authenticate, error_response, is_loopback, principal_of, read_body
 
@@ -101,7 +102,7 @@ class Guard:
                 act = action(parsed) if callable(action) else action
                 if act is not None and self.authenticate is not None:
                     await self.check_action(request, act, request.method not in
-                                            SAFE_METHODS and (claim or act in CLAIMS))
+                                            SAFE_METHODS and (claim or act in CLAIMS), parsed)
                 return await handler(request)
             except Exception as e:
                 return error_response(e)
@@ -138,7 +139,8 @@ class Guard:
             raise HttpError(403, "CrossOrigin",
                             f"a {site} request may not change anything here")
 
-    async def check_action(self, request: Request, action: Action, claim: bool) -> None:
+    async def check_action(self, request: Request, action: Action, claim: bool,
+                           body: Any = None) -> None:
         """Ask ``authorize`` about ``action``; take a new session for the caller if ``claim``.
 
         Raises:
@@ -154,6 +156,8 @@ class Guard:
             return
         s = self.rt.session(agent, session_of(request))
         found = await s.summary()
+        if action == "resume" and await answered_by(s, body, request.state.by):
+            return  # its answerer again: the same response as the first time (the handler)
         await self.decided(principal, action, found)
         # Taken atomically: of two principals starting one session, one owns it, and the
         # other is decided again against that owner.
@@ -189,6 +193,17 @@ class Guard:
                             "its events opens once a turn has started it")
         if self.authenticate is not None:
             await self.decided(request.state.principal, "read", found)
+
+
+async def answered_by(s: AgentSession, body: Any, by: str | None) -> bool:
+    """Whether the request ``body`` answers (``turn_id``, ``input_id``) was answered already
+    by ``by``: an answerer who is not the owner gives the same answer twice (a double click),
+    and the resume then answers as it did the first time (or says another answer was given)."""
+    turn_id, input_id = getattr(body, "turn_id", None), getattr(body, "input_id", None)
+    if by is None or not isinstance(turn_id, str) or not isinstance(input_id, str):
+        return False
+    given = await s.entry(resume_entry_id(turn_id, input_id))
+    return given is not None and (given.args or {}).get("by") == by
 
 
 def session_of(request: Request) -> str:
@@ -235,6 +250,7 @@ __all__ = [
     "SAFE_METHODS",
     "Guard",
     "Handler",
+    "answered_by",
     "check_local",
     "host_name",
     "own_origin",
