@@ -23,7 +23,17 @@ from ._forks import plan_fork
 from ._hitl import Grant, check_answerer, sign, validate_answer
 from ._queries import summary_of
 from .agent import Agent, AuthorizeAnswer
-from .commands import RESET, Cancel, ChainCommand, Registry, Reset, Resume, Retry, latest_turn
+from .commands import (
+    RESET,
+    Cancel,
+    ChainCommand,
+    Registry,
+    Reset,
+    Resume,
+    Retry,
+    latest_turn,
+    live_turns,
+)
 from .errors import (
     AuthorizeAnswerError,
     ConfigurationError,
@@ -46,7 +56,6 @@ from .records import (
     StepRecord,
     TurnResult,
     TurnStatus,
-    live_turns,
 )
 from .stores import SessionStore, Subscription
 

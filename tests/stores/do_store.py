@@ -4,10 +4,11 @@ kit ``durable_turns.stores.sql``. It imports public names of the kit only.
 
 What it had to write: a :class:`~durable_turns.stores.sql.Connection` over ``sql.exec`` (a
 few lines), a :class:`~durable_turns.stores.sql.Dialect` (its SQL, its transactions as
-``transactionSync`` calls, its leases, nothing to tell other processes), the step's link
-(one ``transaction()`` held across a step's local tools and its commit: with the implicit
-transaction alone, a tool's writes would commit at the next await, before the step's, and a
-crash between them would run the tool again), and the store class.
+``transactionSync`` and ``transaction`` calls, its leases, nothing to tell other processes),
+and the store class. Its step link is the kit's
+:class:`~durable_turns.stores.sql.CallbackLink`: one ``transaction()`` held across a step's
+local tools and its commit (with the implicit transaction alone, a tool's writes would commit
+at the next await, before the step's, and a crash between them would run the tool again).
 
 A Durable Object has one live instance per object id, so its sessions' leases are a set held
 in this process (``ProcessLocks``), and nothing else shares its storage.
@@ -16,7 +17,7 @@ in this process (``ProcessLocks``), and nothing else shares its storage.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from durable_turns.errors import StoreError
@@ -24,13 +25,14 @@ from durable_turns.records import SessionKey
 from durable_turns.stores import StoreCapabilities
 from durable_turns.stores.kit import Feed
 from durable_turns.stores.sql import (
+    CallbackLink,
     LocalLeases,
     ProcessLocks,
     SqlStore,
     Syntax,
     upgrade,
 )
-from fake_do_storage import DurableObjectStorage, SqlError, SqlStorage, Transaction
+from fake_do_storage import DurableObjectStorage, SqlError, SqlStorage
 
 __all__ = ["DoConnection", "DoDialect", "DoStore"]
 
@@ -61,89 +63,9 @@ class DoConnection:
         return int(self.sql.exec("SELECT changes()").raw().toArray()[0][0])
 
 
-class _Span:
-    """One ``storage.transaction()`` held open across awaits, on a task of its own, whose
-    function waits until the step ends it."""
-
-    def __init__(self, storage: DurableObjectStorage) -> None:
-        loop = asyncio.get_running_loop()
-        self._entered: asyncio.Future[None] = loop.create_future()
-        self._outcome: asyncio.Future[bool] = loop.create_future()  # True: commit
-        self._task = asyncio.ensure_future(storage.transaction(self._body))
-
-    async def _body(self, txn: Transaction) -> None:
-        self._entered.set_result(None)
-        if not await self._outcome:
-            txn.rollback()
-
-    async def entered(self) -> None:
-        await self._entered
-
-    async def end(self, *, commit: bool) -> None:
-        if not self._outcome.done():
-            self._outcome.set_result(commit)
-        await self._task
-
-
-class DoLink:
-    """A step's ``StepLink``: the store's write lock from the step's first use to its end,
-    and, from its first local tool, one transaction across the tools and the commit."""
-
-    def __init__(self, dialect: DoDialect) -> None:
-        self._d = dialect
-        self._held = False
-        self._span: _Span | None = None
-
-    def connection(self) -> SqlStorage:
-        return self._d.storage.sql
-
-    async def _hold(self) -> None:
-        if not self._held:
-            await self._d.write_lock.acquire()
-            self._held = True
-
-    async def run_local(self, fn: Callable[[Any], T]) -> T:
-        await self._hold()
-        if self._span is None:
-            self._span = _Span(self._d.storage)
-            await self._span.entered()
-        storage = self._d.storage
-        return storage.transactionSync(lambda: fn(storage.sql))
-
-    async def commit(self, job: Callable[[Any], None], *,
-                     alone: Callable[[Any], None] | None = None) -> None:
-        try:
-            await self._hold()
-            d = self._d
-            if self._span is None:
-                d.run(alone if alone is not None else lambda c: d.atomic(c, job))
-            else:
-                span, self._span = self._span, None
-                try:
-                    d.run(lambda c: d.atomic(c, job))
-                except BaseException:
-                    await span.end(commit=False)
-                    raise
-                await span.end(commit=True)
-        finally:
-            self._let_go()
-
-    async def end(self) -> None:
-        try:
-            span, self._span = self._span, None
-            if span is not None:
-                await span.end(commit=False)
-        finally:
-            self._let_go()
-
-    def _let_go(self) -> None:
-        if self._held:
-            self._held = False
-            self._d.write_lock.release()
-
-
 class DoDialect:
-    """A Durable Object's SQLite storage as a dialect of the SQL kit.
+    """A Durable Object's SQLite storage as a dialect of the SQL kit (and the kit's
+    ``CallbackWriter``, for its step link).
 
     Args:
         storage: ``ctx.storage``.
@@ -186,8 +108,14 @@ class DoDialect:
     def atomic(self, c: Any, job: Callable[[Any], T]) -> T:
         return self.storage.transactionSync(lambda: job(c))
 
-    def step(self) -> DoLink:
-        return DoLink(self)
+    def transaction(self, job: Callable[[], Awaitable[None]]) -> Awaitable[None]:
+        return self.storage.transaction(lambda txn: job())
+
+    def writer(self) -> SqlStorage:
+        return self.storage.sql
+
+    def step(self) -> CallbackLink:
+        return CallbackLink(self)
 
     def notify(self, c: Any, key: SessionKey, seq: int | None,
                live: Sequence[str] = ()) -> None:

@@ -28,7 +28,7 @@ from ._registry import (
     Streamed,
     Verb,
 )
-from ._reset import RESET, Reset
+from ._reset import RESET, Reset, live_turns
 from ._reset import SPEC as RESET_SPEC
 from ._resume import SPEC as RESUME_SPEC
 from ._resume import Resume
@@ -54,6 +54,7 @@ __all__ = [
     "Verb",
     "check_redelivery",
     "latest_turn",
+    "live_turns",
     "supersede_at_once",
 ]
 

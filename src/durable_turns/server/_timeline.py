@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from ..commands import live_turns
 from ..events import (
     ActionCompleted,
     ActionRequested,
@@ -36,7 +37,6 @@ from ..records import (
     ModelStepId,
     ToolStepId,
     TurnStatus,
-    live_turns,
 )
 from ..sessions import AgentSession
 
