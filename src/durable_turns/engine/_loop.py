@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from .._tracing import TurnTrace, begin_turn
@@ -108,6 +108,9 @@ class TurnEngine:
         self._trace: TurnTrace | None = None
         self._streaming: asyncio.Task[Any] | None = None
         self._interrupted = False
+        self.before_model: Callable[[ChainEntry], Awaitable[None]] | None = None
+        """Called at each model-call boundary of a turn, before its model step (the
+        driver's: joining commands join there, F25)."""
 
     @property
     def attempt(self) -> int | None:
@@ -223,6 +226,8 @@ class TurnEngine:
                     and last.turn_id == turn_id:
                 # The reply that ended the turn committed (with the turn's end, normally).
                 return await self._finish(TurnResult(turn_id, TurnStatus.COMPLETED, last.text))
+            if self.before_model is not None:
+                await self.before_model(turn)
             done = await self._model_step(turn_id, policy, tools)
             going_on = done is None
             return done
