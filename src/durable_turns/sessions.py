@@ -99,6 +99,7 @@ Observer = Callable[[TurnEvent], None]
 Mode = Literal["queue", "replace", "steer"]
 """How ``start()`` places a turn: behind the unfinished ones, instead of them (they are
 cancelled), or into the running one (its next model call reads it, F25)."""
+MODES: tuple[Mode, ...] = ("queue", "replace", "steer")
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +109,9 @@ class StartedTurn:
     turn_id: str
     new: bool = True
     """False when the turn id was already accepted (a redelivery)."""
+    steering: str | None = None
+    """``start(mode="steer")`` accepted the text as a steer: the unfinished turn it joins
+    (``result(turn_id)`` waits for the turn it went into)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,7 +182,7 @@ class AgentSession:
             SessionBusyError: the session is parked on another turn.
             ValueError: no text to open the turn with, or an unknown ``mode``.
         """
-        if mode not in ("queue", "replace", "steer"):
+        if mode not in MODES:
             raise ValueError(f"mode must be 'queue', 'replace' or 'steer', not {mode!r}")
         replace = replace or mode == "replace"
         text = user_text if user_text is not None else (event.text if event else None)
@@ -198,11 +202,12 @@ class AgentSession:
             supersede=f"superseded by turn {turn_id}" if replace else None, deliver=deliver,
             data=dict(data) if data else None,
         )
+        into = None
         with self.runtime.joining(self.key) if mode == "steer" else contextlib.nullcontext():
             if mode == "steer":  # (a turn driven here waits for it at its next model call)
-                entry = await steer_entry(self._store, self.key, entry)
+                entry, into = await steer_entry(self._store, self.key, entry)
             _rec, new = await self.runtime.accept(self.key, entry)
-        return StartedTurn(turn_id, new)
+        return StartedTurn(turn_id, new, into)
 
     async def retry(self, turn_id: str) -> StartedTurn:
         """Re-open a failed turn where it failed; finished steps stay (F2).
@@ -543,8 +548,10 @@ class AgentSession:
 
 
 __all__ = [
+    "MODES",
     "AgentSession",
     "Archive",
+    "Mode",
     "Observer",
     "ResetResult",
     "RuntimeAPI",

@@ -1,4 +1,4 @@
-"""The Slack channel (F16) against a local fake of Slack's Web API (``fakes/slack_api.py``).
+"""The Slack channel (F16; steer_in_flight, F25) against a local fake of Slack's Web API (``fakes/slack_api.py``).
 
 The app runs on uvicorn on loopback in the test's loop; ``slack_sdk`` is pointed at the fake
 with ``base_url``; inbound requests are signed the way Slack signs them.
@@ -87,7 +87,7 @@ class World:
 
 @asynccontextmanager
 async def world(tmp_path: Path, *, replace_in_flight: bool = False,
-                stream_idle: float = 20.0, agent: Agent | None = None,
+                steer_in_flight: bool = False, stream_idle: float = 20.0, agent: Agent | None = None,
                 model: Model | None = None, store: SessionStore | None = None,
                 authorize: Authorize | None = None) -> AsyncIterator[World]:
     fake = SlackFake()
@@ -97,7 +97,8 @@ async def world(tmp_path: Path, *, replace_in_flight: bool = False,
                           store or SqliteStore(tmp_path / "s.db"), model)
         slack = slack_channel(signing_secret=SECRET, bot_token=TOKEN,
                               base_url=f"{fake_url}/api/", replace_in_flight=replace_in_flight,
-                              stream_idle=stream_idle, authorize=authorize)
+                              stream_idle=stream_idle, authorize=authorize,
+                              steer_in_flight=steer_in_flight)
         app = create_app(runtime, channels=[slack])
         async with runtime, serving(app) as url, httpx.AsyncClient(timeout=WAIT) as http:
             try:
@@ -341,6 +342,34 @@ async def test_replace_in_flight_supersedes_the_running_turn(tmp_path: Path) -> 
         msgs = await w.reply("700.000001", 2)
         assert msgs[0].markdown.endswith("_superseded by a newer message_")
         assert msgs[1].markdown == "You said: never mind"
+
+
+async def test_steer_in_flight_joins_the_running_turn_and_one_reply_answers(
+        tmp_path: Path) -> None:
+    """F25: a message in a busy thread joins the running turn at its next model call."""
+    async with world(tmp_path, steer_in_flight=True) as w:
+        await w.mention("hold", ts="720.000001")
+        await w.fake.wait(lambda: w.fake.called("chat.startStream"), "the first stream")
+        follow = event_callback("also this", kind="message", thread_ts="720.000001",
+                                ts="720.000002")
+        assert (await w.post("/slack/events", follow)).status_code == 200
+        s = w.slack.ctx.session("slack:T0001:C1:720.000001")
+        steer = await s.entry("slack:C1:720.000002")
+        assert steer is not None and steer.kind == "steer"  # durable before the tool ended
+        slack_app.held["hold"].set()
+        msgs = await w.reply("720.000001", 1)
+        assert msgs[0].tasks() == {"call-hold": "complete"}
+        assert msgs[0].markdown == "You said: also this"  # the model read the steer
+        await asyncio.wait_for(w.slack.idle(), WAIT)
+        assert len(w.fake.thread("C1", "720.000001")) == 1
+        users = [(m.text, m.by) for m in await s.transcript() if m.role == "user"]
+        assert users == [("hold", "U1"), ("also this", "U1")]
+
+
+async def test_a_thread_channel_neither_replaces_and_steers() -> None:
+    with pytest.raises(ValueError, match="not both"):
+        slack_channel(signing_secret=SECRET, bot_token=TOKEN, replace_in_flight=True,
+                      steer_in_flight=True)
 
 
 async def test_replace_never_supersedes_a_parked_approval(tmp_path: Path) -> None:

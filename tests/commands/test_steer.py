@@ -114,7 +114,7 @@ async def test_a_steer_during_a_local_tool_joins_before_the_next_model_call(
         steering = asyncio.create_task(s.start("also this", mode="steer", turn_id="st"))
         gate.open.set()
         started = await asyncio.wait_for(steering, WAIT)
-        assert (started.turn_id, started.new) == ("st", True)
+        assert (started.turn_id, started.new, started.steering) == ("st", True, t.turn_id)
         r = await asyncio.wait_for(s.result(t.turn_id), WAIT)
         # The second model call (after the tool batch) was shown the steered message.
         assert (r.status, r.text) == ("completed", "go|also this")
@@ -142,6 +142,7 @@ async def test_a_steer_with_no_turn_running_starts_one(store: SessionStore) -> N
         s = rt.session("ops", "s1")
         gate.open.set()
         started = await s.start("hello", mode="steer")
+        assert started.steering is None
         r = await asyncio.wait_for(s.result(started.turn_id), WAIT)
         assert (r.turn_id, r.status, r.text) == (started.turn_id, "completed", "hello")
         entry = await s.entry(started.turn_id)
@@ -218,7 +219,7 @@ async def test_a_steer_too_late_for_its_turn_opens_a_turn_of_its_own(
 
 CHILD = """
 import asyncio, sys, pathlib, time
-from durable_turns import Agent, Runtime, SqliteStore, PostgresStore, Stop, TextDelta, ToolCall, tool
+from durable_turns import Agent, Runtime, SqliteStore, PostgresStore, Stop, ToolCall, tool
 
 kind, url, marks = sys.argv[1], sys.argv[2], pathlib.Path(sys.argv[3])
 store = SqliteStore(url) if kind == "sqlite" else PostgresStore(url, lease_ttl=1.0)

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -25,15 +26,16 @@ from ..inbound import InboundEvent
 from ..messages import Message
 from ..records import ChainEntry, NewEntry, SessionKey, TurnResult, TurnStatus
 from ..stores import SessionStore, Transaction
-from ._joining import JOINED, Join
+from ._joining import JOINED, Join, joined_turn
 from ._place import Place
 from ._registry import Arg, CommandSpec, Verb
 
 __all__ = ["SPEC", "Steer", "check_steer", "steer_entry"]
 
 
-def check_steer(key: SessionKey, pending: list[ChainEntry]) -> bool:
-    """Whether a steer of the session joins a turn (``True``) or opens one (``False``).
+def check_steer(key: SessionKey, pending: list[ChainEntry]) -> str | None:
+    """The turn a steer of the session joins: its first unfinished turn (``None``: none, the
+    steer opens a turn).
 
     Args:
         pending: the session's unfinished chain entries.
@@ -44,7 +46,7 @@ def check_steer(key: SessionKey, pending: list[ChainEntry]) -> bool:
     for t in pending:
         if t.parked:
             raise SessionBusyError(str(key), t.turn_id)
-    return any(t.kind == "turn" for t in pending)
+    return next((t.turn_id for t in pending if t.kind == "turn"), None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,18 +121,24 @@ SPEC = CommandSpec(
 """Steer, as the registry knows it (its HTTP form is ``POST …/turn?mode=steer``)."""
 
 
-async def steer_entry(store: SessionStore, key: SessionKey, entry: NewEntry) -> NewEntry:
+async def steer_entry(store: SessionStore, key: SessionKey,
+                      entry: NewEntry) -> tuple[NewEntry, str | None]:
     """What ``start(…, mode="steer")`` accepts for turn ``entry``: a :class:`Steer` of its
     text while a turn of the session is unfinished, else the turn itself (a redelivered id
-    keeps the kind it was accepted as).
+    keeps the kind it was accepted as); and the turn the steer joins (``None``: the turn).
 
     Raises:
         SessionBusyError: a turn is parked on a standing request.
     """
     assert entry.opening is not None
     steer = Steer(entry.opening.text, entry.opening.by, entry.event, entry.turn_id)
+    as_steer = dataclasses.replace(steer.entry(), data=entry.data)  # (an HTTP key's print)
     found = await store.entries(key, turn_id=entry.turn_id)
+    if found and found[0].kind != Steer.kind:
+        return entry, None
+    pending = await store.entries(key, unfinished=True)
     if found:
-        return steer.entry() if found[0].kind == Steer.kind else entry
-    return steer.entry() if check_steer(key, await store.entries(key, unfinished=True)) \
-        else entry
+        return as_steer, joined_turn(found[0]) or next(
+            (t.turn_id for t in pending if t.kind == "turn"), None)
+    into = check_steer(key, pending)
+    return (entry, None) if into is None else (as_steer, into)
