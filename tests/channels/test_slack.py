@@ -1,4 +1,5 @@
-"""The Slack channel (F16; steer_in_flight, F25) against a local fake of Slack's Web API (``fakes/slack_api.py``).
+"""The Slack channel (F16; steer_in_flight, F25) against a local fake of Slack's Web API
+(``fakes/slack_api.py``).
 
 The app runs on uvicorn on loopback in the test's loop; ``slack_sdk`` is pointed at the fake
 with ``base_url``; inbound requests are signed the way Slack signs them.
@@ -87,7 +88,8 @@ class World:
 
 @asynccontextmanager
 async def world(tmp_path: Path, *, replace_in_flight: bool = False,
-                steer_in_flight: bool = False, stream_idle: float = 20.0, agent: Agent | None = None,
+                steer_in_flight: bool = False, stream_idle: float = 20.0,
+                agent: Agent | None = None,
                 model: Model | None = None, store: SessionStore | None = None,
                 authorize: Authorize | None = None) -> AsyncIterator[World]:
     fake = SlackFake()

@@ -8,7 +8,8 @@
   is the history, never the client's copy): a user message starts a turn with its text (sent
   while a turn runs, it joins that turn at its next model call, F25, and the answer is that
   turn's stream); an assistant message whose tool parts carry approval responses (what
-  ``addToolApprovalResponse`` leaves) answers the turn's requests. The answer is the turn's UI message stream.
+  ``addToolApprovalResponse`` leaves) answers the turn's requests. The answer is the turn's
+  UI message stream.
 - ``GET /agents/{agent}/ai-sdk/chat/{session}/stream``: the transport's resume request
   (``useChat({resume: true})`` after a reload, ``resumeStream()``): the running turn's stream
   from its start, then live; a parked turn's, to the request it waits for (so a reloaded page
