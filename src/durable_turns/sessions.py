@@ -46,6 +46,7 @@ from .errors import (
 from .events import TurnEvent, TurnFailed
 from .history import Checkpoint
 from .inbound import InboundEvent, Trigger
+from .limits import LIMITS, Limits
 from .messages import Message
 from .model import Model
 from .records import (
@@ -160,6 +161,7 @@ class AgentSession:
         deliver: str | None = None,
         data: Mapping[str, Any] | None = None,
         mode: Mode = "queue",
+        limits: Limits | None = None,
     ) -> StartedTurn:
         """Accept a turn and return once it is durable, without waiting for it to run.
 
@@ -172,6 +174,8 @@ class AgentSession:
                 is unfinished the text is stored at once and joins it as a user message at
                 its next model-call boundary (event ``message.steered``; ``result()`` of the
                 returned id is that turn's), else it starts a turn.
+            limits: this turn's caps on its spend, instead of its agent's
+                (``durable_turns.limits``, F25).
             deliver: the channel (by name) that owes this turn a delivery: the turn stays in
                 ``runtime.queries.owed_deliveries(channel)`` until the channel calls
                 :meth:`settle_delivery` (its durable outbox, what it recovers after a crash).
@@ -182,6 +186,8 @@ class AgentSession:
             SessionBusyError: the session is parked on another turn.
             ValueError: no text to open the turn with, or an unknown ``mode``.
         """
+        if limits is not None:
+            data = {**(data or {}), LIMITS: limits.to_dict()}
         if mode not in MODES:
             raise ValueError(f"mode must be 'queue', 'replace' or 'steer', not {mode!r}")
         replace = replace or mode == "replace"

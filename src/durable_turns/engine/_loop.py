@@ -62,6 +62,7 @@ from ..records import (
 from ..stores import Lease, Transaction
 from ..tools import Tool
 from ._commits import TRACE, StepCommits
+from ._limits import over_limit
 from ._model_step import RetryPolicy, ask
 from ._step_context import StepContext
 from ._tool_message import tool_message
@@ -228,6 +229,10 @@ class TurnEngine:
                 return await self._finish(TurnResult(turn_id, TurnStatus.COMPLETED, last.text))
             if self.before_model is not None:
                 await self.before_model(turn)
+            stop = await over_limit(self.agent, self.model, turn, self.transcript, event,
+                                    self.calls.read_step)  # its limits (F25)
+            if stop is not None:
+                return await self._finish(stop, owed=False)
             done = await self._model_step(turn_id, policy, tools)
             going_on = done is None
             return done
