@@ -24,11 +24,13 @@ import slack_app
 from confirm_pair import confirm_pair
 from durable_turns import (
     Agent,
+    Limits,
     Model,
     ModelReply,
     ModelRequest,
     Runtime,
     SqliteStore,
+    Stop,
     SurfacePolicy,
     ToolCall,
     Trigger,
@@ -39,6 +41,7 @@ from durable_turns.access import Authorize
 from durable_turns.channels import mount_agent, receive
 from durable_turns.channels.slack import SlackChannel, slack_channel
 from durable_turns.errors import ConfigurationError
+from durable_turns.models import ModelEvent
 from durable_turns.models.scripted import calls_this_turn
 from durable_turns.server import create_app
 from durable_turns.stores import SessionStore
@@ -372,6 +375,37 @@ async def test_a_thread_channel_neither_replaces_and_steers() -> None:
     with pytest.raises(ValueError, match="not both"):
         slack_channel(signing_secret=SECRET, bot_token=TOKEN, replace_in_flight=True,
                       steer_in_flight=True)
+
+
+class Endless:
+    """Always asks for one more ``lookup``: only a limit ends its turn."""
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
+        n = sum(1 for m in request.messages if m.role == "assistant")
+        yield ToolCall(f"c{n}", "lookup", {"order_id": str(n)})
+        yield Stop("tool_use")
+
+
+async def test_a_limit_asks_in_the_thread_with_buttons(tmp_path: Path) -> None:
+    """F25: a turn at its limit parks on a yes/no prompt; Approve grants as much again,
+    Deny ends the turn failed, naming the limit."""
+    agent = Agent("helper", "", [slack_app.lookup], model=Endless(),
+                  limits=Limits(model_calls=1, on_exceed="ask"))
+    async with world(tmp_path, agent=agent) as w:
+        await w.mention("go on", ts="730.000001")
+        _stream, prompt = await w.reply("730.000001", 2)
+        assert "model_calls limit (1)" in prompt.text
+        await w.click(prompt, user="U1")
+        s = w.slack.ctx.session("slack:T0001:C1:730.000001")
+        second = await w.fake.wait(lambda: next(
+            (m for m in w.fake.thread("C1", "730.000001") if "limit (2)" in m.text), None),
+            "the second prompt")
+        request = await s.pending()
+        assert request is not None and request.id == "limit:2"
+        await w.click(second, user="U1", approve=False)
+        r = await asyncio.wait_for(s.result("slack:C1:730.000001"), WAIT)
+        assert r.status == "failed" and r.error is not None
+        assert "model_calls limit (2)" in r.error
 
 
 async def test_replace_never_supersedes_a_parked_approval(tmp_path: Path) -> None:
