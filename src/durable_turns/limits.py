@@ -53,9 +53,9 @@ class Spend:
     cost_usd: float = 0.0
 
     def describe(self) -> str:
+        cost = f", ${self.cost_usd:.4f}" if self.cost_usd else ""
         return (f"{self.model_calls} model calls, {self.tool_calls} tool calls, "
-                f"{self.input_tokens} input and {self.output_tokens} output tokens, "
-                f"${self.cost_usd:.4f}")
+                f"{self.input_tokens} input and {self.output_tokens} output tokens{cost}")
 
 
 @dataclass(frozen=True, slots=True)
