@@ -184,12 +184,14 @@ class AgentSession:
 
         Raises:
             SessionBusyError: the session is parked on another turn.
-            ValueError: no text to open the turn with, or an unknown ``mode``.
+            ValueError: no text to open the turn with, an unknown ``mode``, or ``steer`` with
+                ``replace=True``.
         """
         if limits is not None:
             data = {**(data or {}), LIMITS: limits.to_dict()}
-        if mode not in MODES:
-            raise ValueError(f"mode must be 'queue', 'replace' or 'steer', not {mode!r}")
+        if mode not in MODES or (replace and mode == "steer"):
+            raise ValueError(f"mode must be 'queue', 'replace' or 'steer', not {mode!r}"
+                             + (" with replace=True" if replace else ""))
         replace = replace or mode == "replace"
         text = user_text if user_text is not None else (event.text if event else None)
         if not isinstance(text, str) or not text.strip():

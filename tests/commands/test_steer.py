@@ -175,6 +175,8 @@ async def test_replace_true_and_mode_replace_are_one(store: SessionStore) -> Non
         assert (r.status, r.reason) == ("cancelled", "superseded by turn r")
         with pytest.raises(ValueError, match="mode"):
             await s.start("x", mode="sideways")  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="replace=True"):
+            await s.start("x", mode="steer", replace=True)
 
 
 async def cancel_seen(s: AgentSession, turn_id: str) -> None:
