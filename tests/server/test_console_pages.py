@@ -1,6 +1,7 @@
 """F12: The web console's pages in Chromium, on what the first run found: a refusal that must stay
 explained, an inbox count that follows the page, a page for an agent not served, a failed
-turn's Retry, the timeline's footer, the composer steering a running turn (F25).
+turn's Retry, the timeline's footer, the composer steering a running turn and a limit's ask
+(F25).
 
 The browser's clock is installed (``BrowserContext.clock``): the pages' timers (the 10 s
 snapshot, the 5 s inbox) fire only when a test runs the clock on, so what a page shows
@@ -19,7 +20,7 @@ import httpx
 import pytest
 from playwright.async_api import expect
 
-from durable_turns import Agent, AgentSession, Stop, TextDelta, ToolCall, tool
+from durable_turns import Agent, AgentSession, Limits, Stop, TextDelta, ToolCall, tool
 from durable_turns.errors import ModelError
 from durable_turns.models import ModelEvent, ModelRequest
 from test_console import CHROMIUM, WAIT, ask, console, name_me, ops, shot
@@ -185,4 +186,41 @@ async def test_the_composer_steers_the_running_turn(tmp_path: Path) -> None:
         await expect(page.locator("form.ask button[type=submit]")).to_have_text("Send")
         await shot(page, "29-steered")
         assert [e.kind for e in await s.chain()] == ["turn", "steer"]
+    assert c.errors == []
+
+
+class Endless:
+    """Always asks for one more ``step``: only a limit ends its turn."""
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
+        n = sum(1 for m in request.messages if m.role == "assistant")
+        yield ToolCall(f"c{n}", "step", {"n": n})
+        yield Stop("tool_use", {"input_tokens": 10, "output_tokens": 5})
+
+
+async def test_a_limit_asks_on_the_page_and_approve_grants_more() -> None:
+    """F25: a turn at its limit shows its ask (the limit and the spend); Approve runs it on
+    to twice the limit."""
+
+    @tool
+    async def step(n: int) -> int:
+        """One more step."""
+        return n
+
+    agent = Agent("desk", "", [step], model=Endless(),
+                  limits=Limits(model_calls=2, on_exceed="ask"))
+    async with console([agent]) as c:
+        page = await c.page(await c.context(), "ann", "#/s/desk/s1")
+        await name_me(page, "ann")
+        await ask(page, "work")
+        request = page.locator("[data-role=input]")
+        await expect(request).to_contain_text("model_calls limit (2)")
+        await expect(request).to_contain_text("2 model calls")
+        await shot(page, "30-limit-ask")
+        await request.get_by_role("button", name="Approve").click()
+        await expect(page.locator("[data-role=input]").nth(1)).to_contain_text(
+            "model_calls limit (4)")
+        s = c.rt.session("desk", "s1")
+        pending = await s.pending()
+        assert pending is not None and pending.id == "limit:2"
     assert c.errors == []
