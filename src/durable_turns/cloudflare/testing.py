@@ -37,12 +37,13 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from pathlib import Path
 from typing import Any, TypeVar
 
 from ._values import JS_NULL, SqlError
 
-__all__ = ["JS_NULL", "Cursor", "DurableObjectStorage", "RawCursor", "SqlError", "SqlStorage",
-           "Transaction"]
+__all__ = ["JS_NULL", "Cursor", "DurableObjectState", "DurableObjectStorage", "ObjectNamespace",
+           "RawCursor", "SqlError", "SqlStorage", "Transaction"]
 
 T = TypeVar("T")
 
@@ -373,3 +374,81 @@ class Transaction:
     def rollback(self) -> None:
         """Undo the transaction's writes when the function returns."""
         self.rolled_back = True
+
+
+class DurableObjectState:
+    """An object's ``ctx``: its storage, its id, ``blockConcurrencyWhile`` and ``waitUntil``.
+
+    Args:
+        storage: the object's storage.
+        name: the name its id was made from.
+    """
+
+    def __init__(self, storage: DurableObjectStorage, name: str = "object") -> None:
+        self.storage = storage
+        self.id = name
+        self._kept: set[asyncio.Future[Any]] = set()
+
+    def blockConcurrencyWhile(self, fn: Callable[[], Awaitable[T]]) -> asyncio.Future[T]:
+        """Run ``fn()`` now (the object's requests wait for what it opens)."""
+        return self._keep(asyncio.ensure_future(fn()))
+
+    def waitUntil(self, work: Awaitable[Any]) -> None:
+        """Keep ``work`` running after the response."""
+        self._keep(asyncio.ensure_future(work))
+
+    def _keep(self, future: asyncio.Future[T]) -> asyncio.Future[T]:
+        self._kept.add(future)
+        future.add_done_callback(self._kept.discard)
+        return future
+
+
+class ObjectNamespace:
+    """A Durable Object binding (``env.AGENTS``) in CPython: one live instance per name,
+    made on first use from ``make(ctx, env)``, on a storage of its own (a file in
+    ``folder``, or in memory) that an eviction keeps.
+
+    Args:
+        make: the object class (``AgentObject``'s subclass), or any ``(ctx, env)`` factory.
+        env: what the objects get as ``env``.
+        folder: where each object's database file lives (``None``: in memory).
+    """
+
+    def __init__(self, make: Callable[[DurableObjectState, Any], Any], env: Any = None, *,
+                 folder: Path | None = None) -> None:
+        self._make = make
+        self._env = env
+        self._folder = folder
+        self._storages: dict[str, DurableObjectStorage] = {}
+        self._live: dict[str, Any] = {}
+
+    def idFromName(self, name: str) -> str:
+        """The id of the object named ``name`` (here: the name)."""
+        return name
+
+    def get(self, object_id: str) -> Any:
+        """The object's live instance (made now if it has none)."""
+        found = self._live.get(object_id)
+        if found is None:
+            storage = self._storages.get(object_id)
+            if storage is None:
+                path = ":memory:" if self._folder is None else str(
+                    self._folder / f"{len(self._storages)}.sqlite")
+                storage = self._storages[object_id] = DurableObjectStorage(path)
+            found = self._live[object_id] = self._make(DurableObjectState(storage, object_id),
+                                                       self._env)
+        return found
+
+    def storage(self, object_id: str) -> DurableObjectStorage:
+        """The object's storage.
+
+        Raises:
+            KeyError: no object of that id was made.
+        """
+        return self._storages[object_id]
+
+    def evict(self, object_id: str) -> None:
+        """Forget the live instance (its storage stays): the next request makes a new one.
+        The old one's tasks are not stopped (a test that evicts waits for them or closes
+        its runtime first)."""
+        self._live.pop(object_id, None)
