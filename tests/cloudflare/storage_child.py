@@ -6,8 +6,8 @@ at the moment its argument names, so the parent can see what a crash there keeps
 - ``implicit-no-await``: a write outside any transaction, killed before the next turn of the
   event loop;
 - ``implicit-after-await``: the same write, killed after an await;
-- ``store-step``: a :class:`~durable_turns.cloudflare.DurableObjectStore` step whose local tool wrote a row, killed after
-  an await between the tool and the step's commit.
+- ``store-step``: a :class:`~durable_turns.cloudflare.DurableObjectStore` step whose local
+  tool wrote a row, killed after an await between the tool and the step's commit.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""F27: the Durable Object fake (``durable_turns.cloudflare.testing``) keeps the rules of ``ctx.storage`` a store must live with: each
-rule here can fail. Crashes are real: a child process (``storage_child.py``) SIGKILLs itself."""
+"""F27: the Durable Object fake (``durable_turns.cloudflare.testing``) keeps the rules of
+``ctx.storage`` a store must live with: each rule here can fail. Crashes are real: a child
+process (``storage_child.py``) SIGKILLs itself."""
 
 from __future__ import annotations
 

@@ -157,7 +157,7 @@ async def test_the_alarm_finishes_a_turn_an_eviction_cut_off(tmp_path: Path) -> 
     storage = ns.storage(NAME)
     assert await storage.getAlarm() == (1_000.0 + first.scheduler.backstop) * 1000
     await first.runtime.close()  # evicted mid-turn: its tasks gone, its storage kept
-    reply.close()
+    await reply.close()
     ns.evict(NAME)
     gate.set()
     now[0] += first.scheduler.backstop

@@ -84,14 +84,11 @@ class Reply:
         """The body as JSON."""
         return json.loads(await self.read())
 
-    def close(self) -> None:
-        """Stop a streamed body (its reader left)."""
-        if not isinstance(self.body, bytes):
-            aclose = getattr(self.body, "aclose", None)
-            if aclose is not None:
-                import asyncio
-
-                asyncio.ensure_future(aclose())
+    async def close(self) -> None:
+        """Stop a streamed body (its reader left): its generator's ``finally`` runs now."""
+        aclose = getattr(self.body, "aclose", None)
+        if aclose is not None:
+            await aclose()
 
 
 class Url:
@@ -110,10 +107,7 @@ class Url:
     def header(self, name: str) -> str | None:
         """A header of the request, whichever host made it."""
         own = getattr(self.request, "header", None)
-        if own is not None:
-            found = own(name)
-        else:
-            found = to_py(self.request.headers.get(name))
+        found = own(name) if own is not None else to_py(self.request.headers.get(name))
         return None if found is None else str(found)
 
 

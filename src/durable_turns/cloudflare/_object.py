@@ -109,7 +109,7 @@ class AgentObject(_Base):
 
     def __init__(self, ctx: Any, env: Any, *, clock: Callable[[], float] = time.time) -> None:
         if _Base is not object:
-            super().__init__(ctx, env)
+            super().__init__(ctx, env)  # type: ignore[call-arg]
         self.ctx = ctx
         self.env = env
         setup = self.setup(env)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+
 class SqlError(Exception):
     """What a refused or failed statement raises outside Pyodide (the fake's; a JavaScript
     ``Error`` on workerd, which Pyodide raises as ``pyodide.ffi.JsException``)."""
@@ -76,7 +77,7 @@ def callback(fn: Any) -> Any:
     Pyodide; :func:`release` it once JavaScript is done)."""
     if _JsProxy is None:
         return fn
-    from pyodide.ffi import create_proxy  # type: ignore[import-not-found]
+    from pyodide.ffi import create_proxy
 
     return create_proxy(fn)
 

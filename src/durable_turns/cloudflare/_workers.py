@@ -24,8 +24,9 @@ def to_response(reply: Reply, ctx: Any) -> Any:
     """``reply`` as the host answers it: a JavaScript ``Response`` under Pyodide."""
     if not ON_PYODIDE:
         return reply
-    import js  # type: ignore[import-not-found]
     from pyodide.ffi import to_js  # type: ignore[import-not-found]
+
+    import js  # type: ignore[import-not-found]
 
     init = to_js({"status": reply.status, "headers": reply.headers},
                  dict_converter=js.Object.fromEntries)
@@ -43,15 +44,14 @@ def to_response(reply: Reply, ctx: Any) -> Any:
 
 
 async def _feed(reply: Reply, writer: Any, to_js: Any) -> None:
-    chunks = reply.chunks()
     try:
-        async for chunk in chunks:
+        async for chunk in reply.chunks():
             await writer.write(to_js(chunk))
         await writer.close()
-    except Exception:  # the reader left (the write failed): stop the reply's stream
-        await chunks.aclose()
+    except Exception:  # the reader left (the write failed): the reply's stream stops below
+        pass
     finally:
-        reply.close()
+        await reply.close()
 
 
 def object_name(path: str) -> str | None:
