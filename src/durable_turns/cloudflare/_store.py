@@ -26,7 +26,8 @@ from ..records import SessionKey
 from ..stores import StoreCapabilities
 from ..stores.kit import Feed
 from ..stores.sql import LocalLeases, ProcessLocks, SqlStore, Syntax, upgrade
-from . import _values
+from ._values import STORAGE_ERRORS, callback, release, to_js
+from ._values import rows as py_rows
 
 __all__ = ["DurableObjectStore"]
 
@@ -52,11 +53,11 @@ class _Connection:
         self.sql = sql
 
     def rows(self, query: str, params: Sequence[Any] = (), /) -> list[Any]:
-        return _values.rows(self.sql.exec(query, *map(_values.to_js, params)).raw().toArray())
+        return py_rows(self.sql.exec(query, *map(to_js, params)).raw().toArray())
 
     def changes(self, query: str, params: Sequence[Any] = (), /) -> int:
-        self.sql.exec(query, *map(_values.to_js, params))
-        return int(_values.rows(self.sql.exec("SELECT changes()").raw().toArray())[0][0])
+        self.sql.exec(query, *map(to_js, params))
+        return int(py_rows(self.sql.exec("SELECT changes()").raw().toArray())[0][0])
 
 
 class _Span:
@@ -70,11 +71,11 @@ class _Span:
         self._task = asyncio.ensure_future(self._hold(storage))
 
     async def _hold(self, storage: Any) -> None:
-        body = _values.callback(self._body)
+        body = callback(self._body)
         try:
             await storage.transaction(body)
         finally:
-            _values.release(body)
+            release(body)
 
     async def _body(self, txn: Any) -> None:
         self._entered.set_result(None)
@@ -116,7 +117,7 @@ class _Link:
             self._span = _Span(self._d.storage)
             try:
                 await self._span.entered()
-            except _values.STORAGE_ERRORS as e:
+            except STORAGE_ERRORS as e:
                 self._span = None
                 raise StoreError(f"the Durable Object's storage failed: {e}") from e
         storage = self._d.storage
@@ -174,7 +175,7 @@ class _Dialect:
     def run(self, job: Callable[[_Connection], T]) -> T:
         try:
             return job(self.conn)
-        except _values.STORAGE_ERRORS as e:
+        except STORAGE_ERRORS as e:
             raise StoreError(f"the Durable Object's storage failed: {e}") from e
 
     async def open(self, store: SqlStore) -> None:
