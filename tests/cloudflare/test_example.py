@@ -5,6 +5,7 @@ its Worker exports, with the SQLite migration; its agent object, in CPython on t
 from __future__ import annotations
 
 import ast
+import importlib
 import json
 import re
 import sys
@@ -41,9 +42,9 @@ async def test_the_example_object_keeps_a_note_behind_its_token(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.syspath_prepend(str(EXAMPLE / "src"))
     monkeypatch.delitem(sys.modules, "notes", raising=False)
-    from notes import Notes
+    notes = importlib.import_module("notes")  # the example's module, from its folder
 
-    agents = ObjectNamespace(Notes, SimpleNamespace(API_TOKEN="s3cret", MODEL="scripted"),
+    agents = ObjectNamespace(notes.Notes, SimpleNamespace(API_TOKEN="s3cret", MODEL="scripted"),
                              folder=tmp_path)
     url = "https://notes.example/agents/notes/sessions/s1/chat"
     body = json.dumps({"text": 'remember {"note": "milk"}'})
