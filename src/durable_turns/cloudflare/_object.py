@@ -16,6 +16,7 @@ nobody has yet taken by the principal that starts it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import AsyncIterator, Callable, Collection, Sequence
@@ -38,16 +39,18 @@ from ..sessions import AgentSession
 from ._alarm import BACKSTOP, AlarmScheduler
 from ._http import SSE_HEADERS, Reply, Url, error_reply, frame, is_loopback, json_reply, read_body
 from ._store import DurableObjectStore
-from ._values import callback
+from ._values import ON_PYODIDE, callback
 from ._workers import to_response
 
 if TYPE_CHECKING:
     _Base = object
 else:
-    try:  # workerd's Python SDK: a Durable Object class is one of its DurableObject
-        from workers import DurableObject as _Base
-    except ImportError:
-        _Base = object
+    # In workerd, a Durable Object class is one of its Python SDK's DurableObject (which
+    # wraps the class for workerd's values); in CPython, or Pyodide elsewhere, none is.
+    _Base = object
+    if ON_PYODIDE:
+        with contextlib.suppress(ImportError):  # Pyodide outside workerd (Node, the tests)
+            from workers import DurableObject as _Base
 
 __all__ = ["AgentObject", "ObjectSetup", "TurnBody"]
 
