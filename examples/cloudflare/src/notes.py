@@ -44,7 +44,9 @@ class Notes(AgentObject):
             return {"id": "owner"} if ok else None
 
         # "scripted" runs offline: it calls a tool named by the turn's text
-        # (remember {"note": "…"}). MODEL names another (anthropic:claude-…).
-        model = resolve_model(_text(env, "MODEL") or "scripted")
+        # (remember {"note": "…"}). MODEL names another (anthropic:claude-…), its key the
+        # secret MODEL_API_KEY (a Worker's secrets are in env, not in os.environ).
+        spec, key = _text(env, "MODEL") or "scripted", _text(env, "MODEL_API_KEY")
+        model = resolve_model(spec, api_key=key) if key else resolve_model(spec)
         return ObjectSetup([Agent("notes", "You keep the user's notes.", [remember])], model,
                            authenticate=bearer if token is not None else None)
