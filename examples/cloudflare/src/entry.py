@@ -1,9 +1,9 @@
 """The Worker: routes /agents/{agent}/sessions/{id}/… to the session's Durable Object."""
 
+from notes import Notes
 from workers import WorkerEntrypoint
 
 from durable_turns.cloudflare import forward
-from notes import Notes
 
 __all__ = ["Default", "Notes"]  # Notes: the Durable Object class wrangler.jsonc names
 
