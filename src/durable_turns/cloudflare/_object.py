@@ -113,6 +113,10 @@ class AgentObject(_Base):
     def __init__(self, ctx: Any, env: Any, *, clock: Callable[[], float] = time.time) -> None:
         if _Base is not object:
             super().__init__(ctx, env)  # type: ignore[call-arg]
+        # The SDK wraps ctx and its storage to convert values at each call; the object works
+        # on workerd's own objects beneath (what the tests under Pyodide run), converting
+        # its values itself (_values).
+        ctx = _raw(ctx, "_ctx")
         self.ctx = ctx
         self.env = env
         setup = self.setup(env)
@@ -122,8 +126,9 @@ class AgentObject(_Base):
         self._setup = setup
         self._authorize = setup.authorize or default_authorize
         self._origins = frozenset(o.rstrip("/").lower() for o in setup.origins)
-        self.scheduler = AlarmScheduler(ctx.storage, backstop=setup.backstop, clock=clock)
-        self.runtime = Runtime(setup.agents, DurableObjectStore(ctx.storage), setup.model,
+        storage = _raw(ctx.storage, "_binding")
+        self.scheduler = AlarmScheduler(storage, backstop=setup.backstop, clock=clock)
+        self.runtime = Runtime(setup.agents, DurableObjectStore(storage), setup.model,
                                scheduler=self.scheduler)
         self._channels: dict[str, ChannelContext] = {
             name: mount_agent(agent, self.runtime)
@@ -155,7 +160,7 @@ class AgentObject(_Base):
         stream (a JavaScript ``Response`` under Pyodide, a :class:`Reply` elsewhere)."""
         try:
             await asyncio.shield(self._ready)
-            reply = await self._serve(Url(request))
+            reply = await self._serve(Url(_raw(request, "js_object")))
         except Exception as e:
             reply = error_reply(e)
         return to_response(reply, self.ctx)
@@ -306,6 +311,11 @@ class AgentObject(_Base):
                 sub.close()
 
         return Reply(200, dict(SSE_HEADERS), frames())
+
+
+def _raw(wrapped: Any, name: str) -> Any:
+    """What a wrapper of the Workers SDK wraps (``name`` holds it there), or the object."""
+    return getattr(wrapped, name, wrapped) if ON_PYODIDE else wrapped
 
 
 async def _frames(stream: TurnStream) -> AsyncIterator[bytes]:
