@@ -86,14 +86,18 @@ class ObjectProcess:
         assert "error" not in line, line["error"]
         return line
 
-    async def fetch(self, method: str, path: str, body: Any = None,
-                    **headers: str) -> Answer:
-        """The object's whole response to one request (a stream: to its end)."""
+    async def fetch(self, method: str, path: str, body: Any = None, *,
+                    leave_after: int | None = None, **headers: str) -> Answer:
+        """The object's whole response to one request (a stream: to its end, or until the
+        client leaves after ``leave_after`` chunks)."""
         if body is not None:
             headers.setdefault("Content-Type", "application/json")
-        queue = await self._send({"op": "fetch", "method": method, "path": path,
-                                  "headers": headers,
-                                  "body": None if body is None else json.dumps(body)})
+        command: dict[str, Any] = {"op": "fetch", "method": method, "path": path,
+                                   "headers": headers,
+                                   "body": None if body is None else json.dumps(body)}
+        if leave_after is not None:
+            command["leaveAfter"] = leave_after
+        queue = await self._send(command)
         head = await self._next(queue)
         chunks = []
         while "end" not in (line := await self._next(queue)):

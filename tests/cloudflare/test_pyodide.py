@@ -3,7 +3,8 @@ on ``ctx.storage`` faked over ``node:sqlite`` (``tests/pyodide/storage.mjs``): a
 over the object's SSE, a local tool exactly once with the Node process SIGKILLed inside its
 step and a new process on the same files finishing the turn from the alarm, a park that
 survives an eviction (the process killed) and resumes, a cancel, a reset, a replay by
-cursor; and the engine's core imported there without orjson, rpds-py or a thread."""
+cursor, a client that leaves a turn's stream (the turn goes on); and the engine's core
+imported there without orjson, rpds-py or a thread."""
 
 from __future__ import annotations
 
@@ -38,6 +39,14 @@ async def test_an_object_under_pyodide_streams_parks_survives_eviction_and_repla
                                 **{"Last-Event-ID": events[1]["id"]})
         durable = [e for e in events if e["id"] is not None]
         assert again.events() == durable[2:]  # a replay by cursor: what came after it
+
+        left = await obj.fetch("POST", "/agents/desk/sessions/s1/turn", {"text": "note plums"},
+                               leave_after=1)  # the client leaves after the first chunk
+        rest = await obj.fetch("GET", "/agents/desk/sessions/s1/events?until=turn",
+                               **{"Last-Event-ID": durable[-1]["id"]})
+        assert rest.events()[-1]["type"] == "turn.completed"
+        assert rest.events()[-1]["turn_id"] == left.headers["x-turn-id"]
+        assert _notes(database) == ["apples", "plums"]
 
         parked = (await obj.fetch("POST", "/agents/desk/sessions/s1/chat", {"text": "ask"}))
         assert parked.json()["status"] == "suspended"

@@ -9,6 +9,7 @@
 // object a line (each with the command's id):
 //   {"id", "op": "fetch", "method", "path", "headers", "body"} -> {"id", "status",
 //       "headers"}, then {"id", "chunk"} as the body's chunks come, then {"id", "end": true}
+//       ("leaveAfter": N: the reader cancels the body after N chunks)
 //   {"id", "op": "alarm"} -> {"id", "done": true} once the object's alarm() returned
 //   {"id", "op": "alarmAt"} -> {"id", "at"} (null: no alarm set)
 //   {"id", "op": "probe"} -> {"id", "probe": {platform, threads, modules}}
@@ -84,6 +85,10 @@ async function serve(command) {
         const { done, value } = await reader.read();
         if (done) break;
         say({ id, chunk: text.decode(value, { stream: true }) });
+        if (command.leaveAfter !== undefined && --command.leaveAfter <= 0) {
+          reader.cancel().catch(() => undefined);  // the client leaves: the turn goes on
+          break;
+        }
       }
       say({ id, end: true });
     } else if (command.op === "alarm") {

@@ -35,7 +35,14 @@ def to_response(reply: Reply, ctx: Any) -> Any:
     if isinstance(reply.body, bytes):
         return js.Response.new(to_js(reply.body), init)
     pipe = js.TransformStream.new()
-    task = asyncio.ensure_future(_feed(reply, pipe.writable.getWriter(), to_js))
+    # Each write's promise is settled in JavaScript: a promise rejected with no reason
+    # (undefined, as a cancelled stream's writes are) that reaches Python fails inside
+    # Pyodide's own future handling and takes the process down instead of raising here.
+    write = js.Function.new("w", "c", "return w.write(c).then(() => true, () => false)")
+    close = js.Function.new("w", "return w.close().then(() => true, () => false)")
+    writer = pipe.writable.getWriter()
+    task = asyncio.ensure_future(_feed(
+        reply, lambda chunk: write(writer, to_js(chunk)), lambda: close(writer)))
     wait_until = getattr(ctx, "waitUntil", None)
     if wait_until is not None:
         def settle(resolve: Any, _reject: Any) -> None:
@@ -45,13 +52,14 @@ def to_response(reply: Reply, ctx: Any) -> Any:
     return js.Response.new(pipe.readable, init)
 
 
-async def _feed(reply: Reply, writer: Any, to_js: Any) -> None:
+async def _feed(reply: Reply, write: Any, close: Any) -> None:
+    """Write the reply's chunks (``write(chunk)``, ``close()``: promises of whether they
+    were written) until its end or until the reader leaves."""
     try:
         async for chunk in reply.chunks():
-            await writer.write(to_js(chunk))
-        await writer.close()
-    except Exception:  # the reader left (the write failed): the reply's stream stops below
-        pass
+            if not await write(chunk):
+                return  # the reader left: the reply's stream stops (the turn goes on)
+        await close()
     finally:
         await reply.close()
 
