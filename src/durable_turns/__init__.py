@@ -18,6 +18,7 @@ from .errors import (
     FatalToolError,
     InvalidInputError,
     LeaseLostError,
+    LimitExceeded,
     ResumeAuthorizationError,
     ResumeConflictError,
     SessionAccessError,
@@ -29,6 +30,7 @@ from .errors import (
 )
 from .events import TurnEvent
 from .inbound import InboundEvent, Trigger, User
+from .limits import Limits, Price
 from .messages import Message, ToolCall
 from .model import Model, ModelRequest, Stop, TextDelta
 from .models.scripted import ModelReply, scripted
@@ -53,12 +55,15 @@ __all__ = [
     "InputRequest",
     "InvalidInputError",
     "LeaseLostError",
+    "LimitExceeded",
+    "Limits",
     "MemoryStore",
     "Message",
     "Model",
     "ModelReply",
     "ModelRequest",
     "PostgresStore",
+    "Price",
     "ResetResult",
     "ResumeAuthorizationError",
     "ResumeConflictError",

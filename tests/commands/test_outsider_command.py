@@ -3,7 +3,8 @@
 touched — is reached over HTTP, in the CLI and in the OpenAPI document, authorized by its own
 action, applied at its place in the chain (behind the turn that ran when it came), and
 refused while a turn is parked as it declares (unless a reset, which clears the park, is
-queued before it).
+queued before it); an outsider's joining command (``hint_command.py``, F25) joins the running
+turn.
 """
 
 from __future__ import annotations
@@ -171,3 +172,44 @@ async def test_a_command_that_declares_it_is_refused_while_a_turn_is_parked() ->
         done = await asyncio.wait_for(s.result(note.entry_id), WAIT)
         assert done.status == "completed"
         assert (await s.result(parked.turn_id)).reason == "reset"
+
+
+async def test_an_outsiders_joining_command_joins_the_running_turn() -> None:
+    """F25's seam: ``hint_command.py`` (one module, one registration) joins the running turn
+    at its next model-call boundary; with no turn running it applies at its place."""
+    from durable_turns import ToolCall, tool
+    from hint_command import REGISTRY as HINTS
+    from hint_command import Hint
+
+    gate = asyncio.Event()
+
+    @tool
+    async def wait() -> str:
+        """Hold the turn until the test lets it go."""
+        await asyncio.wait_for(gate.wait(), WAIT)
+        return "waited"
+
+    class Model:
+        async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
+            if len(request.messages) == 1:
+                yield ToolCall("c1", "wait", {})
+                yield Stop("tool_use")
+                return
+            yield TextDelta(request.messages[-1].text)
+            yield Stop("end_turn")
+
+    async with Runtime([Agent("ops", "", [wait])], MemoryStore(), Model(),
+                       commands=HINTS) as rt:
+        s = rt.session("ops", "s1")
+        t = await s.start("go")
+        with rt.joining(s.key):
+            hint = Hint("be brief")
+            await s.send(hint)
+        gate.set()
+        assert (await asyncio.wait_for(s.result(t.turn_id), WAIT)).text == "(hint) be brief"
+        assert (await s.result(hint.entry_id)).turn_id == t.turn_id  # it followed the join
+        late = Hint("too late")
+        await s.send(late)
+        assert (await asyncio.wait_for(s.result(late.entry_id), WAIT)).text == "unused"
+        assert [m.text for m in await s.transcript() if m.role == "user"] == [
+            "go", "(hint) be brief"]
