@@ -39,7 +39,7 @@ LAYERS: tuple[Layer, ...] = (
         "tools",
         "Tool, ToolSpec, @tool: what a model may call; ToolContext and the narrow seams "
         "behind it: what a tool's run may do",
-        ("context", "tools"),
+        ("context", "_in_doubt", "tools"),
     ),
     Layer(
         "seams",
