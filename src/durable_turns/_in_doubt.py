@@ -56,6 +56,15 @@ InDoubt = Literal["rerun", "ask"] | Reconcile
 """What ``Tool(in_doubt=…)`` takes; see the module docstring."""
 
 
+SETTLED_WORDS: dict[str | None, str] = {
+    None: "in doubt: it may have run before the process stopped",
+    "run": "in doubt: run again",
+    "skipped": "in doubt: not run again",
+    "reconciled": "in doubt: it had run (reconciled)",
+}
+"""How a timeline says an ``action.in_doubt`` event's ``settled``, in words."""
+
+
 def checked_in_doubt(name: str, value: Any, remote: bool) -> InDoubt:
     """``value`` as a tool's ``in_doubt``, checked.
 
@@ -78,4 +87,4 @@ def checked_in_doubt(name: str, value: Any, remote: bool) -> InDoubt:
     return value  # type: ignore[no-any-return]
 
 
-__all__ = ["SKIPPED", "InDoubt", "Reconcile", "Reconciled", "checked_in_doubt"]
+__all__ = ["SETTLED_WORDS", "SKIPPED", "InDoubt", "Reconcile", "Reconciled", "checked_in_doubt"]

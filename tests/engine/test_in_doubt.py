@@ -33,11 +33,13 @@ from durable_turns import (
     scripted,
     tool,
 )
+from durable_turns.channels.threads import render
 from durable_turns.errors import ConfigurationError, DurableTurnsError
 from durable_turns.events import ActionInDoubt
 from durable_turns.records import Intent, SessionKey
+from durable_turns.server._timeline import read_timeline
 from durable_turns.stores import SessionStore
-from indoubtkit import AGENT, SESSION, TURN_ID, calls_of, crash, deliver, ledger
+from indoubtkit import AGENT, SESSION, TURN_ID, build_tools, calls_of, crash, deliver, ledger
 
 KEY = SessionKey(AGENT, SESSION)
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.skipif(
@@ -247,3 +249,30 @@ async def test_a_reconcile_that_returns_something_else_fails_the_turn() -> None:
 def test_reconciled_values() -> None:
     assert Reconciled.ran({"id": 1}) == Reconciled(True, {"id": 1})
     assert not Reconciled.not_run().did_run
+
+
+async def test_history_and_timelines_show_the_call_in_doubt(tmp_path: Path) -> None:
+    """After a kill past the effect, a park and a no: ``history()`` has the intent's
+    checkpoint and both ``action.in_doubt`` events; the console's timeline marks the tool
+    row; the Slack reply's markdown says how the call was settled."""
+    crash(tmp_path, "a", "effect:c1", "--tools", "ask")
+    await asyncio.to_thread(deliver, tmp_path, "b", "--recover", "--tools", "ask")
+    await asyncio.to_thread(deliver, tmp_path, "c", "--answer", "no", "--tools", "ask")
+    agent = Agent(AGENT, "x", build_tools(tmp_path, ("", "")))
+    async with Runtime([agent], SqliteStore(tmp_path / "store.sqlite"), scripted([])) as rt:
+        session = rt.session(AGENT, SESSION)
+        history = await session.history()
+        timeline = await read_timeline(session)
+        events = await session.events()
+    kinds = [cp.kind for cp in history]
+    assert "intent" in kinds
+    intent = history[kinds.index("intent")]
+    assert intent.steps[0].id == "intent:1:1:c1" and isinstance(intent.results[0], Intent)
+    doubts = [e for cp in history for e in cp.events if isinstance(e, ActionInDoubt)]
+    assert [d.settled for d in doubts] == [None, "skipped"]
+    rows = [r for r in timeline["turns"][0]["steps"] if r["kind"] == "tool"]
+    assert rows and all(r["in_doubt"] == {"attempt": 1, "settled": "skipped"} for r in rows)
+    assert rows[-1]["result"] == {"in_doubt": True, "skipped": True}
+    text = render(events)
+    assert "? charge_ask: in doubt: it may have run before the process stopped" in text
+    assert "? charge_ask: in doubt: not run again" in text
