@@ -85,7 +85,7 @@ class Tool:
         in_doubt: what a replay does with a remote call that began and did not finish (a
             crash between its effect and its commit): ``"rerun"`` (the default: run it again
             under the same key, nothing more written), ``"ask"`` (park the turn asking a
-            person) or a reconcile function; see :doc:`/guides/in-doubt`.
+            person) or a reconcile function (the guide "Remote calls in doubt").
 
     Raises:
         ConfigurationError: ``run`` is not callable, a limit is negative, or ``retries`` is
