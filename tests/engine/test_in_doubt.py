@@ -46,7 +46,8 @@ BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.skipif(
     PG_DSN is None, reason="needs DURABLE_TURNS_TEST_PG (a DSN; see .ci/pg)"))]
 
 
-def kit_args(backend: str, tools: str, *more: str) -> tuple[list[str], Callable[[], Any]]:
+def kit_args(backend: str, tools: str, *more: str
+             ) -> tuple[list[str], Callable[[], Any] | None]:
     """The child's arguments for a backend, and a factory of a store on the same data."""
     if backend == "postgres":
         dsn = pg_schema_dsn()
@@ -206,7 +207,9 @@ def test_declarations_are_checked() -> None:
             return x
 
     with pytest.raises(ConfigurationError, match="'rerun', 'ask' or an async function"):
-        @tool(in_doubt="maybe")  # type: ignore[arg-type]
+        maybe: Any = "maybe"
+
+        @tool(in_doubt=maybe)
         async def remote(x: int) -> int:
             """A remote tool."""
             return x
