@@ -19,6 +19,7 @@ from .errors import (
     FatalToolError,
     InvalidInputError,
     LeaseLostError,
+    LimitExceeded,
     ResumeAuthorizationError,
     ResumeConflictError,
     SessionAccessError,
@@ -30,6 +31,7 @@ from .errors import (
 )
 from .events import TurnEvent
 from .inbound import InboundEvent, Trigger, User
+from .limits import Limits, Price
 from .messages import Message, ToolCall
 from .model import Model, ModelRequest, Stop, TextDelta
 from .models.scripted import ModelReply, scripted
@@ -54,12 +56,15 @@ __all__ = [
     "InputRequest",
     "InvalidInputError",
     "LeaseLostError",
+    "LimitExceeded",
+    "Limits",
     "MemoryStore",
     "Message",
     "Model",
     "ModelReply",
     "ModelRequest",
     "PostgresStore",
+    "Price",
     "Reconciled",
     "ResetResult",
     "ResumeAuthorizationError",

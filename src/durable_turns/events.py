@@ -25,6 +25,7 @@ EventType = Literal[
     "message.thinking",
     "message.retry",
     "message.completed",
+    "message.steered",
     "action.requested",
     "action.retry",
     "action.completed",
@@ -155,6 +156,18 @@ class MessageCompleted(TurnEvent):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class MessageSteered(TurnEvent):
+    """A message sent while the turn ran joined it (``start(…, mode="steer")``, F25): a user
+    message of this turn, in its transcript before its next model call."""
+
+    type: ClassVar[EventType] = "message.steered"
+    text: str
+    entry_id: str
+    """The chain entry the message was accepted as (the id ``start()`` returned)."""
+    by: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ActionRequested(TurnEvent):
     type: ClassVar[EventType] = "action.requested"
     call: ToolCall
@@ -242,6 +255,7 @@ _BY_TYPE: dict[str, type[TurnEvent]] = {
         MessageThinking,
         MessageRetry,
         MessageCompleted,
+        MessageSteered,
         ActionRequested,
         ActionRetry,
         ActionCompleted,
@@ -300,6 +314,7 @@ __all__ = [
     "MessageCompleted",
     "MessageDelta",
     "MessageRetry",
+    "MessageSteered",
     "MessageThinking",
     "TurnCancelled",
     "TurnCompleted",

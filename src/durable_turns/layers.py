@@ -92,8 +92,9 @@ LAYERS: tuple[Layer, ...] = (
         "hosts",
         "what puts an agent before people: the bounds of what arrives over the wire, who "
         "may do what to a session, channels, the HTTP/SSE server and its console, the app "
-        "folder's loader, the demo",
-        ("_input_limits", "access", "channels", "server", "_loader", "_demo"),
+        "folder's loader, the demo, the Durable Object host (its store, its object, a fake of its "
+        "storage)",
+        ("_input_limits", "access", "channels", "server", "cloudflare", "_loader", "_demo"),
     ),
     Layer(
         "composition",

@@ -1,7 +1,8 @@
 """F12 and F8's chain: a command added as an outsider adds one — one module
 (``note_command.py``) and its one registration (``COMMANDS.with_(SPEC)``), nothing else
 touched — is reached over HTTP, in the CLI and in the OpenAPI document, authorized by its own
-action, and applied at its place in the chain (behind the turn that ran when it came).
+action, and applied at its place in the chain (behind the turn that ran when it came); an
+outsider's joining command (``hint_command.py``, F25) joins the running turn.
 """
 
 from __future__ import annotations
@@ -128,3 +129,44 @@ async def test_a_command_the_runtime_did_not_register_is_refused() -> None:
     async with Runtime([Agent("ops")], MemoryStore(), scripted([])) as rt:
         with pytest.raises(ConfigurationError, match="no command of kind 'note'"):
             await rt.session("ops", "s1").send(Note("x"))
+
+
+async def test_an_outsiders_joining_command_joins_the_running_turn() -> None:
+    """F25's seam: ``hint_command.py`` (one module, one registration) joins the running turn
+    at its next model-call boundary; with no turn running it applies at its place."""
+    from durable_turns import ToolCall, tool
+    from hint_command import REGISTRY as HINTS
+    from hint_command import Hint
+
+    gate = asyncio.Event()
+
+    @tool
+    async def wait() -> str:
+        """Hold the turn until the test lets it go."""
+        await asyncio.wait_for(gate.wait(), WAIT)
+        return "waited"
+
+    class Model:
+        async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
+            if len(request.messages) == 1:
+                yield ToolCall("c1", "wait", {})
+                yield Stop("tool_use")
+                return
+            yield TextDelta(request.messages[-1].text)
+            yield Stop("end_turn")
+
+    async with Runtime([Agent("ops", "", [wait])], MemoryStore(), Model(),
+                       commands=HINTS) as rt:
+        s = rt.session("ops", "s1")
+        t = await s.start("go")
+        with rt.joining(s.key):
+            hint = Hint("be brief")
+            await s.send(hint)
+        gate.set()
+        assert (await asyncio.wait_for(s.result(t.turn_id), WAIT)).text == "(hint) be brief"
+        assert (await s.result(hint.entry_id)).turn_id == t.turn_id  # it followed the join
+        late = Hint("too late")
+        await s.send(late)
+        assert (await asyncio.wait_for(s.result(late.entry_id), WAIT)).text == "unused"
+        assert [m.text for m in await s.transcript() if m.role == "user"] == [
+            "go", "(hint) be brief"]

@@ -24,6 +24,7 @@ from ..events import (
     ActionRequested,
     InputRequested,
     MessageCompleted,
+    MessageSteered,
     TurnCancelled,
     TurnCompleted,
     TurnEvent,
@@ -109,6 +110,10 @@ class _Turn:
             self.on_action_in_doubt(e)
         elif isinstance(e, InputRequested):
             at = self.on_input_requested(e) or at
+        elif isinstance(e, MessageSteered):  # a message that joined the turn (F25)
+            self.rows.append({"kind": "steered", "id": None, "status": "done",
+                              "started_at": e.at, "ended_at": e.at, "text": e.text,
+                              "by": e.by, "entry_id": e.entry_id})
         elif isinstance(e, TurnCompleted):
             self.on_turn_completed(e)
         elif isinstance(e, TurnFailed):

@@ -8,8 +8,8 @@ dialect says), the write path, the reads and the feed (:class:`SqlStore`), lease
 whose locks end with their holder (:class:`LocalLeases` over :class:`Locks`, such as
 :class:`ProcessLocks`), and the step link of a dialect with one write connection
 (:class:`SharedLink`). SQLite, PostgreSQL and the in-memory store are dialects of it
-(``stores.sqlite``, ``stores.postgres``, ``stores.memory``); ``tests/stores/do_store.py`` is
-one written from outside, on a Durable Object's storage.
+(``stores.sqlite``, ``stores.postgres``, ``stores.memory``); ``durable_turns.cloudflare``'s
+store is one written as from outside, on a Durable Object's storage.
 
 A new SQL backend writes one module:
 
