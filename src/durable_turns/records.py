@@ -18,7 +18,7 @@ SessionStatus = Literal["new", "idle", "running", "suspended"]
 EntryKind = str
 """What a chain entry is: ``turn``, or the kind of a queued command that runs in the chain's
 order (``reset``, ``resume``, ``retry``, or any the runtime's command registry knows)."""
-StepKind = Literal["model", "tool", "input", "child"]
+StepKind = Literal["model", "tool", "input", "child", "intent"]
 WhileParked = Literal["refused", "accepted", "clears"]
 """What accepting a chain entry does while a turn of the session is parked (its request
 standing): ``refused`` — ``SessionBusyError``, unless an entry that ``clears`` is queued
@@ -367,7 +367,21 @@ class ChildStepId:
         return f"child:{self.turn_id}:{self.call_id}"
 
 
-StepId = ModelStepId | ToolStepId | InputStepId | ChildStepId
+@dataclass(frozen=True, slots=True)
+class IntentStepId:
+    """``intent:<n>:<attempt>:<call_id>``: attempt ``attempt`` of a remote call, written
+    before it runs when its tool is not ``in_doubt="rerun"`` (F26)."""
+
+    n: int
+    attempt: int
+    call_id: str
+    kind: ClassVar[StepKind] = "intent"
+
+    def __str__(self) -> str:
+        return f"intent:{self.n}:{self.attempt}:{self.call_id}"
+
+
+StepId = ModelStepId | ToolStepId | InputStepId | ChildStepId | IntentStepId
 """A step's id: printed by ``str()``, read back by :func:`parse_step_id`."""
 
 HOT_STEP_PREFIXES = ("model:", "tool:")
@@ -384,12 +398,15 @@ def parse_step_id(text: str, turn_id: str = "") -> StepId:
     """
     kind, _, rest = text.partition(":")
     try:
-        if kind in ("model", "tool"):
+        if kind in ("model", "tool", "intent"):
             n, _, call_id = rest.partition(":")
             if kind == "model" and not call_id:
                 return ModelStepId(int(n))
             if kind == "tool" and call_id:
                 return ToolStepId(int(n), call_id)
+            attempt, _, own = call_id.partition(":")
+            if kind == "intent" and own:
+                return IntentStepId(int(n), int(attempt), own)
         elif kind in ("input", "child") and rest:
             if turn_id and rest.startswith(f"{turn_id}:"):
                 own = rest[len(turn_id) + 1:]
@@ -460,10 +477,25 @@ class ChildMemo:
                             "turn_id": self.turn_id})
 
 
-StepResult = ModelMemo | ToolMemo | CallOutcome | Answer | ChildMemo
+@dataclass(frozen=True, slots=True)
+class Intent:
+    """A remote call about to run (F26): which tool, its attempt (1, then one more each time
+    it is run again after it was in doubt), its idempotency key and when (Unix seconds)."""
+
+    tool: str
+    attempt: int
+    key: str
+    at: float
+
+    def to_json(self) -> str:
+        return encode_json({"tool": self.tool, "attempt": self.attempt, "key": self.key,
+                            "at": self.at})
+
+
+StepResult = ModelMemo | ToolMemo | CallOutcome | Answer | ChildMemo | Intent
 """What a step keeps, by kind: a model step a :class:`ModelMemo`, a tool step a
 :class:`ToolMemo` (or, in a parallel batch, a :class:`CallOutcome`), an input step an
-:class:`Answer`, a child step a :class:`ChildMemo`."""
+:class:`Answer`, a child step a :class:`ChildMemo`, an intent step an :class:`Intent`."""
 
 
 def decode_step(kind: StepKind, data: str) -> StepResult:
@@ -483,6 +515,8 @@ def decode_step(kind: StepKind, data: str) -> StepResult:
         return Answer(d.get("value"), d.get("by"))
     if kind == "child":
         return ChildMemo(str(d["agent"]), str(d["session"]), str(d["turn_id"]))
+    if kind == "intent":
+        return Intent(str(d["tool"]), int(d["attempt"]), str(d["key"]), float(d["at"]))
     raise ValueError(f"unknown step kind {kind!r}")
 
 
@@ -497,7 +531,7 @@ class StepRecord:
 
     @property
     def kind(self) -> StepKind:
-        """``model``, ``tool``, ``input`` or ``child``, read off the step id."""
+        """``model``, ``tool``, ``input``, ``child`` or ``intent``, read off the step id."""
         return cast(StepKind, self.id.partition(":")[0])
 
     @property
@@ -526,6 +560,8 @@ __all__ = [
     "EntryKind",
     "InputRequest",
     "InputStepId",
+    "Intent",
+    "IntentStepId",
     "ModelMemo",
     "ModelStepId",
     "NewEntry",
