@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import typing
 
+from ._in_doubt import Reconciled
 from ._loader import load_agent
 from .agent import Agent, SurfacePolicy
 from .channels import mount_agent, receive
@@ -18,6 +19,7 @@ from .errors import (
     FatalToolError,
     InvalidInputError,
     LeaseLostError,
+    LimitExceeded,
     ResumeAuthorizationError,
     ResumeConflictError,
     SessionAccessError,
@@ -29,6 +31,7 @@ from .errors import (
 )
 from .events import TurnEvent
 from .inbound import InboundEvent, Trigger, User
+from .limits import Limits, Price
 from .messages import Message, ToolCall
 from .model import Model, ModelRequest, Stop, TextDelta
 from .models.scripted import ModelReply, scripted
@@ -53,12 +56,16 @@ __all__ = [
     "InputRequest",
     "InvalidInputError",
     "LeaseLostError",
+    "LimitExceeded",
+    "Limits",
     "MemoryStore",
     "Message",
     "Model",
     "ModelReply",
     "ModelRequest",
     "PostgresStore",
+    "Price",
+    "Reconciled",
     "ResetResult",
     "ResumeAuthorizationError",
     "ResumeConflictError",

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from .errors import ConfigurationError
+from .limits import Limits, Price
 from .tools import Tool
 
 if TYPE_CHECKING:
@@ -62,6 +63,10 @@ class Agent:
             its size and this limit (default 1 MiB).
         parallel_tools: run the remote calls of one assistant message at once (F15); each
             commits its own step as it finishes, the transcript keeps call order.
+        limits: caps on each turn's spend (``durable_turns.limits``, F25); a turn's own
+            (``start(…, limits=…)``) take their place.
+        prices: what the models' tokens cost, by model name (the adapter's ``model``), for
+            a ``cost_usd`` limit.
     """
 
     name: str
@@ -74,6 +79,8 @@ class Agent:
     model_retry_delay: float = 0.5
     max_result_bytes: int = 1 << 20
     parallel_tools: bool = False
+    limits: Limits | None = None
+    prices: Mapping[str, Price] = field(default_factory=dict)
     tools_by_name: dict[str, Tool] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:

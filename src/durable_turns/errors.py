@@ -249,6 +249,18 @@ class ToolCrashedError(DurableTurnsError):
         self.call_id = call_id
 
 
+class LimitExceeded(DurableTurnsError):
+    """A turn reached one of its limits (``durable_turns.limits``, F25): its message names the
+    limit, the cap in force and what was spent; a turn that ends on it is ``failed`` with
+    that message as its ``error``."""
+
+    def __init__(self, limit: str, allowed: float, spent: str) -> None:
+        self.limit = limit
+        self.allowed = allowed
+        super().__init__(f"LimitExceeded: the turn reached its {limit} limit ({allowed:g}); "
+                         f"spent {spent}")
+
+
 class FatalToolError(DurableTurnsError):
     """Raise from a tool to fail the whole turn instead of reporting an error to the model.
 
@@ -441,6 +453,7 @@ __all__ = [
     "InvalidInputError",
     "LeaseLostError",
     "LeaseTimeoutError",
+    "LimitExceeded",
     "ModelError",
     "Parked",
     "ResumeAuthorizationError",

@@ -25,9 +25,11 @@ EventType = Literal[
     "message.thinking",
     "message.retry",
     "message.completed",
+    "message.steered",
     "action.requested",
     "action.retry",
     "action.completed",
+    "action.in_doubt",
     "input.requested",
     "turn.completed",
     "turn.failed",
@@ -154,6 +156,18 @@ class MessageCompleted(TurnEvent):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class MessageSteered(TurnEvent):
+    """A message sent while the turn ran joined it (``start(…, mode="steer")``, F25): a user
+    message of this turn, in its transcript before its next model call."""
+
+    type: ClassVar[EventType] = "message.steered"
+    text: str
+    entry_id: str
+    """The chain entry the message was accepted as (the id ``start()`` returned)."""
+    by: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ActionRequested(TurnEvent):
     type: ClassVar[EventType] = "action.requested"
     call: ToolCall
@@ -184,6 +198,24 @@ class ActionRetry(TurnEvent):
     """How many retries the tool allows (``Tool(retries=…)``)."""
     delay: float
     error: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ActionInDoubt(TurnEvent):
+    """A remote call whose tool is not ``in_doubt="rerun"`` was found begun and not finished
+    on a replay (its intent committed, its result did not), and how it was settled (F26).
+
+    ``settled``: ``None`` when it was found (an ``in_doubt="ask"`` call then parks the turn);
+    ``"run"`` it runs again (a person said yes, or the reconcile function found it did not
+    run); ``"skipped"`` a person said no; ``"reconciled"`` the reconcile function found it
+    ran and its result is the call's.
+    """
+
+    type: ClassVar[EventType] = "action.in_doubt"
+    call: ToolCall
+    attempt: int
+    """The attempt that was in doubt (its intent's)."""
+    settled: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -223,9 +255,11 @@ _BY_TYPE: dict[str, type[TurnEvent]] = {
         MessageThinking,
         MessageRetry,
         MessageCompleted,
+        MessageSteered,
         ActionRequested,
         ActionRetry,
         ActionCompleted,
+        ActionInDoubt,
         InputRequested,
         TurnCompleted,
         TurnFailed,
@@ -270,6 +304,7 @@ __all__ = [
     "STREAM_ENDS",
     "TURN_ENDS",
     "ActionCompleted",
+    "ActionInDoubt",
     "ActionRequested",
     "ActionRetry",
     "EventIds",
@@ -279,6 +314,7 @@ __all__ = [
     "MessageCompleted",
     "MessageDelta",
     "MessageRetry",
+    "MessageSteered",
     "MessageThinking",
     "TurnCancelled",
     "TurnCompleted",

@@ -39,7 +39,7 @@ LAYERS: tuple[Layer, ...] = (
         "tools",
         "Tool, ToolSpec, @tool: what a model may call; ToolContext and the narrow seams "
         "behind it: what a tool's run may do",
-        ("context", "tools"),
+        ("context", "_in_doubt", "tools"),
     ),
     Layer(
         "seams",
@@ -49,8 +49,8 @@ LAYERS: tuple[Layer, ...] = (
     ),
     Layer(
         "parts",
-        "what the engine puts together: the Agent, answerers and grants, spans",
-        ("agent", "_hitl", "_tracing"),
+        "what the engine puts together: the Agent, its limits, answerers and grants, spans",
+        ("agent", "limits", "_hitl", "_tracing"),
     ),
     Layer(
         "engine",
@@ -58,7 +58,7 @@ LAYERS: tuple[Layer, ...] = (
         "driver), commands, subagents, forks, the schedulers that have steps run, queries "
         "for hosts, AgentSession (a façade), Runtime, replay",
         ("engine", "commands", "subagents", "_forks", "scheduling", "_queries", "sessions",
-         "runtime", "replay"),
+         "_grants", "runtime", "replay"),
     ),
     Layer(
         "adapters",
@@ -92,8 +92,9 @@ LAYERS: tuple[Layer, ...] = (
         "hosts",
         "what puts an agent before people: the bounds of what arrives over the wire, who "
         "may do what to a session, channels, the HTTP/SSE server and its console, the app "
-        "folder's loader, the demo",
-        ("_input_limits", "access", "channels", "server", "_loader", "_demo"),
+        "folder's loader, the demo, the Durable Object host (its store, its object, a fake of its "
+        "storage)",
+        ("_input_limits", "access", "channels", "server", "cloudflare", "_loader", "_demo"),
     ),
     Layer(
         "composition",

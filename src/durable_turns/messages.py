@@ -14,14 +14,18 @@ from dataclasses import dataclass, field
 from itertools import repeat
 from typing import Any, Literal, SupportsIndex, overload
 
-import orjson
+try:
+    import orjson
+except ImportError:  # no wheel of it for this platform (Pyodide): the standard library writes
+    orjson = None  # type: ignore[assignment]
 
 Role = Literal["user", "trigger", "assistant", "tool"]
 
 MESSAGE_VERSION = 1
 
 _std_encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
-_PLAIN_ONLY = orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_DATETIME
+_PLAIN_ONLY = 0 if orjson is None else \
+    orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_DATETIME
 
 
 def encode_json(value: Any) -> str:
@@ -31,8 +35,11 @@ def encode_json(value: Any) -> str:
     what orjson refuses (an integer beyond 64 bits, a non-string key, an object it does not
     know) goes to the standard library's encoder, which then writes it the standard way or
     raises its usual ``TypeError``/``ValueError``. One difference remains: a NaN or infinite
-    float is written ``null`` (the standard library writes ``NaN``, which is not JSON).
+    float is written ``null`` (the standard library writes ``NaN``, which is not JSON). Where
+    orjson is not installed (it has no wheel for Pyodide), the standard library writes all.
     """
+    if orjson is None:
+        return _std_encode(value)
     try:
         return orjson.dumps(value, option=_PLAIN_ONLY).decode()
     except TypeError:

@@ -274,12 +274,20 @@ class Runtime:
         if reason is not None and await supersede_at_once(self.store, key, entry) \
                 and (driver := self._drivers.get(key)) is not None:
             driver.interrupt_running(reason)  # it stops at its next boundary
-        rec, new = await self.store.enqueue(key, entry)
+        with self.joining(key) if self.commands.joins(entry.kind) else contextlib.nullcontext():
+            rec, new = await self.store.enqueue(key, entry)
         if not new:
             check_redelivery(key, rec, entry)
         if rec.needs_driving or not rec.status.final:
             await self.scheduler.wake(key, interrupt=new and reason is not None)
         return rec, new
+
+    def joining(self, key: SessionKey) -> contextlib.AbstractContextManager[None]:
+        """A joining entry of the session (a steer, F25) is being accepted in this block: a
+        turn of it driven here waits at its next model-call boundary for the block to end,
+        then joins what it accepted (its write may wait behind a local tool's step)."""
+        driver = self._drivers.get(key)
+        return driver.accepting() if driver is not None else contextlib.nullcontext()
 
     async def wait(self, key: SessionKey, turn_id: str, *,
                    timeout: float | None = None) -> TurnResult:
@@ -476,7 +484,7 @@ class Runtime:
         it schedules one)."""
         self.require_open()
         return chain_state(await self.store.entries(key, unfinished=True),
-                           self._transcripts.peek(key))
+                           self._transcripts.peek(key), self.commands.joins)
 
     # -- drivers ---------------------------------------------------------------------------
 

@@ -10,6 +10,7 @@ whose checks it runs before accepting it. It depends on the runtime through
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import logging
@@ -17,17 +18,28 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from ._forks import plan_fork
-from ._hitl import Grant, check_answerer, sign, validate_answer
+from ._grants import decided, grant_answer
+from ._hitl import Grant, check_answerer, validate_answer
 from ._queries import summary_of
-from .agent import Agent, AuthorizeAnswer
-from .commands import RESET, Cancel, ChainCommand, Registry, Reset, Resume, Retry, latest_turn
+from .agent import Agent
+from .commands import (
+    RESET,
+    Cancel,
+    ChainCommand,
+    Registry,
+    Reset,
+    Resume,
+    Retry,
+    joined_turn,
+    latest_turn,
+    live_turns,
+    steer_entry,
+)
 from .errors import (
-    AuthorizeAnswerError,
     ConfigurationError,
-    ResumeAuthorizationError,
     ResumeConflictError,
     TurnConflictError,
     TurnSuspendedError,
@@ -35,6 +47,7 @@ from .errors import (
 from .events import TurnEvent, TurnFailed
 from .history import Checkpoint
 from .inbound import InboundEvent, Trigger
+from .limits import LIMITS, Limits
 from .messages import Message
 from .model import Model
 from .records import (
@@ -46,7 +59,6 @@ from .records import (
     StepRecord,
     TurnResult,
     TurnStatus,
-    live_turns,
 )
 from .stores import SessionStore, Subscription
 
@@ -67,6 +79,8 @@ class RuntimeAPI(Protocol):
 
     async def accept(self, key: SessionKey, entry: NewEntry) -> tuple[ChainEntry, bool]: ...
 
+    def joining(self, key: SessionKey) -> contextlib.AbstractContextManager[None]: ...
+
     async def wait(self, key: SessionKey, turn_id: str, *,
                    timeout: float | None = None) -> TurnResult: ...
 
@@ -83,6 +97,10 @@ class RuntimeAPI(Protocol):
 
 log = logging.getLogger("durable_turns")
 Observer = Callable[[TurnEvent], None]
+Mode = Literal["queue", "replace", "steer"]
+"""How ``start()`` places a turn: behind the unfinished ones, instead of them (they are
+cancelled), or into the running one (its next model call reads it, F25)."""
+MODES: tuple[Mode, ...] = ("queue", "replace", "steer")
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +110,9 @@ class StartedTurn:
     turn_id: str
     new: bool = True
     """False when the turn id was already accepted (a redelivery)."""
+    steering: str | None = None
+    """``start(mode="steer")`` accepted the text as a steer: the unfinished turn it joins
+    (``result(turn_id)`` waits for the turn it went into)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +160,8 @@ class AgentSession:
         replace: bool = False,
         deliver: str | None = None,
         data: Mapping[str, Any] | None = None,
+        mode: Mode = "queue",
+        limits: Limits | None = None,
     ) -> StartedTurn:
         """Accept a turn and return once it is durable, without waiting for it to run.
 
@@ -146,6 +169,13 @@ class AgentSession:
         twice, and an unfinished turn is driven again from where it stopped.
 
         Args:
+            mode: ``queue`` (behind the session's unfinished turns), ``replace`` (they are
+                cancelled first; ``replace=True`` says the same) or ``steer``: while a turn
+                is unfinished the text is stored at once and joins it as a user message at
+                its next model-call boundary (event ``message.steered``; ``result()`` of the
+                returned id is that turn's), else it starts a turn.
+            limits: this turn's caps on its spend, instead of its agent's
+                (``durable_turns.limits``, F25).
             deliver: the channel (by name) that owes this turn a delivery: the turn stays in
                 ``runtime.queries.owed_deliveries(channel)`` until the channel calls
                 :meth:`settle_delivery` (its durable outbox, what it recovers after a crash).
@@ -154,8 +184,15 @@ class AgentSession:
 
         Raises:
             SessionBusyError: the session is parked on another turn.
-            ValueError: no text to open the turn with.
+            ValueError: no text to open the turn with, an unknown ``mode``, or ``steer`` with
+                ``replace=True``.
         """
+        if limits is not None:
+            data = {**(data or {}), LIMITS: limits.to_dict()}
+        if mode not in MODES or (replace and mode == "steer"):
+            raise ValueError(f"mode must be 'queue', 'replace' or 'steer', not {mode!r}"
+                             + (" with replace=True" if replace else ""))
+        replace = replace or mode == "replace"
         text = user_text if user_text is not None else (event.text if event else None)
         if not isinstance(text, str) or not text.strip():
             raise ValueError("a turn needs non-empty text (user_text=…, or event.text)")
@@ -168,12 +205,17 @@ class AgentSession:
         policy = None
         if event is not None and event.source in self.agent.surfaces:
             policy = self.agent.surfaces[event.source].to_dict()
-        _rec, new = await self.runtime.accept(self.key, NewEntry(
+        entry = NewEntry(
             turn_id, opening, event=event.to_dict() if event else None, policy=policy,
             supersede=f"superseded by turn {turn_id}" if replace else None, deliver=deliver,
             data=dict(data) if data else None,
-        ))
-        return StartedTurn(turn_id, new)
+        )
+        into = None
+        with self.runtime.joining(self.key) if mode == "steer" else contextlib.nullcontext():
+            if mode == "steer":  # (a turn driven here waits for it at its next model call)
+                entry, into = await steer_entry(self._store, self.key, entry)
+            _rec, new = await self.runtime.accept(self.key, entry)
+        return StartedTurn(turn_id, new, into)
 
     async def retry(self, turn_id: str) -> StartedTurn:
         """Re-open a failed turn where it failed; finished steps stay (F2).
@@ -261,11 +303,19 @@ class AgentSession:
     async def result(self, turn_id: str, *, timeout: float | None = None) -> TurnResult:
         """Wait until the turn completes, fails, is cancelled or parks.
 
+        A steer's id (``start(mode="steer")``) waits for the turn it went into.
+
         Raises:
             UnknownTurnError: the session has no such turn.
             TimeoutError: it did not end within ``timeout`` seconds.
         """
-        return await self.runtime.wait(self.key, turn_id, timeout=timeout)
+        res = await self.runtime.wait(self.key, turn_id, timeout=timeout)
+        if res.status == TurnStatus.COMPLETED and res.text is None:  # a command's end
+            rec = await self.entry(turn_id)
+            into = joined_turn(rec) if rec is not None else None
+            if into is not None:
+                return await self.runtime.wait(self.key, into, timeout=timeout)
+        return res
 
     async def turn(self, user_text: str | None = None, **kw: Any) -> TurnResult:
         """Start a turn and wait for its end. Non-interactive.
@@ -344,7 +394,7 @@ class AgentSession:
             return await self._repeated(earlier, resume)
         request = resume.request(self.key, await self._pending())
         if granted is None and authorize and "policy" in (request.answerers or {}):
-            granted = await _decided(self, request, by, principal)
+            granted = await decided(self, request, by, principal)
         if request.child is not None:
             # A subagent asked: the answer goes to the exact child, which enforces its own
             # answerer rules and schema (F13); then this turn goes on and re-attaches.
@@ -505,84 +555,11 @@ class AgentSession:
                                              turn_id=turn_id)
 
 
-async def grant_answer(
-    session: AgentSession,
-    resume: Mapping[str, Any],
-    authorize_answer: AuthorizeAnswer | None = None,
-) -> Grant:
-    """Ask the app whether this resumer may answer a ``{policy, scope}`` request (F6).
-
-    Args:
-        session: the parked session.
-        resume: ``turn_id``, ``input_id``, ``by`` and ``principal`` of the resume.
-        authorize_answer: the decision; defaults to the agent's ``authorize_answer`` (the
-            subagent's, for a request a subagent made).
-
-    Returns:
-        A grant to pass to ``resume(granted=…)``; it is signed and good for exactly that
-        request, policy, scope and resumer.
-
-    Raises:
-        ResumeConflictError: the session is not parked on that request.
-        ResumeAuthorizationError: the request is not policy-restricted, or the app said no.
-        Exception: whatever ``authorize_answer`` raised; nothing was applied, retry later.
-    """
-    session.runtime.require_open()
-    asked = Resume(resume["turn_id"], resume["input_id"])
-    pending = await session.runtime.store.entries(session.key, unfinished=True)
-    return await _granted(session, asked.request(session.key, pending), resume.get("by"),
-                          resume.get("principal"), authorize_answer)
-
-
-async def _decided(session: AgentSession, request: InputRequest, by: str | None,
-                   principal: Any) -> Grant:
-    """The grant for a policy-restricted request, when the app's ``authorize_answer`` says
-    yes (its failure is an :class:`AuthorizeAnswerError`)."""
-    try:
-        return await _granted(session, request, by, principal, None)
-    except (ResumeAuthorizationError, ConfigurationError):
-        raise
-    except Exception as e:
-        raise AuthorizeAnswerError(
-            f"authorize_answer failed ({type(e).__name__}); nothing was applied, retry later",
-            input_id=request.id, by=by) from e
-
-
-async def _granted(session: AgentSession, request: InputRequest, by: str | None,
-                   principal: Any, authorize_answer: AuthorizeAnswer | None) -> Grant:
-    who = request.answerers or {}
-    if "policy" not in who:
-        raise ResumeAuthorizationError(
-            f"{request.id!r} is not answered under a policy; resume it with by=… instead",
-            input_id=request.id, by=by,
-        )
-    # A subagent's request is decided by the subagent's rules, as it is enforced there.
-    owner = session.runtime.agents[request.child["agent"]] if request.child else session.agent
-    decide = authorize_answer or owner.authorize_answer
-    if decide is None:
-        raise ConfigurationError(
-            f"agent {owner.name!r} has no authorize_answer to decide policy {who['policy']!r}"
-        )
-    ok = await decide({"policy": who["policy"], "scope": who.get("scope"), "by": by,
-                       "principal": principal})
-    if ok is not True:
-        raise ResumeAuthorizationError(
-            f"{by!r} may not answer {request.id!r} under policy {who['policy']!r}",
-            input_id=request.id, by=by,
-        )
-    if request.child is not None:  # the child checks the grant: make it out to the child
-        c = request.child
-        grant = Grant(f"{c['agent']}/{c['session']}", c["turn_id"], c["input_id"],
-                      who["policy"], who.get("scope"), by)
-    else:
-        grant = Grant(str(session.key), request.turn_id, request.id, who["policy"],
-                      who.get("scope"), by)
-    return sign(grant, session.runtime.secret)
-
-
 __all__ = [
+    "MODES",
     "AgentSession",
     "Archive",
+    "Mode",
     "Observer",
     "ResetResult",
     "RuntimeAPI",

@@ -1,4 +1,5 @@
-"""The Slack channel (F16) against a local fake of Slack's Web API (``fakes/slack_api.py``).
+"""The Slack channel (F16; steer_in_flight, F25) against a local fake of Slack's Web API
+(``fakes/slack_api.py``).
 
 The app runs on uvicorn on loopback in the test's loop; ``slack_sdk`` is pointed at the fake
 with ``base_url``; inbound requests are signed the way Slack signs them.
@@ -23,11 +24,13 @@ import slack_app
 from confirm_pair import confirm_pair
 from durable_turns import (
     Agent,
+    Limits,
     Model,
     ModelReply,
     ModelRequest,
     Runtime,
     SqliteStore,
+    Stop,
     SurfacePolicy,
     ToolCall,
     Trigger,
@@ -38,6 +41,7 @@ from durable_turns.access import Authorize
 from durable_turns.channels import mount_agent, receive
 from durable_turns.channels.slack import SlackChannel, slack_channel
 from durable_turns.errors import ConfigurationError
+from durable_turns.models import ModelEvent
 from durable_turns.models.scripted import calls_this_turn
 from durable_turns.server import create_app
 from durable_turns.stores import SessionStore
@@ -87,7 +91,8 @@ class World:
 
 @asynccontextmanager
 async def world(tmp_path: Path, *, replace_in_flight: bool = False,
-                stream_idle: float = 20.0, agent: Agent | None = None,
+                steer_in_flight: bool = False, stream_idle: float = 20.0,
+                agent: Agent | None = None,
                 model: Model | None = None, store: SessionStore | None = None,
                 authorize: Authorize | None = None) -> AsyncIterator[World]:
     fake = SlackFake()
@@ -97,7 +102,8 @@ async def world(tmp_path: Path, *, replace_in_flight: bool = False,
                           store or SqliteStore(tmp_path / "s.db"), model)
         slack = slack_channel(signing_secret=SECRET, bot_token=TOKEN,
                               base_url=f"{fake_url}/api/", replace_in_flight=replace_in_flight,
-                              stream_idle=stream_idle, authorize=authorize)
+                              stream_idle=stream_idle, authorize=authorize,
+                              steer_in_flight=steer_in_flight)
         app = create_app(runtime, channels=[slack])
         async with runtime, serving(app) as url, httpx.AsyncClient(timeout=WAIT) as http:
             try:
@@ -341,6 +347,65 @@ async def test_replace_in_flight_supersedes_the_running_turn(tmp_path: Path) -> 
         msgs = await w.reply("700.000001", 2)
         assert msgs[0].markdown.endswith("_superseded by a newer message_")
         assert msgs[1].markdown == "You said: never mind"
+
+
+async def test_steer_in_flight_joins_the_running_turn_and_one_reply_answers(
+        tmp_path: Path) -> None:
+    """F25: a message in a busy thread joins the running turn at its next model call."""
+    async with world(tmp_path, steer_in_flight=True) as w:
+        await w.mention("hold", ts="720.000001")
+        await w.fake.wait(lambda: w.fake.called("chat.startStream"), "the first stream")
+        follow = event_callback("also this", kind="message", thread_ts="720.000001",
+                                ts="720.000002")
+        assert (await w.post("/slack/events", follow)).status_code == 200
+        s = w.slack.ctx.session("slack:T0001:C1:720.000001")
+        steer = await s.entry("slack:C1:720.000002")
+        assert steer is not None and steer.kind == "steer"  # durable before the tool ended
+        slack_app.held["hold"].set()
+        msgs = await w.reply("720.000001", 1)
+        assert msgs[0].tasks() == {"call-hold": "complete"}
+        assert msgs[0].markdown == "You said: also this"  # the model read the steer
+        await asyncio.wait_for(w.slack.idle(), WAIT)
+        assert len(w.fake.thread("C1", "720.000001")) == 1
+        users = [(m.text, m.by) for m in await s.transcript() if m.role == "user"]
+        assert users == [("hold", "U1"), ("also this", "U1")]
+
+
+async def test_a_thread_channel_neither_replaces_and_steers() -> None:
+    with pytest.raises(ValueError, match="not both"):
+        slack_channel(signing_secret=SECRET, bot_token=TOKEN, replace_in_flight=True,
+                      steer_in_flight=True)
+
+
+class Endless:
+    """Always asks for one more ``lookup``: only a limit ends its turn."""
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
+        n = sum(1 for m in request.messages if m.role == "assistant")
+        yield ToolCall(f"c{n}", "lookup", {"order_id": str(n)})
+        yield Stop("tool_use")
+
+
+async def test_a_limit_asks_in_the_thread_with_buttons(tmp_path: Path) -> None:
+    """F25: a turn at its limit parks on a yes/no prompt; Approve grants as much again,
+    Deny ends the turn failed, naming the limit."""
+    agent = Agent("helper", "", [slack_app.lookup], model=Endless(),
+                  limits=Limits(model_calls=1, on_exceed="ask"))
+    async with world(tmp_path, agent=agent) as w:
+        await w.mention("go on", ts="730.000001")
+        _stream, prompt = await w.reply("730.000001", 2)
+        assert "model_calls limit (1)" in prompt.text
+        await w.click(prompt, user="U1")
+        s = w.slack.ctx.session("slack:T0001:C1:730.000001")
+        second = await w.fake.wait(lambda: next(
+            (m for m in w.fake.thread("C1", "730.000001") if "limit (2)" in m.text), None),
+            "the second prompt")
+        request = await s.pending()
+        assert request is not None and request.id == "limit:2"
+        await w.click(second, user="U1", approve=False)
+        r = await asyncio.wait_for(s.result("slack:C1:730.000001"), WAIT)
+        assert r.status == "failed" and r.error is not None
+        assert "model_calls limit (2)" in r.error
 
 
 async def test_replace_never_supersedes_a_parked_approval(tmp_path: Path) -> None:

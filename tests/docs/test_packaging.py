@@ -24,7 +24,8 @@ def _top_level_imports() -> set[str]:
     return found
 
 
-IMPORT_NAMES = {"opentelemetry_api": "opentelemetry", "ag_ui_protocol": "ag_ui"}
+IMPORT_NAMES = {"opentelemetry_api": "opentelemetry", "ag_ui_protocol": "ag_ui",
+                "workers_runtime_sdk": "workers"}
 """Distributions whose import name is not their own."""
 
 

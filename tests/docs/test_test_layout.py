@@ -8,8 +8,8 @@ import re
 from pathlib import Path
 
 TESTS = Path(__file__).resolve().parents[1]
-AREAS = {"channels", "cli", "commands", "docs", "engine", "models", "scheduling", "server",
-         "stores", "temporal"}
+AREAS = {"channels", "cli", "cloudflare", "commands", "docs", "engine", "models", "scheduling",
+         "server", "stores", "temporal"}
 
 
 def test_every_test_module_sits_in_the_folder_of_its_area() -> None:

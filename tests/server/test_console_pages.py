@@ -1,6 +1,7 @@
 """F12: The web console's pages in Chromium, on what the first run found: a refusal that must stay
 explained, an inbox count that follows the page, a page for an agent not served, a failed
-turn's Retry, the timeline's footer.
+turn's Retry, the timeline's footer, the composer steering a running turn and a limit's ask
+(F25).
 
 The browser's clock is installed (``BrowserContext.clock``): the pages' timers (the 10 s
 snapshot, the 5 s inbox) fire only when a test runs the clock on, so what a page shows
@@ -9,6 +10,7 @@ without them is shown by the page's own events, and a refresh happens when the t
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -18,7 +20,7 @@ import httpx
 import pytest
 from playwright.async_api import expect
 
-from durable_turns import Agent, Stop, TextDelta
+from durable_turns import Agent, AgentSession, Limits, Stop, TextDelta, ToolCall, tool
 from durable_turns.errors import ModelError
 from durable_turns.models import ModelEvent, ModelRequest
 from test_console import CHROMIUM, WAIT, ask, console, name_me, ops, shot
@@ -136,4 +138,89 @@ async def test_a_failed_turn_is_retried_from_its_page() -> None:
             done = await client.post("/agents/desk/sessions/s1/retry",
                                      json={"turn_id": turns[0]["turn_id"]})
             assert done.status_code == 409  # it did not fail (any more)
+    assert c.errors == []
+
+
+async def stored(s: AgentSession, n: int) -> None:
+    """Until the session's chain has ``n`` entries (a poll the caller bounds)."""
+    while len(await s.chain()) < n:
+        await asyncio.sleep(0.01)
+
+
+class Steered:
+    """First call of a turn: ``wait`` (a tool held until the test lets it go); then the user
+    texts it was shown, joined by ``|``."""
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
+        users = [m.text for m in request.messages if m.role == "user"]
+        if request.messages[-1].role == "user" and len(users) == 1:
+            yield ToolCall("c1", "wait", {})
+            yield Stop("tool_use")
+            return
+        yield TextDelta("|".join(users))
+        yield Stop("end_turn")
+
+
+async def test_the_composer_steers_the_running_turn(tmp_path: Path) -> None:
+    """F25: sent while a turn runs, the message joins it before its next model call."""
+    held = asyncio.Event()
+
+    @tool
+    async def wait() -> str:
+        """Hold the turn until the test lets it go."""
+        await asyncio.wait_for(held.wait(), WAIT)
+        return "waited"
+
+    async with console([Agent("desk", "You help.", [wait], model=Steered())]) as c:
+        page = await c.page(await c.context(), "desk", "#/s/desk/s1")
+        await ask(page, "first")
+        await expect(page.locator("form.ask button[type=submit]")).to_have_text("Steer")
+        await ask(page, "and also")
+        s = c.rt.session("desk", "s1")
+        await asyncio.wait_for(stored(s, 2), WAIT)
+        held.set()
+        steered = page.locator("[data-role=steered]")
+        await expect(steered).to_contain_text("and also")
+        await expect(page.locator(".msg.assistant")).to_have_text(["assistantfirst|and also"])
+        await expect(page.locator("section.turn")).to_have_count(1)
+        await expect(page.locator("form.ask button[type=submit]")).to_have_text("Send")
+        await shot(page, "29-steered")
+        assert [e.kind for e in await s.chain()] == ["turn", "steer"]
+    assert c.errors == []
+
+
+class Endless:
+    """Always asks for one more ``step``: only a limit ends its turn."""
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
+        n = sum(1 for m in request.messages if m.role == "assistant")
+        yield ToolCall(f"c{n}", "step", {"n": n})
+        yield Stop("tool_use", {"input_tokens": 10, "output_tokens": 5})
+
+
+async def test_a_limit_asks_on_the_page_and_approve_grants_more() -> None:
+    """F25: a turn at its limit shows its ask (the limit and the spend); Approve runs it on
+    to twice the limit."""
+
+    @tool
+    async def step(n: int) -> int:
+        """One more step."""
+        return n
+
+    agent = Agent("desk", "", [step], model=Endless(),
+                  limits=Limits(model_calls=2, on_exceed="ask"))
+    async with console([agent]) as c:
+        page = await c.page(await c.context(), "ann", "#/s/desk/s1")
+        await name_me(page, "ann")
+        await ask(page, "work")
+        request = page.locator("[data-role=input]")
+        await expect(request).to_contain_text("model_calls limit (2)")
+        await expect(request).to_contain_text("2 model calls")
+        await shot(page, "30-limit-ask")
+        await request.get_by_role("button", name="Approve").click()
+        await expect(page.locator("[data-role=input]").nth(1)).to_contain_text(
+            "model_calls limit (4)")
+        s = c.rt.session("desk", "s1")
+        pending = await s.pending()
+        assert pending is not None and pending.id == "limit:2"
     assert c.errors == []

@@ -21,7 +21,7 @@ from ..events import TurnEvent
 from ..inbound import InboundEvent, Trigger
 from ..records import TurnStatus
 from ..runtime import Runtime
-from ..sessions import AgentSession, ResetResult
+from ..sessions import AgentSession, Mode, ResetResult
 from ..stores import Subscription
 
 
@@ -51,10 +51,12 @@ class ChannelContext:
     async def open_turn(self, text: str, *, session: str, replace: bool = False,
                         event: InboundEvent | None = None, turn_id: str | None = None,
                         trigger: Trigger | None = None, deliver: str | None = None,
-                        data: Mapping[str, Any] | None = None) -> TurnStream:
+                        data: Mapping[str, Any] | None = None,
+                        mode: Mode = "queue") -> TurnStream:
         """Start a turn and return its stream (for a host that must answer an error before
         it streams). The turn is durable when this returns; ``data``: names of its data set
-        with it (``AgentSession.start``).
+        with it; ``mode``: as ``AgentSession.start``'s — a steer's stream is the stream of
+        the turn it joins, from that turn's first event.
 
         Raises:
             SessionBusyError: the session is parked on another turn.
@@ -66,7 +68,10 @@ class ChannelContext:
         try:
             await sub.ready()
             started = await s.start(text, turn_id=turn_id, event=event, replace=replace,
-                                    trigger=trigger, deliver=deliver, data=data)
+                                    trigger=trigger, deliver=deliver, data=data, mode=mode)
+            if started.steering is not None:
+                sub.close()
+                return await self.follow(started.steering, session=session)
             if not started.new:
                 sub.close()
                 return await self.follow(started.turn_id, session=session)

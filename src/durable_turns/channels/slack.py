@@ -72,7 +72,8 @@ MAX_BODY = 1 << 20
 def slack_channel(*, signing_secret: str, bot_token: str, agent: str | None = None,
                   replace_in_flight: bool = False, base_url: str | None = None,
                   stream_idle: float = STREAM_IDLE, rate_limit_retries: int = 3,
-                  clock: Any = None, authorize: Authorize | None = None) -> SlackChannel:
+                  clock: Any = None, authorize: Authorize | None = None,
+                  steer_in_flight: bool = False) -> SlackChannel:
     """A Slack channel for ``create_app(runtime, channels=[...])`` and ``receive()``.
 
     Args:
@@ -81,6 +82,8 @@ def slack_channel(*, signing_secret: str, bot_token: str, agent: str | None = No
         agent: the runtime's agent that answers (default: its only one).
         replace_in_flight: a message in a busy thread supersedes the running turn instead of
             queueing behind it (a parked approval is never superseded).
+        steer_in_flight: a message in a busy thread joins the running turn at its next model
+            call instead (F25); the turn's reply answers both.
         base_url: the Web API's base URL (default Slack's); point it at a test double.
         stream_idle: seconds without output after which a streamed reply is stopped.
         rate_limit_retries: how often a call answered 429 is retried after its
@@ -94,14 +97,15 @@ def slack_channel(*, signing_secret: str, bot_token: str, agent: str | None = No
             answered by its answerers only (as always, after this rule too).
 
     Raises:
-        ValueError: an empty secret or token.
+        ValueError: an empty secret or token, or both ``replace_in_flight`` and
+            ``steer_in_flight``.
     """
     if not signing_secret or not bot_token:
         raise ValueError("slack_channel needs signing_secret and bot_token")
     return SlackChannel(signing_secret, bot_token, agent=agent,
                         replace_in_flight=replace_in_flight, base_url=base_url,
                         stream_idle=stream_idle, rate_limit_retries=rate_limit_retries,
-                        clock=clock, authorize=authorize)
+                        clock=clock, authorize=authorize, steer_in_flight=steer_in_flight)
 
 
 def slack_from_env(env: Mapping[str, str]) -> SlackChannel:
@@ -135,9 +139,10 @@ class SlackChannel(ThreadChannel):
     def __init__(self, signing_secret: str | None, bot_token: str, *, agent: str | None,
                  replace_in_flight: bool, base_url: str | None, stream_idle: float,
                  rate_limit_retries: int, clock: Any,
-                 authorize: Authorize | None = None) -> None:
+                 authorize: Authorize | None = None, steer_in_flight: bool = False) -> None:
         super().__init__(agent=agent, replace_in_flight=replace_in_flight,
-                         stream_idle=stream_idle, authorize=authorize, log=log)
+                         stream_idle=stream_idle, authorize=authorize, log=log,
+                         steer_in_flight=steer_in_flight)
         kw: dict[str, Any] = {} if clock is None else {"clock": clock}
         # No secret: a channel that only delivers (receive); mount() refuses to serve.
         self.verifier = SignatureVerifier(signing_secret, **kw) if signing_secret else None

@@ -105,6 +105,9 @@ class ThreadChannel:
         agent: the runtime's agent that answers (default: its only one).
         replace_in_flight: a message in a busy thread supersedes the running turn instead
             of queueing behind it (a parked approval is never superseded).
+        steer_in_flight: a message in a busy thread joins the running turn at its next model
+            call instead (F25: ``start(mode="steer")``; the turn's reply, delivered as it
+            was, answers both; a parked thread refuses it as it refuses a turn).
         stream_idle: seconds without output after which a streamed reply is stopped.
         authorize: the host's rule (``access.Authorize``), asked with the platform's user as
             the principal (``{"id", "source": name, **principal}``) before a message starts
@@ -117,9 +120,13 @@ class ThreadChannel:
 
     def __init__(self, *, agent: str | None = None, replace_in_flight: bool = False,
                  stream_idle: float = STREAM_IDLE, authorize: Authorize | None = None,
-                 log: logging.Logger | None = None) -> None:
+                 log: logging.Logger | None = None, steer_in_flight: bool = False) -> None:
+        if replace_in_flight and steer_in_flight:
+            raise ValueError("a message in a busy thread either replaces the running turn "
+                             "or steers it: not both")
         self.agent = agent
         self.replace_in_flight = replace_in_flight
+        self.steer_in_flight = steer_in_flight
         self.authorize = authorize
         self.log = log or logging.getLogger(f"durable_turns.{self.name}")
         self.threads = ThreadDeliveries(self, self, stream_idle=stream_idle, log=self.log)
@@ -264,8 +271,10 @@ class ThreadChannel:
         event = InboundEvent(self.name, {"id": said.user, "attested": True}, said.text,
                              raw=said.raw, meta=dict(said.route))
         try:
-            await self.threads.start_turn(s, said.text, turn_id=said.turn_id, event=event,
-                                          replace=self.replace_in_flight)
+            await self.threads.start_turn(
+                s, said.text, turn_id=said.turn_id, event=event,
+                mode="steer" if self.steer_in_flight else
+                "replace" if self.replace_in_flight else "queue")
         except SessionBusyError:
             self.spawn(self.note(said, BUSY))
         except TurnConflictError:

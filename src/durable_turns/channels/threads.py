@@ -27,9 +27,11 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Literal, Protocol
 
+from .._in_doubt import SETTLED_WORDS
 from ..events import (
     TURN_ENDS,
     ActionCompleted,
+    ActionInDoubt,
     ActionRequested,
     InputRequested,
     MessageCompleted,
@@ -43,7 +45,7 @@ from ..events import (
 )
 from ..inbound import InboundEvent
 from ..records import ChainEntry, InputRequest, SessionKey, TurnStatus
-from ..sessions import AgentSession
+from ..sessions import AgentSession, Mode
 from ..stores import Subscription
 from ._context import ChannelContext
 from ._contract import Deliverer
@@ -224,6 +226,9 @@ class ThreadReply:
         elif isinstance(e, ActionCompleted):
             await self._append([Task(e.call.id, e.call.name,
                                      "error" if e.error else "complete", e.error)])
+        elif isinstance(e, ActionInDoubt):
+            await self._append([Task(e.call.id, f"{e.call.name} ({SETTLED_WORDS[e.settled]})",
+                                     "in_progress")])
         elif isinstance(e, InputRequested):
             await self._finish(e)
             # Calls of a parallel batch that park at once (F15): a prompt for each.
@@ -318,8 +323,11 @@ class ThreadDeliveries:
     # -- what a channel calls ---------------------------------------------------------------
 
     async def start_turn(self, s: AgentSession, text: str, *, turn_id: str,
-                         event: InboundEvent, replace: bool = False) -> None:
-        """Start a turn (durable when this returns) and deliver its reply in the background.
+                         event: InboundEvent, replace: bool = False,
+                         mode: Mode = "queue") -> None:
+        """Start a turn (durable when this returns) and deliver its reply in the background;
+        ``mode`` as ``AgentSession.start``'s (a steer that joined a turn has no reply of its
+        own: the turn's, delivered as it was, answers it).
 
         Raises:
             SessionBusyError: the session is parked on another turn (nothing started).
@@ -330,11 +338,14 @@ class ThreadDeliveries:
         sub = s.runtime.subscribe(s.key)
         try:
             await sub.ready()
-            await s.start(text, turn_id=turn_id, event=event, replace=replace,
-                          deliver=self.channel.name)
+            started = await s.start(text, turn_id=turn_id, event=event, replace=replace,
+                                    deliver=self.channel.name, mode=mode)
         except BaseException:
             sub.close()
             raise
+        if started.steering is not None:
+            sub.close()
+            return
         self.follow(s, turn_id, sub)
 
     async def answer(self, s: AgentSession, turn_id: str, input_id: str, value: Any, *,
@@ -512,6 +523,8 @@ def render(events: Sequence[TurnEvent]) -> str:
         if isinstance(e, ActionCompleted):
             mark = "✗" if e.error else "✓"
             lines.append(f"{mark} {e.call.name}" + (f": {e.error}" if e.error else ""))
+        elif isinstance(e, ActionInDoubt):
+            lines.append(f"? {e.call.name}: {SETTLED_WORDS[e.settled]}")
         elif isinstance(e, MessageCompleted) and e.text:
             texts.append(e.text)
         elif e.ends_turn:

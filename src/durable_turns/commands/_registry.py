@@ -8,7 +8,9 @@ default), and everything above the runtime reads ``runtime.commands``. A new com
 module that declares its :class:`CommandSpec` and one registration, ``COMMANDS.with_(SPEC)``.
 
 A queued command (a timer's wake, say) needs nothing more: its record's ``apply`` is its
-effect at its place. A command that acts at once reaches the running turn through the
+effect at its place. A joining command (a steer) is a chain entry too, applied by the driver
+at the running turn's next model-call boundary through its record's ``join``
+(``commands._joining``). A command that acts at once reaches the running turn through the
 runtime's public methods, as cancel does (``Runtime.interrupt``: a durable signal the turn's
 boundaries read).
 """
@@ -36,10 +38,12 @@ __all__ = [
     "Verb",
 ]
 
-Acceptance = Literal["queued", "at once"]
+Acceptance = Literal["queued", "joins", "at once"]
 """How a command is accepted: ``queued`` — a chain entry, durable when accepted, applied by
 the session's driver when its place in the chain comes (behind the running turn);
-``at once`` — a durable signal that acts now, never waiting behind a running step."""
+``joins`` — a chain entry the driver applies at the running turn's next model-call boundary
+(``JoiningCommand.join``), or at its place when no turn runs; ``at once`` — a durable signal
+that acts now, never waiting behind a running step."""
 
 
 class ChainCommand(Protocol):
@@ -146,14 +150,18 @@ class CommandSpec:
     """The authorization action a host asks before it (``access``): its own name, or one
     it shares (a retry runs a turn on: ``turn``)."""
     entry: type[ChainCommand] | None = None
-    """For a queued command: the record its chain entry holds."""
+    """For a queued or joining command: the record its chain entry holds (a joining one's
+    is a ``JoiningCommand``)."""
     route: Route | None = None
     verb: Verb | None = None
 
     def __post_init__(self) -> None:
-        if (self.accepted == "queued") != (self.entry is not None):
-            raise ValueError(f"command {self.name!r}: a queued command names its chain "
-                             "entry's record (entry=…), one that acts at once none")
+        if (self.accepted != "at once") != (self.entry is not None):
+            raise ValueError(f"command {self.name!r}: a queued or joining command names its "
+                             "chain entry's record (entry=…), one that acts at once none")
+        if self.accepted == "joins" and not callable(getattr(self.entry, "join", None)):
+            raise ValueError(f"command {self.name!r}: a joining command's record has a "
+                             "join(at) (commands.JoiningCommand)")
 
 
 class Registry:
@@ -169,6 +177,7 @@ class Registry:
     def __init__(self, commands: Iterable[CommandSpec]) -> None:
         self._by_name: dict[str, CommandSpec] = {}
         self._by_kind: dict[str, type[ChainCommand]] = {}
+        self._joining: set[str] = set()
         paths: set[str] = set()
         for c in commands:
             if c.name in self._by_name:
@@ -178,6 +187,8 @@ class Registry:
                 if c.entry.kind in self._by_kind or c.entry.kind == "turn":
                     raise ValueError(f"command {c.name!r}: entry kind {c.entry.kind!r} is taken")
                 self._by_kind[c.entry.kind] = c.entry
+                if c.accepted == "joins":
+                    self._joining.add(c.entry.kind)
             if c.route is not None:
                 if c.route.path in paths:
                     raise ValueError(f"command {c.name!r}: route {c.route.path!r} is taken")
@@ -197,8 +208,12 @@ class Registry:
         return name in self._by_name
 
     def queues(self, kind: str) -> bool:
-        """Whether a queued command of this chain entry kind is registered."""
+        """Whether a command of this chain entry kind (queued or joining) is registered."""
         return kind in self._by_kind
+
+    def joins(self, kind: str) -> bool:
+        """Whether chain entries of this kind join the running turn (``accepted="joins"``)."""
+        return kind in self._joining
 
     @property
     def actions(self) -> tuple[str, ...]:

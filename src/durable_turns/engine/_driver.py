@@ -7,6 +7,12 @@ a ``reset`` archives the generation, a ``resume`` stores a person's answer and s
 turn going again, a ``retry`` re-opens a failed turn — and says what is left
 (:class:`ChainState`). Schedulers decide when steps run (``durable_turns.scheduling``).
 
+A joining command (a steer, F25: ``commands._joining``) is applied at the running turn's
+next model-call boundary: the engine calls :meth:`SessionDriver.join` before each model call,
+which reads the chain only when it may have changed since (the store's feed said so, this
+runtime accepted a joining entry, or the driver is new: a replay), and joins the queued
+joining entries after the turn, each in one transaction.
+
 Cancels reach a running turn two ways: in-process, :meth:`SessionDriver.interrupt` sets the
 turn's flag and stops its model stream at once; from another process, the store's feed
 reports a change and the driver reads the durable cancel request. Checkpoint boundaries read
@@ -16,12 +22,14 @@ only the flag, never the store.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
-from ..commands import Place
+from ..commands import Join, JoiningCommand, Place
+from ..commands._joining import joiners
 from ..events import TurnEvent
 from ..messages import Message, owed_calls
 from ..records import ChainEntry, TurnResult, TurnStatus
@@ -33,16 +41,25 @@ from ._step_context import StepContext
 log = logging.getLogger("durable_turns")
 
 
-def runnable(pending: Iterable[ChainEntry]) -> list[ChainEntry]:
+Joins = Callable[[str], bool]
+"""Whether chain entries of a kind join the running turn (``Registry.joins``)."""
+
+
+def _never(_kind: str) -> bool:
+    return False
+
+
+def runnable(pending: Iterable[ChainEntry], joins: Joins = _never) -> list[ChainEntry]:
     """The chain entries a driver runs next, in chain order, of the session's unfinished ones.
 
     A parked turn with a cancel runs (to its end) in its place in the chain; while a turn is
-    parked on a standing request, only commands run.
+    parked on a standing request, only commands run — but not joining ones (``joins``),
+    which wait to join that turn once it runs again.
     """
     pending = list(pending)
     out = [t for t in pending if t.needs_driving]
     if any(t.parked for t in pending):
-        out = [t for t in out if t.kind != "turn"]
+        out = [t for t in out if t.kind != "turn" and not joins(t.kind)]
     return out
 
 
@@ -60,18 +77,20 @@ class ChainState:
     """For a ``tool`` step: the names of the calls it runs."""
 
 
-def chain_state(pending: Iterable[ChainEntry], transcript: list[Message] | None) -> ChainState:
+def chain_state(pending: Iterable[ChainEntry], transcript: list[Message] | None,
+                joins: Joins = _never) -> ChainState:
     """What is left of a chain, from its unfinished entries and (when known) its live log.
 
     Args:
         pending: the session's unfinished chain entries.
         transcript: the live log the last step left, to name the next step's tools.
+        joins: which entry kinds join the running turn (``Registry.joins``).
 
     Returns:
         The chain's state; ``next`` is ``model`` when the log is not known.
     """
     pending = list(pending)
-    entries = runnable(pending)
+    entries = runnable(pending, joins)
     parked = any(t.parked for t in pending)
     if not entries:
         return ChainState(False, parked)
@@ -111,7 +130,45 @@ class SessionDriver:
         self._checking = False
         self._check_again = False
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._may_join = True
+        """The chain may hold a joining entry the running turn has not joined (a new driver
+        does not know: a replay after a crash looks)."""
+        self._accepting = 0
+        """Joining entries this runtime is writing now (their write may wait behind a local
+        tool's step, which holds a one-writer store's lock)."""
+        self._accepted = asyncio.Event()
+        self._accepted.set()
         self._unwatch = ctx.store.watch(self.key, self._on_change)
+
+    @contextlib.contextmanager
+    def accepting(self) -> Iterator[None]:
+        """A joining entry of this session is being accepted here: the running turn's next
+        model-call boundary waits for its write to end, then looks for it."""
+        self._accepting += 1
+        self._accepted.clear()
+        try:
+            yield
+        finally:
+            self._accepting -= 1
+            self._may_join = True
+            if not self._accepting:
+                self._accepted.set()
+
+    async def join(self, turn: ChainEntry) -> None:
+        """The running ``turn``'s model-call boundary: join it the queued joining entries
+        after it (each its own transaction), if the chain may hold any."""
+        await self._accepted.wait()
+        if not self._may_join:
+            return
+        self._may_join = False
+        ctx, engine = self._ctx, self._engine
+        assert engine is not None
+        pending = await ctx.store.entries(self.key, unfinished=True)
+        for e in joiners(pending, turn, ctx.commands.joins):
+            command = cast(JoiningCommand, ctx.commands.command_of(e))
+            result = await command.join(Join(e, turn, engine.commits))
+            log.debug("%s %s joined turn %s of %s", e.kind, e.turn_id, turn.turn_id, self.key)
+            ctx.finished(self.key, result)
 
     def interrupt(self, turn_ids: Iterable[str], reason: str) -> None:
         """These turns were asked to cancel: flag them and stop the one that streams."""
@@ -154,15 +211,16 @@ class SessionDriver:
         if engine is None:
             transcript = await ctx.transcripts.load(ctx.store, self.lease)
             engine = self._engine = TurnEngine(ctx, self.lease, transcript, self._cancels.get)
+            engine.before_model = self.join
         engine.attempt = attempt
         entry, pending = self._entry, self._pending
         if entry is None:
             if pending is None:
                 pending = await ctx.store.entries(key, unfinished=True)
             self._pending = self._parked = None
-            entries = runnable(pending)
+            entries = runnable(pending, ctx.commands.joins)
             if not entries:
-                return chain_state(pending, engine.transcript)
+                return chain_state(pending, engine.transcript, ctx.commands.joins)
             for t in pending:
                 if t.cancel is not None:
                     self._cancels.setdefault(t.turn_id, t.cancel)
@@ -190,7 +248,7 @@ class SessionDriver:
         # The chain as the next step finds it (a step of this lease reads it once an entry
         # ended, never at each step).
         pending = self._pending = await ctx.store.entries(key, unfinished=True)
-        return chain_state(pending, engine.transcript)
+        return chain_state(pending, engine.transcript, ctx.commands.joins)
 
     def _going_on(self, pending: list[ChainEntry], transcript: list[Message]) -> ChainState:
         """The chain's state while its turn goes on: the next step is the turn's."""
@@ -218,6 +276,7 @@ class SessionDriver:
     def _on_change(self, events: list[TurnEvent] | None) -> None:
         if events is not None:
             return  # our own commits
+        self._may_join = True
         if self._checking:
             self._check_again = True
             return

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from .._tracing import TurnTrace, begin_turn
@@ -62,6 +62,7 @@ from ..records import (
 from ..stores import Lease, Transaction
 from ..tools import Tool
 from ._commits import TRACE, StepCommits
+from ._limits import over_limit
 from ._model_step import RetryPolicy, ask
 from ._step_context import StepContext
 from ._tool_message import tool_message
@@ -108,6 +109,9 @@ class TurnEngine:
         self._trace: TurnTrace | None = None
         self._streaming: asyncio.Task[Any] | None = None
         self._interrupted = False
+        self.before_model: Callable[[ChainEntry], Awaitable[None]] | None = None
+        """Called at each model-call boundary of a turn, before its model step (the
+        driver's: joining commands join there, F25)."""
 
     @property
     def attempt(self) -> int | None:
@@ -223,6 +227,12 @@ class TurnEngine:
                     and last.turn_id == turn_id:
                 # The reply that ended the turn committed (with the turn's end, normally).
                 return await self._finish(TurnResult(turn_id, TurnStatus.COMPLETED, last.text))
+            if self.before_model is not None:
+                await self.before_model(turn)
+            stop = await over_limit(self.agent, self.model, turn, self.transcript, event,
+                                    self.calls.read_step)  # its limits (F25)
+            if stop is not None:
+                return await self._finish(stop, owed=False)
             done = await self._model_step(turn_id, policy, tools)
             going_on = done is None
             return done

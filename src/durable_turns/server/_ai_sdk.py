@@ -5,9 +5,11 @@
 
 - ``POST /agents/{agent}/ai-sdk/chat``: the transport's request ``{id, messages, trigger,
   messageId, …}``. ``id`` is the session. Only the last message is read (the stored transcript
-  is the history, never the client's copy): a user message starts a turn with its text; an
-  assistant message whose tool parts carry approval responses (what ``addToolApprovalResponse``
-  leaves) answers the turn's requests. The answer is the turn's UI message stream.
+  is the history, never the client's copy): a user message starts a turn with its text (sent
+  while a turn runs, it joins that turn at its next model call, F25, and the answer is that
+  turn's stream); an assistant message whose tool parts carry approval responses (what
+  ``addToolApprovalResponse`` leaves) answers the turn's requests. The answer is the turn's
+  UI message stream.
 - ``GET /agents/{agent}/ai-sdk/chat/{session}/stream``: the transport's resume request
   (``useChat({resume: true})`` after a reload, ``resumeStream()``): the running turn's stream
   from its start, then live; a parked turn's, to the request it waits for (so a reloaded page
@@ -262,8 +264,9 @@ class _AiSdk:
         key = None
         if message and body.trigger != "regenerate-message":
             key = "ai-sdk:" + hashlib.sha256(message.encode()).hexdigest()[:40]
+        # Sent while a turn streams, the message steers it (F25): its stream is that turn's.
         return await open_keyed(ch, text, idempotent(key, {"text": text}, by), session=body.id,
-                                event=self.seam.inbound(by, text, SOURCE))
+                                event=self.seam.inbound(by, text, SOURCE), mode="steer")
 
     async def resume(self, request: Request) -> Response:
         ch = self.seam.channel(request)

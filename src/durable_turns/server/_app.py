@@ -31,7 +31,7 @@ from ..model import Model
 from ..models.resolve import resolve_model
 from ..records import ChainEntry
 from ..runtime import Runtime
-from ..sessions import AgentSession
+from ..sessions import MODES, AgentSession
 from ._console import console_routes
 from ._fanout import BACK, HEADERS, MAX_BACKLOG, OUTAGE, EventStream, FrameCache, Outbox, Streams
 from ._guard import Guard
@@ -321,9 +321,15 @@ class _Host:
             # Attested: the principal's id, or (development mode) what the body says, which
             # that mode trusts by design (it serves loopback only).
             event = InboundEvent(SOURCE, {"id": by, "attested": True}, body.text)
-        idem = idempotent(request.headers.get(HEADER), body.model_dump(), by)
+        mode = request.query_params.get("mode", "queue")
+        if mode not in MODES:
+            raise HttpError(400, "InvalidMode", f"mode is one of {', '.join(MODES)}")
+        # (a steer's key is not a queued turn's; a queued one's print is as it always was)
+        printed = body.model_dump() | ({} if mode == "queue" else {"mode": mode})
+        idem = idempotent(request.headers.get(HEADER), printed, by)
         return await open_keyed(ch, body.text, idem, session=request.path_params["session"],
-                                event=event, replace=body.replace, turn_id=body.turn_id)
+                                event=event, replace=body.replace, turn_id=body.turn_id,
+                                mode=mode)
 
     async def turn(self, request: Request) -> Response:
         stream = await self._start(request)

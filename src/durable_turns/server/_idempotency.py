@@ -37,7 +37,7 @@ from .._input_limits import HttpError
 from ..channels import ChannelContext, TurnStream
 from ..errors import TurnConflictError
 from ..inbound import InboundEvent
-from ..sessions import AgentSession
+from ..sessions import AgentSession, Mode
 
 HEADER = "idempotency-key"
 """The request header (case does not matter)."""
@@ -111,7 +111,7 @@ def conflict(e: TurnConflictError, idem: Idempotent | None) -> Exception:
 
 async def open_keyed(ch: ChannelContext, text: str, idem: Idempotent | None, *, session: str,
                      event: InboundEvent | None, replace: bool = False,
-                     turn_id: str | None = None) -> TurnStream:
+                     turn_id: str | None = None, mode: Mode = "queue") -> TurnStream:
     """Start a turn (``ChannelContext.open_turn``) as ``idem`` names it, or by ``turn_id``
     without a key, and return its stream once the key is known to be this request's.
 
@@ -123,7 +123,7 @@ async def open_keyed(ch: ChannelContext, text: str, idem: Idempotent | None, *, 
     try:
         stream = await ch.open_turn(text, session=session, replace=replace, event=event,
                                     turn_id=idem.turn_id if idem else turn_id,
-                                    data=idem.data if idem else None)
+                                    data=idem.data if idem else None, mode=mode)
     except TurnConflictError as e:
         raise conflict(e, idem) from None
     if idem is not None:

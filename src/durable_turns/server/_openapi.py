@@ -16,6 +16,7 @@ from pydantic import BaseModel
 from .._input_limits import MAX_CURSOR
 from ..commands import Registry
 from ..events import EventType
+from ..sessions import MODES
 
 _ERROR = {"description": "refused: {\"error\": {\"type\", \"message\"}}",
           "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
@@ -215,9 +216,14 @@ def openapi(bodies: dict[str, type[BaseModel]], agents: list[str],
 
 
 def _keyed(route: dict[str, Any]) -> dict[str, Any]:
-    """A route that starts a turn takes an ``Idempotency-Key`` (``server/_idempotency.py``)."""
+    """A route that starts a turn takes an ``Idempotency-Key`` (``server/_idempotency.py``)
+    and a ``mode`` (``AgentSession.start``'s: a steer streams the turn it joins)."""
     post = route["post"]
     post["parameters"] = [*post["parameters"], {
+        "name": "mode", "in": "query", "required": False,
+        "description": "queue (default), replace, or steer: join the running turn at its "
+                       "next model call (its events are then the stream), else start one",
+        "schema": {"type": "string", "enum": list(MODES), "default": "queue"}}, {
         "name": "Idempotency-Key", "in": "header", "required": False,
         "description": "the same key with the same body is the same turn; with another "
                        "body, 422",

@@ -290,7 +290,9 @@
       if (!s.sending || s.sending.text !== t) s.sending = { text: t, key: idempotencyKey() };
       try {
         // Accepted (durably) once the answer's headers come; the turn goes on without us.
-        await api(`${base}/turn`, { text: t, by: me() }, "headers",
+        // While a turn runs, the message steers it: it joins before its next model call.
+        const steer = s.snap && s.snap.status === "running" ? "?mode=steer" : "";
+        await api(`${base}/turn${steer}`, { text: t, by: me() }, "headers",
           { "Idempotency-Key": s.sending.key });
         s.sending = null;
         text.value = "";
@@ -364,9 +366,9 @@
 
     function follow(after) {
       s.es = new EventSource(`${base}/events?after=${after}`);
-      const durable = ["turn.started", "message.completed", "action.requested",
-        "action.completed", "input.requested", "turn.completed", "turn.failed",
-        "turn.cancelled"];
+      const durable = ["turn.started", "message.completed", "message.steered",
+        "action.requested", "action.completed", "action.in_doubt", "input.requested", "turn.completed",
+        "turn.failed", "turn.cancelled"];
       const inbox = new Set(["input.requested", "turn.completed", "turn.failed",
         "turn.cancelled"]);
       for (const type of durable) {
@@ -398,6 +400,7 @@
       const snap = s.snap;
       if (!snap) return;
       for (const [name, b] of Object.entries(tabs)) b.setAttribute("aria-pressed", String(name === s.tab));
+      send.textContent = snap.status === "running" ? "Steer" : "Send";
       title.replaceChildren(badge(snap.status),
         snap.generation ? el("span", { class: "muted", text: ` generation ${snap.generation}` }) : "");
       const turns = snap.turns.map((t) => (s.tab === "timeline" ?
@@ -442,6 +445,10 @@
           rows.push(toolRow(step));
         } else if (step.kind === "input") {
           rows.push(inputRow(t, step));
+        } else if (step.kind === "steered") {
+          // Sent while the turn ran: it joined the turn before its next model call (F25).
+          rows.push(el("div", { class: "msg user", "data-role": "steered" },
+            el("span", { class: "who", text: `${step.by || "user"} · steered` }), step.text));
         }
       }
       if (s.live && s.live.turn === t.turn_id) rows.push(liveBubble());
@@ -457,11 +464,19 @@
         "data-call": step.call_id, open: failed || s.opened.has(key),
         ontoggle: (ev) => { if (ev.target.open) s.opened.add(key); else s.opened.delete(key); } },
       el("summary", {}, el("span", { class: "label", text: `${step.resumed ? "↻ " : ""}${step.name}` }),
-        " ", badge(step.status), " ", el("span", { class: "muted", text: took(step.duration) })),
+        " ", badge(step.status), " ", el("span", { class: "muted", text: took(step.duration) }),
+        step.in_doubt ? [" ", el("span", { class: "muted", "data-role": "in-doubt",
+          text: inDoubt(step.in_doubt) })] : ""),
       el("div", { class: "muted", text: "input" }), el("pre", { text: json(step.input) }),
       step.status === "queued" || step.status === "running" || step.status === "parked" ? "" :
         [el("div", { class: "muted", text: failed ? "error" : "result" }),
           el("pre", { class: "result", text: failed && step.error ? step.error : json(step.result) })]);
+    }
+
+    // A call found in doubt on a replay (F26), and how it was settled.
+    function inDoubt(d) {
+      const words = { run: "run again", skipped: "not run again", reconciled: "it had run (reconciled)" };
+      return `in doubt (attempt ${d.attempt}): ${words[d.settled] || "may have run; asking"}`;
     }
 
     function inputRow(t, step) {

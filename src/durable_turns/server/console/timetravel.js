@@ -46,7 +46,8 @@
       return el("tr", { class: `step ${r.status}`, "data-kind": r.kind, "data-step": r.id },
         el("td", { class: "num muted hide-narrow", text: String(i + 1) }),
         el("td", {}, r.kind === "tool" ? `tool ${r.resumed ? "↻ " : ""}${r.name}` :
-          r.kind === "input" ? `input: ${r.prompt}` : "model"),
+          r.kind === "input" ? `input: ${r.prompt}` :
+          r.kind === "steered" ? `steered: ${r.text}` : "model"),
         el("td", {}, badge(r.status)),
         el("td", { class: "num", text: r.duration === null ? (r.ended_at ? "" : "…") : took(r.duration) }),
         el("td", { class: "bar-cell" }, el("div", { class: `bar ${r.status}`,

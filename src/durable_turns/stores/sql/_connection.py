@@ -1,7 +1,7 @@
 """The connection the SQL kit runs its statements on: two calls, so that any driver's handle
 fits in a few lines (a DB-API connection: ``stores.sqlite``'s ``SqliteConnection``,
 ``stores.postgres``'s; a handle whose ``exec(sql, *bindings)`` returns a cursor:
-``tests/stores/do_store.py``)."""
+``durable_turns.cloudflare``'s store)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ __all__ = ["Connection", "first"]
 class Connection(Protocol):
     """The connection the kit runs every statement on: two calls, so a handle of any shape
     fits in a few lines (a DB-API connection, or a handle whose ``exec(sql, *bindings)``
-    returns a cursor: see ``tests/stores/do_store.py``).
+    returns a cursor: see ``durable_turns.cloudflare``'s store).
 
     Statements come with their parameters separate, in the dialect's placeholders
     (``Syntax.placeholder``); a connection never begins or ends a transaction of its own

@@ -1,6 +1,8 @@
-"""F1: a fake of a Cloudflare Durable Object's SQLite storage (``ctx.storage``), over
-``sqlite3``, that keeps the rules a store on it must live with (as workerd's own source
-enforces them), so that a store that passes its tests here would pass on a Durable Object:
+"""A fake of a Durable Object's SQLite storage (``ctx.storage``) for CPython tests, over
+``sqlite3``: an agent's Durable Object (:class:`~durable_turns.cloudflare.AgentObject`) and
+its store (:class:`~durable_turns.cloudflare.DurableObjectStore`) run on it as on
+Cloudflare, and it keeps the rules a store there must live with (as workerd's own source
+enforces them), so that what passes here passes on a Durable Object:
 
 - ``sql.exec(query, *bindings)`` runs at once and returns a :class:`Cursor` (iterable rows as
   dicts, ``toArray()``, ``one()``, ``raw()``, ``columnNames``, ``rowsRead``, ``rowsWritten``);
@@ -9,18 +11,25 @@ enforces them), so that a store that passes its tests here would pass on a Durab
   loses it;
 - ``transactionSync(fn)``: a savepoint around a synchronous ``fn``; a raise rolls back and
   re-raises; nests. ``transaction(async fn)``: the same across awaits (workerd holds the
-  object's input gate meanwhile; the implicit commit waits for it here);
+  object's input gate meanwhile; the implicit commit waits for it here); ``txn.rollback()``
+  undoes it;
 - refused, as workerd refuses them (its authorizer): SQL ``BEGIN``, ``COMMIT``, ``ROLLBACK``,
   ``SAVEPOINT``, ``RELEASE``; ``PRAGMA user_version`` and any pragma or function outside an
   allowlist (``sqlite_version()`` is out, ``changes()`` is in); ``ATTACH``; temporary
   objects; names that start ``_cf_``;
-- numbers are bound as doubles (JavaScript has no other), and an integral double comes back
-  as an ``int`` (as Pyodide converts it); the limits of a statement (SQL text 100,000 bytes,
-  100 bindings, a ``LIKE`` pattern 50 bytes, 100 columns, a value 4 MiB).
+- values as Pyodide hands them: numbers are bound as doubles (JavaScript has no other) and
+  an integral double comes back as an ``int``; SQL ``NULL`` comes back as JavaScript's
+  ``null`` (``pyodide.ffi.jsnull`` there, :data:`JS_NULL` here), not ``None``; a ``None``
+  binding is refused (it crosses as ``undefined``, which is no SQL value);
+- the limits of a statement: SQL text 100,000 bytes, 100 bindings, a ``LIKE`` pattern 50
+  bytes, 100 columns, a value or row 4 MiB;
+- one alarm (``setAlarm``, ``getAlarm``, ``deleteAlarm``, times in milliseconds since the
+  epoch), kept in the database as workerd keeps it: :meth:`DurableObjectStorage.due` says
+  whether it should fire (a test's stand-in for workerd's timer).
 
 Stricter than workerd: one statement per ``exec`` (workerd runs several when the earlier ones
-take no bindings). Not modelled: ``None`` crossing to JavaScript as ``undefined``, BigInts
-above 2**53, the output gate (a response waiting for durability), alarms, the KV API.
+take no bindings). Not modelled: BigInts above 2**53, the output gate (a response waiting
+for durability), the KV API.
 """
 
 from __future__ import annotations
@@ -28,9 +37,13 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from pathlib import Path
 from typing import Any, TypeVar
 
-__all__ = ["Cursor", "DurableObjectStorage", "SqlError", "SqlStorage"]
+from ._values import JS_NULL, SqlError
+
+__all__ = ["JS_NULL", "Cursor", "DurableObjectState", "DurableObjectStorage", "ObjectNamespace",
+           "RawCursor", "SqlError", "SqlStorage", "Transaction"]
 
 T = TypeVar("T")
 
@@ -58,19 +71,27 @@ _LIMITS = {sqlite3.SQLITE_LIMIT_SQL_LENGTH: 100_000, sqlite3.SQLITE_LIMIT_VARIAB
            sqlite3.SQLITE_LIMIT_LENGTH: 4 * 1024 * 1024}
 
 
-class SqlError(Exception):
-    """What a refused or failed statement raises (a JavaScript ``Error`` on workerd)."""
-
-
 def _js(value: Any) -> Any:
-    """A value as it comes back from JavaScript: an integral double is an ``int``."""
+    """A value as it comes back from JavaScript: ``NULL`` is ``null``, an integral double is
+    an ``int``."""
+    if value is None:
+        return JS_NULL
     if isinstance(value, float) and value.is_integer() and abs(value) <= 2 ** 53:
         return int(value)
     return value
 
 
 def _bound(value: Any) -> Any:
-    """A binding as workerd binds it: every number a double."""
+    """A binding as workerd binds it: every number a double, JavaScript's ``null`` as
+    ``NULL``.
+
+    Raises:
+        SqlError: ``None`` (``undefined`` in JavaScript: no SQL value).
+    """
+    if value is JS_NULL:
+        return None
+    if value is None:
+        raise SqlError("Wrong type: undefined is not a SQL value (bind null)")
     if isinstance(value, bool):
         return float(value)
     if isinstance(value, int):
@@ -161,6 +182,9 @@ class DurableObjectStorage:
         self._implicit = False  # the implicit transaction is open, its commit scheduled
         self.sql = SqlStorage(self)
         """``ctx.storage.sql``."""
+        # The alarm lives in the object's database, as workerd keeps it (a restart on the
+        # same file finds it); its table's name is one users may not touch.
+        self._internal_sql("CREATE TABLE IF NOT EXISTS _cf_alarm (at REAL NOT NULL)")
 
     # -- the authorizer: what workerd refuses --------------------------------------------
 
@@ -291,6 +315,50 @@ class DurableObjectStorage:
         if self._implicit and not self._awaiting:
             asyncio.get_running_loop().call_soon(self._commit_implicit)
 
+    # -- the alarm ------------------------------------------------------------------------
+
+    async def getAlarm(self) -> Any:
+        """When the alarm fires (milliseconds since the epoch), or ``null``."""
+        found = self._alarm()
+        return JS_NULL if found is None else _js(found)
+
+    async def setAlarm(self, scheduled: float) -> None:
+        """Set the object's one alarm to ``scheduled`` (milliseconds since the epoch),
+        replacing any other."""
+        self._internal_sql("DELETE FROM _cf_alarm")
+        self._internal = True
+        try:
+            self._conn.execute("INSERT INTO _cf_alarm (at) VALUES (?)", (float(scheduled),))
+        finally:
+            self._internal = False
+
+    async def deleteAlarm(self) -> None:
+        """Remove the alarm, if one is set."""
+        self._internal_sql("DELETE FROM _cf_alarm")
+
+    def due(self, now_ms: float) -> bool:
+        """Whether the alarm is set for ``now_ms`` or earlier (what workerd's timer decides);
+        the test that fires it then calls the object's ``alarm()``, after which the alarm is
+        no longer set unless ``alarm()`` set it again (:meth:`fired`)."""
+        found = self._alarm()
+        return found is not None and found <= now_ms
+
+    def fired(self, at: float) -> None:
+        """The alarm set for ``at`` ran to its end: it is removed, unless it was set anew."""
+        self._internal = True
+        try:
+            self._conn.execute("DELETE FROM _cf_alarm WHERE at = ?", (float(at),))
+        finally:
+            self._internal = False
+
+    def _alarm(self) -> float | None:
+        self._internal = True
+        try:
+            row = self._conn.execute("SELECT at FROM _cf_alarm").fetchone()
+        finally:
+            self._internal = False
+        return None if row is None else float(row[0])
+
     def close(self) -> None:
         """Close the file (what the process's end does: an open implicit transaction is
         lost)."""
@@ -306,3 +374,81 @@ class Transaction:
     def rollback(self) -> None:
         """Undo the transaction's writes when the function returns."""
         self.rolled_back = True
+
+
+class DurableObjectState:
+    """An object's ``ctx``: its storage, its id, ``blockConcurrencyWhile`` and ``waitUntil``.
+
+    Args:
+        storage: the object's storage.
+        name: the name its id was made from.
+    """
+
+    def __init__(self, storage: DurableObjectStorage, name: str = "object") -> None:
+        self.storage = storage
+        self.id = name
+        self._kept: set[asyncio.Future[Any]] = set()
+
+    def blockConcurrencyWhile(self, fn: Callable[[], Awaitable[T]]) -> asyncio.Future[T]:
+        """Run ``fn()`` now (the object's requests wait for what it opens)."""
+        return self._keep(asyncio.ensure_future(fn()))
+
+    def waitUntil(self, work: Awaitable[Any]) -> None:
+        """Keep ``work`` running after the response."""
+        self._keep(asyncio.ensure_future(work))
+
+    def _keep(self, future: asyncio.Future[T]) -> asyncio.Future[T]:
+        self._kept.add(future)
+        future.add_done_callback(self._kept.discard)
+        return future
+
+
+class ObjectNamespace:
+    """A Durable Object binding (``env.AGENTS``) in CPython: one live instance per name,
+    made on first use from ``make(ctx, env)``, on a storage of its own (a file in
+    ``folder``, or in memory) that an eviction keeps.
+
+    Args:
+        make: the object class (``AgentObject``'s subclass), or any ``(ctx, env)`` factory.
+        env: what the objects get as ``env``.
+        folder: where each object's database file lives (``None``: in memory).
+    """
+
+    def __init__(self, make: Callable[[DurableObjectState, Any], Any], env: Any = None, *,
+                 folder: Path | None = None) -> None:
+        self._make = make
+        self._env = env
+        self._folder = folder
+        self._storages: dict[str, DurableObjectStorage] = {}
+        self._live: dict[str, Any] = {}
+
+    def idFromName(self, name: str) -> str:
+        """The id of the object named ``name`` (here: the name)."""
+        return name
+
+    def get(self, object_id: str) -> Any:
+        """The object's live instance (made now if it has none)."""
+        found = self._live.get(object_id)
+        if found is None:
+            storage = self._storages.get(object_id)
+            if storage is None:
+                path = ":memory:" if self._folder is None else str(
+                    self._folder / f"{len(self._storages)}.sqlite")
+                storage = self._storages[object_id] = DurableObjectStorage(path)
+            found = self._live[object_id] = self._make(DurableObjectState(storage, object_id),
+                                                       self._env)
+        return found
+
+    def storage(self, object_id: str) -> DurableObjectStorage:
+        """The object's storage.
+
+        Raises:
+            KeyError: no object of that id was made.
+        """
+        return self._storages[object_id]
+
+    def evict(self, object_id: str) -> None:
+        """Forget the live instance (its storage stays): the next request makes a new one.
+        The old one's tasks are not stopped (a test that evicts waits for them or closes
+        its runtime first)."""
+        self._live.pop(object_id, None)

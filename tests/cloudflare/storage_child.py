@@ -1,13 +1,13 @@
 """A child process for the Durable Object fake's crash tests: it writes, then SIGKILLs itself
 at the moment its argument names, so the parent can see what a crash there keeps.
 
-``python do_child.py FILE MOMENT``, MOMENT one of:
+``python storage_child.py FILE MOMENT``, MOMENT one of:
 
 - ``implicit-no-await``: a write outside any transaction, killed before the next turn of the
   event loop;
 - ``implicit-after-await``: the same write, killed after an await;
-- ``store-step``: a :class:`do_store.DoStore` step whose local tool wrote a row, killed after
-  an await between the tool and the step's commit.
+- ``store-step``: a :class:`~durable_turns.cloudflare.DurableObjectStore` step whose local
+  tool wrote a row, killed after an await between the tool and the step's commit.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ import signal
 import sys
 from typing import Any
 
-from do_store import DoStore
+from durable_turns.cloudflare import DurableObjectStore
+from durable_turns.cloudflare.testing import DurableObjectStorage
 from durable_turns.records import NewEntry, SessionKey
 from durable_turns.testing.helpers import opening
-from fake_do_storage import DurableObjectStorage
 
 
 def _die() -> None:
@@ -36,7 +36,7 @@ async def main(path: str, moment: str) -> None:
         if moment == "implicit-after-await":
             await asyncio.sleep(0.01)
         _die()
-    store = DoStore(storage)
+    store = DurableObjectStore(storage)
     await store.open()
     key = SessionKey("agent", "s1")
     await store.enqueue(key, NewEntry("t1", opening("t1")))

@@ -1,5 +1,6 @@
-"""F1: the Durable Object fake keeps the rules of ``ctx.storage`` a store must live with: each
-rule here can fail. Crashes are real: a child process (``do_child.py``) SIGKILLs itself."""
+"""F27: the Durable Object fake (``durable_turns.cloudflare.testing``) keeps the rules of
+``ctx.storage`` a store must live with: each rule here can fail. Crashes are real: a child
+process (``storage_child.py``) SIGKILLs itself."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from fake_do_storage import DurableObjectStorage, SqlError, Transaction
+from durable_turns.cloudflare.testing import JS_NULL, DurableObjectStorage, SqlError, Transaction
 
 HERE = Path(__file__).parent
 WAIT = 60.0
@@ -70,7 +71,7 @@ async def test_an_implicit_transaction_commits_at_the_next_turn_of_the_loop(
 def _child(path: Path, moment: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get(
         "PYTHONPATH", "")])}
-    return subprocess.run([sys.executable, str(HERE / "do_child.py"), str(path), moment],
+    return subprocess.run([sys.executable, str(HERE / "storage_child.py"), str(path), moment],
                           env=env, capture_output=True, text=True, timeout=WAIT, check=False)
 
 
@@ -180,8 +181,8 @@ async def test_what_the_kit_needs_is_allowed() -> None:
     sql.exec("CREATE TABLE t (a)")
     assert sql.exec("SELECT changes(), instr('abc', 'b'), coalesce(NULL, 1)").raw().toArray() \
         == [[0, 2, 1]]
-    assert sql.exec("SELECT p.name FROM sqlite_master m JOIN pragma_table_info(m.name) p"
-                    ).raw().toArray() == [["a"]]
+    assert sql.exec("SELECT p.name FROM sqlite_master m JOIN pragma_table_info(m.name) p "
+                    "WHERE substr(m.name, 1, 4) != '_cf_'").raw().toArray() == [["a"]]
 
 
 async def test_a_like_pattern_over_50_bytes_is_refused() -> None:
@@ -189,3 +190,45 @@ async def test_a_like_pattern_over_50_bytes_is_refused() -> None:
     assert sql.exec("SELECT 'abc' LIKE ?", "%b%").raw().toArray() == [[1]]
     with pytest.raises(SqlError, match="too complex"):
         sql.exec("SELECT 'abc' LIKE ?", "%" + "b" * 60 + "%")
+
+
+async def test_values_cross_as_pyodide_hands_them() -> None:
+    sql = DurableObjectStorage().sql
+    sql.exec("CREATE TABLE t (a, b)")
+    with pytest.raises(SqlError, match="undefined"):
+        sql.exec("INSERT INTO t VALUES (?, ?)", None, 1)  # None crosses as undefined
+    sql.exec("INSERT INTO t VALUES (?, ?)", JS_NULL, 2.5)
+    assert sql.exec("SELECT a, b, a IS NULL FROM t").raw().toArray() == [[JS_NULL, 2.5, 1]]
+
+
+async def test_workerd_s_limits_are_kept() -> None:
+    sql = DurableObjectStorage().sql
+    sql.exec("CREATE TABLE t (v)")
+    sql.exec("SELECT " + ", ".join("?" * 100), *range(100))
+    with pytest.raises(SqlError, match="too many SQL variables"):
+        sql.exec("SELECT " + ", ".join("?" * 101), *range(101))
+    sql.exec("INSERT INTO t VALUES (?)", "x" * (4 * 1024 * 1024 - 64))
+    with pytest.raises(SqlError, match="too big"):
+        sql.exec("INSERT INTO t VALUES (?)", "x" * (4 * 1024 * 1024 + 1))
+
+
+async def test_the_one_alarm_is_kept_in_the_object_s_file(tmp_path: Path) -> None:
+    path = tmp_path / "object.sqlite"
+    storage = DurableObjectStorage(str(path))
+    assert await storage.getAlarm() is JS_NULL
+    await storage.setAlarm(1_000)
+    await storage.setAlarm(2_000)  # one alarm: the later call replaces it
+    assert await storage.getAlarm() == 2_000
+    assert not storage.due(1_999) and storage.due(2_000)
+    with pytest.raises(SqlError, match="_cf_"):
+        storage.sql.exec("SELECT at FROM _cf_alarm")
+    await asyncio.sleep(0)
+    storage.close()
+    again = DurableObjectStorage(str(path))  # the object after an eviction
+    assert await again.getAlarm() == 2_000
+    again.fired(2_000)
+    assert await again.getAlarm() is JS_NULL
+    await again.setAlarm(3_000)
+    await again.deleteAlarm()
+    assert not again.due(10_000)
+    again.close()

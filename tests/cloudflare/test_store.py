@@ -1,11 +1,13 @@
-"""F1: a third-party store: the Durable Object store of ``do_store`` (one module, public names
-of the kit only) passes the conformance suite's required and ``exactly_once_local`` tiers on
-a faithful fake of a Durable Object's storage, and is found by a scheme once registered."""
+"""F27 (F1): the Durable Object store (``durable_turns.cloudflare.DurableObjectStore``, one
+module on public names of the kit only) passes the conformance suite's required,
+``exactly_once_local`` and ``durable`` tiers on the faithful fake of a Durable Object's
+storage, is found by a scheme once registered, and keeps within workerd's limits."""
 
 from __future__ import annotations
 
 import ast
 import importlib
+import importlib.util
 import os
 import signal
 import sqlite3
@@ -16,24 +18,25 @@ from pathlib import Path
 
 import pytest
 
-from do_store import DoStore
+import durable_turns.cloudflare._store as object_store
+from durable_turns.cloudflare import DurableObjectStore
+from durable_turns.cloudflare.testing import DurableObjectStorage
 from durable_turns.records import NewEntry, SessionKey, TurnResult, TurnStatus
 from durable_turns.stores import SessionStore, registry
 from durable_turns.testing import CONFORMANCE, OPTIONAL, REQUIRED, Check, needs, run_check
 from durable_turns.testing.helpers import opening
-from fake_do_storage import DurableObjectStorage
 
 TIERS = {"exactly_once_local", "durable"}
 """The optional tiers the store declares (one instance per object: no sharing, no TTL)."""
 
 
-def _factory() -> DoStore:
-    return DoStore(DurableObjectStorage())
+def _factory() -> DurableObjectStore:
+    return DurableObjectStore(DurableObjectStorage())
 
 
 def _on_one_storage() -> Callable[[], SessionStore]:
     storage = DurableObjectStorage()
-    return lambda: DoStore(storage)
+    return lambda: DurableObjectStore(storage)
 
 
 @pytest.mark.parametrize("check", CONFORMANCE, ids=lambda c: c.__name__.removeprefix("check_"))
@@ -53,24 +56,31 @@ def test_the_store_declares_its_tiers() -> None:
     assert {tier for tier in OPTIONAL if declares(caps, tier)} == TIERS
 
 
-def test_the_store_is_one_module_of_public_names() -> None:
-    tree = ast.parse((Path(__file__).parent / "do_store.py").read_text())
+def test_the_store_is_one_module_on_public_names_of_the_kit() -> None:
+    """Written as a third party would write it: outside its own package, it imports public
+    names of public modules only."""
+    tree = ast.parse(Path(object_store.__file__).read_text())
+    seen = set()
     for node in ast.walk(tree):
         if not isinstance(node, ast.ImportFrom):
             continue
-        module = node.module or ""
-        if module.startswith("durable_turns"):
-            assert not any(part.startswith("_") for part in module.split(".")), module
-            mod = importlib.import_module(module)
-            public = getattr(mod, "__all__", [n for n in vars(mod) if not n.startswith("_")])
-            assert all(a.name in public for a in node.names), module
+        module = importlib.util.resolve_name("." * node.level + (node.module or ""),
+                                             "durable_turns.cloudflare")
+        if not module.startswith("durable_turns") or module.startswith("durable_turns.cloudflare"):
+            continue
+        seen.add(module)
+        assert not any(part.startswith("_") for part in module.split(".")), module
+        mod = importlib.import_module(module)
+        public = getattr(mod, "__all__", [n for n in vars(mod) if not n.startswith("_")])
+        assert all(a.name in public for a in node.names), module
+    assert "durable_turns.stores.sql" in seen
 
 
 async def test_one_registration_makes_a_scheme_find_it(monkeypatch: pytest.MonkeyPatch) -> None:
     storage = DurableObjectStorage()
-    monkeypatch.setitem(registry.SCHEMES, "do", lambda spec, ttl: DoStore(storage))
+    monkeypatch.setitem(registry.SCHEMES, "do", lambda spec, ttl: DurableObjectStore(storage))
     store = registry.store_for("do://my-object")
-    assert isinstance(store, DoStore)
+    assert isinstance(store, DurableObjectStore)
     await store.open()
     await store.close()
 
@@ -85,7 +95,7 @@ def test_a_crash_between_a_local_tool_and_its_commit_keeps_nothing_of_the_tool(
     here = Path(__file__).parent
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(here), os.environ.get(
         "PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, str(here / "do_child.py"), str(path), "store-step"],
+    done = subprocess.run([sys.executable, str(here / "storage_child.py"), str(path), "store-step"],
                           env=env, capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == -signal.SIGKILL, done.stderr
     assert "tool ran" in done.stdout
@@ -99,7 +109,7 @@ async def test_a_transcript_of_large_messages_stays_within_a_row_s_limit() -> No
     """The copy of a long transcript (``log_transcript``) is bounded in bytes, not only in
     messages: a Durable Object refuses a value over 4 MiB, and a copy of 32 tool results of
     300 kB each would be one."""
-    store = DoStore(DurableObjectStorage())
+    store = DurableObjectStore(DurableObjectStorage())
     await store.open()
     key = SessionKey("agent", "big")
     await store.enqueue(key, NewEntry("t1", opening("t1")))

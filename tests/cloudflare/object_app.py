@@ -1,0 +1,61 @@
+"""The agent object the Durable Object tests serve, in CPython and under Pyodide alike: one
+agent (``desk``) whose scripted model calls a local tool (``note``: a row in the object's
+SQLite, through the step's transaction), asks a person (``ask``: the turn parks), or waits
+for a gate the test opens (``hang``), as the turn's text says.
+
+``env`` (the Worker's bindings) may carry ``authenticate`` (the object's hook), ``gate`` (an
+``asyncio.Event`` a ``hang`` turn waits on) and ``ran`` (called each time ``note`` runs, with
+its value: the test counts runs outside the object's storage).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from durable_turns import Agent, ModelReply, ToolCall, ToolContext, scripted, tool
+from durable_turns.cloudflare import AgentObject, ObjectSetup
+from durable_turns.models import ModelRequest
+from durable_turns.models.scripted import calls_this_turn
+
+
+@tool
+async def ask(ctx: ToolContext) -> Any:
+    """Ask whether to go on."""
+    return await ctx.request_input("ok", "Proceed?")
+
+
+def _said(request: ModelRequest) -> str:
+    return [m.text for m in request.messages if m.is_opening][-1] or ""
+
+
+class DeskObject(AgentObject):
+    """The object of the tests' ``desk`` sessions."""
+
+    def setup(self, env: Any) -> ObjectSetup:
+        gate = getattr(env, "gate", None)
+        ran = getattr(env, "ran", None)
+
+        @tool(name="note")
+        def noted(value: str, ctx: ToolContext) -> dict[str, str]:
+            """Write a note (a row of the object's storage, committed with the step)."""
+            sql = ctx.store.unwrap()
+            sql.exec("CREATE TABLE IF NOT EXISTS notes (v TEXT)")
+            sql.exec("INSERT INTO notes (v) VALUES (?)", value)
+            if ran is not None:
+                ran(value)
+            return {"noted": value}
+
+        async def reply(request: ModelRequest) -> ModelReply:
+            said = _said(request)
+            first = calls_this_turn(request) == 0
+            if said.startswith("note ") and first:
+                return ModelReply("", [ToolCall("n1", "note", {"value": said[5:]})])
+            if said == "ask" and first:
+                return ModelReply("", [ToolCall("a1", "ask", {})])
+            if said == "hang" and gate is not None:
+                await gate.wait()
+            last = request.messages[-1]
+            return ModelReply(f"{said}: {last.result if last.role == 'tool' else 'done'}")
+
+        return ObjectSetup([Agent("desk", "You help.", [noted, ask])], scripted(reply),
+                           authenticate=getattr(env, "authenticate", None))
