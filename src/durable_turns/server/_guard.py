@@ -34,8 +34,8 @@ from .._input_limits import BODY_TIMEOUT, HttpError
 from ..access import Action, Authorize, authorized, decide, listing
 from ..errors import SessionAccessError
 from ..records import SessionSummary, resume_entry_id
-from ..sessions import AgentSession
 from ..runtime import Runtime
+from ..sessions import AgentSession
 from ._http import Authenticate, error_response, is_loopback, principal_of, read_body
 
 Handler = Callable[[Request], Awaitable[Response]]
