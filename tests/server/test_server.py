@@ -365,7 +365,7 @@ async def test_authenticate_names_the_speaker_and_the_resumer() -> None:
         answer = {"turn_id": r.json()["turn_id"], "input_id": "approve", "value": True}
         r2 = await host.client.post(f"{host.base}/s1/resume", json={**answer, "by": "alice"},
                                     headers={"Authorization": "Bearer bob"})
-        assert r2.status_code == 403  # the body's by is not who calls: the speaker answers
+        assert r2.status_code == 404  # the body's by is not who calls: bob, who may not read s1
         r3 = await host.client.post(f"{host.base}/s1/resume", json=answer, headers=alice)
         assert r3.status_code == 200 and r3.json()["status"] == "completed"
         (opening,) = [m for m in await host.rt.session("desk", "s1").transcript()
