@@ -340,7 +340,7 @@ async def test_resume_answerers(host: Host) -> None:
     await park(host, "sp", "p")
     url = f"{host.base}/sp/resume"
     r = await host.client.post(url, json={**answer, "by": "mallory"})
-    assert r.status_code == 404  # mallory may not read sp: answered as if it did not exist
+    assert r.status_code == 403
     r = await host.client.post(url, json={**answer, "by": "boom"})
     assert r.status_code == 503 and "Traceback" not in r.text
     assert r.json()["error"]["type"] == "AuthorizeAnswerError"
