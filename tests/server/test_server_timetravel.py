@@ -88,7 +88,7 @@ async def test_history_then_a_fork_at_the_first_turn_owned_by_the_caller() -> No
         assert await a.transcript("alice", "s") == [
             "one", "You said: one", "two", "You said: two"]
         # The fork is alice's: bob may not read it; it goes on on its own.
-        assert (await a.call("bob", "GET", "/s2")).status_code == 403
+        assert (await a.call("bob", "GET", "/s2")).status_code == 404
         r = await a.call("alice", "POST", "/s2/chat", json={"text": "three"})
         assert r.json()["text"] == "You said: three", r.text
         assert len(await a.transcript("alice", "s")) == 4
@@ -111,14 +111,15 @@ async def test_who_may_fork_and_replay() -> None:
         first = await _two_turns(a, "alice", "s")
         await _two_turns(a, "bob", "bobs")
         r = await a.call("bob", "POST", "/s/fork", json={"to": "stolen", "at": first})
-        assert r.status_code == 403, r.text
-        assert (await a.call("bob", "GET", "/s/history")).status_code == 403
-        assert (await a.call("bob", "POST", "/s/replay", json={})).status_code == 403
+        # bob may not read alice's session: every refusal is a 404, as for none.
+        assert r.status_code == 404, r.text
+        assert (await a.call("bob", "GET", "/s/history")).status_code == 404
+        assert (await a.call("bob", "POST", "/s/replay", json={})).status_code == 404
         assert (await a.call("root", "GET", "/stolen")).status_code == 404  # nothing written
         # An administrator may; the fork is the administrator's.
         r = await a.call("root", "POST", "/s/fork", json={"to": "audit", "at": first})
         assert r.status_code == 201 and r.json()["owner"] == "root", r.text
-        assert (await a.call("alice", "GET", "/audit")).status_code == 403
+        assert (await a.call("alice", "GET", "/audit")).status_code == 404
         # A fork onto a session that exists (another's, or the caller's own) is refused,
         # and that session is left as it was.
         for to in ("bobs", "s"):
@@ -138,7 +139,7 @@ async def test_a_replay_over_http_reports_turn_by_turn() -> None:
         report = r.json()
         assert report["identical"] is True and report["replay"] == "desk/again"
         assert [t["summary"] for t in report["turns"]] == ["identical", "identical"]
-        assert (await a.call("bob", "GET", "/again")).status_code == 403
+        assert (await a.call("bob", "GET", "/again")).status_code == 404
         assert len(await a.transcript("alice", "again")) == 4
         # Without ``to``: a new id, the caller's too.
         r = await a.call("alice", "POST", "/s/replay", json={})

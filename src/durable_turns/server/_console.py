@@ -68,12 +68,13 @@ def console_routes(runtime: Runtime, guard: Callable[..., Handler],
     async def timeline(request: Request) -> Response:
         s = runtime.session(request.path_params["agent"], request.path_params["session"])
         # A session never used is not an error here: it is new, with nothing on it yet (a
-        # console opens it before its first turn, and follows its events from 0).
+        # console opens it before its first turn, and follows its events once it exists).
         last = request.query_params.get("last")
         snapshot = await read_timeline(
             s, last=None if last is None else cursor(last, "last (a number of turns)",
                                                      minimum=1, error="MalformedQuery"))
-        return JSONResponse({**(await s.summary()).to_dict(), **snapshot})
+        found = await s.summary()
+        return JSONResponse({**found.to_dict(), "exists": found.exists, **snapshot})
 
     return [
         Route("/", guard(page), methods=["GET"]),

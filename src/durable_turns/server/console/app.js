@@ -353,8 +353,9 @@
         s.snap = snap;
         if (s.live && s.live.seq < snap.seq) s.live = null;
         // A stream the browser gave up on (its reconnect met a 503 while the store was
-        // away) is followed again from the snapshot's cursor.
-        if (!s.es || s.es.readyState === EventSource.CLOSED) follow(snap.seq);
+        // away) is followed again from the snapshot's cursor. A session not started yet has
+        // no stream (a 404): it is followed from the snapshot after its first turn.
+        if (snap.exists && (!s.es || s.es.readyState === EventSource.CLOSED)) follow(snap.seq);
         render();
       } catch (e) {
         status.replaceChildren(notice("error", explain(e)));
