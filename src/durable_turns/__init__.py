@@ -13,6 +13,7 @@ import typing
 from ._loader import load_agent
 from .agent import Agent, SurfacePolicy
 from .channels import mount_agent, receive
+from .compaction import Compaction
 from .context import ActionContext, ToolContext
 from .errors import (
     FatalToolError,
@@ -50,6 +51,7 @@ __all__ = [
     "ActionContext",
     "Agent",
     "AgentSession",
+    "Compaction",
     "FatalToolError",
     "InboundEvent",
     "InputRequest",

@@ -18,7 +18,7 @@ SessionStatus = Literal["new", "idle", "running", "suspended"]
 EntryKind = str
 """What a chain entry is: ``turn``, or the kind of a queued command that runs in the chain's
 order (``reset``, ``resume``, ``retry``, or any the runtime's command registry knows)."""
-StepKind = Literal["model", "tool", "input", "child"]
+StepKind = Literal["model", "tool", "input", "child", "compact"]
 
 
 class TurnStatus(StrEnum):
@@ -347,7 +347,18 @@ class ChildStepId:
         return f"child:{self.turn_id}:{self.call_id}"
 
 
-StepId = ModelStepId | ToolStepId | InputStepId | ChildStepId
+@dataclass(frozen=True, slots=True)
+class CompactStepId:
+    """``compact:<n>``: the compaction run before model step ``model:<n>`` (F23)."""
+
+    n: int
+    kind: ClassVar[StepKind] = "compact"
+
+    def __str__(self) -> str:
+        return f"compact:{self.n}"
+
+
+StepId = ModelStepId | ToolStepId | InputStepId | ChildStepId | CompactStepId
 """A step's id: printed by ``str()``, read back by :func:`parse_step_id`."""
 
 HOT_STEP_PREFIXES = ("model:", "tool:")
@@ -370,6 +381,8 @@ def parse_step_id(text: str, turn_id: str = "") -> StepId:
                 return ModelStepId(int(n))
             if kind == "tool" and call_id:
                 return ToolStepId(int(n), call_id)
+        elif kind == "compact":
+            return CompactStepId(int(rest))
         elif kind in ("input", "child") and rest:
             if turn_id and rest.startswith(f"{turn_id}:"):
                 own = rest[len(turn_id) + 1:]
@@ -440,7 +453,30 @@ class ChildMemo:
                             "turn_id": self.turn_id})
 
 
-StepResult = ModelMemo | ToolMemo | CallOutcome | Answer | ChildMemo
+@dataclass(frozen=True, slots=True)
+class CompactionMemo:
+    """What a compaction step keeps (F23): what later model requests send instead of the
+    transcript's head. The store keeps every message; only the requests change."""
+
+    covered: int
+    """Messages ``[0, covered)`` are replaced by :attr:`summary` in a request."""
+    cleared: int
+    """Tool results of messages ``[covered, cleared)`` are sent as ``{"cleared": true,
+    "bytes": N}``."""
+    summary: str | None
+    """The summary of messages ``[0, covered)``; ``None`` while nothing is summarised."""
+    before: int
+    """The request's estimated tokens before the compaction."""
+    after: int
+    """… and after it."""
+
+    def to_json(self) -> str:
+        return encode_json({"covered": self.covered, "cleared": self.cleared,
+                            "summary": self.summary, "before": self.before,
+                            "after": self.after})
+
+
+StepResult = ModelMemo | ToolMemo | CallOutcome | Answer | ChildMemo | CompactionMemo
 """What a step keeps, by kind: a model step a :class:`ModelMemo`, a tool step a
 :class:`ToolMemo` (or, in a parallel batch, a :class:`CallOutcome`), an input step an
 :class:`Answer`, a child step a :class:`ChildMemo`."""
@@ -463,6 +499,9 @@ def decode_step(kind: StepKind, data: str) -> StepResult:
         return Answer(d.get("value"), d.get("by"))
     if kind == "child":
         return ChildMemo(str(d["agent"]), str(d["session"]), str(d["turn_id"]))
+    if kind == "compact":
+        return CompactionMemo(int(d["covered"]), int(d["cleared"]), d.get("summary"),
+                              int(d["before"]), int(d["after"]))
     raise ValueError(f"unknown step kind {kind!r}")
 
 
@@ -503,6 +542,8 @@ __all__ = [
     "ChainEntry",
     "ChildMemo",
     "ChildStepId",
+    "CompactStepId",
+    "CompactionMemo",
     "EntryKind",
     "InputRequest",
     "InputStepId",

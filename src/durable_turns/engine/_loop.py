@@ -62,6 +62,7 @@ from ..records import (
 from ..stores import Lease, Transaction
 from ..tools import Tool
 from ._commits import TRACE, StepCommits
+from ._compaction import Compactor
 from ._limits import over_limit
 from ._model_step import RetryPolicy, ask
 from ._step_context import StepContext
@@ -100,6 +101,8 @@ class TurnEngine:
         self._publish_live = ctx.publish_live
         self._wants_live = ctx.wants_live
         self._retry = RetryPolicy(agent.model_retries, agent.model_retry_delay)
+        self.compactor = None if agent.context is None else Compactor(
+            agent.context, self.model, ctx.store, self.commits, self._retry)
         self.calls = ToolCalls(ctx, agent, self.commits, cancel_reason,
                                self._interruptible)
         self._cancel_reason = self.calls.reason
@@ -300,8 +303,10 @@ class TurnEngine:
                           tools: dict[str, Tool]) -> TurnResult | None:
         cp = self.commits
         n = len(self.transcript)
-        request = ModelRequest(system=self._system(policy), messages=self.transcript,
-                               tools=[t.spec for t in tools.values()], turn_id=turn_id)
+        system, specs = self._system(policy), [t.spec for t in tools.values()]
+        messages = self.transcript if self.compactor is None else \
+            await self.compactor.messages(turn_id, n, system, specs)  # F23
+        request = ModelRequest(system=system, messages=messages, tools=specs, turn_id=turn_id)
         ids = cp.ids(turn_id)
         span = cp.trace.model_step(str(ModelStepId(n))) if cp.trace is not None else None
 
