@@ -49,8 +49,9 @@ LAYERS: tuple[Layer, ...] = (
     ),
     Layer(
         "parts",
-        "what the engine puts together: the Agent, answerers and grants, spans",
-        ("agent", "_hitl", "_tracing"),
+        "what the engine puts together: the Agent, its context compaction, answerers and grants, "
+        "spans",
+        ("agent", "compaction", "_hitl", "_tracing"),
     ),
     Layer(
         "engine",
