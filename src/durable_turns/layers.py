@@ -33,13 +33,13 @@ LAYERS: tuple[Layer, ...] = (
     Layer(
         "records",
         "plain data, and errors that carry their ids",
-        ("errors", "messages", "records", "events", "history", "inbound"),
+        ("errors", "messages", "_compact_memo", "records", "events", "history", "inbound"),
     ),
     Layer(
         "tools",
         "Tool, ToolSpec, @tool: what a model may call; ToolContext and the narrow seams "
         "behind it: what a tool's run may do",
-        ("context", "tools"),
+        ("context", "_in_doubt", "tools"),
     ),
     Layer(
         "seams",
@@ -49,9 +49,9 @@ LAYERS: tuple[Layer, ...] = (
     ),
     Layer(
         "parts",
-        "what the engine puts together: the Agent, its context compaction, answerers and grants, "
-        "spans",
-        ("agent", "compaction", "_hitl", "_tracing"),
+        "what the engine puts together: the Agent, its limits and context compaction, "
+        "answerers and grants, spans",
+        ("agent", "limits", "compaction", "_hitl", "_tracing"),
     ),
     Layer(
         "engine",
@@ -59,7 +59,7 @@ LAYERS: tuple[Layer, ...] = (
         "driver), commands, subagents, forks, the schedulers that have steps run, queries "
         "for hosts, AgentSession (a façade), Runtime, replay",
         ("engine", "commands", "subagents", "_forks", "scheduling", "_queries", "sessions",
-         "runtime", "replay"),
+         "_grants", "runtime", "replay"),
     ),
     Layer(
         "adapters",

@@ -35,6 +35,7 @@ from .commands import (
     Retry,
     joined_turn,
     latest_turn,
+    live_turns,
     steer_entry,
 )
 from .compaction import latest_compaction, request_view
@@ -59,7 +60,6 @@ from .records import (
     StepRecord,
     TurnResult,
     TurnStatus,
-    live_turns,
 )
 from .stores import SessionStore, Subscription
 
