@@ -16,13 +16,29 @@ import json
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
-from durable_turns import Agent, Compaction, Runtime, SqliteStore, Stop, TextDelta, ToolCall, tool
-from durable_turns.compaction import SUMMARY_PREFIX
+from durable_turns import (
+    Agent,
+    Compaction,
+    MemoryStore,
+    Runtime,
+    SqliteStore,
+    Stop,
+    TextDelta,
+    ToolCall,
+    tool,
+)
+from durable_turns.compaction import DEFAULT_INSTRUCTIONS, SUMMARY_PREFIX
 from durable_turns.model import ModelEvent, ModelRequest
+from durable_turns.models.anthropic_messages import anthropic
+from durable_turns.models.openai_compat import openai_compatible
 from durable_turns.stores import SessionStore
+from fakes.anthropic_api import Fail, Reply, Text, ToolUse, anthropic_app
+from fakes import openai_api as oa
+from fakes.serving import serving
 
 WAIT = 60.0
 """The bound on every wait: a backstop against a hang, not a timing claim."""
@@ -194,3 +210,99 @@ async def test_a_replay_never_summarises_again(tmp_path: Path) -> None:
         summarised = [e for e in events if e.type == "context.compacted"
                       and e.to_dict()["summarised"]]
         assert (marks / "summaries").read_text().count("1") == len(summarised) > 1
+
+
+# -- the reactive path: the provider refuses a request as over its window ---------------------
+
+WINDOW = 3000
+"""The window the fake Anthropic API enforces (JSON length of the body over four)."""
+
+
+def windowed_api(summaries: list[str]) -> Callable[[dict[str, Any]], Reply | Fail]:
+    def answer(body: dict[str, Any]) -> Reply | Fail:
+        tokens = len(json.dumps(body)) // 4
+        if tokens > WINDOW:  # Anthropic's own refusal, word for word in shape
+            return Fail(400, f"prompt is too long: {tokens} tokens > {WINDOW} maximum",
+                        error_type="invalid_request_error")
+        last = body["messages"][-1]["content"]
+        blocks = [{"type": "text", "text": last}] if isinstance(last, str) else last
+        text = " ".join(b.get("text", "") for b in blocks)
+        if DEFAULT_INSTRUCTIONS in text:
+            summaries.append(text)
+            return Reply([Text(f"summary {len(summaries)}")])
+        if any(b["type"] == "tool_result" for b in blocks):
+            return Reply([Text("done")])
+        return Reply([ToolUse("fetch", {"n": len(body["messages"])})])
+
+    return answer
+
+
+async def test_a_refusal_as_too_long_compacts_once_then_goes_on() -> None:
+    summaries: list[str] = []
+    answer = windowed_api(summaries)
+    app = anthropic_app([answer] * 400)
+    async with serving(app) as url:
+        model = anthropic("claude-test", api_key="sk-test", base_url=url, max_retries=0)
+        agent = Agent("ops", "You run ops.", [fetch], model=model, context=Compaction(
+            trigger_tokens=10 ** 9, keep_recent=4))  # only the provider's refusal triggers it
+        async with Runtime([agent], MemoryStore()) as rt:
+            s = rt.session("ops", "s1")
+            for i in range(12):
+                done = await asyncio.wait_for(s.turn(f"turn {i}"), WAIT)
+                assert done.status == "completed", done.error
+            events = await s.events()
+        await model.aclose()
+    refused = [r for r in app.state.requests if len(json.dumps(r["body"])) // 4 > WINDOW]
+    compacted = [e for e in events if e.type == "context.compacted"]
+    assert refused and len(compacted) == len(refused)  # each refusal: one compaction
+    assert len(summaries) == sum(1 for e in compacted if e.to_dict()["summarised"])
+
+
+async def test_still_too_long_after_compaction_fails_naming_the_window() -> None:
+    summaries: list[str] = []
+    app = anthropic_app([windowed_api(summaries)] * 20)
+    async with serving(app) as url:
+        model = anthropic("claude-test", api_key="sk-test", base_url=url, max_retries=0)
+        agent = Agent("ops", "You run ops. " * 4000, [fetch], model=model,
+                      context=Compaction(trigger_tokens=10 ** 9, keep_recent=4))
+        async with Runtime([agent], MemoryStore()) as rt:
+            done = await asyncio.wait_for(rt.session("ops", "s1").turn("hello"), WAIT)
+        await model.aclose()
+    assert done.status == "failed" and done.error is not None
+    assert "over the model's context window even after compaction" in done.error
+    assert "prompt is too long" in done.error and "trigger_tokens=" in done.error
+
+
+async def test_openai_context_length_exceeded_compacts_too() -> None:
+    summaries: list[str] = []
+
+    def answer(body: dict[str, Any]) -> oa.Completion | oa.Fail:
+        tokens = len(json.dumps(body)) // 4
+        if tokens > WINDOW:  # OpenAI's refusal: its code, its message
+            return oa.Fail(400, f"This model's maximum context length is {WINDOW} tokens. "
+                           f"However, your messages resulted in {tokens} tokens.",
+                           "invalid_request_error", "context_length_exceeded")
+        last = body["messages"][-1]
+        if last["role"] == "user" and DEFAULT_INSTRUCTIONS in str(last["content"]):
+            summaries.append(str(last["content"]))
+            return oa.Completion(f"summary {len(summaries)}")
+        if last["role"] == "tool":
+            return oa.Completion("done")
+        return oa.Completion(calls=[oa.Call("fetch", {"n": len(body["messages"])})])
+
+    app = oa.openai_app([answer] * 400)
+    async with serving(app) as url:
+        model = openai_compatible("gpt-test", api_key="sk-test", base_url=f"{url}/v1",
+                                  max_retries=0)
+        agent = Agent("ops", "You run ops.", [fetch], model=model,
+                      context=Compaction(trigger_tokens=10 ** 9, keep_recent=4))
+        async with Runtime([agent], MemoryStore()) as rt:
+            s = rt.session("ops", "s1")
+            for i in range(12):
+                done = await asyncio.wait_for(s.turn(f"turn {i}"), WAIT)
+                assert done.status == "completed", done.error
+            events = await s.events()
+        await model.aclose()
+    compacted = [e for e in events if e.type == "context.compacted"]
+    assert compacted and summaries
+    assert len(summaries) == sum(1 for e in compacted if e.to_dict()["summarised"])

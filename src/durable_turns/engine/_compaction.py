@@ -14,6 +14,7 @@ a memo is, is ``durable_turns.compaction``.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
 from ..compaction import (
@@ -31,7 +32,7 @@ from ..records import CompactionMemo, CompactStepId
 from ..stores import Transaction, TurnStore
 from ..tools import ToolSpec
 from ._commits import StepCommits
-from ._model_step import RetryPolicy, ask
+from ._model_step import Reply, RetryPolicy, ask
 
 __all__ = ["Compactor"]
 
@@ -83,23 +84,24 @@ class Compactor:
             break
         return est
 
-    async def messages(self, turn_id: str, n: int, system: str,
-                       tools: list[ToolSpec]) -> list[Message]:
+    async def messages(self, turn_id: str, n: int, system: str, tools: list[ToolSpec], *,
+                       refused: bool = False) -> list[Message]:
         """What model step ``model:<n>`` sends of the transcript; runs and commits a
-        compaction step first when the request would be over the trigger."""
+        compaction step first when the request would be over the trigger (or the provider
+        ``refused`` it as over its window)."""
         transcript = self._commits.transcript
         memo = await self._latest()
         view = request_view(transcript, memo)
         before = self._estimate(system, view, tools)
         tail = _tail_start(transcript, self.config.keep_recent)
-        if before <= self.config.trigger_tokens or tail is None:
+        if (before <= self.config.trigger_tokens and not refused) or tail is None:
             return view
         covered, cleared, summary = (memo.covered, memo.cleared, memo.summary) if memo \
             else (0, 0, None)
         if self.config.clear_tool_results and tail > cleared:
             trial = CompactionMemo(covered, tail, summary, before, 0)
             after = estimate_tokens(system, request_view(transcript, trial), tools)
-            if after <= self.config.trigger_tokens or tail <= covered:
+            if (after <= self.config.trigger_tokens and not refused) or tail <= covered:
                 return await self._commit(turn_id, n, replace(trial, after=after))
         if tail <= covered:
             return view  # nothing new before the kept tail: never summarised twice
@@ -107,6 +109,28 @@ class Compactor:
         trial = CompactionMemo(tail, tail, text, before, 0)
         after = estimate_tokens(system, request_view(transcript, trial), tools)
         return await self._commit(turn_id, n, replace(trial, after=after), summarised=True)
+
+    async def within(self, call: Callable[[list[Message]], Awaitable[Reply]], turn_id: str,
+                     n: int, system: str, tools: list[ToolSpec]) -> Reply:
+        """``call`` model step ``model:<n>`` with its (compacted) messages; a refusal as over
+        the window compacts once more and calls again, then fails naming the window."""
+        try:
+            return await call(await self.messages(turn_id, n, system, tools))
+        except ModelError as e:
+            if not e.context_overflow:
+                raise
+        messages = await self.messages(turn_id, n, system, tools, refused=True)
+        try:
+            return await call(messages)
+        except ModelError as e:
+            if not e.context_overflow:
+                raise
+            raise ModelError(
+                f"the request is over the model's context window even after compaction "
+                f"(about {estimate_tokens(system, messages, tools)} tokens by estimate; "
+                f"trigger_tokens={self.config.trigger_tokens}, "
+                f"keep_recent={self.config.keep_recent}): {e}",
+                provider=e.provider, status=e.status, context_overflow=True) from e
 
     async def _summarise(self, transcript: list[Message], memo: CompactionMemo | None,
                          tail: int, system: str, tools: list[ToolSpec], turn_id: str) -> str:

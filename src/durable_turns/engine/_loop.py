@@ -64,7 +64,7 @@ from ..tools import Tool
 from ._commits import TRACE, StepCommits
 from ._compaction import Compactor
 from ._limits import over_limit
-from ._model_step import RetryPolicy, ask
+from ._model_step import Reply, RetryPolicy, ask
 from ._step_context import StepContext
 from ._tool_message import tool_message
 from ._tool_steps import ERROR_LIMIT, CancelReason, ToolCalls
@@ -304,9 +304,6 @@ class TurnEngine:
         cp = self.commits
         n = len(self.transcript)
         system, specs = self._system(policy), [t.spec for t in tools.values()]
-        messages = self.transcript if self.compactor is None else \
-            await self.compactor.messages(turn_id, n, system, specs)  # F23
-        request = ModelRequest(system=system, messages=messages, tools=specs, turn_id=turn_id)
         ids = cp.ids(turn_id)
         span = cp.trace.model_step(str(ModelStepId(n))) if cp.trace is not None else None
 
@@ -330,9 +327,14 @@ class TurnEngine:
                                             retries=self._retry.retries, delay=delay,
                                             error=str(error)))
 
-        got = await self._interruptible(
-            ask(self.model, request, self._retry, on_text=on_text, on_retry=on_retry,
-                on_thinking=on_thinking, attempt=self.attempt), turn_id)
+        def call(messages: list[Message]) -> Awaitable[Reply]:
+            request = ModelRequest(system, messages, specs, turn_id)
+            return self._interruptible(
+                ask(self.model, request, self._retry, on_text=on_text, on_retry=on_retry,
+                    on_thinking=on_thinking, attempt=self.attempt), turn_id)
+
+        got = await (call(self.transcript) if self.compactor is None else  # F23
+                     self.compactor.within(call, turn_id, n, system, specs))
         text, calls, stop = got.text, got.calls, got.stop
         if stop.reason in ABNORMAL_STOPS and not text and not calls:
             raise ModelError(
