@@ -36,8 +36,8 @@ from durable_turns.model import ModelEvent, ModelRequest
 from durable_turns.models.anthropic_messages import anthropic
 from durable_turns.models.openai_compat import openai_compatible
 from durable_turns.stores import SessionStore
-from fakes.anthropic_api import Fail, Reply, Text, ToolUse, anthropic_app
 from fakes import openai_api as oa
+from fakes.anthropic_api import Fail, Reply, Text, ToolUse, anthropic_app
 from fakes.serving import serving
 
 WAIT = 60.0
