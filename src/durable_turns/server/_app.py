@@ -324,6 +324,9 @@ class _Host:
         mode = request.query_params.get("mode", "queue")
         if mode not in MODES:
             raise HttpError(400, "InvalidMode", f"mode is one of {', '.join(MODES)}")
+        if mode == "steer" and body.replace:
+            raise HttpError(422, "InvalidMode", "a steer joins the running turn and cannot "
+                            "also replace it: send replace false, or mode=replace")
         # (a steer's key is not a queued turn's; a queued one's print is as it always was)
         printed = body.model_dump() | ({} if mode == "queue" else {"mode": mode})
         idem = idempotent(request.headers.get(HEADER), printed, by)
