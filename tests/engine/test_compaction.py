@@ -135,7 +135,7 @@ async def test_a_long_session_stays_under_the_window(store: SessionStore) -> Non
 
 CHILD = """
 import asyncio, os, pathlib, signal, sys
-sys.path.insert(0, sys.argv[4])
+sys.path[:0] = [sys.argv[4], str(pathlib.Path(sys.argv[4]).parent)]
 import test_compaction as tc
 from durable_turns import Runtime, SqliteStore, PostgresStore
 
