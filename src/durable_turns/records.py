@@ -174,12 +174,24 @@ class TurnResult:
     """Why it failed (``failed``)."""
     reason: str | None = None
     """Why it was cancelled (``cancelled``)."""
+    output: Any = None
+    """The validated final answer of a turn started with an output schema (``completed``;
+    ``turn(output=…)``, F25): the parsed JSON value, or an instance of the pydantic model
+    ``turn()`` was given. ``None`` for a turn without one."""
 
     def to_dict(self) -> dict[str, Any]:
         """The outcome as JSON values (what hosts answer)."""
+        output = self.output
+        dump = getattr(output, "model_dump", None)
         return {"turn_id": self.turn_id, "status": self.status.value, "text": self.text,
                 "request": self.request.to_dict() if self.request else None,
-                "error": self.error, "reason": self.reason}
+                "error": self.error, "reason": self.reason,
+                "output": dump(mode="json") if callable(dump) else output}
+
+
+OUTPUT = "output"
+"""The name of a turn's data that keeps its validated final answer (F25), written with the
+turn's end: what ``TurnResult.output`` is read from, never asked of the model again."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,8 +230,9 @@ class ChainEntry:
 
     @property
     def result(self) -> TurnResult:
+        output = (self.data or {}).get(OUTPUT) if self.status is TurnStatus.COMPLETED else None
         return TurnResult(self.turn_id, self.status, self.text, self.request, self.error,
-                          self.reason)
+                          self.reason, output)
 
     @property
     def parked(self) -> bool:
@@ -498,6 +511,7 @@ def resume_entry_id(turn_id: str, input_id: str) -> str:
 
 __all__ = [
     "HOT_STEP_PREFIXES",
+    "OUTPUT",
     "Answer",
     "CallOutcome",
     "ChainEntry",
