@@ -37,7 +37,7 @@ from .commands import (
     latest_turn,
     steer_entry,
 )
-from .engine._output import as_model, output_data
+from .engine._output import OUTPUT_RETRIES, as_model, output_data
 from .errors import (
     ConfigurationError,
     ResumeConflictError,
@@ -164,7 +164,7 @@ class AgentSession:
         mode: Mode = "queue",
         limits: Limits | None = None,
         output: Any = None,
-        output_retries: int = 2,
+        output_retries: int = OUTPUT_RETRIES,
     ) -> StartedTurn:
         """Accept a turn and return once it is durable, without waiting for it to run.
 

@@ -29,9 +29,11 @@ from ..errors import OutputInvalid
 from ..messages import OUTPUT_RETRY_BY, Message
 from ..records import ChainEntry, TurnResult, TurnStatus
 
-__all__ = ["OUTPUT_SCHEMA", "OutputSpec", "as_model", "output_data", "schema_of",
+__all__ = ["OUTPUT_RETRIES", "OUTPUT_SCHEMA", "OutputSpec", "as_model", "output_data", "schema_of",
            "settle", "system_with"]
 
+OUTPUT_RETRIES = 2
+"""How many invalid final answers go back to the model by default (``output_retries``)."""
 OUTPUT_SCHEMA = "output_schema"
 """The name of a turn's data that keeps its output schema and retries."""
 _FENCE = re.compile(r"^\s*```[A-Za-z0-9_-]*\s*\n(.*?)\n?```\s*$", re.DOTALL)
