@@ -180,13 +180,15 @@ class TurnResult:
     ``turn()`` was given. ``None`` for a turn without one."""
 
     def to_dict(self) -> dict[str, Any]:
-        """The outcome as JSON values (what hosts answer)."""
-        output = self.output
-        dump = getattr(output, "model_dump", None)
-        return {"turn_id": self.turn_id, "status": self.status.value, "text": self.text,
-                "request": self.request.to_dict() if self.request else None,
-                "error": self.error, "reason": self.reason,
-                "output": dump(mode="json") if callable(dump) else output}
+        """The outcome as JSON values (what hosts answer); ``output`` only when there is one
+        (as JSON: a pydantic instance dumped)."""
+        out = {"turn_id": self.turn_id, "status": self.status.value, "text": self.text,
+               "request": self.request.to_dict() if self.request else None,
+               "error": self.error, "reason": self.reason}
+        if self.output is not None:
+            dump = getattr(self.output, "model_dump", None)
+            out["output"] = dump(mode="json") if callable(dump) else self.output
+        return out
 
 
 OUTPUT = "output"

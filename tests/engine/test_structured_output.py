@@ -67,6 +67,7 @@ async def test_a_valid_first_answer_is_the_turns_output(store: SessionStore) -> 
         s = rt.session("ops", "s1")
         r = await asyncio.wait_for(s.turn("the db is down", output=Triage), WAIT)
         assert r.status == "completed" and r.output == Triage(severity="high", team="db")
+        assert r.to_dict()["output"] == {"severity": "high", "team": "db"}  # as JSON
         assert len(model.requests) == 1
         assert '"severity"' in model.requests[0].system  # the schema was asked for
         # Read back from the store (another reader): the JSON value, kept with the turn.

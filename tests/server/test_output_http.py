@@ -1,6 +1,7 @@
 """F25 structured output over HTTP: ``POST …/turn`` (and ``…/chat``) with ``output_schema``
 in the body validates the turn's final answer; the result carries it as ``output`` (the chat
-route's JSON answer, the session's turns); an invalid schema is a 400 and stores nothing.
+route's JSON answer, the session's turns); an invalid schema is a 422 (the body has the
+document's shape) and stores nothing.
 
 The app runs on uvicorn on loopback in the test's loop.
 """
@@ -37,7 +38,7 @@ async def test_post_turn_with_an_output_schema_answers_the_validated_output() ->
                 httpx.AsyncClient(base_url=url, timeout=WAIT) as c:
             bad = await c.post(f"{base}/turn", json={"text": "x",
                                                      "output_schema": {"type": 12}})
-            assert bad.status_code == 400
+            assert bad.status_code == 422
             assert bad.json()["error"]["type"] == "InvalidOutputSchema"
             assert (await c.get(base)).status_code == 404  # nothing was stored
             streamed = await c.post(f"{base}/turn", json={"text": "count",

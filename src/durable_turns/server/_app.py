@@ -328,12 +328,15 @@ class _Host:
         mode = request.query_params.get("mode", "queue")
         if mode not in MODES:
             raise HttpError(400, "InvalidMode", f"mode is one of {', '.join(MODES)}")
+        if mode == "steer" and body.replace:  # (each is valid alone: 422, as the fuzzer wants)
+            raise HttpError(422, "InvalidMode", "mode=steer does not go with replace: true")
         data = None
         if body.output_schema is not None:
             try:
                 data = output_data(body.output_schema, OUTPUT_RETRIES)
             except ValueError as e:
-                raise HttpError(400, "InvalidOutputSchema", str(e)) from None
+                # (422: the body has the document's shape, its schema is not one)
+                raise HttpError(422, "InvalidOutputSchema", str(e)) from None
         # (a steer's key is not a queued turn's; a queued one's print is as it always was)
         printed = body.model_dump() | ({} if mode == "queue" else {"mode": mode})
         if body.output_schema is None:
