@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import typing
 
+from ._in_doubt import Reconciled
 from ._loader import load_agent
 from .agent import Agent, SurfacePolicy
 from .channels import mount_agent, receive
@@ -66,6 +67,7 @@ __all__ = [
     "OutputInvalid",
     "PostgresStore",
     "Price",
+    "Reconciled",
     "ResetResult",
     "ResumeAuthorizationError",
     "ResumeConflictError",

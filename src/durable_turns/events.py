@@ -29,6 +29,7 @@ EventType = Literal[
     "action.requested",
     "action.retry",
     "action.completed",
+    "action.in_doubt",
     "input.requested",
     "turn.completed",
     "turn.failed",
@@ -200,6 +201,24 @@ class ActionRetry(TurnEvent):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ActionInDoubt(TurnEvent):
+    """A remote call whose tool is not ``in_doubt="rerun"`` was found begun and not finished
+    on a replay (its intent committed, its result did not), and how it was settled (F26).
+
+    ``settled``: ``None`` when it was found (an ``in_doubt="ask"`` call then parks the turn);
+    ``"run"`` it runs again (a person said yes, or the reconcile function found it did not
+    run); ``"skipped"`` a person said no; ``"reconciled"`` the reconcile function found it
+    ran and its result is the call's.
+    """
+
+    type: ClassVar[EventType] = "action.in_doubt"
+    call: ToolCall
+    attempt: int
+    """The attempt that was in doubt (its intent's)."""
+    settled: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class InputRequested(TurnEvent):
     type: ClassVar[EventType] = "input.requested"
     request: InputRequest
@@ -240,6 +259,7 @@ _BY_TYPE: dict[str, type[TurnEvent]] = {
         ActionRequested,
         ActionRetry,
         ActionCompleted,
+        ActionInDoubt,
         InputRequested,
         TurnCompleted,
         TurnFailed,
@@ -284,6 +304,7 @@ __all__ = [
     "STREAM_ENDS",
     "TURN_ENDS",
     "ActionCompleted",
+    "ActionInDoubt",
     "ActionRequested",
     "ActionRetry",
     "EventIds",

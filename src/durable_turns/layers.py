@@ -39,7 +39,7 @@ LAYERS: tuple[Layer, ...] = (
         "tools",
         "Tool, ToolSpec, @tool: what a model may call; ToolContext and the narrow seams "
         "behind it: what a tool's run may do",
-        ("context", "tools"),
+        ("context", "_in_doubt", "tools"),
     ),
     Layer(
         "seams",
@@ -49,8 +49,8 @@ LAYERS: tuple[Layer, ...] = (
     ),
     Layer(
         "parts",
-        "what the engine puts together: the Agent, answerers and grants, spans",
-        ("agent", "_hitl", "_tracing"),
+        "what the engine puts together: the Agent, its limits, answerers and grants, spans",
+        ("agent", "limits", "_hitl", "_tracing"),
     ),
     Layer(
         "engine",
@@ -58,7 +58,7 @@ LAYERS: tuple[Layer, ...] = (
         "driver), commands, subagents, forks, the schedulers that have steps run, queries "
         "for hosts, AgentSession (a façade), Runtime, replay",
         ("engine", "commands", "subagents", "_forks", "scheduling", "_queries", "sessions",
-         "runtime", "replay"),
+         "_grants", "runtime", "replay"),
     ),
     Layer(
         "adapters",

@@ -7,7 +7,7 @@ hosts pass them around. This module imports nothing of the package but ``message
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, ClassVar, Literal, cast
@@ -18,7 +18,14 @@ SessionStatus = Literal["new", "idle", "running", "suspended"]
 EntryKind = str
 """What a chain entry is: ``turn``, or the kind of a queued command that runs in the chain's
 order (``reset``, ``resume``, ``retry``, or any the runtime's command registry knows)."""
-StepKind = Literal["model", "tool", "input", "child"]
+StepKind = Literal["model", "tool", "input", "child", "intent"]
+WhileParked = Literal["refused", "accepted", "clears"]
+"""What accepting a chain entry does while a turn of the session is parked (its request
+standing): ``refused`` — ``SessionBusyError``, unless an entry that ``clears`` is queued
+before it (a turn's rule); ``accepted`` — queued all the same (a command's default: its
+place comes once the park ends); ``clears`` — accepted, and while it is queued the entries
+sent after it are accepted too, as its place ends the park (a reset's). Declared by the
+entry (``NewEntry.while_parked``), kept with it, and applied by the store."""
 
 
 class TurnStatus(StrEnum):
@@ -253,18 +260,6 @@ class ChainEntry:
                                           and self.cancel is not None)
 
 
-def live_turns(chain: Sequence[ChainEntry]) -> list[ChainEntry]:
-    """The turns of a chain's live generation: those accepted after the last reset that ran
-    (a reset archives the turns before it, F8; one still queued archives nothing yet).
-
-    Args:
-        chain: a session's chain entries in order (turns and commands).
-    """
-    resets = [t.ordinal for t in chain if t.kind == "reset" and t.status == TurnStatus.COMPLETED]
-    live_from = max(resets, default=-1)
-    return [t for t in chain if t.kind == "turn" and t.ordinal > live_from]
-
-
 @dataclass(frozen=True, slots=True)
 class NewEntry:
     """A chain entry to accept (``SessionStore.enqueue``): a turn or a command."""
@@ -279,7 +274,7 @@ class NewEntry:
     policy: dict[str, Any] | None = None
     supersede: str | None = None
     """Ask every queued or running turn of the session to cancel, with this reason
-    (``replace=True``); a reset always supersedes (reason ``reset``)."""
+    (``replace=True``; a command that supersedes gives its own, as a reset does)."""
     deliver: str | None = None
     """The channel (by name) that owes the turn a delivery: set when a channel accepts it,
     read back as ``ChainEntry.deliver`` and listed by ``SessionStore.owed_deliveries``
@@ -288,16 +283,41 @@ class NewEntry:
     """Names of the entry's data set as it is accepted, in the same write (``ChainEntry.
     data``): what must never exist without the entry, nor the entry without it (an HTTP
     request's idempotency fingerprint)."""
+    while_parked: WhileParked | None = None
+    """What accepting it does while a turn is parked (:data:`WhileParked`); ``None``: its
+    kind's rule, ``refused`` for a turn, ``accepted`` for a command. A command declares its
+    own in its record's ``entry()`` (a reset's ``clears``); a turn's is never ``clears``."""
+
+    @property
+    def parked_rule(self) -> WhileParked:
+        """:attr:`while_parked`, or its kind's rule."""
+        if self.while_parked is not None:
+            return self.while_parked
+        return "refused" if self.kind == "turn" else "accepted"
 
 
 def encode_entry(entry: NewEntry) -> str:
     """What a chain entry's row keeps as its body: a turn's opening message, or a command's
-    arguments (``{"args": …}``)."""
+    arguments (``{"args": …}``) and its rule while parked, when it declares one."""
     if entry.kind == "turn":
         if entry.opening is None:
             raise ValueError(f"turn {entry.turn_id!r} has no opening message")
+        if entry.while_parked == "clears":
+            raise ValueError(f"turn {entry.turn_id!r}: only a command's place ends a park "
+                             "(while_parked='clears')")
         return encode_message(entry.opening)
-    return encode_json({"args": entry.args or {}})
+    if entry.while_parked is None:
+        return encode_json({"args": entry.args or {}})
+    return encode_json({"args": entry.args or {}, "while_parked": entry.while_parked})
+
+
+def decode_while_parked(kind: EntryKind, body: str | None) -> WhileParked:
+    """A stored entry's rule while parked (:data:`WhileParked`), from its kind and, for a
+    command, its row's body (``None`` for a turn: its kind's rule)."""
+    if kind == "turn" or body is None:
+        return "refused" if kind == "turn" else "accepted"
+    rule = json.loads(body).get("while_parked", "accepted")
+    return cast(WhileParked, rule)
 
 
 def decode_entry(kind: EntryKind, body: str, data: dict[str, Any] | None
@@ -362,7 +382,21 @@ class ChildStepId:
         return f"child:{self.turn_id}:{self.call_id}"
 
 
-StepId = ModelStepId | ToolStepId | InputStepId | ChildStepId
+@dataclass(frozen=True, slots=True)
+class IntentStepId:
+    """``intent:<n>:<attempt>:<call_id>``: attempt ``attempt`` of a remote call, written
+    before it runs when its tool is not ``in_doubt="rerun"`` (F26)."""
+
+    n: int
+    attempt: int
+    call_id: str
+    kind: ClassVar[StepKind] = "intent"
+
+    def __str__(self) -> str:
+        return f"intent:{self.n}:{self.attempt}:{self.call_id}"
+
+
+StepId = ModelStepId | ToolStepId | InputStepId | ChildStepId | IntentStepId
 """A step's id: printed by ``str()``, read back by :func:`parse_step_id`."""
 
 HOT_STEP_PREFIXES = ("model:", "tool:")
@@ -379,12 +413,15 @@ def parse_step_id(text: str, turn_id: str = "") -> StepId:
     """
     kind, _, rest = text.partition(":")
     try:
-        if kind in ("model", "tool"):
+        if kind in ("model", "tool", "intent"):
             n, _, call_id = rest.partition(":")
             if kind == "model" and not call_id:
                 return ModelStepId(int(n))
             if kind == "tool" and call_id:
                 return ToolStepId(int(n), call_id)
+            attempt, _, own = call_id.partition(":")
+            if kind == "intent" and own:
+                return IntentStepId(int(n), int(attempt), own)
         elif kind in ("input", "child") and rest:
             if turn_id and rest.startswith(f"{turn_id}:"):
                 own = rest[len(turn_id) + 1:]
@@ -455,10 +492,25 @@ class ChildMemo:
                             "turn_id": self.turn_id})
 
 
-StepResult = ModelMemo | ToolMemo | CallOutcome | Answer | ChildMemo
+@dataclass(frozen=True, slots=True)
+class Intent:
+    """A remote call about to run (F26): which tool, its attempt (1, then one more each time
+    it is run again after it was in doubt), its idempotency key and when (Unix seconds)."""
+
+    tool: str
+    attempt: int
+    key: str
+    at: float
+
+    def to_json(self) -> str:
+        return encode_json({"tool": self.tool, "attempt": self.attempt, "key": self.key,
+                            "at": self.at})
+
+
+StepResult = ModelMemo | ToolMemo | CallOutcome | Answer | ChildMemo | Intent
 """What a step keeps, by kind: a model step a :class:`ModelMemo`, a tool step a
 :class:`ToolMemo` (or, in a parallel batch, a :class:`CallOutcome`), an input step an
-:class:`Answer`, a child step a :class:`ChildMemo`."""
+:class:`Answer`, a child step a :class:`ChildMemo`, an intent step an :class:`Intent`."""
 
 
 def decode_step(kind: StepKind, data: str) -> StepResult:
@@ -478,6 +530,8 @@ def decode_step(kind: StepKind, data: str) -> StepResult:
         return Answer(d.get("value"), d.get("by"))
     if kind == "child":
         return ChildMemo(str(d["agent"]), str(d["session"]), str(d["turn_id"]))
+    if kind == "intent":
+        return Intent(str(d["tool"]), int(d["attempt"]), str(d["key"]), float(d["at"]))
     raise ValueError(f"unknown step kind {kind!r}")
 
 
@@ -492,7 +546,7 @@ class StepRecord:
 
     @property
     def kind(self) -> StepKind:
-        """``model``, ``tool``, ``input`` or ``child``, read off the step id."""
+        """``model``, ``tool``, ``input``, ``child`` or ``intent``, read off the step id."""
         return cast(StepKind, self.id.partition(":")[0])
 
     @property
@@ -522,6 +576,8 @@ __all__ = [
     "EntryKind",
     "InputRequest",
     "InputStepId",
+    "Intent",
+    "IntentStepId",
     "ModelMemo",
     "ModelStepId",
     "NewEntry",
@@ -538,10 +594,11 @@ __all__ = [
     "TurnResult",
     "TurnStatus",
     "Visibility",
+    "WhileParked",
     "decode_entry",
     "decode_step",
+    "decode_while_parked",
     "encode_entry",
-    "live_turns",
     "parse_step_id",
     "resume_entry_id",
 ]

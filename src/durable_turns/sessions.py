@@ -35,6 +35,7 @@ from .commands import (
     Retry,
     joined_turn,
     latest_turn,
+    live_turns,
     steer_entry,
 )
 from .engine._output import OUTPUT_RETRIES, as_model, output_data
@@ -59,7 +60,6 @@ from .records import (
     StepRecord,
     TurnResult,
     TurnStatus,
-    live_turns,
 )
 from .stores import SessionStore, Subscription
 

@@ -24,6 +24,7 @@ from typing import Any, get_args, get_type_hints, overload
 import jsonschema
 import pydantic
 
+from ._in_doubt import InDoubt, checked_in_doubt
 from .context import ActionContext, ToolContext
 from .errors import ConfigurationError, FatalToolError, RetryStep, runtime_failure
 
@@ -81,14 +82,18 @@ class Tool:
         uses_context: whether ``run`` reads its ``ctx``. When it does not, the engine builds
             no context for a call and passes ``None`` (``@tool`` sets this for a function
             without a :class:`ToolContext` parameter).
+        in_doubt: what a replay does with a remote call that began and did not finish (a
+            crash between its effect and its commit): ``"rerun"`` (the default: run it again
+            under the same key, nothing more written), ``"ask"`` (park the turn asking a
+            person) or a reconcile function (the guide "Remote calls in doubt").
 
     Raises:
         ConfigurationError: ``run`` is not callable, a limit is negative, or ``retries`` is
             set on a local tool (it would hold the step's transaction through the backoff).
     """
 
-    __slots__ = ("_check", "interruptible", "remote", "retries", "retry_delay", "retry_on",
-                 "run", "spec", "timeout", "uses_context")
+    __slots__ = ("_check", "in_doubt", "interruptible", "remote", "retries", "retry_delay",
+                 "retry_on", "run", "spec", "timeout", "uses_context")
 
     def __init__(
         self,
@@ -102,6 +107,7 @@ class Tool:
         retry_on: tuple[type[BaseException], ...] = (Exception,),
         retry_delay: float = 0.5,
         uses_context: bool = True,
+        in_doubt: InDoubt = "rerun",
     ) -> None:
         if not callable(run):
             raise ConfigurationError(f"tool {spec.name!r}: run must be callable")
@@ -132,7 +138,8 @@ class Tool:
         self.retries = retries
         self.retry_on = retry_on
         self.retry_delay = retry_delay
-        self.uses_context = uses_context
+        self.in_doubt: InDoubt = checked_in_doubt(spec.name, in_doubt, self.remote)
+        self.uses_context = uses_context or self.in_doubt != "rerun"  # the intent's key
         self._check = validate or _schema_validator(spec)
 
     async def call(self, args: dict[str, Any], ctx: ToolContext | None,
@@ -333,27 +340,30 @@ def _pydantic_validator(
 def tool(fn: Callable[..., Any], *, name: str | None = None,
          description: str | None = None, timeout: float | None = None, retries: int = 0,
          retry_on: tuple[type[BaseException], ...] = (Exception,),
-         retry_delay: float = 0.5) -> Tool: ...
+         retry_delay: float = 0.5,
+         in_doubt: InDoubt = "rerun") -> Tool: ...
 
 
 @overload
 def tool(fn: None = None, *, name: str | None = None,
          description: str | None = None, timeout: float | None = None, retries: int = 0,
          retry_on: tuple[type[BaseException], ...] = (Exception,),
-         retry_delay: float = 0.5) -> Callable[[Callable[..., Any]], Tool]: ...
+         retry_delay: float = 0.5,
+         in_doubt: InDoubt = "rerun") -> Callable[[Callable[..., Any]], Tool]: ...
 
 
 def tool(
     fn: Callable[..., Any] | None = None, *, name: str | None = None,
     description: str | None = None, timeout: float | None = None, retries: int = 0,
     retry_on: tuple[type[BaseException], ...] = (Exception,), retry_delay: float = 0.5,
+    in_doubt: InDoubt = "rerun",
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Make a :class:`Tool` from a function's signature and docstring.
 
     The JSON schema comes from the parameters' type hints (pydantic), the description from the
     docstring. A parameter annotated :class:`ToolContext` receives the context. Use as
     ``@tool`` or ``@tool(name=…, timeout=…, retries=…)``; ``timeout``, ``retries``,
-    ``retry_on`` and ``retry_delay`` are :class:`Tool`'s.
+    ``retry_on``, ``retry_delay`` and ``in_doubt`` are :class:`Tool`'s.
     """
 
     def build(f: Callable[..., Any]) -> Tool:
@@ -394,7 +404,7 @@ def tool(
             run = run_sync
         return Tool(spec, run, validate=_pydantic_validator(model, schema), timeout=timeout,
                     retries=retries, retry_on=retry_on, retry_delay=retry_delay,
-                    uses_context=ctx_param is not None)
+                    uses_context=ctx_param is not None, in_doubt=in_doubt)
 
     return build(fn) if fn is not None else build
 

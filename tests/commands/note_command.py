@@ -2,9 +2,12 @@
 
 Queued like a reset: it waits behind the turns before it, and at its place it keeps its text
 and how many messages the transcript had then (what the turns before it said) on its own
-entry. Its check (a note has text) runs before it is accepted and again at its place. It is
-reached over HTTP (``POST …/note``), in ``durable-turns sessions note``, and is authorized
-as ``note``. Registered with one line: ``COMMANDS.with_(SPEC)``.
+entry. Its check (a note has text) runs before it is accepted and again at its place. While
+a turn is parked a note is refused, as a turn is (its entry declares ``while_parked=
+"refused"``; the store applies it): a line written while a person is asked would stand for
+what the turns before it said. It is reached over HTTP (``POST …/note``), in
+``durable-turns sessions note``, and is authorized as ``note``. Registered with one line:
+``COMMANDS.with_(SPEC)``.
 """
 
 from __future__ import annotations
@@ -36,7 +39,8 @@ class Note:
             raise ValueError("a note needs text")
 
     def entry(self) -> NewEntry:
-        return NewEntry(self.entry_id, kind=self.kind, args={"text": self.text})
+        return NewEntry(self.entry_id, kind=self.kind, args={"text": self.text},
+                        while_parked="refused")
 
     @classmethod
     def from_entry(cls, entry: ChainEntry) -> Note:

@@ -1,8 +1,10 @@
 """F12 and F8's chain: a command added as an outsider adds one — one module
 (``note_command.py``) and its one registration (``COMMANDS.with_(SPEC)``), nothing else
 touched — is reached over HTTP, in the CLI and in the OpenAPI document, authorized by its own
-action, and applied at its place in the chain (behind the turn that ran when it came); an
-outsider's joining command (``hint_command.py``, F25) joins the running turn.
+action, applied at its place in the chain (behind the turn that ran when it came), and
+refused while a turn is parked as it declares (unless a reset, which clears the park, is
+queued before it); an outsider's joining command (``hint_command.py``, F25) joins the running
+turn.
 """
 
 from __future__ import annotations
@@ -15,10 +17,21 @@ from typing import Any
 import httpx
 import pytest
 
-from durable_turns import Agent, MemoryStore, ModelReply, Runtime, SqliteStore, Stop, TextDelta
+from durable_turns import (
+    Agent,
+    MemoryStore,
+    ModelReply,
+    Runtime,
+    SqliteStore,
+    Stop,
+    TextDelta,
+    ToolCall,
+    ToolContext,
+    tool,
+)
 from durable_turns.cli import main
-from durable_turns.commands import COMMANDS
-from durable_turns.errors import ConfigurationError
+from durable_turns.commands import COMMANDS, Reset
+from durable_turns.errors import ConfigurationError, SessionBusyError
 from durable_turns.models import ModelEvent, ModelRequest
 from durable_turns.models.scripted import scripted
 from durable_turns.scheduling import NoDriveScheduler
@@ -129,6 +142,36 @@ async def test_a_command_the_runtime_did_not_register_is_refused() -> None:
     async with Runtime([Agent("ops")], MemoryStore(), scripted([])) as rt:
         with pytest.raises(ConfigurationError, match="no command of kind 'note'"):
             await rt.session("ops", "s1").send(Note("x"))
+
+
+@tool
+async def approve(ctx: ToolContext) -> bool:
+    """Ask a person."""
+    return bool(await ctx.request_input("ok", "Go on?", schema={"type": "boolean"}))
+
+
+async def test_a_command_that_declares_it_is_refused_while_a_turn_is_parked() -> None:
+    """The rule is the command's own (``while_parked="refused"`` in its entry): the store
+    applies it as it applies a turn's, and a queued reset clears the park for it as for a
+    turn."""
+    replies = [ModelReply("", [ToolCall("c1", "approve", {})])]
+    async with Runtime([Agent("ops", tools=[approve])], MemoryStore(), scripted(replies),
+                       commands=REGISTRY) as rt:
+        s = rt.session("ops", "s1")
+        parked = await s.start("ask first")
+        assert (await asyncio.wait_for(s.result(parked.turn_id), WAIT)).status == "suspended"
+        with pytest.raises(SessionBusyError, match=parked.turn_id):
+            await s.send(Note("while parked"))
+        store = rt.store
+        before = [e.turn_id for e in await store.entries(s.key)]
+        assert before == [parked.turn_id]  # nothing of the note was kept
+        # A reset queued before it (not woken yet) clears the park: the note queues behind it.
+        await store.enqueue(s.key, Reset().entry())
+        note = Note("after the reset")
+        await s.send(note)
+        done = await asyncio.wait_for(s.result(note.entry_id), WAIT)
+        assert done.status == "completed"
+        assert (await s.result(parked.turn_id)).reason == "reset"
 
 
 async def test_an_outsiders_joining_command_joins_the_running_turn() -> None:

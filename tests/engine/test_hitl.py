@@ -20,6 +20,7 @@ from durable_turns import (
     tool,
 )
 from durable_turns._hitl import Grant
+from durable_turns.commands import Reset
 from durable_turns.errors import (
     InvalidInputError,
     ResumeAuthorizationError,
@@ -29,7 +30,6 @@ from durable_turns.errors import (
 )
 from durable_turns.events import TurnEvent
 from durable_turns.models import ModelRequest
-from durable_turns.records import NewEntry
 from durable_turns.stores import SessionStore
 from durable_turns.testing import get_turn, step_result
 
@@ -266,7 +266,7 @@ async def test_reset_archives_a_stale_park_and_resume_refuses_while_it_is_pendin
     t = await s.start("refund 42")
     await s.result(t.turn_id)
     # another process accepted a reset that has not run yet
-    await store.enqueue(s.key, NewEntry("reset:other", kind="reset"))
+    await store.enqueue(s.key, Reset("reset:other").entry())
     with pytest.raises(ResumeConflictError, match=r"reset .* is pending"):
         await s.resume(t.turn_id, "approve-refund", True)
     res = await s.reset()  # runs after the pending one: two generations archived

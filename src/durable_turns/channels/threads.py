@@ -27,9 +27,11 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Literal, Protocol
 
+from .._in_doubt import SETTLED_WORDS
 from ..events import (
     TURN_ENDS,
     ActionCompleted,
+    ActionInDoubt,
     ActionRequested,
     InputRequested,
     MessageCompleted,
@@ -224,6 +226,9 @@ class ThreadReply:
         elif isinstance(e, ActionCompleted):
             await self._append([Task(e.call.id, e.call.name,
                                      "error" if e.error else "complete", e.error)])
+        elif isinstance(e, ActionInDoubt):
+            await self._append([Task(e.call.id, f"{e.call.name} ({SETTLED_WORDS[e.settled]})",
+                                     "in_progress")])
         elif isinstance(e, InputRequested):
             await self._finish(e)
             # Calls of a parallel batch that park at once (F15): a prompt for each.
@@ -518,6 +523,8 @@ def render(events: Sequence[TurnEvent]) -> str:
         if isinstance(e, ActionCompleted):
             mark = "✗" if e.error else "✓"
             lines.append(f"{mark} {e.call.name}" + (f": {e.error}" if e.error else ""))
+        elif isinstance(e, ActionInDoubt):
+            lines.append(f"? {e.call.name}: {SETTLED_WORDS[e.settled]}")
         elif isinstance(e, MessageCompleted) and e.text:
             texts.append(e.text)
         elif e.ends_turn:

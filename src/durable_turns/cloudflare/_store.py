@@ -5,7 +5,8 @@ the public SQL kit ``durable_turns.stores.sql``, written on the kit's public nam
   the border as Pyodide hands them (``_values``).
 - **Transactions** are the storage's calls, never SQL text (workerd refuses ``BEGIN``):
   ``transactionSync`` for a synchronous job; for a step that runs local tools, one
-  ``transaction()`` held across the tools and the step's commit. With the implicit
+  ``transaction()`` held across the tools and the step's commit (the kit's
+  ``CallbackLink``). With the implicit
   transaction alone a tool's writes would commit at the next await, before the step's, and
   a crash between them would run the tool again on replay.
 - **The schema's version** lives in a table (``PRAGMA user_version`` is refused).
@@ -18,14 +19,14 @@ the public SQL kit ``durable_turns.stores.sql``, written on the kit's public nam
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from ..errors import StoreError
 from ..records import SessionKey
 from ..stores import StoreCapabilities
 from ..stores.kit import Feed
-from ..stores.sql import LocalLeases, ProcessLocks, SqlStore, Syntax, upgrade
+from ..stores.sql import CallbackLink, LocalLeases, ProcessLocks, SqlStore, Syntax, upgrade
 from ._values import STORAGE_ERRORS, callback, release, to_js
 from ._values import rows as py_rows
 
@@ -58,101 +59,6 @@ class _Connection:
     def changes(self, query: str, params: Sequence[Any] = (), /) -> int:
         self.sql.exec(query, *map(to_js, params))
         return int(py_rows(self.sql.exec("SELECT changes()").raw().toArray())[0][0])
-
-
-class _Span:
-    """One ``storage.transaction()`` held open across awaits, on a task of its own, whose
-    function waits until the step ends it."""
-
-    def __init__(self, storage: Any) -> None:
-        loop = asyncio.get_running_loop()
-        self._entered: asyncio.Future[None] = loop.create_future()
-        self._outcome: asyncio.Future[bool] = loop.create_future()  # True: commit
-        self._task = asyncio.ensure_future(self._hold(storage))
-
-    async def _hold(self, storage: Any) -> None:
-        body = callback(self._body)
-        try:
-            await storage.transaction(body)
-        finally:
-            release(body)
-
-    async def _body(self, txn: Any) -> None:
-        self._entered.set_result(None)
-        if not await self._outcome:
-            txn.rollback()
-
-    async def entered(self) -> None:
-        # The task may fail before the body runs (the storage refused the transaction).
-        await asyncio.wait([self._task, self._entered], return_when=asyncio.FIRST_COMPLETED)
-        if not self._entered.done():
-            self._task.result()
-
-    async def end(self, *, commit: bool) -> None:
-        if not self._outcome.done():
-            self._outcome.set_result(commit)
-        await self._task
-
-
-class _Link:
-    """A step's ``StepLink``: the store's write lock from the step's first use to its end,
-    and, from its first local tool, one transaction across the tools and the commit."""
-
-    def __init__(self, dialect: _Dialect) -> None:
-        self._d = dialect
-        self._held = False
-        self._span: _Span | None = None
-
-    def connection(self) -> Any:
-        return self._d.storage.sql
-
-    async def _hold(self) -> None:
-        if not self._held:
-            await self._d.write_lock.acquire()
-            self._held = True
-
-    async def run_local(self, fn: Callable[[Any], T]) -> T:
-        await self._hold()
-        if self._span is None:
-            self._span = _Span(self._d.storage)
-            try:
-                await self._span.entered()
-            except STORAGE_ERRORS as e:
-                self._span = None
-                raise StoreError(f"the Durable Object's storage failed: {e}") from e
-        storage = self._d.storage
-        return self._d.atomic_call(lambda: fn(storage.sql))
-
-    async def commit(self, job: Callable[[Any], None], *,
-                     alone: Callable[[Any], None] | None = None) -> None:
-        try:
-            await self._hold()
-            d = self._d
-            if self._span is None:
-                d.run(alone if alone is not None else lambda c: d.atomic(c, job))
-            else:
-                span, self._span = self._span, None
-                try:
-                    d.run(lambda c: d.atomic(c, job))
-                except BaseException:
-                    await span.end(commit=False)
-                    raise
-                await span.end(commit=True)
-        finally:
-            self._let_go()
-
-    async def end(self) -> None:
-        try:
-            span, self._span = self._span, None
-            if span is not None:
-                await span.end(commit=False)
-        finally:
-            self._let_go()
-
-    def _let_go(self) -> None:
-        if self._held:
-            self._held = False
-            self._d.write_lock.release()
 
 
 class _Dialect:
@@ -199,8 +105,26 @@ class _Dialect:
         """``fn()`` inside ``transactionSync``: undone if it raises."""
         return self.storage.transactionSync(fn)  # type: ignore[no-any-return]
 
-    def step(self) -> _Link:
-        return _Link(self)
+    def writer(self) -> Any:
+        return self.storage.sql
+
+    async def transaction(self, job: Callable[[], Awaitable[bool]]) -> None:
+        """``storage.transaction()`` held across ``job``'s awaits: rolled back unless it
+        returns true (by ``txn.rollback()``: a rejection crossing into JavaScript with no
+        reason takes the isolate down)."""
+        async def body(txn: Any) -> None:
+            if not await job():
+                txn.rollback()
+        fn = callback(body)
+        try:
+            await self.storage.transaction(fn)
+        except STORAGE_ERRORS as e:
+            raise StoreError(f"the Durable Object's storage failed: {e}") from e
+        finally:
+            release(fn)
+
+    def step(self) -> CallbackLink:
+        return CallbackLink(self)
 
     def notify(self, c: Any, key: SessionKey, seq: int | None,
                live: Sequence[str] = ()) -> None:

@@ -30,7 +30,7 @@ from ._registry import (
     Streamed,
     Verb,
 )
-from ._reset import RESET, Reset
+from ._reset import RESET, Reset, live_turns
 from ._reset import SPEC as RESET_SPEC
 from ._resume import SPEC as RESUME_SPEC
 from ._resume import Resume
@@ -64,6 +64,7 @@ __all__ = [
     "check_steer",
     "joined_turn",
     "latest_turn",
+    "live_turns",
     "steer_entry",
     "supersede_at_once",
 ]

@@ -15,8 +15,8 @@ concurrently, each committing its own step as it finishes (its outcome in the st
 local calls one at a time in call order; tool messages reach the transcript in call order
 (``_tool_message.py``). Calls that park are collected: the turn parks on all of them at once.
 
-A remote call gets :class:`CallServices` through its :class:`~durable_turns.ToolContext`: to
-ask a person, see its turn's cancel, record and follow durable child work (subagents).
+A remote call gets :class:`CallServices` (its ``ToolContext``'s): to ask a person, see its
+turn's cancel, record and follow durable child work; an intent first: ``_in_doubt.py``.
 """
 
 from __future__ import annotations
@@ -65,6 +65,7 @@ from ..records import (
 from ..stores import Transaction
 from ..tools import Tool, compile_schema
 from ._commits import StepCommits
+from ._in_doubt import settle
 from ._step_context import StepContext
 from ._tool_message import BatchState, tool_message
 
@@ -114,8 +115,7 @@ def _checked_result(value: Any, limit: int) -> Any:
 
 
 def _hashed(prefix: str, turn_id: str, step_id: str) -> str:
-    """``ctx.idempotency_key``: stable per (session, generation, turn, step); ``prefix`` is
-    ``<session key>#g<generation>/``."""
+    """``ctx.idempotency_key``: per (session, generation, turn, step); ``prefix``: the gen's."""
     return hashlib.sha256(f"{prefix}{turn_id}/{step_id}".encode()).hexdigest()[:32]
 
 
@@ -159,8 +159,8 @@ class CallServices:
         self._event = event
         self._sessions = _GuardedSessions(calls.sessions, self)
         self.failure: BaseException | None = None
-        """The first runtime failure (``errors.RUNTIME_FAILURES``) a call of the tool on its
-        context met: the tool's attempt is then abandoned, whatever the tool made of it."""
+        """The first runtime failure (``errors.RUNTIME_FAILURES``) a call on its context met:
+        the tool's attempt is abandoned, whatever the tool made of it."""
 
     @property
     def sessions(self) -> Sessions:
@@ -274,8 +274,8 @@ class ToolCalls:
             for calls that start durable child work).
         agent: the session's agent (its tools, limits, parallelism).
         commits: how a step commits.
-        cancel_reason: the reason a turn was asked to cancel, if it was.
-        interruptible: awaits a call so that a cancel of its turn stops it at once.
+        cancel_reason: the reason a turn was asked to cancel, if it was; ``interruptible``
+            awaits a call so that a cancel of its turn stops it at once.
     """
 
     def __init__(self, ctx: StepContext, agent: Agent, commits: StepCommits,
@@ -337,7 +337,7 @@ class ToolCalls:
         if problem is not None or tool is None:
             outcome = CallOutcome({"error": problem}, problem)
         elif tool.remote:
-            running = self._call_remote(tool, args, ctx, call, turn_id, span)
+            running = self._call_remote(tool, args, ctx, call, turn_id, span, n)
             try:
                 outcome = await (self._interruptible(running, turn_id) if tool.interruptible
                                  else running)
@@ -391,9 +391,10 @@ class ToolCalls:
         return tool, args, problem, ctx
 
     async def _call_remote(self, tool: Tool, args: dict[str, Any], ctx: ToolContext | None,
-                           call: ToolCall, turn_id: str, span: StepSpan | None
+                           call: ToolCall, turn_id: str, span: StepSpan | None, n: int
                            ) -> CallOutcome:
-        """Run a remote tool: its result, or an error result for an exception it raised.
+        """Run a remote tool (behind an intent unless ``in_doubt="rerun"``: ``_in_doubt.py``):
+        its result, or an error result for an exception it raised.
 
         Raises:
             Parked: the tool asked a person.
@@ -406,9 +407,12 @@ class ToolCalls:
         async def run() -> Any:
             return _checked_result(await tool.call(args, ctx, on_retry, self.attempt), limit)
 
+        def outcome_of() -> Awaitable[CallOutcome]:
+            return self._outcome(run(), tool, call, turn_id)
         services = ctx.services if ctx is not None else None
         try:
-            outcome = await self._outcome(run(), tool, call, turn_id)
+            outcome = await (outcome_of() if tool.in_doubt == "rerun" or ctx is None else
+                             settle(self, n, tool, args, ctx, call, turn_id, outcome_of))
         except Parked:
             _abandon_if_failed(services)
             raise
@@ -470,8 +474,7 @@ class ToolCalls:
     # -- a batch (F15) ---------------------------------------------------------------------
 
     async def committed(self, n: int, calls: list[ToolCall]) -> dict[str, CallOutcome]:
-        """Outcomes of the batch's calls that committed their step but are not in the
-        transcript yet."""
+        """The batch's calls that committed their step, not in the transcript yet."""
         found: dict[str, CallOutcome] = {}
         for c in calls:
             outcome = await self.read_step(ToolStepId(n, c.id))
@@ -516,7 +519,7 @@ class ToolCalls:
         async def remote(call: ToolCall, tool: Tool, args: dict[str, Any],
                          ctx: ToolContext | None, span: StepSpan | None) -> None:
             try:
-                outcome = await self._call_remote(tool, args, ctx, call, turn_id, span)
+                outcome = await self._call_remote(tool, args, ctx, call, turn_id, span, n)
             except Parked as p:
                 assert isinstance(p.request, InputRequest)
                 parked[call.id] = p.request
@@ -553,8 +556,7 @@ class ToolCalls:
                 one_by_one.append((c, tool, args, problem, ctx, span))
 
         def stop() -> None:
-            # Once per call: a second cancel would cut short the call's own clean-up
-            # (a subagent stopping its child).
+            # Once per call: a second cancel would cut short its clean-up (a subagent's child).
             while interruptible:
                 interruptible.pop().cancel()
 
@@ -594,7 +596,5 @@ class ToolCalls:
         return dataclasses.replace(requests[0], more=tuple(requests[1:]))
 
 
-__all__ = [
-    "ERROR_LIMIT", "CallServices", "CancelReason", "Interruptible", "Local", "PublishLive",
-    "ToolCalls", "ToolResultError", "error_text",
-]
+__all__ = ["ERROR_LIMIT", "CallServices", "CancelReason", "Interruptible", "Local",
+           "PublishLive", "ToolCalls", "ToolResultError", "error_text"]

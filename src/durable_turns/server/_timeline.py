@@ -18,8 +18,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from ..commands import live_turns
 from ..events import (
     ActionCompleted,
+    ActionInDoubt,
     ActionRequested,
     InputRequested,
     MessageCompleted,
@@ -37,7 +39,6 @@ from ..records import (
     ModelStepId,
     ToolStepId,
     TurnStatus,
-    live_turns,
 )
 from ..sessions import AgentSession
 
@@ -92,6 +93,8 @@ class _Turn:
         self.text: str | None = None
         self.error: str | None = None
         self.reason: str | None = None
+        self.doubts: dict[str, dict[str, Any]] = {}
+        """The latest ``action.in_doubt`` of each call: ``{attempt, settled}`` (F26)."""
 
     def apply(self, e: TurnEvent) -> None:
         at = e.at
@@ -103,6 +106,8 @@ class _Turn:
             self.on_action_requested(e)
         elif isinstance(e, ActionCompleted):
             self.on_action_completed(e)
+        elif isinstance(e, ActionInDoubt):
+            self.on_action_in_doubt(e)
         elif isinstance(e, InputRequested):
             at = self.on_input_requested(e) or at
         elif isinstance(e, MessageSteered):  # a message that joined the turn (F25)
@@ -140,7 +145,7 @@ class _Turn:
         row = {"kind": "tool", "id": str(ToolStepId(n, e.call.id)) if n is not None else None,
                "name": e.call.name, "call_id": e.call.id, "input": e.call.input,
                "status": "queued", "started_at": None, "ended_at": None, "result": None,
-               "error": None, "resumed": False}
+               "error": None, "resumed": False, "in_doubt": None}
         self.rows.append(row)
         self.open[e.call.id] = row
 
@@ -149,11 +154,20 @@ class _Turn:
         if row is None:  # it parked before: the run after the answer is a row of its own
             parked = next((r for r in self.rows if r.get("call_id") == e.call.id), None)
             row = {"kind": "tool", "id": parked["id"] if parked else None, "name": e.call.name,
-                   "call_id": e.call.id, "input": e.call.input, "resumed": True}
+                   "call_id": e.call.id, "input": e.call.input, "resumed": True,
+                   "in_doubt": self.doubts.get(e.call.id)}
             self._insert_after(row, lambda r: r["kind"] == "input"
                                and r.get("call_id") == e.call.id)
         row.update(status=_tool_status(e), started_at=self.cursor, ended_at=e.at,
                    result=e.result, error=e.error)
+
+    def on_action_in_doubt(self, e: ActionInDoubt) -> None:
+        """A call found in doubt on a replay, or how it was settled: its rows say so."""
+        doubt = {"attempt": e.attempt, "settled": e.settled}
+        self.doubts[e.call.id] = doubt
+        for row in self.rows:
+            if row["kind"] == "tool" and row.get("call_id") == e.call.id:
+                row["in_doubt"] = doubt
 
     def on_input_requested(self, e: InputRequested) -> float | None:
         request = e.request

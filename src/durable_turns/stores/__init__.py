@@ -251,7 +251,8 @@ class Transaction(Protocol):
     def new_generation(self) -> None:
         """Archive the live log under the current generation and start an empty one (F8).
 
-        The session's status becomes ``new`` and a suspended turn is cancelled (``reset``).
+        The session's status becomes ``new``. A park left standing is the caller's to end
+        in the same commit (``set_turn``: a reset cancels it).
         """
         ...
 
@@ -343,9 +344,11 @@ class TurnStore(Protocol):
         creates the session if needed.
 
         In the same transaction, with ``entry.supersede`` set, every queued or running turn
-        gets a cancellation request with that reason (``replace=True``); a parked turn never
-        does. A ``reset`` always supersedes (reason ``reset``). Commands (``reset``,
-        ``resume``, ``retry``) are accepted while the session is parked; a ``turn`` is not.
+        gets a cancellation request with that reason (``replace=True``, or a command's own);
+        a parked turn never does. While a turn is parked, the entry's rule applies
+        (``NewEntry.parked_rule``, ``records.WhileParked``, kept with the entry): a
+        ``refused`` one (a turn) is refused unless an entry that ``clears`` (a reset) is
+        queued; others are accepted.
         ``entry.deliver`` names the channel that owes the turn a delivery
         (:meth:`SessionQueries.owed_deliveries`).
 
@@ -354,8 +357,8 @@ class TurnStore(Protocol):
             it is (a redelivery).
 
         Raises:
-            SessionBusyError: a turn of the session is parked (its request not withdrawn)
-                and no reset is queued.
+            SessionBusyError: the entry is ``refused`` while parked, a turn of the session
+                is parked (its request not withdrawn) and no entry that ``clears`` is queued.
         """
         ...
 

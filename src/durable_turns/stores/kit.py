@@ -6,7 +6,8 @@
 - the lease's counters (:class:`LeaseCounters`) and the buffered transaction
   (:class:`BufferedTransaction`, collecting a step's :class:`Writes` until commit), so a
   transaction numbers its messages and events itself;
-- the chain's rules that are decided in Python (:func:`check_enqueue`,
+- the chain's rules that are decided in Python (:func:`check_enqueue`, each entry's rule while
+  a turn is parked,
   :func:`supersede_reason`, :func:`updated_request`);
 - claim helpers: :func:`retry_until` (a claim that waits, backing off) and
   :func:`claim_found` (``claim_ready`` from a list of candidates and a claim that does not
@@ -39,6 +40,7 @@ from ..records import (
     StepResult,
     TurnResult,
     TurnStatus,
+    WhileParked,
 )
 from ._feed import Feed, Subscription
 from ._thread import StoreThread
@@ -77,7 +79,7 @@ class Writes:
     """``(turn_id, name, value)``: names of chain entries' data to set, each on its own."""
     status: SessionStatus | None = None
     new_generation: bool = False
-    """Archive the live log: bump the generation, status ``new``, cancel a stale park."""
+    """Archive the live log: bump the generation, status ``new``."""
 
 
 class LeaseCounters:
@@ -213,27 +215,29 @@ async def claim_found(find: Callable[[int], Awaitable[list[SessionKey]]],
     return leases
 
 
-def check_enqueue(key: SessionKey, kind: EntryKind,
-                  unfinished: Iterable[tuple[str, str, str, str | None]]) -> None:
-    """The rule for accepting a chain entry: a ``turn`` is refused while a turn is parked
-    (and its request not withdrawn by a cancel), unless a reset is queued to clear the park;
-    commands are always accepted.
+def check_enqueue(key: SessionKey, rule: WhileParked,
+                  unfinished: Iterable[tuple[str, str, str | None, WhileParked]]) -> None:
+    """The rule for accepting a chain entry while a turn is parked (its request not withdrawn
+    by a cancel): each entry declares its own (``NewEntry.parked_rule``, :data:`~durable_turns.
+    records.WhileParked`). A ``refused`` one (a turn) is refused, unless an entry that
+    ``clears`` is queued (its place ends the park); others are accepted.
 
     Args:
         key: the session.
-        kind: the new entry's kind.
-        unfinished: ``(turn_id, status, kind, cancel)`` of the session's unfinished entries.
+        rule: the new entry's rule.
+        unfinished: ``(turn_id, status, cancel, rule)`` of the session's unfinished entries
+            (a stored entry's rule: :func:`~durable_turns.records.decode_while_parked`).
 
     Raises:
         SessionBusyError: naming the parked turn.
     """
-    if kind != "turn":
+    if rule != "refused":
         return
     parked = None
-    for turn_id, status, entry_kind, cancel in unfinished:
+    for turn_id, status, cancel, entry_rule in unfinished:
         if status == TurnStatus.SUSPENDED and cancel is None:
             parked = turn_id
-        elif entry_kind == "reset" and status == TurnStatus.QUEUED:
+        elif entry_rule == "clears" and status == TurnStatus.QUEUED:
             return
     if parked is not None:
         raise SessionBusyError(str(key), parked)
@@ -241,8 +245,8 @@ def check_enqueue(key: SessionKey, kind: EntryKind,
 
 def supersede_reason(kind: EntryKind, supersede: str | None) -> str | None:
     """The cancellation reason a new entry gives the unfinished turns before it, if any: the
-    one it carries (a reset's is its command's, ``commands._reset``; ``kind`` is kept for the
-    stores that call this)."""
+    one it carries (``NewEntry.supersede``, a command's own; ``kind`` is kept for the stores
+    that call this)."""
     return supersede
 
 

@@ -66,7 +66,14 @@ from .sql import TRANSCRIPT_CHUNK as TRANSCRIPT_CHUNK
 from .sql import TRANSCRIPT_COPY_ROWS as TRANSCRIPT_COPY_ROWS
 from .sql import LocalLeases, SharedLink, SqlStore, Syntax, create_statements
 
-__all__ = ["CREATE", "SYNTAX", "SqliteConnection", "SqliteStore", "SqliteTransactions"]
+__all__ = [
+    "CREATE",
+    "SYNTAX",
+    "SqliteConnection",
+    "SqliteDialect",
+    "SqliteStore",
+    "SqliteTransactions",
+]
 
 T = TypeVar("T")
 

@@ -124,18 +124,23 @@ async def check_a_cancel_withdraws_a_park(store: SessionStore) -> None:
 
 
 async def check_parked_session_refuses_other_turns(store: SessionStore) -> None:
-    """A parked session refuses new turns and lists as parked, not as work for a driver."""
+    """A parked session refuses new turns, and the commands that declare so
+    (``while_parked="refused"``), while a queued command that does not clear the park changes
+    nothing; it lists as parked, not as work for a driver."""
     await park(store, KEY, "t1", InputRequest("approve", "ok?"))
-    try:
-        await store.enqueue(KEY, NewEntry("t2", opening("t2")))
-    except SessionBusyError:
-        pass
-    else:
-        raise AssertionError("a parked session accepted another turn")
+    _, new = await store.enqueue(KEY, NewEntry("c1", kind="note", args={"text": "hi"}))
+    assert new  # a command is accepted while parked (its rule by default) ...
+    for refused in (NewEntry("t2", opening("t2")),  # ... it clears nothing: turns still wait
+                    NewEntry("c2", kind="note", while_parked="refused")):
+        try:
+            await store.enqueue(KEY, refused)
+        except SessionBusyError:
+            pass
+        else:
+            raise AssertionError(f"a parked session accepted {refused.turn_id}")
     rec, new = await store.enqueue(KEY, NewEntry("t1", opening("t1")))
     assert not new and rec.status == "suspended" and rec.request == InputRequest("approve", "ok?")
-    assert [t.turn_id for t in await store.entries(KEY, unfinished=True)] == ["t1"]
-    assert await store.find_sessions("unfinished") == []
+    assert [t.turn_id for t in await store.entries(KEY, unfinished=True)] == ["t1", "c1"]
     assert await store.find_sessions("parked") == [KEY]
 
 

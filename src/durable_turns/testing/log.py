@@ -211,7 +211,8 @@ async def check_a_stale_epoch_is_refused(store: SessionStore) -> None:
 
 
 async def check_reset_starts_a_new_generation(store: SessionStore) -> None:
-    """A reset archives the live generation (still readable) and cancels a stale park."""
+    """A reset archives the live generation (still readable), ending a stale park in the
+    same commit; accepted while parked, it clears the park for the entries after it."""
     await store.enqueue(KEY, NewEntry("t1", opening("t1")))
     lease = await store.claim(KEY)
     async with lease.transaction() as tx:
@@ -221,12 +222,14 @@ async def check_reset_starts_a_new_generation(store: SessionStore) -> None:
         tx.set_status("suspended")
     await lease.release()
     # A reset is accepted while parked; a turn behind a queued reset is accepted too.
-    reset, new = await store.enqueue(KEY, NewEntry("r1", kind="reset"))
+    reset, new = await store.enqueue(KEY, NewEntry("r1", kind="reset", supersede="reset",
+                                                   while_parked="clears"))
     assert new and reset.kind == "reset" and reset.status == "queued"
     await store.enqueue(KEY, NewEntry("t2", opening("t2")))
     lease = await store.claim(KEY)
     assert lease.generation == 0
     async with lease.transaction() as tx:
+        tx.set_turn(TurnResult("t1", TurnStatus.CANCELLED, reason="reset"))
         tx.set_turn(TurnResult("r1", TurnStatus.COMPLETED))
         tx.set_turn_data("r1", "reset", {"archived": 0})
         tx.new_generation()

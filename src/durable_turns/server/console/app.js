@@ -367,7 +367,7 @@
     function follow(after) {
       s.es = new EventSource(`${base}/events?after=${after}`);
       const durable = ["turn.started", "message.completed", "message.steered",
-        "action.requested", "action.completed", "input.requested", "turn.completed",
+        "action.requested", "action.completed", "action.in_doubt", "input.requested", "turn.completed",
         "turn.failed", "turn.cancelled"];
       const inbox = new Set(["input.requested", "turn.completed", "turn.failed",
         "turn.cancelled"]);
@@ -464,11 +464,19 @@
         "data-call": step.call_id, open: failed || s.opened.has(key),
         ontoggle: (ev) => { if (ev.target.open) s.opened.add(key); else s.opened.delete(key); } },
       el("summary", {}, el("span", { class: "label", text: `${step.resumed ? "↻ " : ""}${step.name}` }),
-        " ", badge(step.status), " ", el("span", { class: "muted", text: took(step.duration) })),
+        " ", badge(step.status), " ", el("span", { class: "muted", text: took(step.duration) }),
+        step.in_doubt ? [" ", el("span", { class: "muted", "data-role": "in-doubt",
+          text: inDoubt(step.in_doubt) })] : ""),
       el("div", { class: "muted", text: "input" }), el("pre", { text: json(step.input) }),
       step.status === "queued" || step.status === "running" || step.status === "parked" ? "" :
         [el("div", { class: "muted", text: failed ? "error" : "result" }),
           el("pre", { class: "result", text: failed && step.error ? step.error : json(step.result) })]);
+    }
+
+    // A call found in doubt on a replay (F26), and how it was settled.
+    function inDoubt(d) {
+      const words = { run: "run again", skipped: "not run again", reconciled: "it had run (reconciled)" };
+      return `in doubt (attempt ${d.attempt}): ${words[d.settled] || "may have run; asking"}`;
     }
 
     function inputRow(t, step) {

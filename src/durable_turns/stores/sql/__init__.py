@@ -6,8 +6,9 @@ codec (``sql._log``), the schema and its history (``sql.schema``: one definition
 dialect, the migrations runner and :func:`upgrade`, which keeps the version where the
 dialect says), the write path, the reads and the feed (:class:`SqlStore`), leases for stores
 whose locks end with their holder (:class:`LocalLeases` over :class:`Locks`, such as
-:class:`ProcessLocks`), and the step link of a dialect with one write connection
-(:class:`SharedLink`). SQLite, PostgreSQL and the in-memory store are dialects of it
+:class:`ProcessLocks`), and the step links of a dialect with one write connection
+(:class:`SharedLink`) and of one whose transactions are calls that take a function
+(:class:`CallbackLink`). SQLite, PostgreSQL and the in-memory store are dialects of it
 (``stores.sqlite``, ``stores.postgres``, ``stores.memory``); ``durable_turns.cloudflare``'s
 store is one written as from outside, on a Durable Object's storage.
 
@@ -17,7 +18,8 @@ A new SQL backend writes one module:
 2. a :class:`Dialect`: its :class:`Syntax`, ``capabilities`` and ``leases``; ``open`` and
    ``close``; ``read`` and ``write``, where jobs run; ``atomic``, its transactions (its SQL or
    its handle's calls: the kit writes no ``BEGIN`` or ``COMMIT``); ``step``, a
-   :class:`StepLink` holding a step's transaction across its local tools and its commit;
+   :class:`StepLink` holding a step's transaction across its local tools and its commit
+   (:class:`SharedLink` or :class:`CallbackLink` fit most; or its own);
    ``notify``, ``listen`` and ``live``, its wake-ups;
 3. ``class MyStore(SqlStore)`` whose ``__init__`` makes the dialect, and a line in
    ``stores.registry`` (or an entry point) for its URL scheme;
@@ -27,6 +29,7 @@ then runs ``durable_turns.testing``'s conformance suite (every tier) against it.
 
 from __future__ import annotations
 
+from ._callback import CallbackLink, CallbackWriter
 from ._connection import Connection, first
 from ._local import RELEASED_KEPT, LocalLeases, Locks, ProcessLocks, SharedLink, SharedWriter
 from ._statements import (
@@ -78,6 +81,8 @@ __all__ = [
     "TRANSCRIPT_COPY_BYTES",
     "TRANSCRIPT_COPY_ROWS",
     "VERSION_TABLE",
+    "CallbackLink",
+    "CallbackWriter",
     "Column",
     "Connection",
     "Dialect",

@@ -41,6 +41,7 @@ from ...records import (
     TurnStatus,
     Visibility,
     decode_entry,
+    decode_while_parked,
     encode_entry,
 )
 from ..kit import Writes, check_enqueue, supersede_reason, updated_request
@@ -155,13 +156,11 @@ class Statements:
         self._set_status = q("UPDATE sessions SET status = ? WHERE sid = ?")
         self._new_generation = q(
             "UPDATE sessions SET generation = generation + 1, status = 'new' WHERE sid = ?")
-        self._cancel_park = q(
-            "UPDATE turns SET status = 'cancelled', reason = 'reset', request = NULL "
-            "WHERE sid = ? AND status = 'suspended'")
         self._find_turn = q(f"SELECT {_TURN_COLS} FROM turns t WHERE sid = ? AND turn_id = ?")
         self._unfinished_rows = q(
-            f"SELECT turn_id, status, kind, cancel FROM turns WHERE sid = ? "
-            f"AND status IN {_OPEN} ORDER BY ordinal")
+            "SELECT turn_id, status, cancel, kind, CASE WHEN kind = 'turn' THEN NULL "
+            f"ELSE opening END FROM turns WHERE sid = ? AND status IN {_OPEN} ORDER BY ordinal")
+        """The unfinished entries, with a command's body (where its rule while parked is)."""
         self._supersede = q(
             "UPDATE turns SET cancel = ? WHERE sid = ? AND cancel IS NULL "
             "AND status IN ('queued', 'running')")
@@ -293,7 +292,6 @@ class Statements:
             c.changes(self._set_status, (w.status, sid))
         if w.new_generation:
             c.changes(self._new_generation, (sid,))
-            c.changes(self._cancel_park, (sid,))
 
     def copy_transcript(self, c: Connection, sid: int, gen: int, count: int) -> None:
         """Copy the generation's messages not yet in ``log_transcript`` into one row, once there
@@ -326,7 +324,9 @@ class Statements:
         row = first(c.rows(self._find_turn, (sid, entry.turn_id)))
         if row is not None:
             return _turn(row), False
-        check_enqueue(key, entry.kind, c.rows(self._unfinished_rows, (sid,)))
+        check_enqueue(key, entry.parked_rule, [
+            (turn_id, status, cancel, decode_while_parked(kind, body))
+            for turn_id, status, cancel, kind, body in c.rows(self._unfinished_rows, (sid,))])
         reason = supersede_reason(entry.kind, entry.supersede)
         if reason is not None:
             c.changes(self._supersede, (reason, sid))
