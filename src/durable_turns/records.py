@@ -182,13 +182,10 @@ class TurnResult:
     reason: str | None = None
     """Why it was cancelled (``cancelled``)."""
     output: Any = None
-    """The validated final answer of a turn started with an output schema (``completed``;
-    ``turn(output=…)``, F25): the parsed JSON value, or an instance of the pydantic model
-    ``turn()`` was given. ``None`` for a turn without one."""
+    """The validated final answer (``turn(output=…)``, F25): JSON, or ``turn()``'s model."""
 
     def to_dict(self) -> dict[str, Any]:
-        """The outcome as JSON values (what hosts answer); ``output`` only when there is one
-        (as JSON: a pydantic instance dumped)."""
+        """The outcome as JSON values (what hosts answer); ``output`` only if there is one."""
         out = {"turn_id": self.turn_id, "status": self.status.value, "text": self.text,
                "request": self.request.to_dict() if self.request else None,
                "error": self.error, "reason": self.reason}
@@ -199,8 +196,7 @@ class TurnResult:
 
 
 OUTPUT = "output"
-"""The name of a turn's data that keeps its validated final answer (F25), written with the
-turn's end: what ``TurnResult.output`` is read from, never asked of the model again."""
+"""The turn data that keeps its validated final answer, written with its end (F25)."""
 
 
 @dataclass(frozen=True, slots=True)
