@@ -181,12 +181,22 @@ class TurnResult:
     """Why it failed (``failed``)."""
     reason: str | None = None
     """Why it was cancelled (``cancelled``)."""
+    output: Any = None
+    """The validated final answer (``turn(output=…)``, F25): JSON, or ``turn()``'s model."""
 
     def to_dict(self) -> dict[str, Any]:
-        """The outcome as JSON values (what hosts answer)."""
-        return {"turn_id": self.turn_id, "status": self.status.value, "text": self.text,
-                "request": self.request.to_dict() if self.request else None,
-                "error": self.error, "reason": self.reason}
+        """The outcome as JSON values (what hosts answer); ``output`` only if there is one."""
+        out = {"turn_id": self.turn_id, "status": self.status.value, "text": self.text,
+               "request": self.request.to_dict() if self.request else None,
+               "error": self.error, "reason": self.reason}
+        if self.output is not None:
+            dump = getattr(self.output, "model_dump", None)
+            out["output"] = dump(mode="json") if callable(dump) else self.output
+        return out
+
+
+OUTPUT = "output"
+"""The turn data that keeps its validated final answer, written with its end (F25)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,8 +235,9 @@ class ChainEntry:
 
     @property
     def result(self) -> TurnResult:
+        output = (self.data or {}).get(OUTPUT) if self.status is TurnStatus.COMPLETED else None
         return TurnResult(self.turn_id, self.status, self.text, self.request, self.error,
-                          self.reason)
+                          self.reason, output)
 
     @property
     def parked(self) -> bool:
@@ -552,6 +563,7 @@ def resume_entry_id(turn_id: str, input_id: str) -> str:
 
 __all__ = [
     "HOT_STEP_PREFIXES",
+    "OUTPUT",
     "Answer",
     "CallOutcome",
     "ChainEntry",
