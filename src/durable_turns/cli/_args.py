@@ -27,8 +27,9 @@ from ..stores.registry import file_of, store_for
 from ..stores.sqlite import SqliteStore
 
 PROG = "durable-turns"
-MODEL_HELP = ("the model: 'scripted' (offline: it calls the agent's tools when you write a "
-              "tool's name and its JSON input) or PROVIDER:NAME, e.g. "
+MODEL_HELP = ("the model: 'test' (offline: it calls each of the agent's tools once with a "
+              "generated input, then sums up), 'scripted' (offline: it calls the tool whose "
+              "name and JSON input you write) or PROVIDER:NAME, e.g. "
               "anthropic:claude-sonnet-4-5 or openai:gpt-4o (credentials from the SDK's "
               "environment variables); overrides agent.py's model")
 
@@ -223,7 +224,7 @@ def needs_model_of(agent: Agent, path: Path) -> None:
     """
     if agent.model is None:
         raise ConfigurationError(f"{path}'s agent.py names no model: pass --model "
-                                 "PROVIDER:NAME, or --model scripted to run offline")
+                                 "PROVIDER:NAME, or --model test to run offline")
 
 
 def agent_of(args: argparse.Namespace, *, needs_model: bool = True) -> Agent:
