@@ -14,9 +14,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from durable_turns.cli import main
-
 from deploykit import free_port
+from durable_turns.cli import main
 
 WAIT = 120.0
 """The bound on every wait, in seconds."""

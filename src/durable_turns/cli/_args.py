@@ -248,6 +248,25 @@ _BAD_PATHS = frozenset({errno.ENOENT, errno.ENOTDIR, errno.EISDIR, errno.EACCES,
                         errno.EROFS, errno.ENAMETOOLONG, errno.EADDRINUSE,
                         errno.EADDRNOTAVAIL})
 """``OSError``s that say the path or the address given cannot be used: bad input (2)."""
+EXTRAS: dict[str, str] = {
+    "starlette": "server", "uvicorn": "server", "sse_starlette": "server",
+    "watchfiles": "server", "psycopg": "postgres", "temporalio": "temporal",
+    "slack_sdk": "slack", "aiohttp": "slack", "anthropic": "anthropic", "openai": "openai",
+    "mcp": "mcp", "opentelemetry": "otel", "ag_ui": "ag-ui",
+}
+"""The top-level module an extra installs → the extra (``pyproject.toml``'s names)."""
+
+
+def missing_extra(e: BaseException) -> str | None:
+    """The extra whose module ``e`` (or what caused it) failed to find, or ``None``."""
+    seen: BaseException | None = e
+    while seen is not None:
+        if isinstance(seen, ModuleNotFoundError) and seen.name:
+            extra = EXTRAS.get(seen.name.split(".", 1)[0])
+            if extra is not None:
+                return extra
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 def run_command(command: str, work: Callable[[], int], *, timed_out: str = "timed out") -> int:
@@ -256,7 +275,8 @@ def run_command(command: str, work: Callable[[], int], *, timed_out: str = "time
     An exception of ``errors.ERRORS`` (or the demo's) becomes ``PROG COMMAND: error: …`` and
     its exit status; a failure of the command itself (exit 1) names its type. An ``OSError``
     (a file or a port that cannot be used) is said with its path, exit 2 for a bad path or
-    address, else 1. A closed output (``… | head``) ends the command quietly, with
+    address, else 1. A module of an extra that is not installed names the ``pip install``
+    to run (:data:`EXTRAS`), exit 2. A closed output (``… | head``) ends the command quietly, with
     :data:`CLOSED_OUTPUT`. Anything else is a bug, and shows its traceback.
 
     Args:
@@ -277,6 +297,10 @@ def run_command(command: str, work: Callable[[], int], *, timed_out: str = "time
         os.close(devnull)
         return CLOSED_OUTPUT
     except Exception as e:
+        extra = missing_extra(e) if isinstance(e, ImportError) else None
+        if extra is not None:
+            return fail(command, f"this needs the {extra} extra: pip install "
+                                 f"'durable-turns[{extra}]'", 2)
         for cls, code in _DEMO_ERRORS:
             if isinstance(e, cls):
                 return fail(command, str(e), code)
@@ -293,6 +317,6 @@ def run_command(command: str, work: Callable[[], int], *, timed_out: str = "time
         return fail(command, message, kind.exit_code)
 
 
-__all__ = ["CLOSED_OUTPUT", "MODEL_HELP", "PROG", "Parser", "agent_of", "app_dir",
-           "app_options", "check_file", "fail", "load", "name", "os_user", "port",
-           "run_command", "store_of", "store_options", "where"]
+__all__ = ["CLOSED_OUTPUT", "EXTRAS", "MODEL_HELP", "PROG", "Parser", "agent_of",
+           "app_dir", "app_options", "check_file", "fail", "load", "missing_extra", "name",
+           "os_user", "port", "run_command", "store_of", "store_options", "where"]

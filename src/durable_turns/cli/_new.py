@@ -13,6 +13,7 @@ import re
 from importlib.resources import files
 from importlib.resources.abc import Traversable
 from pathlib import Path
+from typing import Any
 
 from ._args import PROG, run_command
 
@@ -31,7 +32,7 @@ durable_turns.testing.TestModel: 'python -m pytest -q' in the folder.
 """
 
 
-def add_new_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def add_new_command(commands: Any) -> None:
     """``new DIR [--template NAME]``."""
     new = commands.add_parser("new", help="write a new app folder from a template",
                               description=NEW_HELP,

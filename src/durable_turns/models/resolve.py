@@ -46,8 +46,8 @@ def resolve_model(spec: str | Model, **options: Any) -> Model:
     prefix, sep, name = spec.partition(":")
     if not sep or not prefix.strip() or not name.strip():
         raise ConfigurationError(
-            f"model {spec!r}: expected 'scripted' or 'test' (offline) or '<provider>:<model>', e.g. "
-            "'anthropic:claude-sonnet-4-5' or 'openai:gpt-4o'"
+            f"model {spec!r}: expected 'scripted' or 'test' (offline) or "
+            "'<provider>:<model>', e.g. 'anthropic:claude-sonnet-4-5' or 'openai:gpt-4o'"
         )
     entry = PROVIDERS.get(prefix.strip().lower())
     if entry is None:
