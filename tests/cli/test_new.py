@@ -89,3 +89,20 @@ async def test_serve_reload_restarts_on_a_change_and_keeps_the_sessions(
     finally:
         proc.terminate()
         await asyncio.wait_for(proc.wait(), WAIT)
+
+
+def test_the_first_app_guide_serves_parks_crashes_and_approves(tmp_path: Path) -> None:
+    page = (Path(__file__).resolve().parents[2] / "docs/getting-started/first-app.md")
+    block = page.read_text().split("```bash\n", 1)[1].split("```", 1)[0]
+    assert block.startswith("durable-turns new myapp") and "kill -9" in block
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}"
+                                 f"{os.environ.get('PATH', '')}"}
+    ran = subprocess.run(["bash", "-euo", "pipefail", "-c", block], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=WAIT,
+                         stdin=subprocess.DEVNULL)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert '"status":"suspended"' in ran.stdout  # curl: the served turn parked
+    assert "only ann may answer" in ran.stdout  # pending, after the crash
+    # approve replayed it in a new process: the local tool's step was not run again.
+    assert 'save_note returned {"saved": "text", "notes": 1}' in ran.stdout
+    assert ran.stdout.rstrip().endswith("the turn completed")
