@@ -12,7 +12,8 @@ from typing import Any
 
 from ..errors import ConfigurationError
 from ..model import Model
-from . import _test_model
+from ._test_model import SPEC as TEST_SPEC
+from ._test_model import TestModel
 from .offline import SPEC, offline_model
 
 PROVIDERS: dict[str, tuple[str, str, str]] = {
@@ -41,8 +42,8 @@ def resolve_model(spec: str | Model, **options: Any) -> Model:
         return spec
     if spec.strip().lower() == SPEC:
         return offline_model()
-    if spec.strip().lower() == _test_model.SPEC:
-        return _test_model.TestModel()
+    if spec.strip().lower() == TEST_SPEC:
+        return TestModel()
     prefix, sep, name = spec.partition(":")
     if not sep or not prefix.strip() or not name.strip():
         raise ConfigurationError(
