@@ -12,6 +12,7 @@ import argparse
 import errno
 import getpass
 import os
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -34,11 +35,21 @@ MODEL_HELP = ("the model: 'test' (offline: it calls each of the agent's tools on
               "environment variables); overrides agent.py's model")
 
 
+HIDDEN = frozenset({"demo-child"})
+"""Commands that are not a person's to type (a process the demo starts): never listed."""
+_CHOICES = re.compile(r"\(choose from (.*)\)$")
+
+
 class Parser(argparse.ArgumentParser):
     """An argument parser whose usage errors are one line on stderr (exit status 2)."""
 
     def error(self, message: str) -> NoReturn:
-        """Print ``PROG COMMAND: error: MESSAGE (see … --help)`` and exit with status 2."""
+        """Print ``PROG COMMAND: error: MESSAGE (see … --help)`` and exit with status 2; a
+        list of the commands to choose from leaves out the :data:`HIDDEN` ones."""
+        choices = _CHOICES.search(message)
+        if choices is not None:
+            shown = [c for c in choices.group(1).split(", ") if c.strip("'") not in HIDDEN]
+            message = f"{message[:choices.start()]}(choose from {', '.join(shown)})"
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
@@ -317,6 +328,6 @@ def run_command(command: str, work: Callable[[], int], *, timed_out: str = "time
         return fail(command, message, kind.exit_code)
 
 
-__all__ = ["CLOSED_OUTPUT", "EXTRAS", "MODEL_HELP", "PROG", "Parser", "agent_of",
+__all__ = ["CLOSED_OUTPUT", "EXTRAS", "HIDDEN", "MODEL_HELP", "PROG", "Parser", "agent_of",
            "app_dir", "app_options", "check_file", "fail", "load", "missing_extra", "name",
            "os_user", "port", "run_command", "store_of", "store_options", "where"]
