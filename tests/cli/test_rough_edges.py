@@ -1,11 +1,13 @@
 """F29 (with F12, F24): the small inconsistencies a new user met, each as it is now: the
 commands a mistyped one lists, ``pending``'s help, ``replay``'s app folder, the docs site's
-port, and what Ctrl-C exits with.
+port, what Ctrl-C exits with, and which commands take ``--temporal``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import io
 import os
 import re
 import signal
@@ -87,3 +89,19 @@ async def test_ctrl_c_stops_serve_with_0_and_worker_with_130(tmp_path: Path) -> 
         tmp_path) == 0
     assert await _stopped_by_ctrl_c(["worker", *common, "--store", "a.db"], "worker of",
                                     tmp_path) == 130
+
+
+def test_the_temporal_guide_names_the_commands_that_take_temporal() -> None:
+    takes = {c for c in ("serve", "temporal-worker", "approve", "deny", "chat", "worker")
+             if "--temporal" in _help_of(c)}
+    assert takes == {"serve", "temporal-worker"}
+    guide = " ".join((ROOT / "docs/guides/temporal.md").read_text().split())
+    assert ("`serve` and `temporal-worker` of a deployment the same options. `approve`, "
+            "`deny` and `chat` take no `--temporal`") in guide
+
+
+def _help_of(command: str) -> str:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
+        build_parser().parse_args([command, "--help"])
+    return out.getvalue()
