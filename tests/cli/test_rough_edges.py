@@ -1,6 +1,6 @@
 """F29 (with F12, F24): the small inconsistencies a new user met, each as it is now: the
 commands a mistyped one lists, ``pending``'s help, ``replay``'s app folder, the docs site's
-port, what Ctrl-C exits with, and which commands take ``--temporal``.
+port, what Ctrl-C and ``demo | head`` exit with, and which commands take ``--temporal``.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import io
 import os
 import re
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -105,3 +106,12 @@ def _help_of(command: str) -> str:
     with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
         build_parser().parse_args([command, "--help"])
     return out.getvalue()
+
+
+def test_the_demo_piped_into_head_ends_quietly_with_141(tmp_path: Path) -> None:
+    ran = subprocess.run(
+        ["bash", "-o", "pipefail", "-c",
+         f"{sys.executable} -m durable_turns.cli demo | head -3 > /dev/null"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=WAIT)
+    assert ran.returncode == 141, ran.stderr
+    assert ran.stderr == ""

@@ -1,7 +1,6 @@
-"""F12, F21, F29: The console's time travel (issue 30) in a real browser: "Fork from here" on a timeline
-step
-opens a fork that goes on from that step, and a replay shows its report side by side; the
-tool's own counter proves neither ran it again."""
+"""F12, F21, F29: The console's time travel (issue 30) in a real browser: "Fork from here" on a
+timeline step opens a fork that goes on from that step, and a replay shows its report side by
+side; the tool's own counter proves neither ran it again."""
 
 from __future__ import annotations
 

@@ -13,6 +13,7 @@ import errno
 import getpass
 import os
 import re
+import select
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -280,6 +281,26 @@ def missing_extra(e: BaseException) -> str | None:
     return None
 
 
+def output_closed() -> bool:
+    """Whether the reader of this process's standard output has gone (``… | head`` ended):
+    a pipe with no reader polls as an error on Linux."""
+    try:
+        poll = select.poll()
+        poll.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _fd, events in poll.poll(0))
+    except (AttributeError, OSError, ValueError):  # no poll here, or no real stdout
+        return False
+
+
+def _closed() -> int:
+    # Whatever is still buffered for the closed pipe would fail again at exit, with a
+    # message of Python's own: the rest of the output goes nowhere.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return CLOSED_OUTPUT
+
+
 def run_command(command: str, work: Callable[[], int], *, timed_out: str = "timed out") -> int:
     """Run a command and answer what it raises with one line and an exit status.
 
@@ -301,13 +322,10 @@ def run_command(command: str, work: Callable[[], int], *, timed_out: str = "time
         sys.stdout.flush()  # here, where a closed pipe is still this function's to answer
         return code
     except BrokenPipeError:
-        # Whatever is still buffered for the closed pipe would fail again at exit, with a
-        # message of Python's own: the rest of the output goes nowhere.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
-        return CLOSED_OUTPUT
+        return _closed()
     except Exception as e:
+        if output_closed():  # what failed was writing, by a child process that shares it
+            return _closed()
         extra = missing_extra(e) if isinstance(e, ImportError) else None
         if extra is not None:
             return fail(command, f"this needs the {extra} extra: pip install "
@@ -328,6 +346,26 @@ def run_command(command: str, work: Callable[[], int], *, timed_out: str = "time
         return fail(command, message, kind.exit_code)
 
 
-__all__ = ["CLOSED_OUTPUT", "EXTRAS", "HIDDEN", "MODEL_HELP", "PROG", "Parser", "agent_of",
-           "app_dir", "app_options", "check_file", "fail", "load", "missing_extra", "name",
-           "os_user", "port", "run_command", "store_of", "store_options", "where"]
+__all__ = [
+    "CLOSED_OUTPUT",
+    "EXTRAS",
+    "HIDDEN",
+    "MODEL_HELP",
+    "PROG",
+    "Parser",
+    "agent_of",
+    "app_dir",
+    "app_options",
+    "check_file",
+    "fail",
+    "load",
+    "missing_extra",
+    "name",
+    "os_user",
+    "output_closed",
+    "port",
+    "run_command",
+    "store_of",
+    "store_options",
+    "where",
+]
