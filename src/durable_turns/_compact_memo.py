@@ -4,7 +4,7 @@ compaction decides and how a request is built from it is ``durable_turns.compact
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from .messages import encode_json
 
@@ -38,6 +38,11 @@ class CompactionMemo:
     """The request's estimated tokens before the compaction."""
     after: int
     """… and after it."""
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> CompactionMemo:
+        return cls(int(d["covered"]), int(d["cleared"]), d.get("summary"), int(d["before"]),
+                   int(d["after"]))
 
     def to_json(self) -> str:
         return encode_json({"covered": self.covered, "cleared": self.cleared,

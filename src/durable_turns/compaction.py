@@ -6,7 +6,7 @@ The store keeps every message. Before a model step whose request would be over
 clears older tool results in the request (``{"cleared": true, "bytes": N}``) and, if that is
 not enough, asks a model to summarise the messages before the kept tail. What it decided — the
 summary, the index it covers, where tool results stop being cleared — commits as one step
-(:class:`~durable_turns.records.CompactionMemo`), so a replay sends exactly what the first run
+(:class:`CompactionMemo`), so a replay sends exactly what the first run
 sent and never summarises again. Every later request is the system prompt, the summary (a
 ``user`` message), then the rest of the transcript.
 
@@ -19,15 +19,18 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+from ._compact_memo import CompactionMemo, CompactStepId
 from .errors import ConfigurationError
 from .messages import Message, encode_json, encode_message
-from .records import CompactionMemo, CompactStepId, StepRecord
+from .records import StepRecord
 from .tools import ToolSpec
 
 __all__ = [
     "DEFAULT_INSTRUCTIONS",
     "SUMMARY_PREFIX",
+    "CompactStepId",
     "Compaction",
+    "CompactionMemo",
     "estimate_tokens",
     "latest_compaction",
     "request_view",

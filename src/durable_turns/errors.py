@@ -265,6 +265,17 @@ class LimitExceeded(DurableTurnsError):
                          f"spent {spent}")
 
 
+class OutputInvalid(DurableTurnsError):
+    """A turn's final answer did not match its output schema (``turn(output=…)``, F25) after
+    its retries: its message names the validation error; a turn that ends on it is ``failed``
+    with that message as its ``error``."""
+
+    def __init__(self, error: str, retries: int) -> None:
+        self.retries = retries
+        super().__init__(f"OutputInvalid: the final answer did not match the output schema "
+                         f"after {retries} retries: {error}")
+
+
 class FatalToolError(DurableTurnsError):
     """Raise from a tool to fail the whole turn instead of reporting an error to the model.
 
@@ -459,6 +470,7 @@ __all__ = [
     "LeaseTimeoutError",
     "LimitExceeded",
     "ModelError",
+    "OutputInvalid",
     "Parked",
     "ResumeAuthorizationError",
     "ResumeConflictError",

@@ -6,7 +6,7 @@ A request's size is estimated from the last reply's reported usage (its ``input_
 cache counts and ``output_tokens``) plus the messages after it, and never below the request's
 JSON length over four. Over the trigger, tool results older than the kept tail are cleared
 first; if the request is still over, the summary model summarises everything before the kept
-tail. The memo (:class:`~durable_turns.records.CompactionMemo`) and the ``context.compacted``
+tail. The memo (:class:`~durable_turns.compaction.CompactionMemo`) and the ``context.compacted``
 event commit in one transaction: a replay reads the memo back and sends what the first run
 sent; a head already covered is never summarised again. What the view of a transcript under
 a memo is, is ``durable_turns.compaction``.
@@ -20,6 +20,8 @@ from dataclasses import replace
 from ..compaction import (
     DEFAULT_INSTRUCTIONS,
     Compaction,
+    CompactionMemo,
+    CompactStepId,
     estimate_tokens,
     latest_compaction,
     request_view,
@@ -28,7 +30,6 @@ from ..errors import ModelError
 from ..events import ContextCompacted, TurnEvent
 from ..messages import Message
 from ..model import Model, ModelRequest
-from ..records import CompactionMemo, CompactStepId
 from ..stores import Transaction, TurnStore
 from ..tools import ToolSpec
 from ._commits import StepCommits
