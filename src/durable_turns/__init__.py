@@ -14,12 +14,14 @@ from ._in_doubt import Reconciled
 from ._loader import load_agent
 from .agent import Agent, SurfacePolicy
 from .channels import mount_agent, receive
+from .compaction import Compaction
 from .context import ActionContext, ToolContext
 from .errors import (
     FatalToolError,
     InvalidInputError,
     LeaseLostError,
     LimitExceeded,
+    OutputInvalid,
     ResumeAuthorizationError,
     ResumeConflictError,
     SessionAccessError,
@@ -51,6 +53,7 @@ __all__ = [
     "ActionContext",
     "Agent",
     "AgentSession",
+    "Compaction",
     "FatalToolError",
     "InboundEvent",
     "InputRequest",
@@ -63,6 +66,7 @@ __all__ = [
     "Model",
     "ModelReply",
     "ModelRequest",
+    "OutputInvalid",
     "PostgresStore",
     "Price",
     "Reconciled",

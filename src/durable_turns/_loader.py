@@ -12,8 +12,9 @@
       tools/*.py               one Tool per module: a @tool function or `tool = Tool(…)`
 
 Every mistake is an assembly error (:class:`~durable_turns.errors.ConfigurationError`) that
-names the file: a policy with no overlay file, a tool module that fails to import or holds
-no Tool or two, a denied tool that does not exist, an MCP server that cannot list its tools.
+names the file: a policy with no overlay file (but for a deny-only one), a tool module that
+fails to import or holds no Tool or two, a denied tool that does not exist, an MCP server
+that cannot list its tools.
 
 ``mcp_servers`` in ``agent.py`` is a list of MCP servers whose tools the agent gets (F17): each
 a streamable-HTTP URL, an ``mcp.StdioServerParameters``, or a mapping with ``url`` or
@@ -74,6 +75,8 @@ def _policy(source: str, value: Any, overlay: Path) -> SurfacePolicy:
         raise ConfigurationError(f"surfaces[{source!r}] must be a SurfacePolicy or a mapping")
     if value.mode not in ("append", "replace"):
         raise ConfigurationError(f"surfaces[{source!r}]: mode must be 'append' or 'replace'")
+    if not overlay.is_file() and value.mode == "append" and value.deny_tools:
+        return SurfacePolicy(value.mode, tuple(value.deny_tools))  # deny-only: no overlay
     if not overlay.is_file():
         raise ConfigurationError(
             f"surfaces[{source!r}] (mode {value.mode!r}) has no overlay file: "

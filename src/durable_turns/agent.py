@@ -7,6 +7,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from .compaction import Compaction
 from .errors import ConfigurationError
 from .limits import Limits, Price
 from .tools import Tool
@@ -67,6 +68,9 @@ class Agent:
             (``start(…, limits=…)``) take their place.
         prices: what the models' tokens cost, by model name (the adapter's ``model``), for
             a ``cost_usd`` limit.
+        context: how requests stay under the model's context window
+            (``durable_turns.compaction.Compaction``, F23); ``None`` sends the whole
+            transcript.
     """
 
     name: str
@@ -81,6 +85,7 @@ class Agent:
     parallel_tools: bool = False
     limits: Limits | None = None
     prices: Mapping[str, Price] = field(default_factory=dict)
+    context: Compaction | None = None
     tools_by_name: dict[str, Tool] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -115,17 +120,25 @@ class Agent:
                 )
 
 
+HOST_SOURCES = frozenset({"cli", "http"})
+"""The sources the package's own hosts emit: the terminal (``chat``, ``approve``) and the
+HTTP host (``serve``). An app run one way is run the other way too, so a policy for one of
+them is never reported as unused (:func:`check_surfaces`)."""
+
+
 def check_surfaces(agent: Agent, sources: Iterable[str]) -> list[str]:
     """Warn about the agent's policies for sources that none of ``sources`` is (F10).
 
     A host calls it once it knows every source it serves the agent on (the HTTP host:
-    ``"http"`` and its channels' names), since such a policy never applies there.
+    ``"http"`` and its channels' names), since such a policy never applies there. A policy
+    for one of :data:`HOST_SOURCES` is not warned about: another command of the same app
+    emits it.
 
     Returns:
         The sources with a policy that no host here emits, sorted.
     """
     emitted = set(sources)
-    unused = sorted(s for s in agent.surfaces if s not in emitted)
+    unused = sorted(s for s in agent.surfaces if s not in emitted | HOST_SOURCES)
     for source in unused:
         log.warning(
             "agent %r has a policy for source %r, but no mounted channel emits it "
@@ -134,4 +147,4 @@ def check_surfaces(agent: Agent, sources: Iterable[str]) -> list[str]:
     return unused
 
 
-__all__ = ["Agent", "AuthorizeAnswer", "SurfacePolicy", "check_surfaces"]
+__all__ = ["HOST_SOURCES", "Agent", "AuthorizeAnswer", "SurfacePolicy", "check_surfaces"]

@@ -22,6 +22,9 @@ except ImportError:  # no wheel of it for this platform (Pyodide): the standard 
 Role = Literal["user", "trigger", "assistant", "tool"]
 
 MESSAGE_VERSION = 1
+OUTPUT_RETRY_BY = "durable_turns:output"
+"""``Message.by`` of the user message that hands a final answer's validation error back to
+the model (structured output, F25): said inside a turn, it opens none."""
 
 _std_encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 _PLAIN_ONLY = 0 if orjson is None else \
@@ -271,6 +274,7 @@ def owed_calls(transcript: list[Message]) -> tuple[int, list[ToolCall]]:
 
 __all__ = [
     "MESSAGE_VERSION",
+    "OUTPUT_RETRY_BY",
     "Message",
     "MessageLog",
     "Role",

@@ -38,6 +38,8 @@ from .commands import (
     live_turns,
     steer_entry,
 )
+from .compaction import latest_compaction, request_view
+from .engine._output import OUTPUT_RETRIES, as_model, output_data
 from .errors import (
     ConfigurationError,
     ResumeConflictError,
@@ -49,7 +51,7 @@ from .history import Checkpoint
 from .inbound import InboundEvent, Trigger
 from .limits import LIMITS, Limits
 from .messages import Message
-from .model import Model
+from .model import Model, ModelRequest
 from .records import (
     ChainEntry,
     InputRequest,
@@ -162,6 +164,8 @@ class AgentSession:
         data: Mapping[str, Any] | None = None,
         mode: Mode = "queue",
         limits: Limits | None = None,
+        output: Any = None,
+        output_retries: int = OUTPUT_RETRIES,
     ) -> StartedTurn:
         """Accept a turn and return once it is durable, without waiting for it to run.
 
@@ -176,6 +180,10 @@ class AgentSession:
                 returned id is that turn's), else it starts a turn.
             limits: this turn's caps on its spend, instead of its agent's
                 (``durable_turns.limits``, F25).
+            output: a pydantic model class or a JSON schema (a dict) the final answer must
+                match (F25): its validated value is ``TurnResult.output``; an invalid answer
+                goes back to the model with the validation error up to ``output_retries``
+                times, then the turn fails with ``OutputInvalid``.
             deliver: the channel (by name) that owes this turn a delivery: the turn stays in
                 ``runtime.queries.owed_deliveries(channel)`` until the channel calls
                 :meth:`settle_delivery` (its durable outbox, what it recovers after a crash).
@@ -184,11 +192,13 @@ class AgentSession:
 
         Raises:
             SessionBusyError: the session is parked on another turn.
-            ValueError: no text to open the turn with, an unknown ``mode``, or ``steer`` with
-                ``replace=True``.
+            ValueError: no text to open the turn with, an unknown ``mode``, ``steer`` with
+                ``replace=True``, or an ``output`` that is no valid schema.
         """
         if limits is not None:
             data = {**(data or {}), LIMITS: limits.to_dict()}
+        if output is not None:
+            data = {**(data or {}), **output_data(output, output_retries)}
         if mode not in MODES or (replace and mode == "steer"):
             raise ValueError(f"mode must be 'queue', 'replace' or 'steer', not {mode!r}"
                              + (" with replace=True" if replace else ""))
@@ -320,6 +330,8 @@ class AgentSession:
     async def turn(self, user_text: str | None = None, **kw: Any) -> TurnResult:
         """Start a turn and wait for its end. Non-interactive.
 
+        With ``output=`` a pydantic model class, ``TurnResult.output`` is an instance of it.
+
         Raises:
             TurnSuspendedError: the turn parked waiting for input.
         """
@@ -327,7 +339,7 @@ class AgentSession:
         res = await self.result(started.turn_id)
         if res.status == TurnStatus.SUSPENDED:
             raise TurnSuspendedError(res.turn_id, res.request, str(self.key))
-        return res
+        return as_model(res, kw.get("output"))
 
     def observe(self, cb: Observer, *, turn_id: str | None = None,
                 replay: bool = False) -> Callable[[], None]:
@@ -542,6 +554,19 @@ class AgentSession:
     async def transcript(self) -> list[Message]:
         """The session's message log (the live generation)."""
         return await self._store.read_messages(self.key)
+
+    async def context(self) -> ModelRequest:
+        """What the session's next model call would be sent as of its last compaction
+        step (F23): the agent's system prompt and tools, the summary, the messages after
+        it (older tool results cleared). Without ``Agent(context=…)``: the transcript."""
+        store, agent = self._store, self.agent
+        transcript = await store.read_messages(self.key)
+        memo = None
+        if agent.context is not None:
+            _, memo = latest_compaction(await store.read_steps(self.key), transcript)
+        return ModelRequest(system=agent.instructions,
+                            messages=request_view(transcript, memo),
+                            tools=[t.spec for t in agent.tools_by_name.values()])
 
     async def status(self) -> str:
         """``new``, ``idle``, ``running`` or ``suspended``."""

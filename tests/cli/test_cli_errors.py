@@ -74,7 +74,7 @@ BAD += [
     ("serve-bad-model", ["serve", "{app}", *STORES, "--model", "nope:x"], 2,
      "unknown provider 'nope'"),
     ("serve-model-without-provider", ["serve", "{app}", *STORES, "--model", "claude"], 2,
-     "expected 'scripted' (offline) or '<provider>:<model>'"),
+     "expected 'scripted' or 'test' (offline) or '<provider>:<model>'"),
     ("serve-no-app-dir", ["serve"], 2, "required: APP_DIR"),
     ("chat-no-app", ["chat", "{nowhere}", *STORES], 2, "is not an app folder"),
     ("chat-bad-model", ["chat", "{app}", *STORES, "--model", "nope:x"], 2, "unknown provider"),

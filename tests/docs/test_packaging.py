@@ -47,9 +47,10 @@ def test_every_extra_installs_something_the_package_imports() -> None:
         assert not unused, f"extra [{extra}] installs {unused}, which no module imports"
 
 
-EXAMPLES = (".venv/", "app/", "tools/", "site/")
+EXAMPLES = (".venv/", "app/", "tools/", "site/", "myapp/")
 """Paths the pages make up or create: the virtualenv the first command builds, the example app
-folder (``app/agent/``, its ``tools/``), and the folder ``mkdocs build`` writes."""
+folder (``app/agent/``, its ``tools/``), the folder ``mkdocs build`` writes, and the one
+``durable-turns new myapp`` writes."""
 
 DOCS = ROOT / "docs"
 LINK = re.compile(r"\]\(([^)\s]+)\)")

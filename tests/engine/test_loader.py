@@ -1,4 +1,4 @@
-"""The app folder (F10): load_agent assembles it, and names the file when it cannot."""
+"""The app folder (F10, F29): load_agent assembles it, and names the file when it cannot."""
 
 from __future__ import annotations
 
@@ -143,6 +143,29 @@ def test_a_policy_for_a_source_no_channel_emits_logs_a_warning(
     with caplog.at_level(logging.WARNING, logger="durable_turns"):
         assert check_surfaces(agent, ["slack"]) == ["email"]
     assert "policy for source 'email'" in caplog.text
+
+
+def test_policies_for_the_package_s_own_hosts_are_never_reported_unused(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """F29: ``chat`` (source cli) and ``serve`` (http) run the same app."""
+    agent = Agent("ops", surfaces={"cli": SurfacePolicy(), "http": SurfacePolicy(),
+                                   "slak": SurfacePolicy()})
+    with caplog.at_level(logging.WARNING, logger="durable_turns"):
+        assert check_surfaces(agent, ["cli"]) == ["slak"]
+        assert check_surfaces(agent, ["http"]) == ["slak"]
+    assert "source 'http'" not in caplog.text and "source 'cli'" not in caplog.text
+
+
+def test_a_deny_only_policy_needs_no_overlay_file(tmp_path: Path) -> None:
+    """F29: denying a tool to a source changes no prompt."""
+    root = app(tmp_path, **{"instructions.slack.md": None, "agent.py":
+                            "surfaces = {'slack': {'deny_tools': ['issue_refund']}}"})
+    policy = load_agent(root).surfaces["slack"]
+    assert policy.deny_tools == ("issue_refund",) and not policy.instructions
+    with pytest.raises(ConfigurationError, match="has no overlay"):
+        load_agent(app(tmp_path / "r", **{"instructions.slack.md": None, "agent.py":
+                   "surfaces = {'slack': {'mode': 'replace', 'deny_tools': ['lookup']}}"}))
 
 
 def test_load_app_takes_authenticate_from_agent_py(tmp_path: Path) -> None:

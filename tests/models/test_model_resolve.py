@@ -50,7 +50,7 @@ def test_a_model_object_is_returned_as_it_is() -> None:
 
 @pytest.mark.parametrize("spec", ["claude-test", "anthropic:", ":gpt-4o", ""])
 def test_malformed_strings_are_refused(spec: str) -> None:
-    with pytest.raises(ConfigurationError, match="expected 'scripted' \\(offline\\) or "
+    with pytest.raises(ConfigurationError, match="expected 'scripted' or 'test' \\(offline\\) or "
                                                  "'<provider>:<model>'"):
         resolve_model(spec)
 

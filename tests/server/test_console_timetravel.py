@@ -1,7 +1,6 @@
-"""F12, F21: The console's time travel (issue 30) in a real browser: "Fork from here" on a timeline
-step
-opens a fork that goes on from that step, and a replay shows its report side by side; the
-tool's own counter proves neither ran it again."""
+"""F12, F21, F29: The console's time travel (issue 30) in a real browser: "Fork from here" on a
+timeline step opens a fork that goes on from that step, and a replay shows its report side by
+side; the tool's own counter proves neither ran it again."""
 
 from __future__ import annotations
 
@@ -78,6 +77,8 @@ async def test_fork_from_a_timeline_step_and_replay_with_another_model() -> None
         await expect(turn.locator(".recorded")).to_have_text("The total is 2.")
         await expect(turn.locator(".replayed")).to_have_text("Now at 2.")
         assert ran == [2]
+        # Named as the CLI names a replay (F29: one name whichever host made it).
+        assert "~replay-" in page.url, page.url
         await shot(page, "timetravel-replay")
 
         # A reload keeps the report (the tab's storage); the replayed session opens from it.

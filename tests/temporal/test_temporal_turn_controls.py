@@ -106,3 +106,30 @@ async def test_a_limit_parks_a_temporal_turn_and_a_grant_extends_it(
         assert again.request is not None and again.request.id == "limit:2"
         replies = [m for m in await s.transcript() if m.role == "assistant"]
         assert len(replies) == 4
+
+
+class Counting:
+    """First answer not the schema's; then one that is."""
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
+        tries = sum(1 for m in request.messages
+                    if m.role == "assistant" and m.turn_id == request.turn_id)
+        yield TextDelta('{"n": 7}' if tries else '{"n": "seven"}')
+        yield Stop("end_turn")
+
+
+async def test_structured_output_on_a_temporal_worker(
+        temporal_target: str, tmp_path: Path) -> None:
+    """F25 structured output on Temporal: the invalid answer goes back as its own step, the
+    valid one is the turn's output, read by the front runtime."""
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    db, q = tmp_path / "db", queue()
+    agent = Agent("out", "")
+    async with front(temporal_target, q, agent, SqliteStore(db)) as rt, \
+            inline_worker(temporal_target, q, agent, Counting(), SqliteStore(db)):
+        s = rt.session("out", "s1")
+        await s.start("count", turn_id="t1", output=schema)
+        done = await s.result("t1", timeout=WAIT)
+        assert done.status == TurnStatus.COMPLETED and done.output == {"n": 7}
+        assert [m.role for m in await s.transcript()] == ["user", "assistant", "user",
+                                                          "assistant"]

@@ -19,11 +19,20 @@ PLAIN_WIDTH = 110
 """Width of non-terminal output (rich would otherwise wrap at 80 columns)."""
 
 
+class _Console(Console):
+    def on_broken_pipe(self) -> None:
+        """Its reader has gone (``… | head``): raise it, for the command to end quietly
+        (rich's own answer is ``SystemExit(1)``, as if the demo had failed)."""
+        self.quiet = True
+        raise BrokenPipeError("the output was closed")
+
+
 def make_console(*, stderr: bool = False) -> Console:
-    """A console for stdout (or stderr) that follows the rules above."""
+    """A console for stdout (or stderr) that follows the rules above; a closed output
+    raises ``BrokenPipeError``."""
     # soft_wrap: a line longer than the width is left for the terminal (or the log viewer)
     # to wrap, rather than broken by rich with hard newlines.
-    console = Console(stderr=stderr, highlight=False, soft_wrap=True)
+    console = _Console(stderr=stderr, highlight=False, soft_wrap=True)
     if not console.is_terminal and "COLUMNS" not in os.environ:
         console.width = PLAIN_WIDTH
     return console

@@ -54,6 +54,10 @@ exit status: 0 done (the turn completed, or parked again), 1 the turn failed, 2 
 that input, or was answered already with another answer; --by not allowed to answer; an
 answer that does not fit the request's schema).
 """
+PENDING_EPILOG = """\
+exit status: 0 listed (nothing waiting included), 2 bad input (no such app or file; a
+database that is another app's).
+"""
 
 
 def add_approval_commands(commands: Any) -> None:
@@ -62,7 +66,7 @@ def add_approval_commands(commands: Any) -> None:
         "pending", help="list an app's turns waiting for a person, and how to answer them",
         description="List the sessions of an app's store that are parked waiting for a "
                     "person: the request, who may answer it, and the command that does.",
-        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+        epilog=PENDING_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     app_options(pending)
     store_options(pending)
     pending.set_defaults(run=_pending)

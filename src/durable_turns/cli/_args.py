@@ -12,6 +12,8 @@ import argparse
 import errno
 import getpass
 import os
+import re
+import select
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -27,17 +29,28 @@ from ..stores.registry import file_of, store_for
 from ..stores.sqlite import SqliteStore
 
 PROG = "durable-turns"
-MODEL_HELP = ("the model: 'scripted' (offline: it calls the agent's tools when you write a "
-              "tool's name and its JSON input) or PROVIDER:NAME, e.g. "
+MODEL_HELP = ("the model: 'test' (offline: it calls each of the agent's tools once with a "
+              "generated input, then sums up), 'scripted' (offline: it calls the tool whose "
+              "name and JSON input you write) or PROVIDER:NAME, e.g. "
               "anthropic:claude-sonnet-4-5 or openai:gpt-4o (credentials from the SDK's "
               "environment variables); overrides agent.py's model")
+
+
+HIDDEN = frozenset({"demo-child"})
+"""Commands that are not a person's to type (a process the demo starts): never listed."""
+_CHOICES = re.compile(r"\(choose from (.*)\)$")
 
 
 class Parser(argparse.ArgumentParser):
     """An argument parser whose usage errors are one line on stderr (exit status 2)."""
 
     def error(self, message: str) -> NoReturn:
-        """Print ``PROG COMMAND: error: MESSAGE (see … --help)`` and exit with status 2."""
+        """Print ``PROG COMMAND: error: MESSAGE (see … --help)`` and exit with status 2; a
+        list of the commands to choose from leaves out the :data:`HIDDEN` ones."""
+        choices = _CHOICES.search(message)
+        if choices is not None:
+            shown = [c for c in choices.group(1).split(", ") if c.strip("'") not in HIDDEN]
+            message = f"{message[:choices.start()]}(choose from {', '.join(shown)})"
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
@@ -223,7 +236,7 @@ def needs_model_of(agent: Agent, path: Path) -> None:
     """
     if agent.model is None:
         raise ConfigurationError(f"{path}'s agent.py names no model: pass --model "
-                                 "PROVIDER:NAME, or --model scripted to run offline")
+                                 "PROVIDER:NAME, or --model test to run offline")
 
 
 def agent_of(args: argparse.Namespace, *, needs_model: bool = True) -> Agent:
@@ -247,6 +260,45 @@ _BAD_PATHS = frozenset({errno.ENOENT, errno.ENOTDIR, errno.EISDIR, errno.EACCES,
                         errno.EROFS, errno.ENAMETOOLONG, errno.EADDRINUSE,
                         errno.EADDRNOTAVAIL})
 """``OSError``s that say the path or the address given cannot be used: bad input (2)."""
+EXTRAS: dict[str, str] = {
+    "starlette": "server", "uvicorn": "server", "sse_starlette": "server",
+    "watchfiles": "server", "psycopg": "postgres", "temporalio": "temporal",
+    "slack_sdk": "slack", "aiohttp": "slack", "anthropic": "anthropic", "openai": "openai",
+    "mcp": "mcp", "opentelemetry": "otel", "ag_ui": "ag-ui",
+}
+"""The top-level module an extra installs → the extra (``pyproject.toml``'s names)."""
+
+
+def missing_extra(e: BaseException) -> str | None:
+    """The extra whose module ``e`` (or what caused it) failed to find, or ``None``."""
+    seen: BaseException | None = e
+    while seen is not None:
+        if isinstance(seen, ModuleNotFoundError) and seen.name:
+            extra = EXTRAS.get(seen.name.split(".", 1)[0])
+            if extra is not None:
+                return extra
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def output_closed() -> bool:
+    """Whether the reader of this process's standard output has gone (``… | head`` ended):
+    a pipe with no reader polls as an error on Linux."""
+    try:
+        poll = select.poll()
+        poll.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _fd, events in poll.poll(0))
+    except (AttributeError, OSError, ValueError):  # no poll here, or no real stdout
+        return False
+
+
+def _closed() -> int:
+    # Whatever is still buffered for the closed pipe would fail again at exit, with a
+    # message of Python's own: the rest of the output goes nowhere.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return CLOSED_OUTPUT
 
 
 def run_command(command: str, work: Callable[[], int], *, timed_out: str = "timed out") -> int:
@@ -255,7 +307,8 @@ def run_command(command: str, work: Callable[[], int], *, timed_out: str = "time
     An exception of ``errors.ERRORS`` (or the demo's) becomes ``PROG COMMAND: error: …`` and
     its exit status; a failure of the command itself (exit 1) names its type. An ``OSError``
     (a file or a port that cannot be used) is said with its path, exit 2 for a bad path or
-    address, else 1. A closed output (``… | head``) ends the command quietly, with
+    address, else 1. A module of an extra that is not installed names the ``pip install``
+    to run (:data:`EXTRAS`), exit 2. A closed output (``… | head``) ends the command quietly, with
     :data:`CLOSED_OUTPUT`. Anything else is a bug, and shows its traceback.
 
     Args:
@@ -269,13 +322,14 @@ def run_command(command: str, work: Callable[[], int], *, timed_out: str = "time
         sys.stdout.flush()  # here, where a closed pipe is still this function's to answer
         return code
     except BrokenPipeError:
-        # Whatever is still buffered for the closed pipe would fail again at exit, with a
-        # message of Python's own: the rest of the output goes nowhere.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
-        return CLOSED_OUTPUT
+        return _closed()
     except Exception as e:
+        if output_closed():  # what failed was writing, by a child process that shares it
+            return _closed()
+        extra = missing_extra(e) if isinstance(e, ImportError) else None
+        if extra is not None:
+            return fail(command, f"this needs the {extra} extra: pip install "
+                                 f"'durable-turns[{extra}]'", 2)
         for cls, code in _DEMO_ERRORS:
             if isinstance(e, cls):
                 return fail(command, str(e), code)
@@ -292,6 +346,26 @@ def run_command(command: str, work: Callable[[], int], *, timed_out: str = "time
         return fail(command, message, kind.exit_code)
 
 
-__all__ = ["CLOSED_OUTPUT", "MODEL_HELP", "PROG", "Parser", "agent_of", "app_dir",
-           "app_options", "check_file", "fail", "load", "name", "os_user", "port",
-           "run_command", "store_of", "store_options", "where"]
+__all__ = [
+    "CLOSED_OUTPUT",
+    "EXTRAS",
+    "HIDDEN",
+    "MODEL_HELP",
+    "PROG",
+    "Parser",
+    "agent_of",
+    "app_dir",
+    "app_options",
+    "check_file",
+    "fail",
+    "load",
+    "missing_extra",
+    "name",
+    "os_user",
+    "output_closed",
+    "port",
+    "run_command",
+    "store_of",
+    "store_options",
+    "where",
+]

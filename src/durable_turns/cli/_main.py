@@ -8,7 +8,9 @@ commands:
 - ``pending``, ``approve``, ``deny``: any app's parked turns (``_approvals``);
 - ``sessions list|show|cancel|reset|retry`` (``_sessions``);
 - ``temporal-worker`` and ``--temporal`` (``_temporal``);
-- ``serve``, ``worker``, ``receive``, ``chat``: an app folder's agent at work (here).
+- ``new``: a new app folder from a template (``_new``);
+- ``serve``, ``worker``, ``receive``, ``chat``: an app folder's agent at work (here;
+  ``serve --reload`` in ``_reload``).
 
 No command shows a traceback for what a person can get wrong: exit 0 success, 1 the command
 ran and failed, 2 bad input (a usage error, a bad path, port or model, a database that is
@@ -52,6 +54,8 @@ from ._args import (
     store_options,
 )
 from ._demo import add_demo_commands
+from ._new import add_new_command
+from ._reload import reload_serving
 from ._sessions import (
     add_replay_command,
     add_session_commands,
@@ -97,6 +101,7 @@ def build_parser(registry: Registry = COMMANDS) -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     add_demo_commands(commands)
+    add_new_command(commands)
 
     serve = commands.add_parser(
         "serve", help="serve an app folder's agent over HTTP/SSE, with its web console",
@@ -125,6 +130,9 @@ def build_parser(registry: Registry = COMMANDS) -> argparse.ArgumentParser:
                        help="with --channel and no authentication, serve the API and the "
                             "console too (development mode: 'by' comes from request bodies); "
                             "without it only the channels' routes are served")
+    serve.add_argument("--reload", action="store_true",
+                       help="restart the server whenever a file of the app folder changes "
+                            "(the store, and so every session, is kept)")
     add_temporal_options(serve, required=False)
     serve.set_defaults(run=_serve)
 
@@ -237,6 +245,8 @@ async def _work(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    if args.reload:
+        return run_command("serve", lambda: reload_serving(args, args.argv, app_dir(args)))
     return run_command("serve", lambda: _serving(args))
 
 
@@ -376,7 +386,9 @@ def main(argv: Sequence[str] | None = None, *, commands: Registry = COMMANDS) ->
     Returns:
         The exit status (see the module's docstring).
     """
-    args = build_parser(commands).parse_args(argv)
+    given = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser(commands).parse_args(given)
+    args.argv = given
     try:
         code: int = args.run(args)
     except KeyboardInterrupt:

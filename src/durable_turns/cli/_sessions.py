@@ -24,7 +24,7 @@ from ..records import ChainEntry, SessionSummary
 from ..replay import replay
 from ..runtime import Runtime
 from ..scheduling import NoDriveScheduler
-from ._args import MODEL_HELP, load, store_of, store_options
+from ._args import MODEL_HELP, app_dir, app_options, load, store_of, store_options
 
 LEASE_WAIT = 30.0
 """How long a ``sessions`` command waits for a process that drives the session."""
@@ -184,8 +184,7 @@ def add_replay_command(commands: Any, *, run: Command) -> None:
                     "turn. Exit status 0: every turn came out the same; 1: some differ.")
     cmd.add_argument("session", metavar="AGENT/ID", type=_session_key,
                      help="the recorded session, as agent/session")
-    cmd.add_argument("--app", type=Path, required=True, metavar="APP_DIR",
-                     help="the app folder whose agent (prompt, tools) replays it")
+    app_options(cmd)  # the folder after the session, or --app, as pending and approve take it
     cmd.add_argument("--model", metavar="PROVIDER:NAME",
                      help="the model to replay with (default: the app's); " + MODEL_HELP)
     store_options(cmd)
@@ -204,11 +203,12 @@ async def replay_action(args: argparse.Namespace) -> int:
         LookupError: the store or the session does not exist.
         ConfigurationError: the app folder is another agent's, or names no model.
     """
+    folder = app_dir(args)
     make, named = store_of(args, create=False)
-    agent = load(args.app, args.model).agent  # --model replaces the app's
+    agent = load(folder, args.model).agent  # --model replaces the app's
     name, session_id = args.session
     if agent.name != name:
-        raise ConfigurationError(f"{args.app} is agent {agent.name!r}; the session is "
+        raise ConfigurationError(f"{folder} is agent {agent.name!r}; the session is "
                                  f"{name}/{session_id}")
     async with Runtime([agent], make(), scheduler=NoDriveScheduler()) as rt:
         session = rt.session(name, session_id)

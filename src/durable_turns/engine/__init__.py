@@ -4,6 +4,7 @@
 - ``_model_step``: the model step (ask the model, check its reply, retry a failed ask);
 - ``_tool_steps``: the tool steps (one call at a time, or a parallel batch), and
   ``_tool_message``: the tool message of a call's outcome;
+- ``_output``: a turn's structured output (its final answer validated, F25);
 - ``_commits``: :class:`StepCommits`, one transaction per step;
 - ``_step_context``: :class:`StepContext`, what a step uses of its runtime;
 - ``_driver``: :class:`SessionDriver`, one per session, running its chain in order;

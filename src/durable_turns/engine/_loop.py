@@ -50,6 +50,7 @@ from ..inbound import InboundEvent
 from ..messages import Message, owed_calls
 from ..model import ABNORMAL_STOPS, ModelRequest
 from ..records import (
+    OUTPUT,
     CallOutcome,
     ChainEntry,
     ModelMemo,
@@ -62,8 +63,10 @@ from ..records import (
 from ..stores import Lease, Transaction
 from ..tools import Tool
 from ._commits import TRACE, StepCommits
+from ._compaction import Compactor
 from ._limits import over_limit
-from ._model_step import RetryPolicy, ask
+from ._model_step import Reply, RetryPolicy, ask
+from ._output import settle, system_with
 from ._step_context import StepContext
 from ._tool_message import tool_message
 from ._tool_steps import ERROR_LIMIT, CancelReason, ToolCalls
@@ -100,6 +103,8 @@ class TurnEngine:
         self._publish_live = ctx.publish_live
         self._wants_live = ctx.wants_live
         self._retry = RetryPolicy(agent.model_retries, agent.model_retry_delay)
+        self.compactor = None if agent.context is None else Compactor(
+            agent.context, self.model, ctx.store, self.commits, self._retry)
         self.calls = ToolCalls(ctx, agent, self.commits, cancel_reason,
                                self._interruptible)
         self._cancel_reason = self.calls.reason
@@ -225,15 +230,22 @@ class TurnEngine:
                 return None
             if last and last.role == "assistant" and not last.tool_calls \
                     and last.turn_id == turn_id:
-                # The reply that ended the turn committed (with the turn's end, normally).
-                return await self._finish(TurnResult(turn_id, TurnStatus.COMPLETED, last.text))
+                # The reply that ended the turn committed (with the turn's end, normally);
+                # one its output schema refused is handed back as a step of its own (F25).
+                end = settle(turn, transcript, last.text)
+                if isinstance(end, TurnResult):
+                    return await self._finish(end)
+                back: Message = end
+                await self.commits.commit(lambda tx: self._hand_back(tx, back))
+                going_on = True
+                return None
             if self.before_model is not None:
                 await self.before_model(turn)
             stop = await over_limit(self.agent, self.model, turn, self.transcript, event,
                                     self.calls.read_step)  # its limits (F25)
             if stop is not None:
                 return await self._finish(stop, owed=False)
-            done = await self._model_step(turn_id, policy, tools)
+            done = await self._model_step(turn, policy, tools)
             going_on = done is None
             return done
         except Cancelled as c:
@@ -296,12 +308,17 @@ class TurnEngine:
             return tools
         return {k: t for k, t in tools.items() if k not in policy.deny_tools}
 
-    async def _model_step(self, turn_id: str, policy: SurfacePolicy | None,
+    async def _hand_back(self, tx: Transaction, message: Message) -> list[TurnEvent]:
+        self.commits.add(tx, message)
+        return []
+
+    async def _model_step(self, turn: ChainEntry, policy: SurfacePolicy | None,
                           tools: dict[str, Tool]) -> TurnResult | None:
         cp = self.commits
         n = len(self.transcript)
-        request = ModelRequest(system=self._system(policy), messages=self.transcript,
-                               tools=[t.spec for t in tools.values()], turn_id=turn_id)
+        turn_id = turn.turn_id
+        system = system_with(self._system(policy), turn)
+        specs = [t.spec for t in tools.values()]
         ids = cp.ids(turn_id)
         span = cp.trace.model_step(str(ModelStepId(n))) if cp.trace is not None else None
 
@@ -325,9 +342,14 @@ class TurnEngine:
                                             retries=self._retry.retries, delay=delay,
                                             error=str(error)))
 
-        got = await self._interruptible(
-            ask(self.model, request, self._retry, on_text=on_text, on_retry=on_retry,
-                on_thinking=on_thinking, attempt=self.attempt), turn_id)
+        def call(messages: list[Message]) -> Awaitable[Reply]:
+            request = ModelRequest(system, messages, specs, turn_id)
+            return self._interruptible(
+                ask(self.model, request, self._retry, on_text=on_text, on_retry=on_retry,
+                    on_thinking=on_thinking, attempt=self.attempt), turn_id)
+
+        got = await (call(self.transcript) if self.compactor is None else  # F23
+                     self.compactor.within(call, turn_id, n, system, specs))
         text, calls, stop = got.text, got.calls, got.stop
         if stop.reason in ABNORMAL_STOPS and not text and not calls:
             raise ModelError(
@@ -336,7 +358,8 @@ class TurnEngine:
             )
         reply = Message("assistant", text, tuple(calls), turn_id=turn_id,
                         content=stop.content, usage=dict(stop.usage))
-        done = None if calls else TurnResult(turn_id, TurnStatus.COMPLETED, text)
+        end = None if calls else settle(turn, self.transcript, text)  # (F25)
+        done = end if isinstance(end, TurnResult) else None
 
         async def fill(tx: Transaction) -> list[TurnEvent]:
             cp.add(tx, reply)
@@ -362,6 +385,8 @@ class TurnEngine:
         cp = self.commits
         ids = cp.ids(out.turn_id)
         tx.set_turn(out)
+        if out.output is not None:  # (read back by ``result()``: never asked again)
+            tx.set_turn_data(out.turn_id, OUTPUT, out.output)
         if cp.trace is not None:  # how the stretch ended: the next one links to it
             tx.set_turn_data(out.turn_id, TRACE, cp.trace.record(out.status))
         tx.set_status("suspended" if out.status == TurnStatus.SUSPENDED else "idle")

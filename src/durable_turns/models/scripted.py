@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from ..errors import ModelError
-from ..messages import ToolCall
+from ..messages import OUTPUT_RETRY_BY, ToolCall
 from ..model import ModelEvent, ModelRequest, Stop, TextDelta
 
 
@@ -32,7 +32,7 @@ def calls_this_turn(request: ModelRequest) -> int:
     """
     n = 0
     for m in reversed(request.messages):
-        if m.is_opening:
+        if m.is_opening and m.by != OUTPUT_RETRY_BY:  # (a validation error opens nothing)
             break
         if m.role == "assistant":
             n += 1

@@ -24,6 +24,7 @@ from ..access import Authorize, default_authorize
 from ..agent import check_surfaces
 from ..channels import Channel, ChannelContext, TurnStream, mount_agent
 from ..commands import Call, CommandSpec, Registry, Streamed
+from ..engine._output import OUTPUT_RETRIES, output_data
 from ..errors import ConfigurationError
 from ..events import TurnEvent
 from ..inbound import InboundEvent
@@ -76,6 +77,9 @@ class TurnBody(BaseModel):
     replace: bool = False
     by: str | None = None
     """Development mode only: who speaks (with ``authenticate``, the principal's id)."""
+    output_schema: dict[str, Any] | None = None
+    """A JSON schema the turn's final answer must match (structured output, F25): the turn's
+    result carries the validated value as ``output``."""
 
 
 def bodies(commands: Registry) -> dict[str, type[BaseModel]]:
@@ -324,12 +328,23 @@ class _Host:
         mode = request.query_params.get("mode", "queue")
         if mode not in MODES:
             raise HttpError(400, "InvalidMode", f"mode is one of {', '.join(MODES)}")
+        if mode == "steer" and body.replace:  # (each is valid alone: 422, as the fuzzer wants)
+            raise HttpError(422, "InvalidMode", "mode=steer does not go with replace: true")
+        data = None
+        if body.output_schema is not None:
+            try:
+                data = output_data(body.output_schema, OUTPUT_RETRIES)
+            except ValueError as e:
+                # (422: the body has the document's shape, its schema is not one)
+                raise HttpError(422, "InvalidOutputSchema", str(e)) from None
         # (a steer's key is not a queued turn's; a queued one's print is as it always was)
         printed = body.model_dump() | ({} if mode == "queue" else {"mode": mode})
+        if body.output_schema is None:
+            del printed["output_schema"]  # (a turn without one prints as it always did)
         idem = idempotent(request.headers.get(HEADER), printed, by)
         return await open_keyed(ch, body.text, idem, session=request.path_params["session"],
                                 event=event, replace=body.replace, turn_id=body.turn_id,
-                                mode=mode)
+                                mode=mode, data=data)
 
     async def turn(self, request: Request) -> Response:
         stream = await self._start(request)

@@ -111,9 +111,11 @@ def conflict(e: TurnConflictError, idem: Idempotent | None) -> Exception:
 
 async def open_keyed(ch: ChannelContext, text: str, idem: Idempotent | None, *, session: str,
                      event: InboundEvent | None, replace: bool = False,
-                     turn_id: str | None = None, mode: Mode = "queue") -> TurnStream:
+                     turn_id: str | None = None, mode: Mode = "queue",
+                     data: dict[str, Any] | None = None) -> TurnStream:
     """Start a turn (``ChannelContext.open_turn``) as ``idem`` names it, or by ``turn_id``
     without a key, and return its stream once the key is known to be this request's.
+    ``data``: names of the turn's data to set with it (beside the key's).
 
     Raises:
         HttpError: 422 the key was used with another body (nothing is started).
@@ -123,7 +125,8 @@ async def open_keyed(ch: ChannelContext, text: str, idem: Idempotent | None, *, 
     try:
         stream = await ch.open_turn(text, session=session, replace=replace, event=event,
                                     turn_id=idem.turn_id if idem else turn_id,
-                                    data=idem.data if idem else None, mode=mode)
+                                    data={**(idem.data if idem else {}), **(data or {})}
+                                    or None, mode=mode)
     except TurnConflictError as e:
         raise conflict(e, idem) from None
     if idem is not None:

@@ -55,7 +55,9 @@ _SCHEMAS: dict[str, Any] = {
                        "text": {"type": ["string", "null"]},
                        "request": {"type": ["object", "null"]},
                        "error": {"type": ["string", "null"]},
-                       "reason": {"type": ["string", "null"]}}},
+                       "reason": {"type": ["string", "null"]},
+                       "output": {"description": "the validated final answer of a turn "
+                                  "posted with an output_schema (F25); absent otherwise"}}},
     "Summary": {
         "type": "object",
         "required": ["agent", "session", "status", "generation", "pending", "owner"],

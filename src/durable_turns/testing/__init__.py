@@ -1,5 +1,13 @@
 """Helpers for testing stores and agents, shipped with the package.
 
+**A model for an app's tests.** :class:`TestModel` calls each of the agent's tools once,
+with an input generated from the tool's JSON schema (:func:`example_input`), then ends the
+turn with a summary of what they returned: an app's tools run offline, parks and replays
+included, with no scripting (``--model test`` on the command line)::
+
+    agent = load_agent("myapp")
+    agent.model = TestModel()
+
 **The store conformance suite.** Every :class:`~durable_turns.stores.SessionStore` passes
 the checks of two tiers:
 
@@ -53,6 +61,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
+from ..models._test_model import TestModel, example_input
 from ..stores import SessionStore, StoreCapabilities
 from . import capabilities, chain, history, leases, log, queries
 from .capabilities import StoreFactory
@@ -65,7 +74,9 @@ __all__ = [
     "REQUIRED",
     "Check",
     "StoreFactory",
+    "TestModel",
     "declares",
+    "example_input",
     "get_turn",
     "needs",
     "run_check",

@@ -83,8 +83,8 @@
         status.replaceChildren(el("span", { class: "muted", text: "Replaying…" }));
         try {
           const report = await api(`${sessionPath(agent, session)}/replay`, {
+            // No "to": the server names the replay as the CLI's replay does (…~replay-…).
             model: model.value || null, tools: tools.value,
-            to: `${session.slice(0, 180)}-replay-${randomHex(3)}`,
           });
           const to = report.replay.slice(agent.length + 1);
           sessionStorage.setItem(`${REPORTS}${agent}/${to}`, JSON.stringify(report));
