@@ -235,10 +235,12 @@ async def test_a_stream_of_a_session_someone_else_starts_is_not_theirs() -> None
 async def test_a_session_one_may_not_read_answers_as_if_it_did_not_exist() -> None:
     async with api() as a:
         await _alices_sessions(a)
-        for method, path, kw in [("GET", "/alice-s", {}), ("GET", "/alice-s/timeline", {}),
-                                 ("GET", "/alice-s/events", {"params": {"after": "0"}}),
-                                 ("POST", "/alice-s/chat", {"json": {"text": "x"}}),
-                                 ("POST", "/alice-s/reset", {"json": {}})]:
+        cases: list[tuple[str, str, dict[str, Any]]] = [
+            ("GET", "/alice-s", {}), ("GET", "/alice-s/timeline", {}),
+            ("GET", "/alice-s/events", {"params": {"after": "0"}}),
+            ("POST", "/alice-s/chat", {"json": {"text": "x"}}),
+            ("POST", "/alice-s/reset", {"json": {}})]
+        for method, path, kw in cases:
             mine = await a.call("bob", method, path.replace("alice-s", "nobody"), **kw)
             hers = await a.call("bob", method, path, **kw)
             assert hers.status_code == 404, (method, path, hers.text)
