@@ -249,12 +249,12 @@ def test_the_routes_go_through_the_guard_and_refuse_with_json(
         assert r.status_code == 200
         assert r.headers["x-vercel-ai-ui-message-stream"] == "v1"
         assert '"finishReason": "stop"' in r.text and r.text.rstrip().endswith("data: [DONE]")
-        # Carol may not read or answer Ann's chat (authorize): 403, in both protocols.
+        # Carol may not read or answer Ann's chat (authorize): 404, as for none, in both.
         carol = {"authorization": "Bearer carol"}
-        assert c.post("/agents/desk/ai-sdk/chat", json=chat, headers=carol).status_code == 403
-        assert c.post("/agents/desk/ag-ui", json=run, headers=carol).status_code == 403
+        assert c.post("/agents/desk/ai-sdk/chat", json=chat, headers=carol).status_code == 404
+        assert c.post("/agents/desk/ag-ui", json=run, headers=carol).status_code == 404
         assert c.get("/agents/desk/ai-sdk/chat/chat-guard/stream",
-                     headers=carol).status_code == 403
+                     headers=carol).status_code == 404
         # A page of another site may not start a turn (CSRF), malformed bodies are 400, an
         # unknown agent 404, and the session is as the one good request left it.
         assert c.post("/agents/desk/ai-sdk/chat", json=chat,
@@ -404,7 +404,8 @@ def test_an_answerer_may_not_cancel_through_an_interrupt(server: tuple[str, Path
         assert r.status_code == 200 and '"interrupt"' in r.text
         cancel = {**run, "runId": "r2", "resume": [
             {"interruptId": "resume:r1:approve", "status": "cancelled"}]}
-        # The boss may answer Ann's request, not cancel her turn (the cancel action).
+        # The boss may answer Ann's request, not cancel her turn (the cancel action); nor
+        # read it, so the refusal is a 404, as for none.
         r = c.post("/agents/desk/ag-ui", json=cancel, headers={"authorization": "Bearer boss"})
-        assert r.status_code == 403 and r.json()["error"]["type"] == "SessionAccessError"
+        assert r.status_code == 404 and r.json()["error"]["type"] == "UnknownSession"
     assert session(url, "t-boss")["status"] == "suspended"
