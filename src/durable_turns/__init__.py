@@ -14,6 +14,7 @@ from ._in_doubt import Reconciled
 from ._loader import load_agent
 from .agent import Agent, SurfacePolicy
 from .channels import mount_agent, receive
+from .compaction import Compaction
 from .context import ActionContext, ToolContext
 from .errors import (
     FatalToolError,
@@ -52,6 +53,7 @@ __all__ = [
     "ActionContext",
     "Agent",
     "AgentSession",
+    "Compaction",
     "FatalToolError",
     "InboundEvent",
     "InputRequest",

@@ -7,6 +7,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from .compaction import Compaction
 from .errors import ConfigurationError
 from .limits import Limits, Price
 from .tools import Tool
@@ -67,6 +68,9 @@ class Agent:
             (``start(…, limits=…)``) take their place.
         prices: what the models' tokens cost, by model name (the adapter's ``model``), for
             a ``cost_usd`` limit.
+        context: how requests stay under the model's context window
+            (``durable_turns.compaction.Compaction``, F23); ``None`` sends the whole
+            transcript.
     """
 
     name: str
@@ -81,6 +85,7 @@ class Agent:
     parallel_tools: bool = False
     limits: Limits | None = None
     prices: Mapping[str, Price] = field(default_factory=dict)
+    context: Compaction | None = None
     tools_by_name: dict[str, Tool] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:

@@ -190,6 +190,8 @@ class ModelError(DurableTurnsError):
         status: the HTTP status when there was one.
         retryable: whether calling again might succeed (a transient failure).
         retry_after: seconds the provider asked to wait before calling again, if it did.
+        context_overflow: the provider refused the request as over its context window
+            (Anthropic's 400 "prompt is too long", OpenAI's ``context_length_exceeded``).
     """
 
     def __init__(
@@ -200,12 +202,14 @@ class ModelError(DurableTurnsError):
         status: int | None = None,
         retryable: bool = False,
         retry_after: float | None = None,
+        context_overflow: bool = False,
     ) -> None:
         super().__init__(message)
         self.provider = provider
         self.status = status
         self.retryable = retryable
         self.retry_after = retry_after
+        self.context_overflow = context_overflow
 
 
 class TurnConflictError(DurableTurnsError):

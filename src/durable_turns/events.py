@@ -26,6 +26,7 @@ EventType = Literal[
     "message.retry",
     "message.completed",
     "message.steered",
+    "context.compacted",
     "action.requested",
     "action.retry",
     "action.completed",
@@ -168,6 +169,22 @@ class MessageSteered(TurnEvent):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ContextCompacted(TurnEvent):
+    """A compaction step committed before a model call (F23): later requests send the
+    summary of messages ``[0, covered)`` and clear tool results before ``cleared``."""
+
+    type: ClassVar[EventType] = "context.compacted"
+    step: str
+    """The compaction's step id, ``compact:<n>``."""
+    tokens_before: int
+    tokens_after: int
+    covered: int
+    cleared: int
+    summarised: bool
+    """A model call summarised the head (else only tool results were cleared)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ActionRequested(TurnEvent):
     type: ClassVar[EventType] = "action.requested"
     call: ToolCall
@@ -256,6 +273,7 @@ _BY_TYPE: dict[str, type[TurnEvent]] = {
         MessageRetry,
         MessageCompleted,
         MessageSteered,
+        ContextCompacted,
         ActionRequested,
         ActionRetry,
         ActionCompleted,
@@ -307,6 +325,7 @@ __all__ = [
     "ActionInDoubt",
     "ActionRequested",
     "ActionRetry",
+    "ContextCompacted",
     "EventIds",
     "EventSink",
     "EventType",

@@ -33,7 +33,7 @@ LAYERS: tuple[Layer, ...] = (
     Layer(
         "records",
         "plain data, and errors that carry their ids",
-        ("errors", "messages", "records", "events", "history", "inbound"),
+        ("errors", "messages", "_compact_memo", "records", "events", "history", "inbound"),
     ),
     Layer(
         "tools",
@@ -49,8 +49,9 @@ LAYERS: tuple[Layer, ...] = (
     ),
     Layer(
         "parts",
-        "what the engine puts together: the Agent, its limits, answerers and grants, spans",
-        ("agent", "limits", "_hitl", "_tracing"),
+        "what the engine puts together: the Agent, its limits and context compaction, "
+        "answerers and grants, spans",
+        ("agent", "limits", "compaction", "_hitl", "_tracing"),
     ),
     Layer(
         "engine",

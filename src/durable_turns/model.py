@@ -47,7 +47,8 @@ class ModelRequest:
 
     system: str
     messages: list[Message]
-    """The whole transcript of the session, oldest first. Do not mutate it."""
+    """The session's transcript, oldest first (under ``Agent(context=…)``, its compacted
+    view: F23). Do not mutate it."""
     tools: list[ToolSpec]
     turn_id: str = ""
 

@@ -1,7 +1,7 @@
 """The engine's own records: sessions, turns and their outcome, steps, input requests.
 
 Plain frozen dataclasses built from JSON values; stores persist them, the engine and the
-hosts pass them around. This module imports nothing of the package but ``messages``.
+hosts pass them around. It imports only ``messages`` and ``_compact_memo`` of the package.
 """
 
 from __future__ import annotations
@@ -12,20 +12,21 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, ClassVar, Literal, cast
 
+from ._compact_memo import CompactionMemo, CompactStepId
 from .messages import Message, decode_message, encode_json, encode_message
 
 SessionStatus = Literal["new", "idle", "running", "suspended"]
 EntryKind = str
 """What a chain entry is: ``turn``, or the kind of a queued command that runs in the chain's
 order (``reset``, ``resume``, ``retry``, or any the runtime's command registry knows)."""
-StepKind = Literal["model", "tool", "input", "child", "intent"]
+StepKind = Literal["model", "tool", "input", "child", "intent", "compact"]
 WhileParked = Literal["refused", "accepted", "clears"]
-"""What accepting a chain entry does while a turn of the session is parked (its request
-standing): ``refused`` — ``SessionBusyError``, unless an entry that ``clears`` is queued
-before it (a turn's rule); ``accepted`` — queued all the same (a command's default: its
-place comes once the park ends); ``clears`` — accepted, and while it is queued the entries
-sent after it are accepted too, as its place ends the park (a reset's). Declared by the
-entry (``NewEntry.while_parked``), kept with it, and applied by the store."""
+"""What accepting a chain entry does while a turn of the session is parked (its request standing):
+``refused`` — ``SessionBusyError``, unless an entry that ``clears`` is queued before it (a turn's
+rule); ``accepted`` — queued all the same (a command's default: its place comes once the park
+ends); ``clears`` — accepted, and while it is queued the entries sent after it are accepted too,
+as its place ends the park (a reset's). Declared by the entry (``NewEntry.while_parked``), kept
+with it, and applied by the store."""
 
 
 class TurnStatus(StrEnum):
@@ -392,7 +393,7 @@ class IntentStepId:
         return f"intent:{self.n}:{self.attempt}:{self.call_id}"
 
 
-StepId = ModelStepId | ToolStepId | InputStepId | ChildStepId | IntentStepId
+StepId = ModelStepId | ToolStepId | InputStepId | ChildStepId | IntentStepId | CompactStepId
 """A step's id: printed by ``str()``, read back by :func:`parse_step_id`."""
 
 HOT_STEP_PREFIXES = ("model:", "tool:")
@@ -409,10 +410,10 @@ def parse_step_id(text: str, turn_id: str = "") -> StepId:
     """
     kind, _, rest = text.partition(":")
     try:
-        if kind in ("model", "tool", "intent"):
+        if kind in ("model", "tool", "intent", "compact"):
             n, _, call_id = rest.partition(":")
-            if kind == "model" and not call_id:
-                return ModelStepId(int(n))
+            if kind in ("model", "compact") and not call_id:
+                return ModelStepId(int(n)) if kind == "model" else CompactStepId(int(n))
             if kind == "tool" and call_id:
                 return ToolStepId(int(n), call_id)
             attempt, _, own = call_id.partition(":")
@@ -503,18 +504,15 @@ class Intent:
                             "at": self.at})
 
 
-StepResult = ModelMemo | ToolMemo | CallOutcome | Answer | ChildMemo | Intent
-"""What a step keeps, by kind: a model step a :class:`ModelMemo`, a tool step a
-:class:`ToolMemo` (or, in a parallel batch, a :class:`CallOutcome`), an input step an
-:class:`Answer`, a child step a :class:`ChildMemo`, an intent step an :class:`Intent`."""
+StepResult = ModelMemo | ToolMemo | CallOutcome | Answer | ChildMemo | Intent | CompactionMemo
+"""What a step keeps, by kind: :class:`ModelMemo`, :class:`ToolMemo` (:class:`CallOutcome` in a
+batch), :class:`Answer`, :class:`ChildMemo`, :class:`Intent`, :class:`CompactionMemo`."""
 
 
 def decode_step(kind: StepKind, data: str) -> StepResult:
     """A stored step memo read back (what its ``to_json()`` wrote), by its step's kind.
 
-    Raises:
-        ValueError: a memo of another shape than its kind keeps.
-    """
+    Raises ``ValueError`` for a memo of another shape than its kind keeps."""
     d = json.loads(data)
     if not isinstance(d, dict):
         raise ValueError(f"not a step memo: {data[:80]!r}")
@@ -528,6 +526,8 @@ def decode_step(kind: StepKind, data: str) -> StepResult:
         return ChildMemo(str(d["agent"]), str(d["session"]), str(d["turn_id"]))
     if kind == "intent":
         return Intent(str(d["tool"]), int(d["attempt"]), str(d["key"]), float(d["at"]))
+    if kind == "compact":
+        return CompactionMemo.from_dict(d)
     raise ValueError(f"unknown step kind {kind!r}")
 
 

@@ -38,6 +38,7 @@ from .commands import (
     live_turns,
     steer_entry,
 )
+from .compaction import latest_compaction, request_view
 from .engine._output import OUTPUT_RETRIES, as_model, output_data
 from .errors import (
     ConfigurationError,
@@ -50,7 +51,7 @@ from .history import Checkpoint
 from .inbound import InboundEvent, Trigger
 from .limits import LIMITS, Limits
 from .messages import Message
-from .model import Model
+from .model import Model, ModelRequest
 from .records import (
     ChainEntry,
     InputRequest,
@@ -553,6 +554,19 @@ class AgentSession:
     async def transcript(self) -> list[Message]:
         """The session's message log (the live generation)."""
         return await self._store.read_messages(self.key)
+
+    async def context(self) -> ModelRequest:
+        """What the session's next model call would be sent as of its last compaction
+        step (F23): the agent's system prompt and tools, the summary, the messages after
+        it (older tool results cleared). Without ``Agent(context=…)``: the transcript."""
+        store, agent = self._store, self.agent
+        transcript = await store.read_messages(self.key)
+        memo = None
+        if agent.context is not None:
+            _, memo = latest_compaction(await store.read_steps(self.key), transcript)
+        return ModelRequest(system=agent.instructions,
+                            messages=request_view(transcript, memo),
+                            tools=[t.spec for t in agent.tools_by_name.values()])
 
     async def status(self) -> str:
         """``new``, ``idle``, ``running`` or ``suspended``."""

@@ -63,8 +63,9 @@ from ..records import (
 from ..stores import Lease, Transaction
 from ..tools import Tool
 from ._commits import TRACE, StepCommits
+from ._compaction import Compactor
 from ._limits import over_limit
-from ._model_step import RetryPolicy, ask
+from ._model_step import Reply, RetryPolicy, ask
 from ._output import settle, system_with
 from ._step_context import StepContext
 from ._tool_message import tool_message
@@ -102,6 +103,8 @@ class TurnEngine:
         self._publish_live = ctx.publish_live
         self._wants_live = ctx.wants_live
         self._retry = RetryPolicy(agent.model_retries, agent.model_retry_delay)
+        self.compactor = None if agent.context is None else Compactor(
+            agent.context, self.model, ctx.store, self.commits, self._retry)
         self.calls = ToolCalls(ctx, agent, self.commits, cancel_reason,
                                self._interruptible)
         self._cancel_reason = self.calls.reason
@@ -314,9 +317,8 @@ class TurnEngine:
         cp = self.commits
         n = len(self.transcript)
         turn_id = turn.turn_id
-        request = ModelRequest(system=system_with(self._system(policy), turn),
-                               messages=self.transcript,
-                               tools=[t.spec for t in tools.values()], turn_id=turn_id)
+        system = system_with(self._system(policy), turn)
+        specs = [t.spec for t in tools.values()]
         ids = cp.ids(turn_id)
         span = cp.trace.model_step(str(ModelStepId(n))) if cp.trace is not None else None
 
@@ -340,9 +342,14 @@ class TurnEngine:
                                             retries=self._retry.retries, delay=delay,
                                             error=str(error)))
 
-        got = await self._interruptible(
-            ask(self.model, request, self._retry, on_text=on_text, on_retry=on_retry,
-                on_thinking=on_thinking, attempt=self.attempt), turn_id)
+        def call(messages: list[Message]) -> Awaitable[Reply]:
+            request = ModelRequest(system, messages, specs, turn_id)
+            return self._interruptible(
+                ask(self.model, request, self._retry, on_text=on_text, on_retry=on_retry,
+                    on_thinking=on_thinking, attempt=self.attempt), turn_id)
+
+        got = await (call(self.transcript) if self.compactor is None else  # F23
+                     self.compactor.within(call, turn_id, n, system, specs))
         text, calls, stop = got.text, got.calls, got.stop
         if stop.reason in ABNORMAL_STOPS and not text and not calls:
             raise ModelError(

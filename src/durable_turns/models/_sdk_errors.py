@@ -40,7 +40,15 @@ def _http_error(provider: str, e: Any) -> ModelError:
         provider=provider, status=status,
         retryable=status in (408, 409, 429) or status >= 500,
         retry_after=_retry_after(e.response.headers.get("retry-after")),
+        context_overflow=status == 400 and _overflow(e.body, message),
     )
+
+
+def _overflow(body: object, message: str) -> bool:
+    """Anthropic's ``prompt is too long``, OpenAI's ``context_length_exceeded`` code."""
+    err = body.get("error", body) if isinstance(body, dict) else None
+    code = err.get("code") if isinstance(err, dict) else None
+    return code == "context_length_exceeded" or message.startswith("prompt is too long")
 
 
 def _retry_after(value: str | None) -> float | None:
