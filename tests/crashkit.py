@@ -255,6 +255,17 @@ async def wait_for_file(path: Path, what: str, timeout: float = CHILD_TIMEOUT) -
         await asyncio.sleep(0.005)
 
 
+async def wait_for_child_file(path: Path, proc: subprocess.Popen[bytes],
+                              timeout: float = CHILD_TIMEOUT) -> None:
+    """Poll for a file a child process writes (a bounded wait, not a sleep); fail at once if
+    the child ended without writing it."""
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert proc.poll() is None or path.exists(), f"the child ended before {path.name}"
+        assert time.monotonic() < deadline, f"no {path.name}"
+        await asyncio.sleep(0.02)
+
+
 async def child(cfg: Config, recover: bool, barrier: int | None) -> None:
     # The recorder is the runtime's sink: called as each event is published, before the
     # engine goes on, so a kill point right after a delta or a commit sees it recorded.

@@ -11,11 +11,14 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import anyio
+from mcp.server.elicitation import ElicitationResult
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.mcpserver.resolve import Elicit, Resolve
+from pydantic import BaseModel
 
 COUNTER = Path(sys.argv[1]) if len(sys.argv) > 1 else Path("calls.jsonl")
 server = MCPServer("ledger", log_level="WARNING")
@@ -48,6 +51,26 @@ async def audit(account: str, ctx: Context) -> str:
     count("audit", ctx, account=account)
     await anyio.sleep_forever()
     return "unreachable"
+
+
+class Approval(BaseModel):
+    approver: str
+
+
+def ask_approval(account: str) -> Elicit[Approval]:
+    return Elicit(f"Who approves paying out {account}?", Approval)
+
+
+@server.tool()
+def pay_out(account: str,
+            approval: Annotated[ElicitationResult[Approval], Resolve(ask_approval)],
+            ctx: Context) -> str:
+    """Pay out an account once a person approves (asks with an input_required result)."""
+    if approval.action != "accept":
+        count("pay_out", ctx, account=account, action=approval.action)
+        return f"not paid: {approval.action}"
+    count("pay_out", ctx, account=account, action="accept", approver=approval.data.approver)
+    return f"paid {account}, approved by {approval.data.approver}"
 
 
 if __name__ == "__main__":

@@ -20,6 +20,15 @@ Failures become the call's error result, which the model reads, never a failed t
 - the server answers with an error (an unknown tool, bad arguments): ``MCPError: …``;
 - the tool reports an error (``isError``): ``McpToolError: <its text>``.
 
+A server that asks the user something (an ``input_required`` result, or the older
+server-initiated ``elicitation/create``) parks the turn (F26): the park's prompt is the
+server's message and its schema wraps the server's requested schema as
+``{"action": "accept" | "decline" | "cancel", "content": <the server's schema>}``. The
+first time, the server is told ``cancel`` and the call's outcome is discarded; on
+``resume()`` the tool runs again from the top and the stored answer goes back to the server
+(``accept`` with ``content``, or ``decline`` / ``cancel``). A sampling request is refused
+with an error naming why.
+
 ``timeout`` and ``retries`` are the tool's (:class:`~durable_turns.tools.Tool`): retry on
 ``ConnectionError`` to ride out a server that restarts.
 """
@@ -33,7 +42,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, cast
 
 from .context import ToolContext
-from .errors import ConfigurationError
+from .errors import ConfigurationError, Parked
 from .tools import RunFn, Tool, ToolSpec
 
 try:
@@ -124,21 +133,70 @@ async def mcp_tools(server: McpServer, *, name: str | None = None, prefix: str =
     ]
 
 
+SAMPLING_REFUSED = ("durable_turns does not answer MCP sampling requests: this client "
+                    "offers no model to MCP servers")
+"""The error message a server's ``sampling/createMessage`` request receives."""
+
+
+def answer_schema(requested: Mapping[str, Any]) -> dict[str, Any]:
+    """The schema of a park made from an MCP input request: an action and the content."""
+    return {"type": "object", "required": ["action"], "additionalProperties": False,
+            "properties": {"action": {"enum": ["accept", "decline", "cancel"]},
+                           "content": dict(requested)}}
+
+
+class _Asker:
+    """The client's callbacks for one call: each elicitation is a park of the turn."""
+
+    def __init__(self, ctx: ToolContext) -> None:
+        self.ctx = ctx
+        self.asked = 0
+        self.parked: Parked | None = None
+
+    async def elicit(self, context: Any, params: mcp_types.ElicitRequestParams
+                     ) -> mcp_types.ElicitResult | mcp_types.ErrorData:
+        if not isinstance(params, mcp_types.ElicitRequestFormParams):
+            return mcp_types.ErrorData(code=mcp_types.INVALID_REQUEST,
+                                       message="durable_turns answers form elicitations only")
+        self.asked += 1
+        input_id = f"mcp:{self.ctx.call_id}:{self.asked}"
+        schema = answer_schema(params.requested_schema)
+        try:
+            answer = await self.ctx.request_input(input_id, params.message, schema)
+        except Parked as p:  # the first time: park once the call is over
+            self.parked = self.parked or p
+            return mcp_types.ElicitResult(action="cancel")
+        action = answer.get("action", "cancel") if isinstance(answer, Mapping) else "cancel"
+        if action != "accept":
+            return mcp_types.ElicitResult(action="decline" if action == "decline" else "cancel")
+        return mcp_types.ElicitResult(action="accept", content=answer.get("content") or {})
+
+    async def sample(self, context: Any, params: mcp_types.CreateMessageRequestParams
+                     ) -> mcp_types.ErrorData:
+        return mcp_types.ErrorData(code=mcp_types.INVALID_REQUEST, message=SAMPLING_REFUSED)
+
+
 def _caller(server: McpServer, label: str, tool_name: str) -> RunFn:
     async def call(args: dict[str, Any], ctx: ToolContext) -> Any:
         connected = False
+        asker = _Asker(ctx)
         try:
-            async with Client(server) as client:
+            async with Client(server, elicitation_callback=asker.elicit,
+                              sampling_callback=asker.sample) as client:
                 connected = True
                 meta = cast(mcp_types.RequestParamsMeta, {IDEMPOTENCY_META: ctx.idempotency_key})
                 result = await client.call_tool(tool_name, args, meta=meta)
         except Exception as e:
+            if asker.parked is not None:
+                raise asker.parked from None
             cause = _cause(e)
             if connected and isinstance(cause, MCPError) and cause.code != CONNECTION_CLOSED:
                 raise cause from None  # the server answered: an unknown tool, bad arguments
             what = "failed during" if connected else "is unreachable for"
             raise ConnectionError(
                 f"MCP server {label!r} {what} {tool_name!r}: {_reason(e)}") from e
+        if asker.parked is not None:
+            raise asker.parked
         if result.is_error:
             raise McpToolError(_text(result) or f"{tool_name} failed")
         return _value(result)
@@ -213,8 +271,10 @@ def load_mcp_servers(entries: Iterable[Any], where: str) -> list[Tool]:
 __all__ = [
     "IDEMPOTENCY_META",
     "LIST_TIMEOUT",
+    "SAMPLING_REFUSED",
     "McpServer",
     "McpToolError",
+    "answer_schema",
     "load_mcp_servers",
     "mcp_tools",
     "server_label",

@@ -11,12 +11,12 @@ import asyncio
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
+from crashkit import wait_for_child_file
 from durable_turns import (
     Agent,
     LimitExceeded,
@@ -177,14 +177,6 @@ asyncio.run(main())
 """
 
 
-async def _until(path: Path, proc: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + WAIT
-    while not path.exists():  # a bounded poll of a child's file
-        assert proc.poll() is None or path.exists(), f"the child ended before {path.name}"
-        assert time.monotonic() < deadline, f"no {path.name}"
-        await asyncio.sleep(0.02)
-
-
 @pytest.mark.parametrize("kind", ["sqlite", "postgres"])
 async def test_an_ask_extended_from_another_process_and_replayed_counts_the_same(
     kind: str, tmp_path: Path,
@@ -204,7 +196,8 @@ async def test_an_ask_extended_from_another_process_and_replayed_counts_the_same
         assert await asyncio.to_thread(worker.wait, WAIT) == 0
         assert (marks / "parked").read_text() == "limit:1"
         answerer = child("answerer")  # another process grants it and drives on
-        await _until(marks / "in-call-4", answerer)  # and dies in the call after the grant
+        # it dies in the call after the grant
+        await wait_for_child_file(marks / "in-call-4", answerer)
         answerer.send_signal(signal.SIGKILL)
         assert await asyncio.to_thread(answerer.wait, WAIT) == -signal.SIGKILL
         store: SessionStore

@@ -12,7 +12,6 @@ import json
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Literal
@@ -20,6 +19,7 @@ from typing import Literal
 import pytest
 from pydantic import BaseModel
 
+from crashkit import wait_for_child_file
 from durable_turns import (
     Agent,
     ModelRequest,
@@ -156,14 +156,6 @@ class Refuses:
         yield Stop("end_turn", {})  # pragma: no cover
 
 
-async def _until(path: Path, proc: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + WAIT
-    while not path.exists():  # a bounded poll of a child's file
-        assert proc.poll() is None or path.exists(), f"the child ended before {path.name}"
-        assert time.monotonic() < deadline, f"no {path.name}"
-        await asyncio.sleep(0.02)
-
-
 @pytest.mark.parametrize("kind", ["sqlite", "postgres"])
 async def test_the_output_survives_a_sigkill_and_a_replay_never_asks_again(
     kind: str, tmp_path: Path,
@@ -183,7 +175,7 @@ async def test_the_output_survives_a_sigkill_and_a_replay_never_asks_again(
 
     worker = subprocess.Popen([sys.executable, "-c", CHILD, kind, url, str(marks)])
     try:
-        await _until(marks / "in-call-2", worker)
+        await wait_for_child_file(marks / "in-call-2", worker)
         worker.send_signal(signal.SIGKILL)
         assert await asyncio.to_thread(worker.wait, WAIT) == -signal.SIGKILL
     finally:

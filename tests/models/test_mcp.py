@@ -1,6 +1,9 @@
 """MCP tools (F17): a real MCP server written with the official SDK (``tests/mcp_server.py``),
 spoken to over stdio (and streamable HTTP), its tools called in turns, a crash after an MCP
-call committed, and the replay not calling the server again.
+call committed, and the replay not calling the server again; MCP input requests (F26): the
+server asks (an ``input_required`` result), the turn
+parks with its message and schema, is resumed from another ``Runtime`` over the same SQLite
+file, and the server receives the answer or the decline.
 
 The server appends a line to a counter file on every ``tools/call``, from whichever process
 called it: that file, not a mock, tells how often the server was really called.
@@ -35,7 +38,7 @@ from durable_turns import (
     scripted,
 )
 from durable_turns.errors import ConfigurationError
-from durable_turns.mcp import IDEMPOTENCY_META, mcp_tools
+from durable_turns.mcp import IDEMPOTENCY_META, McpServer, answer_schema, mcp_tools
 from durable_turns.messages import Message
 from durable_turns.records import SessionKey
 
@@ -284,10 +287,75 @@ async def test_an_app_folder_with_mcp_servers_loads_inside_an_event_loop(tmp_pat
         f"mcp_servers = [StdioServerParameters(command=sys.executable, args={server!r})]\n")
     agent = load_agent(app)
     assert sorted(t.name for t in agent.tools) == ["add_entry", "audit", "close_account",
-                                                   "hello"]
+                                                   "hello", "pay_out"]
     model = scripted([ModelReply("", [ToolCall("c1", "add_entry",
                                                {"account": "acme", "amount": 2})]),
                       ModelReply("Booked.")])
     async with Runtime([agent], MemoryStore(), model) as rt:
         assert (await rt.session(agent.name, "s1").turn("book 2")).text == "Booked."
     assert [c["tool"] for c in calls(tmp_path / "calls.jsonl")] == ["add_entry"]
+
+def model(tool: str, seen: list[str]) -> Any:
+    def reply(request: ModelRequest) -> ModelReply:
+        if len(seen) == 0:
+            seen.append("asked")
+            return ModelReply("Paying.", [ToolCall("c1", tool, {"account": "acme"})])
+        seen.append(repr(request.messages[-1]))
+        return ModelReply("Done.")
+
+    return scripted(reply)
+
+
+async def park_and_resume(server: McpServer, db: Path, tool: str,
+                          answer: dict[str, Any]) -> str:
+    tools = await mcp_tools(server, include=[tool])
+    seen: list[str] = []
+    async with Runtime([Agent("ops", tools=tools)], SqliteStore(db), model(tool, seen)) as rt:
+        s = rt.session("ops", "s1")
+        t = await s.start("pay acme")
+        parked = await s.result(t.turn_id)
+        assert parked.status == "suspended" and parked.request is not None
+        assert parked.request.prompt == "Who approves paying out acme?"
+        schema = dict(parked.request.schema or {})
+        assert schema["properties"]["action"] == {"enum": ["accept", "decline", "cancel"]}
+        assert schema["properties"]["content"]["properties"]["approver"]["type"] == "string"
+        request_id = parked.request.id
+    async with Runtime([Agent("ops", tools=tools)], SqliteStore(db), model(tool, seen)) as rt:
+        s = rt.session("ops", "s1")
+        await s.resume(t.turn_id, request_id, answer)
+        done = await s.result(t.turn_id)
+        assert (done.status, done.text) == ("completed", "Done.")
+    return seen[-1]
+
+
+async def test_a_stdio_server_asks_and_receives_the_answer(tmp_path: Path) -> None:
+    tool = "pay_out"
+    counter = tmp_path / "calls.jsonl"
+    last = await park_and_resume(stdio(counter), tmp_path / "db.sqlite", tool,
+                                 {"action": "accept", "content": {"approver": "alice"}})
+    assert "paid acme, approved by alice" in last
+    answered = [c["args"] for c in calls(counter) if c["args"].get("action") == "accept"]
+    assert answered == [{"account": "acme", "action": "accept", "approver": "alice"}]
+
+
+async def test_a_decline_goes_back_to_the_server(tmp_path: Path) -> None:
+    counter = tmp_path / "calls.jsonl"
+    last = await park_and_resume(stdio(counter), tmp_path / "db.sqlite", "pay_out",
+                                 {"action": "decline"})
+    assert "not paid: decline" in last
+    assert calls(counter)[-1]["args"] == {"account": "acme", "action": "decline"}
+
+
+async def test_a_streamable_http_server_asks(http_server: tuple[str, Path],
+                                             tmp_path: Path) -> None:
+    url, counter = http_server
+    last = await park_and_resume(url, tmp_path / "db.sqlite", "pay_out",
+                                 {"action": "accept", "content": {"approver": "bob"}})
+    assert "paid acme, approved by bob" in last
+    assert calls(counter)[-1]["args"] == {"account": "acme", "action": "accept",
+                                          "approver": "bob"}
+
+
+def test_the_park_schema_wraps_the_servers_schema() -> None:
+    requested = {"type": "object", "properties": {"n": {"type": "integer"}}}
+    assert answer_schema(requested)["properties"]["content"] == requested
