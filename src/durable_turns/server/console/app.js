@@ -355,7 +355,10 @@
         // A stream the browser gave up on (its reconnect met a 503 while the store was
         // away) is followed again from the snapshot's cursor. A session not started yet has
         // no stream (a 404): it is followed from the snapshot after its first turn.
-        if (snap.exists && (!s.es || s.es.readyState === EventSource.CLOSED)) follow(snap.seq);
+        if (snap.exists && (!s.es || s.es.readyState === EventSource.CLOSED)) {
+          follow(snap.seq);
+          updateCount(); // what the snapshot holds (a park, say) the stream will not repeat
+        }
         render();
       } catch (e) {
         status.replaceChildren(notice("error", explain(e)));
