@@ -203,7 +203,7 @@ async def test_serve_authenticates_with_agent_py(tmp_path: Path) -> None:
         answer = {"turn_id": r.json()["turn_id"], "input_id": "approve", "value": True}
         bob = await client.post("/agents/desk/sessions/s1/resume", json=answer,
                                 headers={"Authorization": "Bearer key-bob"})
-        assert bob.status_code == 403  # the speaker (ann) answers, not another principal
+        assert bob.status_code == 404  # not his to read: as if it did not exist (only ann answers)
         done = await client.post("/agents/desk/sessions/s1/resume", json=answer, headers=ann)
         assert done.status_code == 200 and done.json()["status"] == "completed"
         shown = (await client.get("/agents/desk/sessions/s1", headers=ann)).json()
