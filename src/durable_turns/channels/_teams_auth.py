@@ -140,8 +140,17 @@ class BotToken:
         credential: Any = password if password else dict(certificate or {})
         if not credential:
             raise ValueError("the bot's token needs its password or its certificate")
-        self.app = msal.ConfidentialClientApplication(
-            app_id, client_credential=credential, authority=f"{login.rstrip('/')}/{tenant}")
+        self.app_id = app_id
+        self.credential = credential
+        self.authority = f"{login.rstrip('/')}/{tenant}"
+        self._app: Any = None  # made at the first call: MSAL reads the authority's metadata
+
+    def _acquire(self) -> dict[str, Any]:
+        if self._app is None:
+            self._app = msal.ConfidentialClientApplication(
+                self.app_id, client_credential=self.credential, authority=self.authority)
+        got: dict[str, Any] = self._app.acquire_token_for_client(scopes=[BOT_SCOPE])
+        return got
 
     async def __call__(self) -> str:
         """A valid token (MSAL's cache, else a new one).
@@ -149,7 +158,7 @@ class BotToken:
         Raises:
             RuntimeError: Entra ID refused (its error and description).
         """
-        got = await asyncio.to_thread(self.app.acquire_token_for_client, scopes=[BOT_SCOPE])
+        got = await asyncio.to_thread(self._acquire)
         if "access_token" not in got:
             raise RuntimeError(f"the bot's token was refused: {got.get('error')}: "
                                f"{got.get('error_description')}")

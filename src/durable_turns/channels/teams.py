@@ -4,8 +4,8 @@
 mounts it at ``/teams/messages`` (the bot's messaging endpoint). Every request's Bot
 Framework token is checked before anything runs (:mod:`._teams_auth`: the OpenID metadata's
 keys, issuer, audience = the app id, expiry, the ``serviceurl`` claim); an unverified one is
-401. Outbound calls are the Teams SDK's (``microsoft-teams-api``'s ``ApiClient``, pointed at
-each conversation's ``serviceUrl``), a 429 retried after its ``Retry-After``.
+401. Outbound calls are the Teams SDK's (``microsoft-teams-api``'s ``ConversationClient``,
+pointed at each conversation's ``serviceUrl``), a 429 retried after its ``Retry-After``.
 
 Inbound, a message activity becomes a turn of session ``teams:<conversation id>`` (a 1:1
 chat, a group chat, or one reply chain of a channel: its conversation id names the chain)
@@ -30,11 +30,11 @@ from typing import Any
 
 try:
     import httpx
-    from microsoft_teams.api import ApiClient
     from microsoft_teams.api.activities import ActivityParams, TypingActivityInput
     from microsoft_teams.api.activities.message import MessageActivityInput
+    from microsoft_teams.api.clients.conversation import ConversationClient
     from microsoft_teams.api.models import Account, Attachment
-    from microsoft_teams.common import ClientOptions
+    from microsoft_teams.common import Client, ClientOptions
     from starlette.requests import ClientDisconnect, Request
     from starlette.responses import JSONResponse, Response
     from starlette.routing import BaseRoute, Route
@@ -167,15 +167,23 @@ class TeamsChannel(ThreadChannel):
         self.service_url = service_url
         self.stream_interval = stream_interval
         self.verifier = BotFrameworkVerifier(app_id, metadata_url=openid_metadata_url)
-        self.api = ApiClient(service_url, ClientOptions(token=token))
-        """The Teams SDK's client (its ``http`` retries 429s); one per service URL is cloned
-        from it."""
-        self.api.http.use(RetryAfter(rate_limit_retries))
-        self._apis: dict[str, ApiClient] = {}
+        self.http = Client(ClientOptions(token=token))
+        """The Teams SDK's HTTP client: the bot's token on every call, a 429 retried after
+        its ``Retry-After``."""
+        self.http.use(RetryAfter(rate_limit_retries))
+        self._conversations: dict[str, ConversationClient] = {}
         self._growing: dict[str, Growing] = {}  # this process's open streams, by message id
 
     def routes(self) -> list[BaseRoute]:
         return [Route("/teams/messages", self.messages, methods=["POST"])]
+
+    async def stop(self) -> None:
+        """Let deliveries finish for a few seconds, end them, and close the connections."""
+        try:
+            await super().stop()
+        finally:
+            await self.http.http.aclose()
+            await self.verifier.http.aclose()
 
     # -- inbound -----------------------------------------------------------------------------
 
@@ -260,18 +268,17 @@ class TeamsChannel(ThreadChannel):
 
     # -- the platform's calls ----------------------------------------------------------------
 
-    def client(self, service_url: str) -> ApiClient:
-        """The SDK's client for a conversation's Bot Connector (``serviceUrl``)."""
-        if service_url not in self._apis:
-            self._apis[service_url] = self.api.from_service_url(service_url)
-        return self._apis[service_url]
+    def conversations(self, service_url: str) -> ConversationClient:
+        """The Teams SDK's client of a conversation's Bot Connector (its ``serviceUrl``)."""
+        if service_url not in self._conversations:
+            self._conversations[service_url] = ConversationClient(service_url, self.http)
+        return self._conversations[service_url]
 
     async def _create(self, route: Mapping[str, Any], activity: ActivityParams) -> str:
         activity.reply_to_id = route.get("activity_id") or None
-        ops = self.client(str(route["service_url"])).conversations.activities(
-            str(route["conversation_id"]))
+        client = self.conversations(str(route["service_url"]))
         try:
-            return (await ops.create(activity)).id
+            return (await client.create_activity(str(route["conversation_id"]), activity)).id
         except httpx.HTTPStatusError as e:
             if e.response.status_code == 403 and activity.entities:
                 raise StreamEnded(e.response.text) from e  # Teams ends streams with a 403
@@ -279,9 +286,8 @@ class TeamsChannel(ThreadChannel):
 
     async def _update(self, route: Mapping[str, Any], message: str,
                       activity: ActivityParams) -> None:
-        ops = self.client(str(route["service_url"])).conversations.activities(
-            str(route["conversation_id"]))
-        await ops.update(message, activity)
+        await self.conversations(str(route["service_url"])).update_activity(
+            str(route["conversation_id"]), message, activity)
 
     async def start_stream(self, thread: Thread, chunks: Sequence[Chunk]) -> str:
         grow = Growing()
@@ -344,7 +350,7 @@ class TeamsChannel(ThreadChannel):
             Account(id=str(said.route["user"])))
         url = (f"{str(said.route['service_url']).rstrip('/')}/v3/conversations/"
                f"{said.route['conversation_id']}/activities?isTargetedActivity=true")
-        await self.client(str(said.route["service_url"])).http.post(
+        await self.http.post(
             url, json=activity.model_dump(by_alias=True, exclude_none=True))
 
     async def refuse_click(self, click: Click, text: str) -> None:
