@@ -35,7 +35,7 @@ from durable_turns import (
 )
 from durable_turns.channels import channel_from_env, mount_agent, receive
 from durable_turns.channels.teams import TeamsChannel, teams_channel
-from durable_turns.channels.thread_channel import NOT_YOURS
+from durable_turns.channels.thread_channel import BUSY, NOT_YOURS
 from durable_turns.context import ToolContext
 from durable_turns.errors import ConfigurationError
 from durable_turns.models.scripted import calls_this_turn
@@ -339,3 +339,45 @@ def test_the_registry_makes_it_from_the_environment() -> None:
         channel_from_env("teams", {})
     with pytest.raises(ValueError, match="password, certificate or token"):
         teams_channel(app_id=APP_ID)
+
+
+async def test_a_card_s_data_never_answers_another_source_s_turn(tmp_path: Path) -> None:
+    async with world(tmp_path) as w:
+        other = w.teams.ctx.session("http:desk")
+        await other.start("refund 6", turn_id="t-http")
+        await other.result("t-http", timeout=WAIT)
+        assert (await other.pending()) is not None
+        await w.say("refund 5")
+        prompt = await w.fake.wait(lambda: w.fake.prompt(PERSONAL), "the card")
+        click = w.fake.click(prompt, aad=ALICE)
+        action = click["value"]["action"]
+        action["data"] = {**action["data"], "s": "http:desk", "t": "t-http"}
+        r = await w.send(click)
+        assert r.json()["value"] == "This card answers no request of this bot."
+        assert (await other.pending()) is not None and slack_app.paid == []
+
+
+async def test_a_stream_teams_ended_is_finished_by_an_update(tmp_path: Path) -> None:
+    async with world(tmp_path) as w:
+        await w.say("hold")
+        stream = await w.fake.wait(lambda: next(iter(w.fake.in_conversation(PERSONAL)), None),
+                                   "the stream")
+        assert stream.streaming and stream.text == "⏳ hold"
+        assert w.fake.expire_streams() == 1  # its two minutes ran out while the tool ran
+        slack_app.held.setdefault("hold", asyncio.Event()).set()
+        await w.fake.wait(lambda: stream.edited, "the update")
+        await w.teams.idle()
+        assert stream.text == "✓ hold\n\nYou said: hold"
+        assert len(w.fake.in_conversation(PERSONAL)) == 1  # finished, not posted again
+
+
+async def test_a_message_while_an_approval_waits_is_told_to_answer_it_first(
+        tmp_path: Path) -> None:
+    async with world(tmp_path) as w:
+        await w.say("refund 5")
+        await w.fake.wait(lambda: w.fake.prompt(PERSONAL), "the card")
+        await w.say("and another thing")
+        note = await w.fake.wait(lambda: next((a for a in w.fake.in_conversation(PERSONAL)
+                                               if "waiting for an answer" in a.text), None),
+                                 "the note")
+        assert note.text == BUSY

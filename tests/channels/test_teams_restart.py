@@ -150,3 +150,32 @@ async def test_a_crash_between_the_turn_and_its_delivery_delivers_once_on_recove
         assert posted.text == "You said: daily digest"
         t = await _turn(db, "digest", "digest-1")
         assert t.data["delivered"]["receipt"]["id"] == posted.id
+
+
+async def test_a_half_streamed_reply_is_finished_by_an_update_after_a_restart(
+        tmp_path: Path) -> None:
+    fake = TeamsFake()
+    app, db, gate = _app(tmp_path), tmp_path / "s.db", tmp_path / "gate"
+    async with serving(fake.app) as fake_url, httpx.AsyncClient(timeout=WAIT) as http:
+        fake.base = fake_url
+        said = fake.message("slow")
+        session, turn_id = f"teams:{PERSONAL}", f"teams:{PERSONAL}:{said['id']}"
+        async with serve(app, db, fake, GATE=str(gate)) as url:
+            r = await http.post(f"{url}/teams/messages", json=said, headers=fake.headers())
+            assert r.status_code == 200
+            stream = await fake.wait(lambda: next(iter(fake.in_conversation(PERSONAL)), None),
+                                     "the first part")
+            assert stream.streaming and stream.text == "Part one."
+            async with asyncio.timeout(WAIT):
+                while True:  # the stream's id is stored with the turn before it appends
+                    t = await _turn(db, session, turn_id)
+                    if ((t.data or {}).get("teams") or {}).get("stream"):
+                        break
+                    await asyncio.sleep(0.05)
+        gate.write_text("open")  # SIGKILLed mid-stream; the next process finishes it
+        async with serve(app, db, fake, GATE=str(gate)):
+            await fake.wait(lambda: stream.edited, "the update")
+            assert stream.text == "Part one. Part two."
+            (put,) = [p for m, p, _b in fake.calls if m == "PUT"]
+            assert put == f"/v3/conversations/{PERSONAL}/activities/{stream.id}"
+            assert len(fake.in_conversation(PERSONAL)) == 1  # finished, not posted again

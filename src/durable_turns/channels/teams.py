@@ -241,9 +241,14 @@ class TeamsChannel(ThreadChannel):
         aad = _object(activity["from"]).get("aadObjectId")
         if not isinstance(aad, str) or not aad:
             return _note("This click came from nobody Teams could name.")
+        rec = await self.ctx.session(session).entry(turn_id)
+        if rec is None or (rec.event or {}).get("source") != self.name:
+            # The card's data is the client's to send: it never reaches another source's turns.
+            return _note("This card answers no request of this bot.")
+        schema = next((r.schema for r in (rec.request.all if rec.request else ())
+                       if r.id == input_id), None)
         try:
-            value = answer_of(str(action.get("verb")), data,
-                              await self._schema(self.ctx.session(session), turn_id, input_id))
+            value = answer_of(str(action.get("verb")), data, schema)
         except ValueError as e:
             return _note(f"That answer doesn't fit the request: {e}")
         out: dict[str, Any] = {}
@@ -257,14 +262,6 @@ class TeamsChannel(ThreadChannel):
             principal={"tenant": str(_object(activity["conversation"]).get("tenantId") or ""),
                        "teams_id": _object(activity["from"]).get("id")}))
         return out.get("response") or _note("Answered.")
-
-    async def _schema(self, s: AgentSession, turn_id: str, input_id: str
-                      ) -> Mapping[str, Any] | None:
-        rec = await s.entry(turn_id)
-        for request in rec.request.all if rec is not None and rec.request else ():
-            if request.id == input_id:
-                return request.schema
-        return None
 
     # -- the platform's calls ----------------------------------------------------------------
 
