@@ -47,10 +47,12 @@ from fakes.teams_api import (
     BOB,
     CHANNEL,
     PERSONAL,
+    TENANT,
     TOKEN,
     Activity,
     TeamsFake,
     new_key,
+    tls_files,
 )
 
 WAIT = 30.0
@@ -86,13 +88,14 @@ class World:
 
 @asynccontextmanager
 async def world(tmp_path: Path, *, agent: Agent | None = None, model: Model | None = None,
-                stream_interval: float = 0.0, **kw: Any) -> AsyncIterator[World]:
+                stream_interval: float = 0.0, token: Any = TOKEN,
+                **kw: Any) -> AsyncIterator[World]:
     fake = TeamsFake()
     async with serving(fake.app) as fake_url:
         fake.base = fake_url
         runtime = Runtime([agent or slack_app.build_agent()], SqliteStore(tmp_path / "s.db"),
                           model)
-        teams = teams_channel(app_id=APP_ID, token=TOKEN, service_url=fake_url,
+        teams = teams_channel(app_id=APP_ID, token=token, service_url=fake_url,
                               openid_metadata_url=fake.metadata_url,
                               stream_interval=stream_interval, **kw)
         app = create_app(runtime, channels=[teams])
@@ -381,3 +384,22 @@ async def test_a_message_while_an_approval_waits_is_told_to_answer_it_first(
                                                if "waiting for an answer" in a.text), None),
                                  "the note")
         assert note.text == BUSY
+
+
+async def test_the_bot_s_token_comes_from_its_password_through_msal(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cert, key = tls_files(tmp_path)
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(cert))  # MSAL's requests trusts the fake
+    login = TeamsFake()  # Entra ID's side: the same fake's routes, over https
+    async with serving(login.app, ssl_certfile=str(cert), ssl_keyfile=str(key)) as url:
+        https = url.replace("http://", "https://")
+        async with world(tmp_path, token=None, password=login.password, tenant=TENANT,
+                         login_url=https) as w:
+            await w.say("hello")
+            (reply,) = await w.done(PERSONAL)
+            assert reply.text == "You said: hello"  # the connector took the token
+            await w.say("again")
+            await w.done(PERSONAL, 2)
+    assert len(login.token_requests) == 1  # MSAL's cache: one token for every call
+    (asked,) = login.token_requests
+    assert asked["client_id"] == APP_ID and asked["client_secret"] == login.password

@@ -21,16 +21,23 @@ keys (or a stranger's, or none).
 from __future__ import annotations
 
 import asyncio
+import datetime
+import ipaddress
 import itertools
 import json
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs
 
 import jwt
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
+from cryptography.x509.oid import NameOID
 from jwt.algorithms import RSAAlgorithm
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -97,11 +104,17 @@ class TeamsFake:
         """``(method, path, body)`` of every connector call."""
         self.rate_limits: list[int] = []
         self.metadata_reads = 0
+        self.password = "bot-password"
+        """The bot's client secret, which the login endpoint takes for ``TOKEN``."""
+        self.token_requests: list[dict[str, str]] = []
         self._ids = itertools.count(1)
         self._changed: asyncio.Condition | None = None
         self.app = Starlette(routes=[
             Route("/v1/.well-known/openidconfiguration", self.metadata, methods=["GET"]),
             Route("/v1/.well-known/keys", self.keys, methods=["GET"]),
+            Route("/{tenant}/v2.0/.well-known/openid-configuration", self.login_metadata,
+                  methods=["GET"]),
+            Route("/{tenant}/oauth2/v2.0/token", self.login_token, methods=["POST"]),
             Route("/v3/conversations/{cid}/activities", self.create, methods=["POST"]),
             Route("/v3/conversations/{cid}/activities/{aid}", self.reply, methods=["POST"]),
             Route("/v3/conversations/{cid}/activities/{aid}", self.update, methods=["PUT"]),
@@ -170,6 +183,27 @@ class TeamsFake:
         jwk = RSAAlgorithm.to_jwk(self.key.public_key(), as_dict=True)
         jwk.update(kid=self.kid, use="sig", endorsements=["msteams"])
         return JSONResponse({"keys": [jwk]})
+
+    # -- Entra ID's login endpoint (the bot's own token) ----------------------------------
+
+    async def login_metadata(self, request: Request) -> Response:
+        root = f"{str(request.base_url).rstrip('/')}/{request.path_params['tenant']}"
+        return JSONResponse({"token_endpoint": f"{root}/oauth2/v2.0/token",
+                             "authorization_endpoint": f"{root}/oauth2/v2.0/authorize",
+                             "issuer": f"{root}/v2.0"})
+
+    async def login_token(self, request: Request) -> Response:
+        form = {k: v[0] for k, v in parse_qs((await request.body()).decode()).items()}
+        self.token_requests.append(form)
+        if form.get("grant_type") != "client_credentials" or form.get("client_id") != APP_ID \
+                or form.get("scope") != "https://api.botframework.com/.default":
+            return JSONResponse({"error": "invalid_request"}, status_code=400)
+        if form.get("client_secret") != self.password:
+            return JSONResponse({"error": "invalid_client",
+                                 "error_description": "AADSTS7000215: Invalid client secret"},
+                                status_code=401)
+        return JSONResponse({"token_type": "Bearer", "expires_in": 3599,
+                             "access_token": TOKEN})
 
     # -- the connector ---------------------------------------------------------------------
 
@@ -329,6 +363,28 @@ class TeamsFake:
                 "value": {"action": {"type": "Action.Execute", "verb": verb, "data": data},
                           "trigger": "manual"},
                 "channelData": {"tenant": {"id": TENANT}}}
+
+
+def tls_files(folder: Path) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1 and its key, as PEM files (MSAL speaks to
+    https only: its login endpoint is served with them)."""
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName(
+                [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    cert_file, key_file = folder / "cert.pem", folder / "key.pem"
+    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                           serialization.PrivateFormat.TraditionalOpenSSL,
+                                           serialization.NoEncryption()))
+    return cert_file, key_file
 
 
 def _error(status: int, code: str, message: str) -> JSONResponse:

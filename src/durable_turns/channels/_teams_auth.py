@@ -148,9 +148,17 @@ class BotToken:
     def _acquire(self) -> dict[str, Any]:
         if self._app is None:
             self._app = msal.ConfidentialClientApplication(
-                self.app_id, client_credential=self.credential, authority=self.authority)
+                self.app_id, client_credential=self.credential, authority=self.authority,
+                # Another login endpoint (a sovereign cloud's, a test double's) is taken as
+                # given: instance discovery would ask the public cloud about it.
+                instance_discovery=self.authority.startswith(f"{LOGIN}/"))
         got: dict[str, Any] = self._app.acquire_token_for_client(scopes=[BOT_SCOPE])
         return got
+
+    def close(self) -> None:
+        """Close MSAL's connections (a token asked for later opens new ones)."""
+        if self._app is not None:
+            self._app.http_client.close()
 
     async def __call__(self) -> str:
         """A valid token (MSAL's cache, else a new one).

@@ -167,6 +167,7 @@ class TeamsChannel(ThreadChannel):
         self.service_url = service_url
         self.stream_interval = stream_interval
         self.verifier = BotFrameworkVerifier(app_id, metadata_url=openid_metadata_url)
+        self.token = token
         self.http = Client(ClientOptions(token=token))
         """The Teams SDK's HTTP client: the bot's token on every call, a 429 retried after
         its ``Retry-After``."""
@@ -184,6 +185,8 @@ class TeamsChannel(ThreadChannel):
         finally:
             await self.http.http.aclose()
             await self.verifier.http.aclose()
+            if isinstance(self.token, BotToken):
+                self.token.close()
 
     # -- inbound -----------------------------------------------------------------------------
 
