@@ -154,10 +154,18 @@ async def test_a_1_to_1_reply_streams_with_its_tool_timeline(tmp_path: Path) -> 
         kinds = [(b["type"], next(e["streamType"] for e in b["entities"]
                                   if e["type"] == "streaminfo"))
                  for m, _p, b in w.fake.calls if m == "POST"]
-        assert kinds[0] == ("typing", "streaming") and kinds[-1] == ("message", "final")
-        assert {k for k in kinds[1:-1]} == {("typing", "streaming")}
+        # Informative updates while only tools run, then the text so far, then the final.
+        n = kinds.index(("typing", "streaming"))
+        assert kinds[:n] == [("typing", "informative")] * n and n >= 1
+        assert set(kinds[n:-1]) == {("typing", "streaming")}
+        assert kinds[-1] == ("message", "final")
         assert [m for m, _p, _b in w.fake.calls] == ["POST"] * len(kinds)  # no update
-        assert reply.texts[0] == "⏳ lookup"  # the text so far, whole, each time
+        assert reply.statuses[0] == "⏳ lookup"
+        assert reply.statuses[-1] == "✗ crm: ConnectionError: crm unreachable"
+        assert reply.texts[0].startswith("✓ lookup\n\n✗ crm")  # the text so far, whole
+        seqs = [e["streamSequence"] for _m, _p, b in w.fake.calls for e in b["entities"]
+                if "streamSequence" in e]
+        assert seqs == list(range(1, len(kinds)))
         assert all(b["replyToId"] == said["id"] for _m, _p, b in w.fake.calls)
         s = w.teams.ctx.session(f"teams:{PERSONAL}")
         (turn,) = await s.chain()
@@ -365,7 +373,7 @@ async def test_a_stream_teams_ended_is_finished_by_an_update(tmp_path: Path) -> 
         await w.say("hold")
         stream = await w.fake.wait(lambda: next(iter(w.fake.in_conversation(PERSONAL)), None),
                                    "the stream")
-        assert stream.streaming and stream.text == "⏳ hold"
+        assert stream.streaming and stream.statuses == ["⏳ hold"] and stream.text == ""
         assert w.fake.expire_streams() == 1  # its two minutes ran out while the tool ran
         slack_app.held.setdefault("hold", asyncio.Event()).set()
         await w.fake.wait(lambda: stream.edited, "the update")

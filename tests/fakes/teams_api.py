@@ -7,7 +7,8 @@ protocol): ``POST /v3/conversations/{id}/activities`` creates an activity and an
 ``?isTargetedActivity=true`` creates one only its ``recipient`` sees. A ``typing`` activity
 with a ``streaminfo`` entity opens a stream (its first answers the stream id) or appends to
 it (its ``streamSequence`` must grow; its text is the whole text so far); a ``message``
-with ``streamType: final`` ends it. Streaming is refused (403) outside a 1:1 chat, and on a
+with ``streamType: final`` ends it; ``informative`` updates (a status line) are taken
+before the first text only. Streaming is refused (403) outside a 1:1 chat, and on a
 stream that ended (``expire_streams``: 403 "exceeded streaming time", as Teams ends a stream
 after two minutes). Every call must carry ``Authorization: Bearer TOKEN``; one-shot 429s with
 ``Retry-After``. Every call is logged, and a test waits on the log with
@@ -82,6 +83,8 @@ class Activity:
     targeted_for: str | None = None
     texts: list[str] = field(default_factory=list)
     """Every text it showed, in order (a stream's each step)."""
+    statuses: list[str] = field(default_factory=list)
+    """A stream's informative updates (shown before its text)."""
 
     @property
     def card(self) -> dict[str, Any] | None:
@@ -244,9 +247,12 @@ class TeamsFake:
         if sid is None:
             if body.get("type") != "typing" or info.get("streamSequence") != 1:
                 return _error(400, "BadArgument", "a stream starts with sequence 1")
-            a = Activity(cid, self._new_id(), "message", body.get("text") or "",
-                         reply_to=body.get("replyToId"), streaming=True, sequence=1,
-                         texts=[body.get("text") or ""])
+            informative = kind == "informative"
+            a = Activity(cid, self._new_id(), "message", "" if informative else
+                         body.get("text") or "", reply_to=body.get("replyToId"),
+                         streaming=True, sequence=1,
+                         texts=[] if informative else [body.get("text") or ""],
+                         statuses=[body.get("text") or ""] if informative else [])
             self.activities[a.id] = a
             return JSONResponse({"id": a.id}, status_code=201)
         s = self.activities.get(sid)
@@ -265,8 +271,14 @@ class TeamsFake:
         seq = info.get("streamSequence")
         if not isinstance(seq, int) or seq <= s.sequence:
             return _error(400, "BadArgument", "streamSequence must grow")
-        s.sequence, s.text = seq, body.get("text") or ""
-        s.texts.append(s.text)
+        s.sequence = seq
+        if kind == "informative":
+            if s.texts:
+                return _error(400, "BadArgument", "informative updates come before the text")
+            s.statuses.append(body.get("text") or "")
+        else:
+            s.text = body.get("text") or ""
+            s.texts.append(s.text)
         return JSONResponse({}, status_code=202)
 
     def _create(self, cid: str, body: dict[str, Any], reply_to: str | None = None

@@ -1,7 +1,8 @@
 """What the Teams channel's calls send: a reply's text as it grows, and Adaptive Cards.
 
 Teams streams (and updates in place) a message whole: each streaming activity carries the
-text so far, not the new piece. :class:`Growing` keeps a reply's text and its tool timeline
+text so far, not the new piece; before the first text, informative updates carry a status
+line (the tool that runs). :class:`Growing` keeps a reply's text and its tool timeline
 and renders them as one markdown text. A prompt is an Adaptive Card with ``Action.Execute``
 buttons (Universal Actions: the click comes back as an ``adaptiveCard/action`` invoke
 signed like any activity) whose ``data`` carries the routing of the answer, never who
@@ -43,6 +44,9 @@ class Growing:
     """The streaming activities sent (Teams numbers them from 1)."""
     sent: float = 0.0
     """When the last one was sent (``time.monotonic()``)."""
+    streaming: bool = False
+    """Whether text was streamed yet (before it, Teams takes informative updates: a status
+    line, the tool running)."""
 
     def add(self, chunks: Sequence[Chunk]) -> None:
         for c in chunks:
@@ -51,10 +55,17 @@ class Growing:
             else:
                 self.text += c.text
 
+    def status(self) -> str:
+        """The informative update before any text: the last tool's line."""
+        return next((_line(t) for t in reversed(self.tasks.values())), "…")
+
     def render(self) -> str:
-        lines = [f"{MARKS[t.status]} {t.title}" + (f": {t.output}" if t.output else "")
-                 for t in self.tasks.values()]
+        lines = [_line(t) for t in self.tasks.values()]
         return "\n\n".join(p for p in ("\n\n".join(lines), self.text.strip()) if p) or "…"
+
+
+def _line(t: Task) -> str:
+    return f"{MARKS[t.status]} {t.title}" + (f": {t.output}" if t.output else "")
 
 
 def _card(body: list[dict[str, Any]], actions: list[dict[str, Any]] | None = None

@@ -12,7 +12,8 @@ chat, a group chat, or one reply chain of a channel: its conversation id names t
 whose id is ``teams:<conversation id>:<activity id>``, spoken by the sender's Microsoft
 Entra (AAD) object id. The turn is durable before the request is answered; the reply is
 delivered in the background: streamed in a 1:1 chat (Teams' streaming protocol: ``typing``
-activities with ``streaminfo``, then the ``final`` message), posted and updated in place
+activities with ``streaminfo``, informative ones while only tools run, then the text so far,
+then the ``final`` message), posted and updated in place
 elsewhere. A park posts an Adaptive Card; its ``Action.Execute`` click is an invoke, answered
 in its own response (the card for the clicker, or a note only the clicker sees).
 
@@ -33,7 +34,7 @@ try:
     from microsoft_teams.api.activities import ActivityParams, TypingActivityInput
     from microsoft_teams.api.activities.message import MessageActivityInput
     from microsoft_teams.api.clients.conversation import ConversationClient
-    from microsoft_teams.api.models import Account, Attachment
+    from microsoft_teams.api.models import Account, Attachment, ChannelData
     from microsoft_teams.common import Client, ClientOptions
     from starlette.requests import ClientDisconnect, Request
     from starlette.responses import JSONResponse, Response
@@ -294,8 +295,7 @@ class TeamsChannel(ThreadChannel):
         grow.add(chunks)
         if _streams(thread):
             grow.sequence = 1
-            message = await self._create(thread.route, TypingActivityInput().with_text(
-                grow.render()).add_stream_update(1))
+            message = await self._create(thread.route, _streamed(grow))
         else:
             message = await self._create(thread.route, MessageActivityInput(text=grow.render()))
         grow.sent = time.monotonic()
@@ -313,8 +313,7 @@ class TeamsChannel(ThreadChannel):
         grow.sent = time.monotonic()
         if _streams(thread):
             grow.sequence += 1
-            await self._create(thread.route, TypingActivityInput().with_text(
-                grow.render()).with_id(message).add_stream_update(grow.sequence))
+            await self._create(thread.route, _streamed(grow, message))
         else:
             await self._update(thread.route, message, MessageActivityInput(text=grow.render()))
 
@@ -395,6 +394,19 @@ class TeamsChannel(ThreadChannel):
                         "service_url": route["service_url"],
                         "tenant_id": route.get("tenant_id", "")}
         return None
+
+
+def _streamed(grow: Growing, message: str | None = None) -> TypingActivityInput:
+    """The next activity of a stream: informative (a status line) until there is text, then
+    the text so far."""
+    grow.streaming = grow.streaming or bool(grow.text.strip())
+    activity = TypingActivityInput().with_text(grow.render() if grow.streaming
+                                               else grow.status())
+    if not grow.streaming:
+        activity.with_channel_data(ChannelData(stream_type="informative"))
+    if message is not None:
+        activity.with_id(message)
+    return activity.add_stream_update(grow.sequence)
 
 
 def _streams(thread: Thread) -> bool:
