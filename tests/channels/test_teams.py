@@ -194,6 +194,21 @@ async def test_in_a_channel_the_reply_is_posted_in_its_chain_and_updated_in_plac
         assert turn.event is not None and turn.event["text"] == "status 8"  # no mention
 
 
+async def test_where_teams_refuses_a_stream_the_reply_is_updated_in_place(
+        tmp_path: Path) -> None:
+    async with world(tmp_path) as w:
+        w.fake.streaming_allowed = False
+        await w.say("status 10")
+        reply = await w.fake.wait(lambda: next((a for a in w.fake.in_conversation(PERSONAL)
+                                                if a.text.endswith("tomorrow.")), None),
+                                  "the reply, finished")
+        await w.teams.idle()
+        (refused, posted, *updates) = w.fake.calls
+        assert "entities" in refused[2] and "entities" not in posted[2]  # the 403, then a post
+        assert {m for m, _p, _b in updates} == {"PUT"} and reply.edited
+        assert len(w.fake.in_conversation(PERSONAL)) == 1
+
+
 async def test_updates_in_place_are_spaced_by_the_stream_interval(tmp_path: Path) -> None:
     async with world(tmp_path, stream_interval=3600.0) as w:
         await w.say("status 9", conversation=CHANNEL)

@@ -107,6 +107,8 @@ class TeamsFake:
         """``(method, path, body)`` of every connector call."""
         self.rate_limits: list[int] = []
         self.metadata_reads = 0
+        self.streaming_allowed = True
+        """False: Teams refuses the bot's streams (403) in 1:1 chats too."""
         self.password = "bot-password"
         """The bot's client secret, which the login endpoint takes for ``TOKEN``."""
         self.token_requests: list[dict[str, str]] = []
@@ -240,7 +242,7 @@ class TeamsFake:
                     None)
         if info is None:
             return None
-        if self.conversations[cid] != "personal":
+        if self.conversations[cid] != "personal" or not self.streaming_allowed:
             return _error(403, "BadArgument", "Message streaming is not allowed in this "
                                               "conversation")
         kind, sid = info.get("streamType"), info.get("streamId")

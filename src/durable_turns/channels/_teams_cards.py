@@ -44,6 +44,8 @@ class Growing:
     """The streaming activities sent (Teams numbers them from 1)."""
     sent: float = 0.0
     """When the last one was sent (``time.monotonic()``)."""
+    streams: bool = True
+    """Whether it goes by Teams' streaming protocol (a 1:1 chat), else updated in place."""
     streaming: bool = False
     """Whether text was streamed yet (before it, Teams takes informative updates: a status
     line, the tool running)."""

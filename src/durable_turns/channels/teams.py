@@ -209,11 +209,16 @@ class TeamsChannel(ThreadChannel):
         if not isinstance(activity, dict):
             return _refuse(400, "not an activity")
         try:
-            if activity.get("type") == "invoke" and activity.get("name") == "adaptiveCard/action":
+            click = activity.get("type") == "invoke" and activity.get(
+                "name") == "adaptiveCard/action"
+            if click:
                 return JSONResponse(await self._on_click(activity))
             said = self._said(activity) if activity.get("type") == "message" else None
         except (KeyError, TypeError, ValueError) as e:
             return _refuse(400, f"not an activity this bot takes: {e}")
+        except Exception:
+            log.exception("teams: the click %s failed", activity.get("id"))
+            return _refuse(500, "the click could not be answered; click again")
         if said is not None:
             try:
                 await self.message(said)
@@ -293,10 +298,16 @@ class TeamsChannel(ThreadChannel):
     async def start_stream(self, thread: Thread, chunks: Sequence[Chunk]) -> str:
         grow = Growing()
         grow.add(chunks)
-        if _streams(thread):
+        grow.streams = thread.route.get("conversation_type") == "personal"  # 1:1 chats only
+        message = ""
+        if grow.streams:
             grow.sequence = 1
-            message = await self._create(thread.route, _streamed(grow))
-        else:
+            try:
+                message = await self._create(thread.route, _streamed(grow))
+            except StreamEnded as e:  # streaming refused (for this user, this tenant)
+                log.warning("teams: streaming refused (%s); updating in place instead", e)
+                grow.streams = grow.streaming = False
+        if not message:
             message = await self._create(thread.route, MessageActivityInput(text=grow.render()))
         grow.sent = time.monotonic()
         self._growing[message] = grow
@@ -311,7 +322,7 @@ class TeamsChannel(ThreadChannel):
         if time.monotonic() - grow.sent < self.stream_interval:
             return  # sent whole with the next one, or the last
         grow.sent = time.monotonic()
-        if _streams(thread):
+        if grow.streams:
             grow.sequence += 1
             await self._create(thread.route, _streamed(grow, message))
         else:
@@ -324,7 +335,7 @@ class TeamsChannel(ThreadChannel):
             raise StreamEnded("not a stream of this process")
         grow.add(chunks)
         final = MessageActivityInput(text=grow.render())
-        if _streams(thread):
+        if grow.streams:
             await self._create(thread.route, final.with_id(message).add_stream_final())
         else:
             await self._update(thread.route, message, final)
@@ -360,8 +371,12 @@ class TeamsChannel(ThreadChannel):
         card = answered_card(click.reply["prompt"], said)
         click.reply["out"]["response"] = {"statusCode": 200, "type": CARD, "value": card}
         if click.reply.get("activity_id"):  # everyone else sees the card updated too
-            await self._update(click.reply, str(click.reply["activity_id"]),
-                               _card_message(card))
+            try:
+                await self._update(click.reply, str(click.reply["activity_id"]),
+                                   _card_message(card))
+            except httpx.HTTPError as e:  # answered all the same; the clicker sees it
+                log.warning("teams: updating the card %s failed: %s",
+                            click.reply["activity_id"], e)
 
     async def post_outcome(self, target: Mapping[str, Any], end: TurnEvent) -> dict[str, Any]:
         """A proactive message in the conversation ``target`` names: ``conversation_id`` (or
@@ -407,10 +422,6 @@ def _streamed(grow: Growing, message: str | None = None) -> TypingActivityInput:
     if message is not None:
         activity.with_id(message)
     return activity.add_stream_update(grow.sequence)
-
-
-def _streams(thread: Thread) -> bool:
-    return thread.route.get("conversation_type") == "personal"  # Teams streams in 1:1 only
 
 
 def _card_message(card: Mapping[str, Any]) -> MessageActivityInput:
