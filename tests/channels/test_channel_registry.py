@@ -61,11 +61,11 @@ channels = {"file": FileChannel}
 def test_a_channel_is_found_by_name_and_an_unknown_name_lists_the_known() -> None:
     slack = channel_from_env("slack", {"SLACK_BOT_TOKEN": "xoxb-t", "SLACK_SIGNING_SECRET": "s"})
     assert isinstance(slack, SlackChannel) and isinstance(slack, Channel)
-    assert sorted(BUILTIN_CHANNELS) == ["slack"]
+    assert sorted(BUILTIN_CHANNELS) == ["slack", "teams"]
     with pytest.raises(ConfigurationError, match="SLACK_BOT_TOKEN"):
         channel_from_env("slack", {})
     with pytest.raises(ConfigurationError, match=r"no channel named 'fax'; known channels: "
-                                                 r"mine, slack"):
+                                                 r"mine, slack, teams"):
         channel_from_env("fax", {}, factories={"mine": lambda env: slack})
     assert channel_from_env("mine", {}, factories={"mine": lambda env: slack}) is slack
 
@@ -107,4 +107,4 @@ def test_receive_delivers_through_an_apps_own_channel(tmp_path: Path) -> None:
     unknown = _cli("receive", str(app), "--channel", "fax", "--target", "x", "--seed", "hi",
                    "--db", str(tmp_path / "desk.sqlite"), env=env)
     assert unknown.returncode == 2
-    assert "no channel named 'fax'; known channels: file, slack" in unknown.stderr
+    assert "no channel named 'fax'; known channels: file, slack, teams" in unknown.stderr

@@ -54,6 +54,8 @@ COMMANDS: list[tuple[list[str], str]] = [
      "temporal"),
     (["serve", "{app}", "--model", "test", "--temporal", "127.0.0.1:7233"], "server"),
     (["chat", "{app}", "--model", "anthropic:claude-sonnet-4-5"], "anthropic"),
+    (["receive", "{app}", "--channel", "teams", "--target", "a:1chat", "--seed", "hi",
+      "--model", "test"], "teams"),
 ]
 
 

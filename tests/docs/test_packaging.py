@@ -25,7 +25,8 @@ def _top_level_imports() -> set[str]:
 
 
 IMPORT_NAMES = {"opentelemetry_api": "opentelemetry", "ag_ui_protocol": "ag_ui",
-                "workers_runtime_sdk": "workers"}
+                "workers_runtime_sdk": "workers", "microsoft_teams_api": "microsoft_teams",
+                "pyjwt": "jwt"}
 """Distributions whose import name is not their own."""
 
 

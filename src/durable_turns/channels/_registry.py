@@ -31,7 +31,16 @@ def _slack(env: Mapping[str, str]) -> Channel:
     return slack_from_env(env)
 
 
-BUILTIN_CHANNELS: Mapping[str, ChannelFactory] = MappingProxyType({"slack": _slack})
+def _teams(env: Mapping[str, str]) -> Channel:
+    try:
+        from .teams import teams_from_env  # the Teams SDK, msal and PyJWT load when asked for
+    except ImportError as e:
+        raise ConfigurationError(str(e)) from None
+    return teams_from_env(env)
+
+
+BUILTIN_CHANNELS: Mapping[str, ChannelFactory] = MappingProxyType({"slack": _slack,
+                                                                   "teams": _teams})
 """The channels the package ships, by name."""
 
 

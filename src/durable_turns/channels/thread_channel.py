@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from ..access import Action, Authorize, decide
 from ..errors import (
     ConfigurationError,
+    InvalidInputError,
     ResumeAuthorizationError,
     ResumeConflictError,
     SessionBusyError,
@@ -56,6 +57,8 @@ BUSY = "I'm waiting for an answer to the approval above; send this again after i
 """What a speaker is told whose thread is parked on a request."""
 NOT_YOURS = "You can't answer this request; it is for someone else."
 """What a clicker who may not answer is told, privately."""
+UNFIT = "That answer doesn't fit the request"
+"""How a clicker is told, privately, that the answer does not fit the request's schema."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,12 +283,22 @@ class ThreadChannel:
         except TurnConflictError:
             pass  # the same message id stored with other text: one message, one turn
 
+    def session_of(self, *parts: str) -> str:
+        """The session id of a thread on this platform: ``"<name>:<part>:…"`` (the source's
+        own namespace, so no other source's sessions share it)."""
+        return ":".join((self.name, *parts))
+
     def click(self, click: Click) -> None:
         """Take a click on a prompt's button: answered in the background (the platform is
         answered at once), as the verified clicker."""
-        self.spawn(self._answer(click))
+        self.spawn(self.answer_click(click))
 
-    async def _answer(self, click: Click) -> None:
+    async def answer_click(self, click: Click) -> bool:
+        """Answer a click as the verified clicker, now (a platform that must answer the
+        click's own request with the outcome awaits it; :meth:`click` runs it in the
+        background): under the request's answerer rules and ``authorize``; the prompt
+        updated (:meth:`answered`), or the clicker told why not (:meth:`refuse_click`).
+        Returns whether it answered."""
         s = self.ctx.session(click.session)
         try:
             if not await self.allowed(click.by, click.principal, "resume", s):
@@ -294,11 +307,15 @@ class ThreadChannel:
                                       by=click.by)
         except ResumeAuthorizationError:
             await self.refuse_click(click, NOT_YOURS)
-            return
+            return False
         except ResumeConflictError as e:
             await self.refuse_click(click, f"This request can't take that answer any more: {e}")
-            return
+            return False
+        except InvalidInputError as e:
+            await self.refuse_click(click, f"{UNFIT}: {e}")
+            return False
         await self.answered(click)
+        return True
 
     async def allowed(self, user: str, principal: Mapping[str, Any], action: Action,
                       s: AgentSession) -> bool:
@@ -328,4 +345,4 @@ class ThreadChannel:
         return await self.post_outcome(target, last)
 
 
-__all__ = ["BUSY", "NOT_YOURS", "REFUSED", "Click", "Said", "ThreadChannel"]
+__all__ = ["BUSY", "NOT_YOURS", "REFUSED", "UNFIT", "Click", "Said", "ThreadChannel"]
