@@ -34,7 +34,7 @@ import jsonschema
 from .._hitl import default_answerers
 from .._tracing import StepSpan
 from ..agent import Agent
-from ..context import Sessions, ToolContext
+from ..context import Sampled, Sessions, ToolContext
 from ..errors import (
     RUNTIME_FAILURES,
     ConfigurationError,
@@ -46,7 +46,7 @@ from ..errors import (
 )
 from ..events import ActionCompleted, ActionRetry, TurnEvent
 from ..inbound import InboundEvent
-from ..messages import ToolCall, encode_json
+from ..messages import Message, ToolCall, encode_json
 from ..records import (
     Answer,
     CallOutcome,
@@ -64,6 +64,7 @@ from ..tools import Tool, compile_schema
 from ._commits import StepCommits
 from ._guarded_sessions import GuardedSessions
 from ._in_doubt import settle
+from ._sampling import sample
 from ._step_context import StepContext
 from ._tool_message import BatchState, tool_message
 
@@ -177,6 +178,9 @@ class CallServices:
     def cancel_reason(self) -> str | None:
         return self._calls.reason(self._turn_id) or self._calls.failing
 
+    async def sample(self, sample_id: str, system: str, messages: list[Message]) -> Sampled:
+        return await self.guard(sample(self._calls, self._turn_id, sample_id, system, messages))
+
     async def ask(self, input_id: str, prompt: str, schema: Mapping[str, Any] | None,
                   answerers: Mapping[str, Any] | None) -> Any:
         step = InputStepId(self._turn_id, input_id)
@@ -244,6 +248,7 @@ class ToolCalls:
         self.cancel_reason = cancel_reason
         self.publish_live: PublishLive = ctx.publish_live
         self.sessions: Sessions = ctx.sessions
+        self.model = ctx.model_for(agent)
         self._store = ctx.store
         self._interruptible = interruptible
         self.asked_at = -1
