@@ -23,11 +23,15 @@ Failures become the call's error result, which the model reads, never a failed t
 A server that asks the user something (an ``input_required`` result, or the older
 server-initiated ``elicitation/create``) parks the turn (F26): the park's prompt is the
 server's message and its schema wraps the server's requested schema as
-``{"action": "accept" | "decline" | "cancel", "content": <the server's schema>}``. The
-first time, the server is told ``cancel`` and the call's outcome is discarded; on
-``resume()`` the tool runs again from the top and the stored answer goes back to the server
-(``accept`` with ``content``, or ``decline`` / ``cancel``). A sampling request is refused
-with an error naming why.
+``{"action": "accept" | "decline" | "cancel", "content": <the server's schema>}``. While the
+turn waits the server is told nothing (a park is no ``cancel``, and the request is not
+cancelled): the call is not retried, an ``elicitation/create`` is left unanswered and the
+connection closes. On ``resume()`` the tool runs again from the top and the stored answer goes
+back to the server once (``accept`` with ``content``, or ``decline`` / ``cancel``).
+
+A sampling request (``sampling/createMessage``) is refused with :data:`SAMPLING_REFUSED`
+unless ``mcp_tools(…, sampling=True)``: then the agent's model answers it, as a step of its
+own (``StepServices.sample``), which a run of the tool again reads instead of asking the model.
 
 ``timeout`` and ``retries`` are the tool's (:class:`~durable_turns.tools.Tool`): retry on
 ``ConnectionError`` to ride out a server that restarts.

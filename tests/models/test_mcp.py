@@ -364,12 +364,14 @@ async def test_a_stdio_server_asks_and_receives_the_answer(tmp_path: Path) -> No
     assert not cancelled(counter)
 
 
-async def test_a_decline_goes_back_to_the_server(tmp_path: Path) -> None:
+@pytest.mark.parametrize("action", ["decline", "cancel"])
+async def test_a_decline_or_a_cancel_goes_back_to_the_server(tmp_path: Path,
+                                                             action: str) -> None:
     counter = tmp_path / "calls.jsonl"
     last = await park_and_resume(stdio(counter), tmp_path / "db.sqlite", "pay_out",
-                                 {"action": "decline"})
-    assert "not paid: decline" in last
-    assert [c["args"] for c in calls(counter)] == [{"account": "acme", "action": "decline"}]
+                                 {"action": action})
+    assert f"not paid: {action}" in last
+    assert [c["args"] for c in calls(counter)] == [{"account": "acme", "action": action}]
     assert not cancelled(counter)
 
 

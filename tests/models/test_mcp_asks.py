@@ -1,4 +1,4 @@
-"""MCP servers that ask (F26), beyond ``test_mcp.py``'s ``input_required`` server: one of the
+"""MCP servers that ask (F26, F17), beyond ``test_mcp.py``'s ``input_required`` server: one of the
 handshake era (``tests/mcp_legacy_server.py``, protocol 2025-11-25) asking with the older
 server-initiated ``elicitation/create`` mid-call, over stdio and streamable HTTP; and sampling
 requests (``sampling/createMessage``, the older request and the ``input_required`` form),
@@ -180,6 +180,9 @@ async def sample_once(server: McpServer, db: Path, sampling: bool
         s = rt.session("ops", "s1")
         assert (await s.turn("summarise acme", turn_id="t1")).text == "Done."
         results = tool_results(await s.transcript())
+        history = [(cp.kind, [st.id for st in cp.steps]) for cp in await s.history()]
+    sampled = [h for h in history if any(i.startswith("input:t1:sample:") for i in h[1])]
+    assert sampled == ([("input", ["input:t1:sample:mcp:c1:1"])] if sampling else [])
     store = SqliteStore(db)
     await store.open()
     try:
