@@ -281,7 +281,7 @@ def test_an_app_folder_names_its_mcp_servers(tmp_path: Path) -> None:
     app.mkdir()
     (app / "instructions.md").write_text("You keep the ledger.")
     entry = {"command": sys.executable, "args": [str(SERVER), str(tmp_path / "calls.jsonl")],
-             "include": ["add_entry"], "prefix": "ledger_", "timeout": 30}
+             "include": ["add_entry"], "prefix": "ledger_", "timeout": 30, "sampling": True}
     (app / "agent.py").write_text(f"name = 'books'\nmcp_servers = [{entry!r}]\n")
     agent = load_agent(app)
     [t] = agent.tools
