@@ -19,7 +19,9 @@ Kill points (``--kill``):
 - ``asked:<call>``: in the sink, when the reply that asks for the call is published (its
   step committed; the call's intent not written): before the intent;
 - ``intent:<call>``: inside the tool, before its effect (its intent committed);
-- ``effect:<call>``: inside the tool, after its effect, before its result commits.
+- ``effect:<call>``: inside the tool, after its effect, before its result commits;
+- ``done:<call>``: in the sink, when the call's ``action.completed`` is published (its result
+  committed): after the call, before the next step.
 
 ``report-<tag>.json``: the turn's status, text and the request it parked on, if it did.
 """
@@ -124,6 +126,10 @@ class Sink:
         calls = getattr(event, "tool_calls", ())
         if self.kill[0] == "asked" and any(c.id == self.kill[1] for c in calls):
             die()  # the reply committed; its calls' intents are not written
+        call = getattr(event, "call", None)
+        if self.kill[0] == "done" and event.type == "action.completed" \
+                and call is not None and call.id == self.kill[1]:
+            die()  # the call's result committed: nothing of it is in doubt
 
 
 def make_store(work: Path, pg: str | None) -> SessionStore:

@@ -1,12 +1,13 @@
 """What a tool's run receives beside its input: :class:`ToolContext`, and the narrow seams
 behind it.
 
-A tool step may do four things beyond its own work, each through :class:`StepServices`,
-which the engine gives every remote call: ask a person (park the turn), see that its turn
-was asked to cancel, checkpoint a record of durable work it starts, and carry that work's
-events into its turn's stream. A subagent (``durable_turns.subagents``) is built on these
-alone, plus :class:`Sessions`: the other sessions of the runtime the step runs in, through the
-runtime's public API. Nothing of the engine or the runtime reaches a tool any other way.
+A tool step may do five things beyond its own work, each through :class:`StepServices`,
+which the engine gives every remote call: ask a person (park the turn), ask the agent's model
+(a step of its own), see that its turn was asked to cancel, checkpoint a record of durable
+work it starts, and carry that work's events into its turn's stream. A subagent
+(``durable_turns.subagents``) is built on these alone, plus :class:`Sessions`: the other
+sessions of the runtime the step runs in, through the runtime's public API. Nothing of the
+engine or the runtime reaches a tool any other way.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any, Protocol
 from .errors import ToolDeclarationError
 from .events import TurnEvent
 from .inbound import InboundEvent, User
+from .messages import Message
 from .records import ChainEntry, ChildMemo, ChildStepId, SessionKey, TurnResult
 
 Watcher = Callable[[list[TurnEvent] | None], None]
@@ -79,6 +81,17 @@ class Sessions(Protocol):
         ...
 
 
+@dataclass(frozen=True, slots=True)
+class Sampled:
+    """The agent's model's reply to a tool's own question (:meth:`StepServices.sample`)."""
+
+    text: str
+    stop: str
+    """The model's stop reason (``end_turn``, ``max_tokens``, …)."""
+    model: str
+    """The model's name (its adapter's ``model``, else its class)."""
+
+
 class StepServices(Protocol):
     """What a remote tool's step offers it beyond its input (the engine makes one per call)."""
 
@@ -91,6 +104,14 @@ class StepServices(Protocol):
                   answerers: Mapping[str, Any] | None) -> Any:
         """The answer to a request of this turn, if a person gave it; else park the turn on
         it (raises the park signal). See :meth:`ToolContext.request_input`."""
+        ...
+
+    async def sample(self, sample_id: str, system: str, messages: list[Message]) -> Sampled:
+        """The agent's model's reply to ``system`` and ``messages`` (no tools), asked as a
+        step of its own (``input:<turn_id>:sample:<sample_id>``, answered ``by="model"``):
+        once it committed, a run of the tool again is answered from it, the model not asked.
+        ``sample_id`` is stable within the turn. Raises
+        :class:`~durable_turns.errors.ModelError` when the model fails."""
         ...
 
     def cancel_reason(self) -> str | None:
@@ -176,4 +197,5 @@ class ActionContext:
     user: User | None = None
 
 
-__all__ = ["ActionContext", "Sessions", "StepServices", "StoreHandle", "ToolContext", "Watcher"]
+__all__ = ["ActionContext", "Sampled", "Sessions", "StepServices", "StoreHandle", "ToolContext",
+           "Watcher"]

@@ -23,11 +23,15 @@ Failures become the call's error result, which the model reads, never a failed t
 A server that asks the user something (an ``input_required`` result, or the older
 server-initiated ``elicitation/create``) parks the turn (F26): the park's prompt is the
 server's message and its schema wraps the server's requested schema as
-``{"action": "accept" | "decline" | "cancel", "content": <the server's schema>}``. The
-first time, the server is told ``cancel`` and the call's outcome is discarded; on
-``resume()`` the tool runs again from the top and the stored answer goes back to the server
-(``accept`` with ``content``, or ``decline`` / ``cancel``). A sampling request is refused
-with an error naming why.
+``{"action": "accept" | "decline" | "cancel", "content": <the server's schema>}``. While the
+turn waits the server is told nothing (a park is no ``cancel``, and the request is not
+cancelled): the call is not retried, an ``elicitation/create`` is left unanswered and the
+connection closes. On ``resume()`` the tool runs again from the top and the stored answer goes
+back to the server once (``accept`` with ``content``, or ``decline`` / ``cancel``).
+
+A sampling request (``sampling/createMessage``) is refused with :data:`SAMPLING_REFUSED`
+unless ``mcp_tools(…, sampling=True)``: then the agent's model answers it, as a step of its
+own (``StepServices.sample``), which a run of the tool again reads instead of asking the model.
 
 ``timeout`` and ``retries`` are the tool's (:class:`~durable_turns.tools.Tool`): retry on
 ``ConnectionError`` to ride out a server that restarts.
@@ -43,6 +47,7 @@ from typing import Any, cast
 
 from .context import ToolContext
 from .errors import ConfigurationError, Parked
+from .messages import Message
 from .tools import RunFn, Tool, ToolSpec
 
 try:
@@ -88,7 +93,8 @@ def _reason(e: BaseException) -> str:
 
 async def mcp_tools(server: McpServer, *, name: str | None = None, prefix: str = "",
                     include: Iterable[str] | None = None, timeout: float | None = None,
-                    retries: int = 0, retry_delay: float = 0.5) -> list[Tool]:
+                    retries: int = 0, retry_delay: float = 0.5,
+                    sampling: bool = False) -> list[Tool]:
     """The tools of an MCP server, as remote durable tools.
 
     Args:
@@ -99,6 +105,9 @@ async def mcp_tools(server: McpServer, *, name: str | None = None, prefix: str =
         timeout: seconds each call may take (``Tool(timeout=…)``).
         retries: how often a failed call is tried again (``Tool(retries=…)``).
         retry_delay: the first backoff in seconds.
+        sampling: answer the server's sampling requests (``sampling/createMessage``) with
+            the agent's model, each as a step of its own; else they are refused with
+            :data:`SAMPLING_REFUSED`.
 
     Returns:
         One :class:`~durable_turns.tools.Tool` per MCP tool, in the server's order.
@@ -127,15 +136,19 @@ async def mcp_tools(server: McpServer, *, name: str | None = None, prefix: str =
         raise ConfigurationError(f"MCP server {label!r} has no tools {missing}")
     return [
         Tool(ToolSpec(prefix + t.name, t.description or t.title or t.name, t.input_schema),
-             _caller(server, label, t.name), timeout=timeout, retries=retries,
+             _caller(server, label, t.name, sampling), timeout=timeout, retries=retries,
              retry_delay=retry_delay)
         for t in listed if wanted is None or t.name in wanted
     ]
 
 
-SAMPLING_REFUSED = ("durable_turns does not answer MCP sampling requests: this client "
-                    "offers no model to MCP servers")
-"""The error message a server's ``sampling/createMessage`` request receives."""
+SAMPLING_REFUSED = ("durable_turns answers MCP sampling requests only from servers whose tools "
+                    "were made with mcp_tools(..., sampling=True): this one's were not")
+"""The error message a server's ``sampling/createMessage`` request receives without
+``sampling=True``."""
+
+_STOPS = {"end_turn": "endTurn", "stop": "endTurn", "max_tokens": "maxTokens",
+          "length": "maxTokens", "stop_sequence": "stopSequence"}
 
 
 def answer_schema(requested: Mapping[str, Any]) -> dict[str, Any]:
@@ -145,13 +158,29 @@ def answer_schema(requested: Mapping[str, Any]) -> dict[str, Any]:
                            "content": dict(requested)}}
 
 
-class _Asker:
-    """The client's callbacks for one call: each elicitation is a park of the turn."""
+def _sampled_messages(params: mcp_types.CreateMessageRequestParams) -> list[Message] | str:
+    """A sampling request's messages as the model reads them, or why they cannot be."""
+    messages: list[Message] = []
+    for m in params.messages:
+        blocks = m.content if isinstance(m.content, list) else [m.content]
+        if not all(isinstance(b, mcp_types.TextContent) for b in blocks):
+            return "durable_turns answers sampling requests of text messages only"
+        text = "\n".join(b.text for b in blocks if isinstance(b, mcp_types.TextContent))
+        messages.append(Message("user" if m.role == "user" else "assistant", text))
+    return messages
 
-    def __init__(self, ctx: ToolContext) -> None:
+
+class _Asker:
+    """The client's callbacks for one call: each elicitation is a park of the turn, each
+    sampling request (with ``sampling=True``) a step asking the agent's model."""
+
+    def __init__(self, ctx: ToolContext, sampling: bool) -> None:
         self.ctx = ctx
+        self.sampling = sampling
         self.asked = 0
+        self.sampled = 0
         self.parked: Parked | None = None
+        self.parking = asyncio.Event()
 
     async def elicit(self, context: Any, params: mcp_types.ElicitRequestParams
                      ) -> mcp_types.ElicitResult | mcp_types.ErrorData:
@@ -163,30 +192,78 @@ class _Asker:
         schema = answer_schema(params.requested_schema)
         try:
             answer = await self.ctx.request_input(input_id, params.message, schema)
-        except Parked as p:  # the first time: park once the call is over
+        except Parked as p:
+            # The first time: the turn parks once the call is given up. The server's question
+            # is never answered for it (not "cancel": nobody cancelled); the connection closes.
             self.parked = self.parked or p
-            return mcp_types.ElicitResult(action="cancel")
+            self.parking.set()
+            await asyncio.Event().wait()  # until the connection is closed under it
+            raise
         action = answer.get("action", "cancel") if isinstance(answer, Mapping) else "cancel"
         if action != "accept":
             return mcp_types.ElicitResult(action="decline" if action == "decline" else "cancel")
         return mcp_types.ElicitResult(action="accept", content=answer.get("content") or {})
 
     async def sample(self, context: Any, params: mcp_types.CreateMessageRequestParams
-                     ) -> mcp_types.ErrorData:
-        return mcp_types.ErrorData(code=mcp_types.INVALID_REQUEST, message=SAMPLING_REFUSED)
+                     ) -> mcp_types.CreateMessageResult | mcp_types.ErrorData:
+        services = self.ctx.services
+        if not self.sampling or services is None:
+            return mcp_types.ErrorData(code=mcp_types.INVALID_REQUEST, message=SAMPLING_REFUSED)
+        messages = _sampled_messages(params)
+        if isinstance(messages, str):
+            return mcp_types.ErrorData(code=mcp_types.INVALID_PARAMS, message=messages)
+        self.sampled += 1
+        try:
+            reply = await services.sample(f"mcp:{self.ctx.call_id}:{self.sampled}",
+                                          params.system_prompt or "", messages)
+        except Exception as e:  # the model failed: the server reads why
+            return mcp_types.ErrorData(code=mcp_types.INTERNAL_ERROR,
+                                       message=f"the agent's model failed: {_reason(e)}")
+        return mcp_types.CreateMessageResult(
+            role="assistant", content=mcp_types.TextContent(type="text", text=reply.text),
+            model=reply.model, stop_reason=_STOPS.get(reply.stop, reply.stop or None))
+
+    async def until_parked(self, call: asyncio.Future[Any]) -> None:
+        """Wait for the call to end, or for one of its questions to park the turn."""
+        parking = asyncio.ensure_future(self.parking.wait())
+        try:
+            await asyncio.wait({call, parking}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            parking.cancel()
 
 
-def _caller(server: McpServer, label: str, tool_name: str) -> RunFn:
+async def _stop(call: asyncio.Future[Any] | None) -> None:
+    """Stop what is left of a call on this side (its outcome is not wanted)."""
+    if call is None:
+        return
+    if not call.done():
+        call.cancel()
+    await asyncio.gather(call, return_exceptions=True)
+
+
+def _caller(server: McpServer, label: str, tool_name: str, sampling: bool) -> RunFn:
     async def call(args: dict[str, Any], ctx: ToolContext) -> Any:
         connected = False
-        asker = _Asker(ctx)
+        asker = _Asker(ctx, sampling)
+        running: asyncio.Future[mcp_types.CallToolResult] | None = None
         try:
             async with Client(server, elicitation_callback=asker.elicit,
                               sampling_callback=asker.sample) as client:
                 connected = True
                 meta = cast(mcp_types.RequestParamsMeta, {IDEMPOTENCY_META: ctx.idempotency_key})
-                result = await client.call_tool(tool_name, args, meta=meta)
+                running = asyncio.ensure_future(client.call_tool(tool_name, args, meta=meta))
+                try:
+                    await asker.until_parked(running)
+                except BaseException:
+                    await _stop(running)  # a timeout, a cancel: the request is cancelled
+                    raise
+                if asker.parked is None:
+                    result = running.result()
+            # Parked: leaving the client closed the connection with the question unanswered
+            # and the call not cancelled; what was left of it on this side stops now.
+            await _stop(running)
         except Exception as e:
+            await _stop(running)
             if asker.parked is not None:
                 raise asker.parked from None
             cause = _cause(e)
@@ -226,7 +303,7 @@ def _server_entry(entry: Any, where: str) -> tuple[McpServer, dict[str, Any]]:
         raise ConfigurationError(f"{where}: an mcp_servers entry must be a URL, "
                                  f"StdioServerParameters or a mapping, not {entry!r}")
     options = {k: entry[k] for k in ("name", "prefix", "include", "timeout", "retries",
-                                     "retry_delay") if k in entry}
+                                     "retry_delay", "sampling") if k in entry}
     unknown = sorted(set(entry) - set(options) - {"url", "command", "args", "env", "cwd"})
     if unknown:
         raise ConfigurationError(f"{where}: unknown keys {unknown} in mcp_servers entry")

@@ -1,11 +1,11 @@
 """Remote tools in doubt (F26): an intent before the run, settled on replay.
 
 Real child processes (``tests/indoubtkit.py``) are SIGKILLed before a call's intent, after it
-(before the remote effect) and after the remote effect (before the result commits); a new
-process recovers the turn. Only a call whose intent committed and whose result did not is in
-doubt: an ``in_doubt="ask"`` call parks, a reconcile function settles it from the remote
-side's ledger, a ``rerun`` call runs again and writes nothing new. On SQLite and, with
-``DURABLE_TURNS_TEST_PG``, PostgreSQL.
+(before the remote effect), after the remote effect (before the result commits) and after the
+result committed; a new process recovers the turn. Only a call whose intent committed and
+whose result did not is in doubt: an ``in_doubt="ask"`` call parks, a reconcile function
+settles it from the remote side's ledger, a ``rerun`` call runs again and writes nothing new.
+On SQLite and, with ``DURABLE_TURNS_TEST_PG``, PostgreSQL.
 """
 
 from __future__ import annotations
@@ -74,14 +74,14 @@ def tool_results(messages: list[Any]) -> dict[str, Any]:
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("kill,in_doubt", [("asked", False), ("intent", True),
-                                           ("effect", True)])
+                                           ("effect", True), ("done", False)])
 @pytest.mark.parametrize("answer", ["yes", "no"])
 def test_ask_parks_exactly_the_calls_in_doubt(tmp_path: Path, backend: str, kill: str,
                                               in_doubt: bool, answer: str) -> None:
     args, factory = kit_args(backend, "ask")
     crash(tmp_path, "a", f"{kill}:c1", *args)
     effects_before = len(ledger(tmp_path))
-    assert effects_before == (1 if kill == "effect" else 0)
+    assert effects_before == (1 if kill in ("effect", "done") else 0)
     recovered = deliver(tmp_path, "b", "--recover", *args)
     if not in_doubt:
         assert recovered["status"] == "completed"
@@ -162,8 +162,11 @@ def test_rerun_writes_nothing_new(tmp_path: Path) -> None:
 
 MIX = "rerun,ask,reconcile"
 SWEEP = [(parallel, kill, call) for parallel in (False, True)
-         for kill in ("asked", "intent", "effect") for call in ("c1", "c2", "c3")
-         if not (parallel and kill == "asked" and call != "c1")]
+         for kill in ("asked", "intent", "effect", "done") for call in ("c1", "c2", "c3")
+         if not (parallel and kill in ("asked", "done") and call != "c1")]
+"""Each kill point of each call: before its intent (its reply committed), after the intent,
+after the remote effect, after its result committed (in a batch, only the first call's:
+the others may be anywhere then)."""
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -187,7 +190,7 @@ def test_the_crash_sweep_with_a_mix(tmp_path: Path, backend: str, parallel: bool
         assert report["request"]["call_id"] == "c2"
         report = deliver(tmp_path, f"yes{asked}", "--answer", "yes", *args)
     assert report["status"] == "completed", report
-    assert asked == (1 if call == "c2" and kill != "asked" else 0)
+    assert asked == (1 if call == "c2" and kill in ("intent", "effect") else 0)
     messages, _, _ = asyncio.run(read(store_of(tmp_path, factory)))
     assert [m.call_id for m in messages if m.role == "tool"] == ["c1", "c2", "c3"]
     counts = {c.id: sum(1 for e in ledger(tmp_path) if e["call"] == c.id)

@@ -2,8 +2,9 @@
 spoken to over stdio (and streamable HTTP), its tools called in turns, a crash after an MCP
 call committed, and the replay not calling the server again; MCP input requests (F26): the
 server asks (an ``input_required`` result), the turn
-parks with its message and schema, is resumed from another ``Runtime`` over the same SQLite
-file, and the server receives the answer or the decline.
+parks with its message and schema (the server told neither ``cancel`` nor that its request
+was cancelled), is resumed from another ``Runtime`` over the same SQLite file, and the server
+receives the answer or the decline, once.
 
 The server appends a line to a counter file on every ``tools/call``, from whichever process
 called it: that file, not a mock, tells how often the server was really called.
@@ -50,6 +51,12 @@ WAIT = 60.0
 
 def stdio(counter: Path) -> StdioServerParameters:
     return StdioServerParameters(command=sys.executable, args=[str(SERVER), str(counter)])
+
+
+def cancelled(counter: Path) -> list[str]:
+    """The ``notifications/cancelled`` the server received (``tests/mcp_server.py``)."""
+    notes = counter.with_name(counter.name + ".cancelled")
+    return notes.read_text().splitlines() if notes.exists() else []
 
 
 def calls(counter: Path) -> list[dict[str, Any]]:
@@ -253,12 +260,28 @@ async def test_streamable_http_tools_with_a_timeout(http_server: tuple[str, Path
     assert IDEMPOTENCY_META == "durable-turns/idempotency-key"
 
 
+async def test_a_timeout_cancels_the_request_over_stdio(tmp_path: Path) -> None:
+    # Unlike a park, a timeout gives the call up: the server is told its request was
+    # cancelled (what the tests of parks check the server was not told).
+    counter = tmp_path / "calls.jsonl"
+    [audit] = await mcp_tools(stdio(counter), include=["audit"], timeout=10.0)
+    model = scripted([ModelReply("", [ToolCall("c1", "audit", {"account": "acme"})]),
+                      ModelReply("The audit timed out.")])
+    async with Runtime([Agent("ops", tools=[audit])], MemoryStore(), model) as rt:
+        assert (await rt.session("ops", "s1").turn("audit", turn_id="t1")).status == "completed"
+    assert [c["tool"] for c in calls(counter)] == ["audit"]
+    deadline = time.monotonic() + WAIT
+    while not cancelled(counter) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)  # the server's process writes it as it goes
+    assert [json.loads(n)["reason"] for n in cancelled(counter)] == ["caller cancelled"]
+
+
 def test_an_app_folder_names_its_mcp_servers(tmp_path: Path) -> None:
     app = tmp_path / "app"
     app.mkdir()
     (app / "instructions.md").write_text("You keep the ledger.")
     entry = {"command": sys.executable, "args": [str(SERVER), str(tmp_path / "calls.jsonl")],
-             "include": ["add_entry"], "prefix": "ledger_", "timeout": 30}
+             "include": ["add_entry"], "prefix": "ledger_", "timeout": 30, "sampling": True}
     (app / "agent.py").write_text(f"name = 'books'\nmcp_servers = [{entry!r}]\n")
     agent = load_agent(app)
     [t] = agent.tools
@@ -287,7 +310,7 @@ async def test_an_app_folder_with_mcp_servers_loads_inside_an_event_loop(tmp_pat
         f"mcp_servers = [StdioServerParameters(command=sys.executable, args={server!r})]\n")
     agent = load_agent(app)
     assert sorted(t.name for t in agent.tools) == ["add_entry", "audit", "close_account",
-                                                   "hello", "pay_out"]
+                                                   "hello", "pay_out", "summarise"]
     model = scripted([ModelReply("", [ToolCall("c1", "add_entry",
                                                {"account": "acme", "amount": 2})]),
                       ModelReply("Booked.")])
@@ -334,16 +357,22 @@ async def test_a_stdio_server_asks_and_receives_the_answer(tmp_path: Path) -> No
     last = await park_and_resume(stdio(counter), tmp_path / "db.sqlite", tool,
                                  {"action": "accept", "content": {"approver": "alice"}})
     assert "paid acme, approved by alice" in last
-    answered = [c["args"] for c in calls(counter) if c["args"].get("action") == "accept"]
-    assert answered == [{"account": "acme", "action": "accept", "approver": "alice"}]
+    # The park was no "cancel" (the tool never ran with one), nor a cancelled request: the
+    # server's one run is the answered one.
+    assert [c["args"] for c in calls(counter)] == [
+        {"account": "acme", "action": "accept", "approver": "alice"}]
+    assert not cancelled(counter)
 
 
-async def test_a_decline_goes_back_to_the_server(tmp_path: Path) -> None:
+@pytest.mark.parametrize("action", ["decline", "cancel"])
+async def test_a_decline_or_a_cancel_goes_back_to_the_server(tmp_path: Path,
+                                                             action: str) -> None:
     counter = tmp_path / "calls.jsonl"
     last = await park_and_resume(stdio(counter), tmp_path / "db.sqlite", "pay_out",
-                                 {"action": "decline"})
-    assert "not paid: decline" in last
-    assert calls(counter)[-1]["args"] == {"account": "acme", "action": "decline"}
+                                 {"action": action})
+    assert f"not paid: {action}" in last
+    assert [c["args"] for c in calls(counter)] == [{"account": "acme", "action": action}]
+    assert not cancelled(counter)
 
 
 async def test_a_streamable_http_server_asks(http_server: tuple[str, Path],
@@ -352,8 +381,9 @@ async def test_a_streamable_http_server_asks(http_server: tuple[str, Path],
     last = await park_and_resume(url, tmp_path / "db.sqlite", "pay_out",
                                  {"action": "accept", "content": {"approver": "bob"}})
     assert "paid acme, approved by bob" in last
-    assert calls(counter)[-1]["args"] == {"account": "acme", "action": "accept",
-                                          "approver": "bob"}
+    assert [c["args"] for c in calls(counter)] == [
+        {"account": "acme", "action": "accept", "approver": "bob"}]
+    assert not cancelled(counter)
 
 
 def test_the_park_schema_wraps_the_servers_schema() -> None:

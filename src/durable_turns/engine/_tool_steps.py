@@ -26,7 +26,7 @@ import dataclasses
 import hashlib
 import inspect
 import logging
-from collections.abc import Awaitable, Callable, Collection, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 import jsonschema
@@ -34,7 +34,7 @@ import jsonschema
 from .._hitl import default_answerers
 from .._tracing import StepSpan
 from ..agent import Agent
-from ..context import Sessions, ToolContext, Watcher
+from ..context import Sampled, Sessions, ToolContext
 from ..errors import (
     RUNTIME_FAILURES,
     ConfigurationError,
@@ -46,26 +46,25 @@ from ..errors import (
 )
 from ..events import ActionCompleted, ActionRetry, TurnEvent
 from ..inbound import InboundEvent
-from ..messages import ToolCall, encode_json
+from ..messages import Message, ToolCall, encode_json
 from ..records import (
     Answer,
     CallOutcome,
-    ChainEntry,
     ChildMemo,
     ChildStepId,
     InputRequest,
     InputStepId,
-    SessionKey,
     StepId,
     StepResult,
     ToolMemo,
     ToolStepId,
-    TurnResult,
 )
 from ..stores import Transaction
 from ..tools import Tool, compile_schema
 from ._commits import StepCommits
+from ._guarded_sessions import GuardedSessions
 from ._in_doubt import settle
+from ._sampling import sample
 from ._step_context import StepContext
 from ._tool_message import BatchState, tool_message
 
@@ -157,7 +156,7 @@ class CallServices:
         self._turn_id = turn_id
         self._call_id = call_id
         self._event = event
-        self._sessions = _GuardedSessions(calls.sessions, self)
+        self._sessions = GuardedSessions(calls.sessions, self)
         self.failure: BaseException | None = None
         """The first runtime failure (``errors.RUNTIME_FAILURES``) a call on its context met:
         the tool's attempt is abandoned, whatever the tool made of it."""
@@ -178,6 +177,9 @@ class CallServices:
 
     def cancel_reason(self) -> str | None:
         return self._calls.reason(self._turn_id) or self._calls.failing
+
+    async def sample(self, sample_id: str, system: str, messages: list[Message]) -> Sampled:
+        return await self.guard(sample(self._calls, self._turn_id, sample_id, system, messages))
 
     async def ask(self, input_id: str, prompt: str, schema: Mapping[str, Any] | None,
                   answerers: Mapping[str, Any] | None) -> Any:
@@ -227,45 +229,6 @@ class CallServices:
             event, seq=commits.lease.last_seq, **commits.ids(self._turn_id)))
 
 
-class _GuardedSessions:
-    """The runtime's sessions as a remote tool reaches them (``ctx.services.sessions``): each call
-    goes through :meth:`CallServices.guard`, so a store failure it meets abandons the step."""
-
-    def __init__(self, sessions: Sessions, services: CallServices) -> None:
-        self._h = sessions
-        self._s = services
-
-    def agent_names(self) -> Collection[str]:
-        return self._h.agent_names()
-
-    async def start(self, key: SessionKey, text: str, *, turn_id: str,
-                    event: InboundEvent | None = None) -> None:
-        await self._s.guard(self._h.start(key, text, turn_id=turn_id, event=event))
-
-    async def wait(self, key: SessionKey, turn_id: str, *,
-                   timeout: float | None = None) -> TurnResult:
-        return await self._s.guard(self._h.wait(key, turn_id, timeout=timeout))
-
-    async def interrupt(self, key: SessionKey, turn_id: str, *, reason: str) -> list[str]:
-        return await self._s.guard(self._h.interrupt(key, turn_id, reason=reason))
-
-    async def reset(self, key: SessionKey, entry_id: str) -> None:
-        await self._s.guard(self._h.reset(key, entry_id))
-
-    async def entry(self, key: SessionKey, turn_id: str) -> ChainEntry | None:
-        return await self._s.guard(self._h.entry(key, turn_id))
-
-    async def events(self, key: SessionKey, *, after_seq: int = 0,
-                     turn_id: str | None = None) -> list[TurnEvent]:
-        return await self._s.guard(self._h.events(key, after_seq=after_seq, turn_id=turn_id))
-
-    def watch(self, key: SessionKey, watcher: Watcher) -> Callable[[], None]:
-        return self._h.watch(key, watcher)
-
-    def live(self, key: SessionKey, taker: Callable[[TurnEvent], None]) -> Callable[[], None]:
-        return self._h.live(key, taker)
-
-
 class ToolCalls:
     """Runs and commits the tool calls of one drive of a session.
 
@@ -285,6 +248,7 @@ class ToolCalls:
         self.cancel_reason = cancel_reason
         self.publish_live: PublishLive = ctx.publish_live
         self.sessions: Sessions = ctx.sessions
+        self.model = ctx.model_for(agent)
         self._store = ctx.store
         self._interruptible = interruptible
         self.asked_at = -1
