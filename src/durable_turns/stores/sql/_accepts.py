@@ -11,13 +11,14 @@ into the chain — appended, as an accept would have — as soon as the lock is 
 - by this store's fold, which waits for the lock;
 - by the first read of the session's chain that may write (no step of this process holds
   the lock), before it reads: the driver's look at a turn's model-call boundary, right after
-  the tool's step committed, so the steer joins there;
+  the tool's step committed, so the steer joins there (a driver's read never shows an entry
+  still kept: it joins or applies only what the chain has);
 - by the next store that opens the storage, or that hears of it (SQLite's change detector),
   should its accepting process die first.
 
 A fold of a folded entry changes nothing (an id the chain has is a redelivery), so a crash
 between a fold and its signal's drop loses nothing and appends nothing twice. Meanwhile the
-chain's reads show a kept entry as queued, after the stored ones.
+chain's other reads show a kept entry as queued, after the stored ones.
 """
 
 from __future__ import annotations
@@ -172,27 +173,33 @@ class Accepts:
         return out
 
     async def merged(self, key: SessionKey, found: list[ChainEntry], read: Callable[
-            [], Any], *, turn_id: str | None) -> list[ChainEntry]:
-        """The chain's entries ``found`` with the session's kept ones: folded first where
-        this process may write now (then read again with ``read``), else shown queued."""
+            [], Any], *, turn_id: str | None, unfinished: bool) -> list[ChainEntry]:
+        """The chain's entries ``found``, the session's kept ones folded first where this
+        process may write now (then read again with ``read``).
+
+        A driver's read (``unfinished``) waits for the fold, as its next commit would, and
+        never shows an entry still kept: a driver joins or applies only what the chain has.
+        Any other read never waits: what it could not fold shows queued, after the rest."""
         signals = self._signals
         if signals is None or not await signals.entries_of(key):
             return found
         if not signals.blocked():
-            with contextlib.suppress(StoreError):  # (then shown as kept, folded later)
-                await self.fold(key)
-                again: list[ChainEntry] = await read()
-                return again
+            with contextlib.suppress(StoreError, _Busy):  # (then kept, folded later)
+                await self.fold(key, wait=unfinished)
+                found = await read()
+        if unfinished:
+            return found
         kept = await self._kept(signals, key, found)
         return found + [e for e in kept if turn_id is None or e.turn_id == turn_id]
 
-    async def fold(self, key: SessionKey) -> None:
-        """Append the session's kept entries to its chain (waiting for the write lock), and
-        forget them."""
+    async def fold(self, key: SessionKey, *, wait: bool = True) -> None:
+        """Append the session's kept entries to its chain, and forget them; ``wait=False``
+        refuses (``_Busy``) where the write would wait for another writer."""
         signals = self._signals
         if signals is None:
             return
         store, st = self._store, self._store.statements
+        atomic = store.dialect.atomic
         bodies = await signals.entries_of(key)
         for turn_id, body in bodies.items():
             entry = _decode(body)
@@ -201,7 +208,13 @@ class Accepts:
                 if st.enqueue(c, key, entry)[1]:
                     store.dialect.notify(c, key, None)
 
-            await store.transact(accept)
+            if wait:
+                await store.transact(accept)
+            else:
+                def once(c: Any, job: Callable[[Any], None] = accept) -> None:
+                    atomic(c, job)
+
+                await store.dialect.write(once, waiting=_refuse)
             await signals.drop_entry(key, turn_id)
         if bodies:
             store.feed.changed(key)

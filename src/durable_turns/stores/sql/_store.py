@@ -364,7 +364,8 @@ class SqlStore:
         """``TurnStore.entries``: a cancel or an accept not folded into the chain yet shows."""
         def read() -> Any:
             return self.reads.entries(key, turn_id=turn_id, unfinished=unfinished)
-        found = await self.accepts.merged(key, await read(), read, turn_id=turn_id)
+        found = await self.accepts.merged(key, await read(), read, turn_id=turn_id,
+                                          unfinished=unfinished)
         return await self.cancels.merged(key, found)
 
     async def session_info(self, key: SessionKey) -> SessionInfo | None:
