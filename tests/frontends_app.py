@@ -18,7 +18,7 @@ from typing import Any
 
 from starlette.requests import Request
 
-from durable_turns import Agent, MemoryStore, Runtime, ToolContext, tool
+from durable_turns import Agent, Limits, MemoryStore, Runtime, ToolContext, tool
 from durable_turns.messages import ToolCall
 from durable_turns.model import ModelEvent, ModelRequest, Stop, TextDelta, ThinkingDelta
 from durable_turns.server import create_app, mount_ag_ui, mount_ai_sdk
@@ -115,10 +115,13 @@ def bearer(request: Request) -> dict[str, str] | None:
 def build(gate: Path, *, name: str = "desk",
           development: bool = False) -> tuple[Runtime, Any]:
     """The runtime and the app (both protocols mounted): authenticated, where only the boss
-    may approve a refund; or in development mode, where anyone may."""
+    may approve a refund; or in development mode, where anyone may. Agent ``capped`` is the
+    same with a limit of one model call per turn that asks (F25)."""
     refund = refund_tool(None if development else {"user": BOSS})
     agent = Agent(name, "You help.", tools=[lookup, refund, ask_color])
-    rt = Runtime([agent], MemoryStore(), DeskModel(gate))
+    capped = Agent("capped", "You help.", tools=[lookup],
+                   limits=Limits(model_calls=1, on_exceed="ask"))
+    rt = Runtime([agent, capped], MemoryStore(), DeskModel(gate))
     app = create_app(rt, None if development else bearer)
     mount_ai_sdk(app)
     mount_ag_ui(app)

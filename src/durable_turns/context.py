@@ -45,8 +45,9 @@ class Sessions(Protocol):
         ...
 
     async def start(self, key: SessionKey, text: str, *, turn_id: str,
-                    event: InboundEvent | None = None) -> None:
-        """Accept a turn of session ``key`` (a redelivery if ``turn_id`` is known there)."""
+                    event: InboundEvent | None = None, deliver: str | None = None) -> None:
+        """Accept a turn of session ``key`` (a redelivery if ``turn_id`` is known there);
+        ``deliver`` as ``AgentSession.start``'s."""
         ...
 
     async def wait(self, key: SessionKey, turn_id: str, *,

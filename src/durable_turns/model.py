@@ -51,6 +51,12 @@ class ModelRequest:
     view: F23). Do not mutate it."""
     tools: list[ToolSpec]
     turn_id: str = ""
+    output: dict[str, Any] | None = None
+    """The turn's output schema (F25, ``turn(output=…)``), given only to a model whose
+    ``structured_output`` attribute is true: it asks its provider for a final answer that
+    matches it (OpenAI's ``response_format``, Anthropic's ``output_config``), and the answer's
+    text is the JSON value. For any other model it is ``None`` and the schema is asked for in
+    ``system``. Either way the engine validates the answer."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +99,10 @@ class Model(Protocol):
     yield its events in order and end with exactly one :class:`Stop`; it raises
     :class:`~durable_turns.errors.ModelError` (translated from its SDK's exceptions) when the
     call fails. It must not persist anything: the engine commits the reply.
+
+    A model that can ask its provider for structured output natively says so with a true
+    ``structured_output`` attribute (optional: without it the engine asks in the system
+    prompt); it is then handed :attr:`ModelRequest.output`.
     """
 
     def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]: ...

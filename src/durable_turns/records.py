@@ -273,17 +273,17 @@ class NewEntry:
     """Ask every queued or running turn of the session to cancel, with this reason
     (``replace=True``; a command that supersedes gives its own, as a reset does)."""
     deliver: str | None = None
-    """The channel (by name) that owes the turn a delivery: set when a channel accepts it,
-    read back as ``ChainEntry.deliver`` and listed by ``SessionStore.owed_deliveries``
-    until settled."""
+    """The channel (by name) that owes the turn a delivery: read back as ``ChainEntry.
+    deliver``, listed by ``SessionStore.owed_deliveries`` until settled."""
     data: dict[str, Any] | None = None
     """Names of the entry's data set as it is accepted, in the same write (``ChainEntry.
     data``): what must never exist without the entry, nor the entry without it (an HTTP
     request's idempotency fingerprint)."""
     while_parked: WhileParked | None = None
     """What accepting it does while a turn is parked (:data:`WhileParked`); ``None``: its
-    kind's rule, ``refused`` for a turn, ``accepted`` for a command. A command declares its
-    own in its record's ``entry()`` (a reset's ``clears``); a turn's is never ``clears``."""
+    kind's rule, ``refused`` for a turn, ``accepted`` for a command (a reset's: ``clears``)."""
+    at_once: bool = False
+    """Accept it without waiting behind a running step (a command's, F25: a steer's)."""
 
     @property
     def parked_rule(self) -> WhileParked:

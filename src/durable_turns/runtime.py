@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 from collections.abc import Iterable
@@ -274,7 +275,10 @@ class Runtime:
         if reason is not None and await supersede_at_once(self.store, key, entry) \
                 and (driver := self._drivers.get(key)) is not None:
             driver.interrupt_running(reason)  # it stops at its next boundary
-        with self.joining(key) if self.commands.joins(entry.kind) else contextlib.nullcontext():
+        joins = self.commands.joins(entry.kind)
+        if joins:  # durable at once, also while a local tool's step holds the write lock
+            entry = dataclasses.replace(entry, at_once=True)
+        with self.joining(key) if joins else contextlib.nullcontext():
             rec, new = await self.store.enqueue(key, entry)
         if not new:
             check_redelivery(key, rec, entry)

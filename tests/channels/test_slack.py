@@ -32,6 +32,7 @@ from durable_turns import (
     SqliteStore,
     Stop,
     SurfacePolicy,
+    TextDelta,
     ToolCall,
     Trigger,
     scripted,
@@ -369,6 +370,45 @@ async def test_steer_in_flight_joins_the_running_turn_and_one_reply_answers(
         assert len(w.fake.thread("C1", "720.000001")) == 1
         users = [(m.text, m.by) for m in await s.transcript() if m.role == "user"]
         assert users == [("hold", "U1"), ("also this", "U1")]
+
+
+class Late:
+    """``late``: streams a first part, waits for the test, then ends; else ``You said: …``."""
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
+        opening = next(m for m in reversed(request.messages) if m.is_opening)
+        if opening.text == "late":
+            yield TextDelta("Part one. ")
+            await slack_app.held.setdefault("late", asyncio.Event()).wait()
+            yield TextDelta("Part two.")
+        else:
+            yield TextDelta(f"You said: {opening.text}")
+        yield Stop("end_turn")
+
+
+async def test_a_steer_too_late_for_its_turn_is_replied_to_as_a_turn_of_its_own(
+        tmp_path: Path) -> None:
+    """F25: a message that comes while the turn's last reply streams opens a turn of its own
+    when that one ends; it is delivered in the thread like any message's, and owed by the
+    channel until it is (what a restart's recovery finds)."""
+    async with world(tmp_path, steer_in_flight=True,
+                     agent=Agent(slack_app.AGENT, "", model=Late())) as w:
+        await w.mention("late", ts="740.000001")
+        await w.fake.wait(lambda: w.fake.calls, "the first part posted")
+        follow = event_callback("and this", kind="message", thread_ts="740.000001",
+                                ts="740.000002")
+        assert (await w.post("/slack/events", follow)).status_code == 200
+        s = w.slack.ctx.session("slack:T0001:C1:740.000001")
+        steer = await s.entry("slack:C1:740.000002")
+        assert steer is not None and steer.kind == "steer"
+        assert (steer.args or {}).get("deliver") == "slack"  # what its own turn is owed by
+        slack_app.held["late"].set()
+        msgs = await w.reply("740.000001", 2, "both replies")
+        assert [m.markdown for m in msgs] == ["Part one. Part two.", "You said: and this"]
+        await asyncio.wait_for(w.slack.idle(), WAIT)
+        own = await s.entry("slack:C1:740.000002:turn")
+        assert own is not None and (own.data or {})["slack"]["done"] is True
+        assert await w.runtime.queries.owed_deliveries("slack", slack_app.AGENT) == []
 
 
 async def test_a_thread_channel_neither_replaces_and_steers() -> None:

@@ -108,13 +108,16 @@ async def test_a_steer_during_a_local_tool_joins_before_the_next_model_call(
         s.observe(lambda e: steered.append(e) if isinstance(e, MessageSteered) else None)
         t = await s.start("go")
         await gate.wait_running()
-        # Sent while the tool runs. (On a store with one writer at a time the tool's step
-        # holds the write lock, and the steer's write waits for that step's commit; the turn
-        # waits for the steer's write before its next model call.)
-        steering = asyncio.create_task(s.start("also this", mode="steer", turn_id="st"))
-        gate.open.set()
-        started = await asyncio.wait_for(steering, WAIT)
+        # Sent while the tool runs, and stored at once: on a store with one writer at a time
+        # the tool's step holds the write lock meanwhile, and the steer is kept beside the
+        # chain until the step lets the lock go (then it is appended).
+        started = await asyncio.wait_for(s.start("also this", mode="steer", turn_id="st"),
+                                         WAIT)
         assert (started.turn_id, started.new, started.steering) == ("st", True, t.turn_id)
+        kept = await s.entry("st")
+        assert kept is not None and (kept.kind, kept.status) == ("steer", "queued")
+        assert not gate.open.is_set() and gate.running.is_set()  # the tool still runs
+        gate.open.set()
         r = await asyncio.wait_for(s.result(t.turn_id), WAIT)
         # The second model call (after the tool batch) was shown the steered message.
         assert (r.status, r.text) == ("completed", "go|also this")
@@ -312,3 +315,83 @@ async def test_a_steer_accepted_before_a_crash_joins_once_on_replay(
         if child.poll() is None:
             child.kill()
         child.wait(WAIT)
+
+
+# -- a steer kept while a local tool's step holds the write lock, then a SIGKILL ------------
+
+CHILD_LOCAL = """
+import asyncio, pathlib, sys, threading
+from durable_turns import Agent, Runtime, SqliteStore, Stop, ToolCall, tool
+
+url, marks = sys.argv[1], pathlib.Path(sys.argv[2])
+running, never = threading.Event(), threading.Event()
+
+@tool
+def hold_lock(n: int) -> int:
+    '''A local tool: its step holds the file's write lock until the test kills us.'''
+    running.set()
+    never.wait(120)
+    raise SystemExit("never killed")
+
+class Model:
+    async def stream(self, request):
+        yield ToolCall("c1", "hold_lock", {"n": 1})
+        yield Stop("tool_use")
+
+async def main():
+    async with Runtime([Agent("ops", "", [hold_lock])], SqliteStore(url), Model()) as rt:
+        s = rt.session("ops", "s1")
+        await s.start("go", turn_id="t1")
+        assert await asyncio.to_thread(running.wait, 30), "the tool never ran"
+        # The tool's step holds the write lock now: the steer must not wait for its commit.
+        await s.start("and this", mode="steer", turn_id="st")
+        (marks / "steered").write_text("yes")
+        await asyncio.sleep(120)
+
+asyncio.run(main())
+"""
+
+
+@tool
+def hold_lock(n: int) -> int:
+    """The replayed local tool: answers at once here."""
+    return n
+
+
+async def test_a_steer_during_a_local_tools_step_is_durable_before_the_step_commits(
+    tmp_path: Path,
+) -> None:
+    """On SQLite a local tool's step holds the file's write lock while the tool runs; a steer
+    sent meanwhile is stored at once (``start()`` returns), and a SIGKILL before the step
+    commits loses neither: the replay runs the tool again, and the steer joins before the
+    next model call, once."""
+    from crashkit import wait_for_child_file
+
+    url = str(tmp_path / "db.sqlite")
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    child = subprocess.Popen([sys.executable, "-c", CHILD_LOCAL, url, str(marks)])
+    try:
+        await wait_for_child_file(marks / "steered", child)
+        assert child.poll() is None  # the tool still runs: its step has not committed
+        child.send_signal(signal.SIGKILL)
+        assert await asyncio.to_thread(child.wait, WAIT) == -signal.SIGKILL
+    finally:
+        if child.poll() is None:
+            child.kill()
+        child.wait(WAIT)
+    model = Answers()
+    async with Runtime([Agent("ops", "", [hold_lock])], SqliteStore(url), model) as rt:
+        s = rt.session("ops", "s1")
+        entry = await s.entry("st")
+        assert entry is not None and entry.kind == "steer"
+        await rt.recover()
+        r = await asyncio.wait_for(s.result("st"), WAIT)
+        assert (r.turn_id, r.status, r.text) == ("t1", "completed", "go|and this")
+        assert model.asked == [["go", "and this"]]
+        log = [(m.role, m.text) for m in await s.transcript()]
+        assert log.count(("user", "and this")) == 1
+        assert [role for role, _ in log] == ["user", "assistant", "tool", "user", "assistant"]
+        assert len([e for e in await s.events() if isinstance(e, MessageSteered)]) == 1
+        again = await s.start("and this", mode="steer", turn_id="st")
+        assert not again.new  # a redelivery is the same steer

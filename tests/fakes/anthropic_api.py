@@ -215,6 +215,9 @@ def check_request(body: dict[str, Any], issued: dict[str, str], redacted: set[st
             return f"tools.{i}.custom.input_schema: Field required"
         if tool["input_schema"].get("type") != "object":
             return f"tools.{i}.custom.input_schema.type: Input should be 'object'"
+    problem = _check_output_config(body.get("output_config"))
+    if problem:
+        return problem
     messages = body["messages"]
     if not messages:
         return "messages: at least one message is required"
@@ -275,6 +278,56 @@ def check_request(body: dict[str, Any], issued: dict[str, str], redacted: set[st
                     "message must start with a thinking block."
                 )
     return None
+
+
+_UNSUPPORTED = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf",
+                "minLength", "maxLength", "pattern")
+"""Constraints structured outputs refuse (the SDK's ``transform_schema`` moves them into the
+description)."""
+
+
+def _schemas(schema: Any) -> list[Any]:
+    """The subschemas of ``schema`` (where JSON Schema puts them), not its keywords' values."""
+    if not isinstance(schema, dict):
+        return []
+    out: list[Any] = list((schema.get("properties") or {}).values())
+    out += list((schema.get("$defs") or {}).values())
+    for k in ("anyOf", "allOf", "oneOf"):
+        out += list(schema.get(k) or [])
+    for k in ("items", "additionalProperties"):
+        if isinstance(schema.get(k), dict):
+            out.append(schema[k])
+    return out
+
+
+def _check_schema(schema: Any, where: str) -> str | None:
+    if not isinstance(schema, dict):
+        return None
+    if schema.get("type") == "object" and schema.get("additionalProperties") is not False:
+        return (f"{where}: For 'object' type, 'additionalProperties' must be explicitly set "
+                "to false")
+    for k in _UNSUPPORTED:
+        if k in schema:
+            return f"{where}: '{k}' is not supported in structured outputs"
+    for sub in _schemas(schema):
+        problem = _check_schema(sub, where)
+        if problem:
+            return problem
+    return None
+
+
+def _check_output_config(config: Any) -> str | None:
+    """The structured outputs rules the real API answers 400 to (``output_config.format``)."""
+    if config is None:
+        return None
+    fmt = config.get("format") if isinstance(config, dict) else None
+    if fmt is None:
+        return None
+    if fmt.get("type") != "json_schema":
+        return "output_config.format.type: Input should be 'json_schema'"
+    if not isinstance(fmt.get("schema"), dict):
+        return "output_config.format.schema: Field required"
+    return _check_schema(fmt["schema"], "output_config.format.schema")
 
 
 # -- the app -----------------------------------------------------------------------------------

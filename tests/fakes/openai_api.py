@@ -19,6 +19,7 @@ import asyncio
 import itertools
 import json
 import math
+import re
 import secrets
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable
@@ -221,6 +222,46 @@ def check_request(body: dict[str, Any]) -> str | None:
     for k, tool in enumerate(body.get("tools") or []):
         if tool.get("type") != "function" or "name" not in (tool.get("function") or {}):
             return f"Missing required parameter: 'tools[{k}].function.name'."
+    return _check_response_format(body.get("response_format"))
+
+
+def _strict_problem(schema: Any) -> str | None:
+    if not isinstance(schema, dict):
+        return None
+    if schema.get("type") == "object":
+        props = schema.get("properties") or {}
+        if schema.get("additionalProperties") is not False:
+            return "'additionalProperties' is required to be supplied and to be false"
+        if sorted(schema.get("required") or []) != sorted(props):
+            return "'required' is required to be supplied and to be an array including every key"
+    subs = list((schema.get("properties") or {}).values()) + list(schema.get("anyOf") or [])
+    subs += list((schema.get("$defs") or {}).values())
+    if isinstance(schema.get("items"), dict):
+        subs.append(schema["items"])
+    return next((p for p in map(_strict_problem, subs) if p), None)
+
+
+def _check_response_format(fmt: Any) -> str | None:
+    """What the real API answers 400 to in ``response_format``."""
+    if fmt is None:
+        return None
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if kind not in ("text", "json_object", "json_schema"):
+        return (f"Invalid value: '{kind}'. Supported values are: 'text', 'json_object', and "
+                "'json_schema'. (response_format.type)")
+    if kind != "json_schema":
+        return None
+    spec = fmt.get("json_schema")
+    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+        return "Missing required parameter: 'response_format.json_schema.name'."
+    if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", spec["name"]):
+        return ("Invalid 'response_format.json_schema.name': string does not match pattern. "
+                "Expected a string that matches the pattern '^[a-zA-Z0-9_-]+$'.")
+    if spec.get("strict") is True:
+        problem = _strict_problem(spec.get("schema"))
+        if problem:
+            return (f"Invalid schema for response_format '{spec['name']}': In context=(), "
+                    f"{problem}.")
     return None
 
 

@@ -6,7 +6,8 @@
 //
 // Scenarios: weather (text, reasoning, a tool call and its output), approval (a park, a wrong
 // answerer, then the right one), forged (an approval nothing waits for), resume (a stream cut
-// mid-turn, resumed), idle (the resume request of a chat where nothing runs).
+// mid-turn, resumed), idle (the resume request of a chat where nothing runs), limit (a turn
+// of agent capped parks at its limit of model calls: approved in one chat, denied in another).
 import { writeFileSync } from "node:fs";
 import { AbstractChat, DefaultChatTransport } from "ai";
 
@@ -53,11 +54,11 @@ class Chat extends AbstractChat {
 }
 
 let token = "ann";
-function chat(messages = []) {
+function chat(messages = [], agent = "desk", id = chatId) {
   const c = new Chat({
-    id: chatId,
+    id,
     transport: new DefaultChatTransport({
-      api: `${base}/agents/desk/ai-sdk/chat`,
+      api: `${base}/agents/${agent}/ai-sdk/chat`,
       headers: () => ({ authorization: `Bearer ${token}` }),
     }),
   });
@@ -131,6 +132,22 @@ async function main() {
     // Once the turn has ended, nothing runs: the resume request is answered 204.
     await c.resumeStream();
     out.ended = shape(c);
+  } else if (scenario === "limit") {
+    const limitPart = (c) => c.messages.at(-1).parts.find((p) => p.type === "dynamic-tool");
+    const c = chat([], "capped");
+    await c.sendMessage({ text: "what is the weather in Paris?" });
+    out.parked = shape(c);
+    const reloaded = chat([], "capped");
+    await reloaded.resumeStream();
+    out.reloaded = shape(reloaded);
+    await c.addToolApprovalResponse({ id: limitPart(c).approval.id, approved: true });
+    await c.sendMessage();
+    out.approved = shape(c);
+    const d = chat([], "capped", `${chatId}-no`);
+    await d.sendMessage({ text: "what is the weather in Oslo?" });
+    await d.addToolApprovalResponse({ id: limitPart(d).approval.id, approved: false });
+    await d.sendMessage();
+    out.denied = shape(d);
   } else if (scenario === "idle") {
     const c = chat();
     await c.resumeStream();

@@ -45,9 +45,9 @@ def node(script: str, scenario: str, url: str, chat: str, *more: str) -> dict[st
     return out
 
 
-def session(url: str, chat: str, who: str = "ann") -> dict[str, Any]:
+def session(url: str, chat: str, who: str = "ann", agent: str = "desk") -> dict[str, Any]:
     """What the server has of a session (``GET …/sessions/{chat}``, as ``who``)."""
-    r = httpx.get(f"{url}/agents/desk/sessions/{chat}",
+    r = httpx.get(f"{url}/agents/{agent}/sessions/{chat}",
                   headers={"authorization": f"Bearer {who}"})
     assert r.status_code == 200, r.text
     found: dict[str, Any] = r.json()
@@ -117,6 +117,40 @@ def test_ai_sdk_approval_refused_for_the_wrong_answerer_then_given_by_the_right_
     assert stored["pending"] is None and stored["turns"][0]["status"] == "completed"
     answers = [m for m in stored["transcript"] if m["role"] == "tool"]
     assert [a["result"] for a in answers] == ["refunded A-12"]  # one answer, the boss's
+
+
+def test_ai_sdk_a_limits_ask_is_an_approval_part_granted_or_denied(
+        server: tuple[str, Path]) -> None:
+    """F25: a turn parked at its limit shows in the AI SDK's message as a tool part awaiting
+    approval (a dynamic tool ``limit``), not a data part; approving it runs the turn on in
+    the same message, denying it fails the turn naming the limit."""
+    url, _gate = server
+    out = node("ai_sdk.mjs", "limit", url, "chat-limit")
+    parked = assistant(out["parked"])
+    limit = next(p for p in parked["parts"] if p["type"] == "dynamic-tool")
+    assert limit["toolName"] == "limit" and limit["state"] == "approval-requested"
+    assert limit["approval"]["id"] == limit["toolCallId"] == (
+        f"resume:{parked['id']}:limit:1")
+    assert limit["approval"]["requestReason"].startswith(
+        "The turn reached its model_calls limit (1)")
+    assert not any(p["type"].startswith("data-") for p in parked["parts"])
+    # A reload shows the same approval, from the store (without the live-only reasoning).
+    reloaded = assistant(out["reloaded"])
+    assert reloaded["id"] == parked["id"]
+    assert [p for p in reloaded["parts"] if p["type"] == "dynamic-tool"] == [limit]
+    approved = assistant(out["approved"])
+    assert approved["id"] == parked["id"] and out["approved"]["status"] == "ready"
+    limit = next(p for p in approved["parts"] if p["type"] == "dynamic-tool")
+    assert limit["state"] == "output-available" and limit["output"] == {"approved": True}
+    assert approved["parts"][-1] == {"type": "text", "text": "It is 21 degrees in Paris.",
+                                     "state": "done"}
+    stored = session(url, "chat-limit", agent="capped")
+    assert stored["turns"][0]["status"] == "completed"
+    denied = out["denied"]
+    limit = next(p for p in assistant(denied)["parts"] if p["type"] == "dynamic-tool")
+    assert limit["state"] == "output-denied"
+    assert denied["status"] == "error" and "LimitExceeded" in (denied["error"] or "")
+    assert session(url, "chat-limit-no", agent="capped")["turns"][0]["status"] == "failed"
 
 
 def test_ai_sdk_forged_approval_is_an_error_part_and_stores_nothing(

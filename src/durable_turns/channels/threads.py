@@ -28,6 +28,7 @@ from functools import partial
 from typing import Any, Literal, Protocol
 
 from .._in_doubt import SETTLED_WORDS
+from ..commands import joined_turn
 from ..events import (
     TURN_ENDS,
     ActionCompleted,
@@ -344,9 +345,25 @@ class ThreadDeliveries:
             sub.close()
             raise
         if started.steering is not None:
-            sub.close()
+            self.after(s, turn_id, partial(self._steered, s, turn_id, started.steering, sub))
             return
         self.follow(s, turn_id, sub)
+
+    async def _steered(self, s: AgentSession, turn_id: str, into: str,
+                       sub: Subscription) -> None:
+        """A steer's reply: none of its own when it joined ``into`` (that turn's answers
+        it); else it opened a turn of its own (it came too late), followed as any turn is."""
+        try:
+            await s.runtime.wait(s.key, turn_id)
+            rec = await s.entry(turn_id)
+        except BaseException:
+            sub.close()
+            raise
+        own = joined_turn(rec) if rec is not None else None
+        if own is None or own == into:
+            sub.close()
+            return
+        self.follow(s, own, sub)
 
     async def answer(self, s: AgentSession, turn_id: str, input_id: str, value: Any, *,
                      by: str | None) -> None:

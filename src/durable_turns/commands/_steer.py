@@ -8,7 +8,8 @@
   becomes a ``user`` message of that turn, with event ``message.steered``, and the entry ends
   naming the turn (``data["joined"]``), in one transaction.
 - **At its place, with no turn to join** (the turn ended with the reply it came too late
-  for): it opens a turn of its own (``<entry id>:turn``), which the entry names instead. A
+  for): it opens a turn of its own (``<entry id>:turn``), which the entry names instead;
+  a steer accepted with ``deliver=`` (a channel's) opens it with the same ``deliver``. A
   replace or a reset that superseded it before it joined ends it ``cancelled``.
 """
 
@@ -59,18 +60,24 @@ class Steer:
     event: Mapping[str, Any] | None = None
     """The inbound event it came as (``InboundEvent.to_dict``), for a turn of its own."""
     entry_id: str = field(default_factory=lambda: f"steer:{uuid.uuid4().hex}")
+    deliver: str | None = None
+    """The channel that owes a turn of its own a delivery (``start(deliver=…)``): a Slack
+    thread's steer that came too late is replied to like any message of the thread."""
     kind: ClassVar[str] = "steer"
 
     def entry(self) -> NewEntry:
-        return NewEntry(self.entry_id, kind=self.kind, args={
-            "text": self.text, "by": self.by,
-            "event": dict(self.event) if self.event is not None else None})
+        args: dict[str, Any] = {"text": self.text, "by": self.by,
+                                "event": dict(self.event) if self.event is not None else None}
+        if self.deliver is not None:
+            args["deliver"] = self.deliver
+        return NewEntry(self.entry_id, kind=self.kind, args=args)
 
     @classmethod
     def from_entry(cls, entry: ChainEntry) -> Steer:
         args = entry.args or {}
+        deliver = args.get("deliver")
         return cls(str(args.get("text", "")), args.get("by"), args.get("event"),
-                   entry.turn_id)
+                   entry.turn_id, deliver if isinstance(deliver, str) else None)
 
     @property
     def own_turn(self) -> str:
@@ -96,7 +103,7 @@ class Steer:
         event = InboundEvent.from_dict(dict(self.event)) if self.event is not None else None
         # A redelivery of the same turn id after a crash is a no-op: the turn opens once.
         await at.sessions.start(at.commits.lease.key, self.text, turn_id=self.own_turn,
-                                event=event)
+                                event=event, deliver=self.deliver)
         done = TurnResult(self.entry_id, TurnStatus.COMPLETED)
 
         async def fill(tx: Transaction) -> list[TurnEvent]:
@@ -131,7 +138,8 @@ async def steer_entry(store: SessionStore, key: SessionKey,
         SessionBusyError: a turn is parked on a standing request.
     """
     assert entry.opening is not None
-    steer = Steer(entry.opening.text, entry.opening.by, entry.event, entry.turn_id)
+    steer = Steer(entry.opening.text, entry.opening.by, entry.event, entry.turn_id,
+                  entry.deliver)
     as_steer = dataclasses.replace(steer.entry(), data=entry.data)  # (an HTTP key's print)
     found = await store.entries(key, turn_id=entry.turn_id)
     if found and found[0].kind != Steer.kind:

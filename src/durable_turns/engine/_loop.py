@@ -66,7 +66,7 @@ from ._commits import TRACE, StepCommits
 from ._compaction import Compactor
 from ._limits import over_limit
 from ._model_step import Reply, RetryPolicy, ask
-from ._output import settle, system_with
+from ._output import request_output, settle, system_with
 from ._step_context import StepContext
 from ._tool_message import tool_message
 from ._tool_steps import ERROR_LIMIT, CancelReason, ToolCalls
@@ -317,7 +317,8 @@ class TurnEngine:
         cp = self.commits
         n = len(self.transcript)
         turn_id = turn.turn_id
-        system = system_with(self._system(policy), turn)
+        system = system_with(self._system(policy), turn, self.model)
+        output = request_output(turn, self.model)  # (F25: natively, where the model can)
         specs = [t.spec for t in tools.values()]
         ids = cp.ids(turn_id)
         span = cp.trace.model_step(str(ModelStepId(n))) if cp.trace is not None else None
@@ -343,7 +344,7 @@ class TurnEngine:
                                             error=str(error)))
 
         def call(messages: list[Message]) -> Awaitable[Reply]:
-            request = ModelRequest(system, messages, specs, turn_id)
+            request = ModelRequest(system, messages, specs, turn_id, output=output)
             return self._interruptible(
                 ask(self.model, request, self._retry, on_text=on_text, on_retry=on_retry,
                     on_thinking=on_thinking, attempt=self.attempt), turn_id)

@@ -2,10 +2,18 @@
 
 ``start(…, output=…)`` keeps the schema (a pydantic model's, or one given as is) and its
 retries in the turn's data (``output_schema``), so every process that drives the turn reads
-the same. How the model is asked: the schema goes into the system prompt and the final answer
-is its text, parsed as JSON (a fenced block is unwrapped) and validated with ``jsonschema`` —
-the same path for every adapter, the scripted one included; no provider-native mode and no
-synthetic tool, so the transcript stays an ordinary conversation any provider replays.
+the same. How the model is asked depends on the model (:func:`request_output`):
+
+- natively, where the model says it can (a true ``structured_output`` attribute: the
+  ``anthropic`` and ``openai_compatible`` adapters): the schema goes on the request
+  (``ModelRequest.output``) and the adapter asks its provider for it (OpenAI's
+  ``response_format`` ``json_schema``, Anthropic's ``output_config.format``); the system
+  prompt is left as it is;
+- else in the system prompt (:func:`system_with`): any model, the scripted one included.
+
+Either way the final answer is its text, parsed as JSON (a fenced block is unwrapped) and
+validated here with ``jsonschema`` against the schema as given; no synthetic tool, so the
+transcript stays an ordinary conversation any provider replays.
 
 At the turn's end (an assistant reply with no calls) :func:`settle` decides: valid → the turn
 completes, its value kept in the turn's data (``OUTPUT``) in the same write as its end, so a
@@ -29,8 +37,8 @@ from ..errors import OutputInvalid
 from ..messages import OUTPUT_RETRY_BY, Message
 from ..records import ChainEntry, TurnResult, TurnStatus
 
-__all__ = ["OUTPUT_RETRIES", "OUTPUT_SCHEMA", "OutputSpec", "as_model", "output_data", "schema_of",
-           "settle", "system_with"]
+__all__ = ["OUTPUT_RETRIES", "OUTPUT_SCHEMA", "OutputSpec", "as_model", "native_output",
+           "output_data", "request_output", "schema_of", "settle", "system_with"]
 
 OUTPUT_RETRIES = 2
 """How many invalid final answers go back to the model by default (``output_retries``)."""
@@ -106,10 +114,24 @@ class OutputSpec:
         return value, None
 
 
-def system_with(system: str, turn: ChainEntry) -> str:
-    """The system prompt of a turn, with its output schema's instructions if it has one."""
+def native_output(model: object) -> bool:
+    """Whether ``model`` asks its provider for structured output itself (a true
+    ``structured_output`` attribute, F25)."""
+    return getattr(model, "structured_output", False) is True
+
+
+def request_output(turn: ChainEntry, model: object) -> dict[str, Any] | None:
+    """The schema a model step of ``turn`` puts on its request (``ModelRequest.output``):
+    the turn's, for a model that takes it natively; else ``None``."""
     spec = OutputSpec.of(turn)
-    if spec is None:
+    return spec.schema if spec is not None and native_output(model) else None
+
+
+def system_with(system: str, turn: ChainEntry, model: object = None) -> str:
+    """The system prompt of a turn, with its output schema's instructions if it has one and
+    ``model`` does not take the schema natively."""
+    spec = OutputSpec.of(turn)
+    if spec is None or native_output(model):
         return system
     return f"{system}\n\n{spec.instructions()}" if system else spec.instructions()
 

@@ -27,9 +27,9 @@ class RuntimeSessions:
         return self._rt.agents.keys()
 
     async def start(self, key: SessionKey, text: str, *, turn_id: str,
-                    event: InboundEvent | None = None) -> None:
+                    event: InboundEvent | None = None, deliver: str | None = None) -> None:
         await self._rt.session(key.agent, key.session).start(text, turn_id=turn_id,
-                                                             event=event)
+                                                             event=event, deliver=deliver)
 
     async def wait(self, key: SessionKey, turn_id: str, *,
                    timeout: float | None = None) -> TurnResult:

@@ -11,6 +11,12 @@ Thinking: when a reply has ``thinking`` or ``redacted_thinking`` blocks, its who
 ``Stop.content``; the engine stores it verbatim with the assistant message and this adapter
 sends it back unchanged on the next call, which is what the API requires to continue a
 tool-use loop with thinking on, including after a crash and a replay in another process.
+
+Structured output (F25): a turn's output schema (``ModelRequest.output``) goes as
+``output_config.format`` (``json_schema``), the schema made the API's dialect by the SDK's
+``transform_schema`` (objects closed, unsupported constraints moved into descriptions); the
+engine validates the answer against the schema as given. ``structured_output=False`` leaves
+it to the system prompt instead.
 """
 
 from __future__ import annotations
@@ -59,11 +65,15 @@ class AnthropicModel:
         *,
         max_tokens: int,
         thinking: Mapping[str, Any] | None,
+        structured_output: bool = True,
     ) -> None:
         self.client = client
         self.model = model
         self.max_tokens = max_tokens
         self.thinking = dict(thinking) if thinking else None
+        self.structured_output = structured_output
+        """Whether a turn's output schema is sent as ``output_config.format`` (the engine
+        reads it: else the schema is asked for in the system prompt)."""
 
     def __repr__(self) -> str:
         return f"AnthropicModel({self.model!r}, thinking={self.thinking!r})"
@@ -85,6 +95,9 @@ class AnthropicModel:
             params["tools"] = [to_tool(s) for s in request.tools]
         if self.thinking:
             params["thinking"] = self.thinking
+        if request.output is not None and self.structured_output:
+            params["output_config"] = {"format": {"type": "json_schema",
+                                                  "schema": _output_schema(request.output)}}
         return params
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
@@ -112,6 +125,7 @@ def anthropic(
     timeout: float | httpx2.Timeout | None = None,
     http_client: httpx2.AsyncClient | None = None,
     client: sdk.AsyncAnthropic | None = None,
+    structured_output: bool = True,
 ) -> AnthropicModel:
     """An Anthropic model on the official SDK.
 
@@ -131,6 +145,9 @@ def anthropic(
         http_client: an ``httpx2.AsyncClient`` for the SDK (proxies, tests).
         client: a ready ``AsyncAnthropic`` (or Bedrock/Vertex variant); the connection
             arguments above must then be left unset.
+        structured_output: send a turn's output schema (``turn(output=…)``) as the API's
+            structured output (``output_config.format``); ``False`` asks for it in the system
+            prompt instead (a model or gateway without structured outputs).
 
     Raises:
         ConfigurationError: contradictory arguments, or no credentials anywhere.
@@ -173,10 +190,21 @@ def anthropic(
         config = {"type": "enabled", "budget_tokens": thinking}
     else:
         config = dict(thinking)
-    return AnthropicModel(client, model, max_tokens=max_tokens, thinking=config)
+    return AnthropicModel(client, model, max_tokens=max_tokens, thinking=config,
+                          structured_output=structured_output)
 
 
 # -- request: our transcript → the Messages API --------------------------------------------------
+
+
+def _output_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    try:
+        return sdk.transform_schema(schema)
+    except (ValueError, TypeError) as e:
+        raise ModelError(
+            f"{PROVIDER}: the output schema cannot be sent as structured output ({e}); "
+            "build the model with anthropic(..., structured_output=False) to ask for it in "
+            "the system prompt", provider=PROVIDER) from e
 
 
 def to_tool(spec: ToolSpec) -> dict[str, Any]:

@@ -16,12 +16,19 @@ servers bend the protocol and the SDK's helpers raise on ``length``/``content_fi
 
 Reasoning deltas (``reasoning_content`` / ``reasoning``) are streamed as
 :class:`ThinkingDelta` and not stored: compatible servers do not take them back.
+
+Structured output (F25): a turn's output schema (``ModelRequest.output``) goes as
+``response_format`` ``{"type": "json_schema", …}`` with ``strict`` off (strict mode takes
+only a subset of JSON Schema, and the engine validates the answer against the whole schema
+anyway); OpenAI, Ollama, vLLM, llama.cpp and LM Studio take it. ``structured_output=False``
+asks for it in the system prompt instead, for a server that refuses the parameter.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -61,11 +68,14 @@ class OpenAICompatibleModel:
     """
 
     def __init__(self, client: sdk.AsyncOpenAI, model: str, *, max_tokens: int | None,
-                 include_usage: bool) -> None:
+                 include_usage: bool, structured_output: bool = True) -> None:
         self.client = client
         self.model = model
         self.max_tokens = max_tokens
         self.include_usage = include_usage
+        self.structured_output = structured_output
+        """Whether a turn's output schema is sent as ``response_format`` (the engine reads
+        it: else the schema is asked for in the system prompt)."""
 
     def __repr__(self) -> str:
         return f"OpenAICompatibleModel({self.model!r}, base_url={str(self.client.base_url)!r})"
@@ -84,6 +94,8 @@ class OpenAICompatibleModel:
             params["stream_options"] = {"include_usage": True}
         if self.max_tokens is not None:
             params["max_completion_tokens"] = self.max_tokens
+        if request.output is not None and self.structured_output:
+            params["response_format"] = to_response_format(request.output)
         return params
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
@@ -112,6 +124,7 @@ def openai_compatible(
     include_usage: bool = True,
     http_client: httpx2.AsyncClient | None = None,
     client: sdk.AsyncOpenAI | None = None,
+    structured_output: bool = True,
 ) -> OpenAICompatibleModel:
     """A model behind an OpenAI-compatible chat completions endpoint.
 
@@ -130,6 +143,9 @@ def openai_compatible(
         http_client: an ``httpx2.AsyncClient`` for the SDK (proxies, tests).
         client: a ready ``AsyncOpenAI`` (or Azure variant); the connection arguments above
             must then be left unset.
+        structured_output: send a turn's output schema (``turn(output=…)``) as
+            ``response_format`` (``json_schema``); ``False`` asks for it in the system prompt
+            instead, for a server that refuses the parameter.
 
     Raises:
         ConfigurationError: contradictory arguments, or no key for OpenAI itself.
@@ -157,7 +173,8 @@ def openai_compatible(
             "openai_compatible(): pass either client= or api_key/base_url/timeout/http_client"
         )
     return OpenAICompatibleModel(client, model, max_tokens=max_tokens,
-                                 include_usage=include_usage)
+                                 include_usage=include_usage,
+                                 structured_output=structured_output)
 
 
 # -- request: our transcript → chat messages -----------------------------------------------------
@@ -166,6 +183,15 @@ def openai_compatible(
 def to_tool(spec: ToolSpec) -> dict[str, Any]:
     return {"type": "function", "function": {"name": spec.name, "description": spec.description,
                                              "parameters": dict(spec.input)}}
+
+
+def to_response_format(schema: dict[str, Any]) -> dict[str, Any]:
+    """A turn's output schema as ``response_format``: named after its ``title`` (the API
+    wants ``[A-Za-z0-9_-]{1,64}``), ``strict`` off (see the module docstring)."""
+    title = schema.get("title")
+    name = re.sub(r"[^A-Za-z0-9_-]", "_", title)[:64] if isinstance(title, str) else ""
+    return {"type": "json_schema",
+            "json_schema": {"name": name or "output", "schema": schema, "strict": False}}
 
 
 def to_messages(system: str, transcript: list[Message]) -> list[dict[str, Any]]:
@@ -308,4 +334,5 @@ class _Reply:
         return [*calls, Stop(reason, dict(self.usage))]
 
 
-__all__ = ["PROVIDER", "OpenAICompatibleModel", "openai_compatible", "to_messages", "to_tool"]
+__all__ = ["PROVIDER", "OpenAICompatibleModel", "openai_compatible", "to_messages",
+           "to_response_format", "to_tool"]

@@ -22,6 +22,11 @@ A turn's events become chunks (``_turnparts.py`` says how text is shown once, wh
 or ``tool-output-error``, a ``tool-approval-request`` for a yes/no request of a tool call
 (its ``approvalId``: ``resume:<turn_id>:<input_id>``), a ``data-input-request`` part for any
 other request, ``finish``; a failed turn sends ``error`` first, a cancelled one ``abort``.
+A yes/no request of the turn itself, no tool call's (a limit's ask, ``limit:<n>``, F25), is an
+approval too: a dynamic tool part of its own (``tool-input-available`` with ``dynamic``, its
+``toolCallId`` the approval's id, ``toolName`` the input id's kind: ``limit``) and its
+``tool-approval-request``; once answered, the answer's stream settles that part first
+(``tool-output-available`` ``{"approved": true}``, or ``tool-output-denied``).
 A request refused after it was read (messages that neither say something nor answer an
 approval, a wrong answerer, an approval nothing waits for, a busy session) is a stream of one
 ``error`` chunk: nothing is stored. A body that is no such request at all (not JSON, no
@@ -174,7 +179,8 @@ def chunks(part: Part) -> list[dict[str, Any]]:
             return [{"type": "tool-output-available", "toolCallId": c.id,
                      "output": jsonable(r)}]
         case Parked(requests=rs):
-            return [*(_request(r) for r in rs), {"type": "finish", "finishReason": "tool-calls"}]
+            return [*(c for r in rs for c in _request(r)),
+                    {"type": "finish", "finishReason": "tool-calls"}]
         case Ended(status="completed"):
             return [{"type": "finish", "finishReason": "stop"}]
         case Ended(status="failed", detail=d):
@@ -184,25 +190,47 @@ def chunks(part: Part) -> list[dict[str, Any]]:
     return []
 
 
-def _request(r: InputRequest) -> dict[str, Any]:
+def _request(r: InputRequest) -> list[dict[str, Any]]:
+    rid = request_id(r)
     if is_yes_no(r) and r.call_id:
-        return {"type": "tool-approval-request", "approvalId": request_id(r),
-                "toolCallId": r.call_id, "reason": r.prompt}
-    return {"type": DATA_INPUT, "id": request_id(r), "data": {
-        "id": request_id(r), "turn_id": r.turn_id, "input_id": r.id, "call_id": r.call_id,
-        "prompt": r.prompt, "schema": r.schema}}
+        return [{"type": "tool-approval-request", "approvalId": rid, "toolCallId": r.call_id,
+                 "reason": r.prompt}]
+    if is_yes_no(r):  # the turn's own question (a limit's): a tool part of its own to approve
+        return [{"type": "tool-input-available", "toolCallId": rid, "dynamic": True,
+                 "toolName": r.id.partition(":")[0], "title": r.prompt,
+                 "input": {"input_id": r.id, "prompt": r.prompt}},
+                {"type": "tool-approval-request", "approvalId": rid, "toolCallId": rid,
+                 "reason": r.prompt}]
+    return [{"type": DATA_INPUT, "id": rid, "data": {
+        "id": rid, "turn_id": r.turn_id, "input_id": r.id, "call_id": r.call_id,
+        "prompt": r.prompt, "schema": r.schema}}]
+
+
+def _own_approvals(body: ChatRequest, answers: list[tuple[str, bool]]) -> list[dict[str, Any]]:
+    """The chunks that settle the approval parts of the turn's own questions the answers
+    went to (their part's ``toolCallId`` is the approval's id): approved, or denied."""
+    own = {p.get("toolCallId") for p in body.messages[-1].parts
+           if p.get("type") == "dynamic-tool"}
+    return [{"type": "tool-output-available", "toolCallId": i, "dynamic": True,
+             "output": {"approved": True}} if yes else
+            {"type": "tool-output-denied", "toolCallId": i}
+            for i, yes in answers if i in own]
 
 
 async def ui_stream(events: AsyncIterable[TurnEvent], turn_id: str,
-                    joined: int = 0) -> AsyncIterator[str]:
+                    joined: int = 0, settled: list[dict[str, Any]] | None = None,
+                    ) -> AsyncIterator[str]:
     """A turn's UI message stream: each chunk's JSON, then ``[DONE]``.
 
     Args:
         events: the turn's events (a :class:`TurnStream`, or what the store has of it).
         turn_id: the turn (the message's id).
         joined: ``TurnStream.joined``.
+        settled: chunks sent right after ``start`` (approvals this request answered).
     """
     yield json.dumps({"type": "start", "messageId": turn_id})
+    for chunk in settled or ():
+        yield json.dumps(chunk)
     parts = TurnParts(turn_id, joined)
     async for event in events:
         for part in parts.feed(event):
@@ -243,17 +271,20 @@ class _AiSdk:
         by, principal = self.seam.speaker(request, body.by)
         try:
             asked = _asked(body)
+            settled = None
             if isinstance(asked, str):
                 stream = await self._start(ch, body, asked, by)
             else:
                 stream = await answer_all(ch, body.id, list(asked), by=by,
                                           principal=principal)
+                settled = _own_approvals(body, asked)
         except Exception as e:
             said = refusal(e)
             if said is None:
                 raise
             return self.seam.sse(_refused(*said), headers=HEADERS)
-        return self.seam.sse(ui_stream(stream, stream.turn_id, stream.joined), stream, HEADERS)
+        return self.seam.sse(ui_stream(stream, stream.turn_id, stream.joined, settled), stream,
+                             HEADERS)
 
     async def _start(self, ch: ChannelContext, body: ChatRequest, text: str,
                      by: str | None) -> TurnStream:

@@ -350,7 +350,9 @@ class TurnStore(Protocol):
         ``refused`` one (a turn) is refused unless an entry that ``clears`` (a reset) is
         queued; others are accepted.
         ``entry.deliver`` names the channel that owes the turn a delivery
-        (:meth:`SessionQueries.owed_deliveries`).
+        (:meth:`SessionQueries.owed_deliveries`). An ``entry.at_once`` command (a steer) never
+        waits behind a running step: where a step holds the write lock it is kept durably
+        beside the chain and appended once the lock is free, and ``entries`` shows it queued.
 
         Returns:
             The entry and whether it was new. An id the session already has is returned as

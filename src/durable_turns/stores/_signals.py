@@ -16,6 +16,11 @@ place of their own, written at once, that the store reads with its chain's own c
 - a signal left unfolded (its sender died before the lock came free) is folded by the next
   store that opens the storage, or that hears of it (SQLite's change detector).
 
+The same place keeps *accepts* of commands that must not wait either (``NewEntry.at_once``:
+a steer, F25, durable once ``start()`` returns): the entry's JSON, folded into the chain
+(appended) once the lock is free; the chain's reads show it meanwhile, and a reader that can
+write (no step of this process holds the lock) folds it first.
+
 A store whose writes never wait behind a running step (PostgreSQL: row locks) needs none.
 """
 
@@ -57,6 +62,22 @@ class Signals(Protocol):
         """Forget these signals: they were folded into the chain."""
         ...
 
+    async def put_entry(self, key: SessionKey, turn_id: str, body: str) -> bool:
+        """Keep an accepted entry (its JSON), durably; ``False``: one of that id is kept."""
+        ...
+
+    async def entries_of(self, key: SessionKey) -> dict[str, str]:
+        """The session's kept entries, in the order they were kept: JSON by id."""
+        ...
+
+    async def pending_entries(self) -> list[SessionKey]:
+        """The sessions with kept entries not folded yet."""
+        ...
+
+    async def drop_entry(self, key: SessionKey, turn_id: str) -> None:
+        """Forget a kept entry: it was folded into the chain."""
+        ...
+
 
 class ProcessSignals:
     """Signals in this process's memory: for a store that only this process uses.
@@ -68,6 +89,7 @@ class ProcessSignals:
     def __init__(self, write_lock: asyncio.Lock) -> None:
         self._lock = write_lock
         self._kept: dict[SessionKey, dict[str, str]] = {}
+        self._entries: dict[SessionKey, dict[str, str]] = {}
 
     def blocked(self) -> bool:
         return self._lock.locked()
@@ -93,3 +115,23 @@ class ProcessSignals:
             kept.pop(t, None)
         if not kept:
             del self._kept[key]
+
+    async def put_entry(self, key: SessionKey, turn_id: str, body: str) -> bool:
+        kept = self._entries.setdefault(key, {})
+        if turn_id in kept:
+            return False
+        kept[turn_id] = body
+        return True
+
+    async def entries_of(self, key: SessionKey) -> dict[str, str]:
+        return dict(self._entries.get(key, {}))
+
+    async def pending_entries(self) -> list[SessionKey]:
+        return list(self._entries)
+
+    async def drop_entry(self, key: SessionKey, turn_id: str) -> None:
+        kept = self._entries.get(key)
+        if kept is not None:
+            kept.pop(turn_id, None)
+            if not kept:
+                del self._entries[key]

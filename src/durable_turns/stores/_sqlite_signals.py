@@ -14,6 +14,7 @@ import asyncio
 import sqlite3
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 from ..errors import StoreError
 from ..records import SessionKey
@@ -24,6 +25,10 @@ BUSY_MS = 2000
 """How long a signal's insert waits for another process's insert (they take microseconds)."""
 _CREATE = ("CREATE TABLE IF NOT EXISTS signals (agent TEXT NOT NULL, session TEXT NOT NULL, "
            "turn_id TEXT NOT NULL, reason TEXT NOT NULL, PRIMARY KEY (agent, session, turn_id))")
+_CREATE_ACCEPTS = ("CREATE TABLE IF NOT EXISTS accepts (agent TEXT NOT NULL, session TEXT NOT "
+                   "NULL, turn_id TEXT NOT NULL, body TEXT NOT NULL, "
+                   "UNIQUE (agent, session, turn_id))")
+"""Accepts kept in rowid order: the order they were accepted in."""
 
 
 def signals_path(path: Path) -> Path:
@@ -58,6 +63,7 @@ class FileSignals:
                                 timeout=BUSY_MS / 1000)
             c.execute("PRAGMA journal_mode = WAL")
             c.execute(_CREATE)
+            c.execute(_CREATE_ACCEPTS)
         except sqlite3.Error as e:
             raise StoreError(f"cannot open {self.path}: {e}") from e
         self._conn = c
@@ -132,3 +138,31 @@ class FileSignals:
                           [(key.agent, key.session, t) for t in turn_ids])
         except sqlite3.Error as e:
             raise StoreError(f"cannot write {self.path}: {e}") from e
+
+    def _run(self, sql: str, args: tuple[Any, ...], *, create: bool = False) -> Any:
+        c = self._connection(create=create)
+        if c is None:
+            return None
+        try:
+            return c.execute(sql, args)
+        except sqlite3.Error as e:
+            raise StoreError(f"cannot use {self.path}: {e}") from e
+
+    async def put_entry(self, key: SessionKey, turn_id: str, body: str) -> bool:
+        cur = self._run("INSERT INTO accepts (agent, session, turn_id, body) VALUES "
+                        "(?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                        (key.agent, key.session, turn_id, body), create=True)
+        return bool(cur.rowcount == 1)
+
+    async def entries_of(self, key: SessionKey) -> dict[str, str]:
+        cur = self._run("SELECT turn_id, body FROM accepts WHERE agent = ? AND session = ? "
+                        "ORDER BY rowid", (key.agent, key.session))
+        return {} if cur is None else {t: b for t, b in cur.fetchall()}
+
+    async def pending_entries(self) -> list[SessionKey]:
+        cur = self._run("SELECT DISTINCT agent, session FROM accepts", ())
+        return [] if cur is None else [SessionKey(a, s) for a, s in cur.fetchall()]
+
+    async def drop_entry(self, key: SessionKey, turn_id: str) -> None:
+        self._run("DELETE FROM accepts WHERE agent = ? AND session = ? AND turn_id = ?",
+                  (key.agent, key.session, turn_id))

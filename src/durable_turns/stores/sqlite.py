@@ -173,7 +173,13 @@ class SqliteDialect(SqliteTransactions):
     async def open(self, store: SqlStore) -> None:
         """``Dialect.open``."""
         self._feed = store.feed
-        self._adopt = store.cancels.adopt
+        cancels, accepts = store.cancels, store.accepts
+
+        def adopt() -> None:  # what another process kept as a signal: cancels, accepts
+            cancels.adopt()
+            accepts.adopt()
+
+        self._adopt = adopt
         if self._writer is not None:
             return
         # Here, when nothing makes it wait (the schema lock free, the database not busy, no

@@ -46,6 +46,7 @@ from .._feed import Feed, Subscription
 from .._signals import Signals
 from ..kit import BufferedTransaction, LeaseCounters
 from ..live import LiveRelay, LiveWire
+from ._accepts import Accepts
 from ._cancels import Cancels
 from ._history import fork as write_fork
 from ._reads import SqlReads
@@ -272,6 +273,8 @@ class SqlStore:
         process shares the storage)."""
         self.cancels = Cancels(self)
         """Its cancels: written at once, never behind a running step (``sql._cancels``)."""
+        self.accepts = Accepts(self)
+        """Its at-once accepts (a steer's): never behind a running step (``sql._accepts``)."""
 
     def _listen(self) -> None:
         self.dialect.listen(self.feed)
@@ -285,10 +288,12 @@ class SqlStore:
         """``TurnStore.open``."""
         await self.dialect.open(self)
         await self.cancels.open()
+        await self.accepts.open()
 
     async def close(self) -> None:
         """``TurnStore.close``."""
         await self.cancels.close()
+        await self.accepts.close()
         self.feed.close()
         if self.relay is not None:
             await self.relay.close()
@@ -328,8 +333,10 @@ class SqlStore:
                 for key, grant in await self.dialect.leases.claim_ready(self, agents, limit)]
 
     async def enqueue(self, key: SessionKey, entry: NewEntry) -> tuple[ChainEntry, bool]:
-        """``TurnStore.enqueue``."""
+        """``TurnStore.enqueue``; an ``at_once`` command never waits behind a step."""
         st = self.statements
+        if (at_once := await self.accepts.enqueue(key, entry)) is not None:
+            return at_once
         if self.dialect.syntax.serialised and entry.kind == "turn" and entry.supersede is None:
             record = await self.statement(lambda c: st.enqueue_plain(c, key, entry))
             if record is not None:
@@ -354,9 +361,12 @@ class SqlStore:
 
     async def entries(self, key: SessionKey, *, turn_id: str | None = None,
                       unfinished: bool = False) -> list[ChainEntry]:
-        """``TurnStore.entries``: a cancel not folded into the chain yet is the entry's."""
-        return await self.cancels.merged(
-            key, await self.reads.entries(key, turn_id=turn_id, unfinished=unfinished))
+        """``TurnStore.entries``: a cancel or an accept not folded into the chain yet shows."""
+        def read() -> Any:
+            return self.reads.entries(key, turn_id=turn_id, unfinished=unfinished)
+        found = await self.accepts.merged(key, await read(), read, turn_id=turn_id,
+                                          unfinished=unfinished)
+        return await self.cancels.merged(key, found)
 
     async def session_info(self, key: SessionKey) -> SessionInfo | None:
         """``SessionQueries.session_info``."""
