@@ -8,8 +8,16 @@ from typing import Any
 
 import httpx
 
-from durable_turns import (Agent, MemoryStore, ModelReply, Runtime, ToolCall, ToolContext,
-                           scripted, tool)
+from durable_turns import (
+    Agent,
+    MemoryStore,
+    ModelReply,
+    Runtime,
+    ToolCall,
+    ToolContext,
+    scripted,
+    tool,
+)
 from durable_turns.models import ModelRequest
 from durable_turns.models.scripted import calls_this_turn
 from durable_turns.server import create_app
