@@ -1,15 +1,18 @@
 """MkDocs hooks of the documentation site (named in ``mkdocs.yml``).
 
-The site must work offline: a built folder opened from ``file://``, a test's Chromium with no
-network. Two scripts Material would fetch from a CDN are therefore the site's own, from npm's
-registry, installed here by ``npm ci --prefix docs_build`` (``.ci/run`` does it):
+The site must work offline, from a fresh clone with only ``pip install -e '.[docs]'``: a built
+folder opened from ``file://`` or served over http, a test's Chromium with no network. So it
+fetches nothing from a CDN:
 
-- ``mermaid``: Material draws diagrams with the ``mermaid`` the page has loaded, and fetches
-  it only when there is none (``extra_javascript`` loads ours);
-- ``iframe-worker``'s shim: Material's ``offline`` plugin runs search in a worker, which a
-  page from ``file://`` may not start; the shim runs it in an iframe (``extra.polyfills``).
-
-Without that install the site still builds, and a browser that is online fetches them.
+- search: Material's ``offline`` plugin runs search in a worker, which a page from ``file://``
+  may not start; ``iframe-worker``'s shim runs it in an iframe. The shim (1.4 kB, MIT) is kept
+  in the repository (``docs_build/vendor/iframe-worker/``) and named as the pages' polyfill, so
+  Material never adds the CDN's;
+- diagrams: Material draws them with the ``mermaid`` the page has loaded, and fetches it from a
+  CDN when there is none; offline that fetch fails and takes search down with it. Mermaid is
+  installed by ``npm ci --prefix docs_build`` (``.ci/run`` does it) and then loaded by the
+  pages (``extra_javascript``). Without it, a diagram is shown as its source, a code block,
+  and nothing is fetched.
 
 The pages are written as GitHub renders Markdown (they were the README's sections, and they
 still read as files): a nested list or a list item's next paragraph is indented by two
@@ -38,11 +41,15 @@ INTERRUPTS = re.compile(r"^( *)(?:[-*+]|1\.) ")
 
 HERE = Path(__file__).resolve().parent
 MODULES = HERE / "node_modules"
+MERMAID = "js/mermaid.min.js"
+"""Where the site's Mermaid goes (as ``mkdocs.yml``'s ``extra_javascript`` names it)."""
+SHIM = "js/iframe-worker-shim.js"
+"""Where the search worker's shim goes (the pages' polyfill)."""
 SCRIPTS = {
-    "js/mermaid.min.js": MODULES / "mermaid" / "dist" / "mermaid.min.js",
-    "js/iframe-worker-shim.js": MODULES / "iframe-worker" / "shim" / "index.js",
+    MERMAID: MODULES / "mermaid" / "dist" / "mermaid.min.js",
+    SHIM: HERE / "vendor" / "iframe-worker" / "shim.js",
 }
-"""Where each script goes in the site (as ``mkdocs.yml`` names it) ← the file npm installed."""
+"""Where each script goes in the site ← its file (npm's, or the repository's copy)."""
 
 log = logging.getLogger("mkdocs.hooks.durable_turns")
 
@@ -115,35 +122,39 @@ class TwoSpaceIndent(Extension):
 
 
 def on_config(config: Any, **_: Any) -> Any:
-    """Count two spaces an indent; name the local shim as the pages' polyfill.
+    """Count two spaces an indent; name the local shim; without Mermaid, show diagrams as code.
 
     Args:
         config: the MkDocs configuration.
 
     Returns:
-        The configuration, with the indentation's extension and ``extra.polyfills`` set.
+        The configuration, with the indentation's extension and ``extra.polyfills`` set, and
+        without the Mermaid fence and script when npm has not installed Mermaid.
     """
     config["markdown_extensions"].insert(0, TwoSpaceIndent())
-    if SCRIPTS["js/iframe-worker-shim.js"].is_file():
-        # Set before Material's offline plugin looks: it adds the CDN's only when no
-        # polyfill named iframe-worker is there.
-        config["extra"]["polyfills"] = ["js/iframe-worker-shim.js"]
+    # Set before Material's offline plugin looks: it adds the CDN's only when no polyfill
+    # named iframe-worker is there.
+    config["extra"]["polyfills"] = [SHIM]
+    if not SCRIPTS[MERMAID].is_file():
+        # No ``pre.mermaid`` in the pages, so Material fetches no Mermaid: a ```mermaid block
+        # is highlighted as code, and the pages load no script that is not in the site.
+        config["extra_javascript"] = [s for s in config["extra_javascript"] if str(s) != MERMAID]
+        fences = config["mdx_configs"].get("pymdownx.superfences", {})
+        fences["custom_fences"] = [f for f in fences.get("custom_fences", [])
+                                   if f.get("name") != "mermaid"]
+        log.info("no %s: diagrams are shown as their source (run npm ci --prefix docs_build "
+                 "to draw them)", SCRIPTS[MERMAID])
     return config
 
 
 def on_post_build(config: Any, **_: Any) -> None:
-    """Copy the scripts into the built site, where ``mkdocs.yml`` names them.
+    """Copy the scripts into the built site, where the pages name them.
 
     Args:
         config: the MkDocs configuration (its ``site_dir`` is the built folder).
     """
     for name, source in SCRIPTS.items():
-        if not source.is_file():
-            # info, not a warning: --strict fails on warnings, and a site without its own
-            # copy is still whole online.
-            log.info("no %s: the site loads it from a CDN (run npm ci --prefix docs_build)",
-                     source)
-            continue
-        target = Path(config["site_dir"]) / name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(source, target)
+        if source.is_file():  # only Mermaid may be missing (on_config has told)
+            target = Path(config["site_dir"]) / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source, target)

@@ -3,7 +3,8 @@
 ``model`` below is a scripted brain: it reads what the person asked and which tools
 answered off the transcript, so a turn it drives replays in another process (after a crash,
 or when ``durable-turns approve`` answers a park) exactly as it ran. It understands three
-requests: "order a keyboard and a mouse", "list orders", "refund order 42, $30".
+requests: "order a keyboard and a mouse", "list orders", "refund order 42, $30" (or
+"refund $30 on order 42").
 
 To put a real model behind the same tools, pass ``--model anthropic:claude-sonnet-4-5`` (or
 ``openai:…``) to ``serve``, ``chat``, ``worker`` or ``approve``: ``--model`` overrides the
@@ -22,8 +23,12 @@ from durable_turns.models import ModelRequest
 name = "ops"
 
 _ORDER = re.compile(r"\b(?:order|buy)\s+(?!#?\d)(.+)", re.IGNORECASE)
-_REFUND = re.compile(r"\brefund\b.*?\border\s+#?([A-Za-z0-9][\w-]*)\D*?\$?(\d+(?:\.\d{1,2})?)",
-                     re.IGNORECASE)
+_REFUND = re.compile(r"\brefund\b.*?\border\s+#?([A-Za-z0-9][\w-]*)", re.IGNORECASE)
+"""A refund: the order's id is the word after "order" (the whole word: "order 42." is 42)."""
+_DOLLARS = re.compile(r"\$\s*(\d+(?:\.\d{1,2})?)")
+"""The amount, where it says "$": "refund $30 on order 42" as well as "refund order 42, $30"."""
+_NUMBER = re.compile(r"(?<![\w.])(\d+(?:\.\d{1,2})?)(?![\w.]*\w)")
+"""Else the first number after the order's id: "refund order 42, 30"."""
 _LIST = re.compile(r"\b(?:list|show)\b.*\borders?\b|^\s*orders\s*\??\s*$", re.IGNORECASE)
 _ARTICLE = re.compile(r"^(?:an?|one|the|some)\s+", re.IGNORECASE)
 HELP = ("I am the ops example's offline model. Ask me to \"order a keyboard and a mouse\", "
@@ -50,8 +55,10 @@ def _results(request: ModelRequest) -> list[dict[str, object]]:
 def _brain(request: ModelRequest) -> ModelReply:
     opening = next((m.text for m in reversed(request.messages) if m.is_opening), "")
     done = _results(request)
-    if (refund := _REFUND.search(opening)) is not None:
-        order_id, amount = refund.group(1), float(refund.group(2))
+    if (refund := _REFUND.search(opening)) is not None and \
+            (amount_said := _DOLLARS.search(opening)
+             or _NUMBER.search(opening, refund.end())) is not None:
+        order_id, amount = refund.group(1), float(amount_said.group(1))
         if not done:
             return ModelReply(f"A person has to approve a ${amount:.2f} refund on order "
                               f"{order_id} first.",

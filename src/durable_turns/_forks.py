@@ -16,9 +16,13 @@ runs after the fork point is a new effect, not a replay of the source's.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Literal
 
+from .agent import Agent
+from .errors import ForkRerunsToolsError
 from .events import InputRequested, TurnCancelled, TurnCompleted, TurnEvent, TurnFailed
 from .history import Checkpoint, ForkPlan
+from .messages import ToolCall
 from .records import (
     ChainEntry,
     ChildMemo,
@@ -31,7 +35,51 @@ from .records import (
 from .stores import SessionStore
 from .subagents import child_ids
 
-__all__ = ["plan_fork"]
+__all__ = ["ForkTools", "checked_fork", "plan_fork", "rerun_calls"]
+
+ForkTools = Literal["live", "recorded"]
+"""How a fork runs the owed tool calls of a turn under way at its checkpoint: ``live`` for
+real, ``recorded`` answered from the source's recording (``durable_turns.replay.fork``)."""
+
+
+async def checked_fork(store: SessionStore, agent: Agent, src: SessionKey, dst: SessionKey,
+                       at: Checkpoint | None, *, then: str | None, tools: ForkTools | None,
+                       owner: str | None) -> tuple[list[ForkPlan], list[str]]:
+    """The plans of a fork (:func:`plan_fork`), checked, and the turns under way in it.
+
+    Raises:
+        ValueError: ``then`` at a checkpoint where a turn is under way.
+        ForkRerunsToolsError: ``tools`` is not given and the fork would run local tool calls
+            of a turn under way again.
+        LookupError: no such checkpoint.
+    """
+    plans = await plan_fork(store, src, dst, at)
+    under_way = [t.turn_id for t in plans[-1].chain if t.status == TurnStatus.QUEUED]
+    if then is not None and under_way:
+        raise ValueError(f"turn {under_way[0]!r} is under way at that checkpoint: fork "
+                         "at a turn's end to start another turn with then=…")
+    if tools is None and under_way:
+        calls = [(c.id, c.name) for c in await rerun_calls(store, src, plans[-1], under_way)
+                 if c.name in agent.tools_by_name and not agent.tools_by_name[c.name].remote]
+        if calls:
+            raise ForkRerunsToolsError(str(src), calls)
+    if owner is not None:
+        plans[-1] = replace(plans[-1], owner=owner)
+    return plans, under_way
+
+
+async def rerun_calls(store: SessionStore, src: SessionKey, plan: ForkPlan,
+                      under_way: list[str]) -> list[ToolCall]:
+    """The tool calls the fork's turns ``under_way`` asked for and had no result of at the
+    checkpoint: what driving the fork runs first."""
+    if plan.upto is None:
+        return []
+    at = [cp for cp in await store.checkpoints(src, generation=plan.generation)
+          if cp.position == plan.upto]
+    copied = (await store.read_messages(src, generation=plan.generation))[:at[0].messages]
+    answered = {m.call_id for m in copied if m.role == "tool"}
+    return [c for m in copied if m.role == "assistant" and m.turn_id in under_way
+            for c in m.tool_calls if c.id not in answered]
 
 
 async def plan_fork(store: SessionStore, src: SessionKey, dst: SessionKey,

@@ -10,6 +10,7 @@ Failures (subclasses of ``Exception``, names ending in ``Error``)::
     ├── UnknownTurnError            a turn id the session never accepted
     ├── SessionBusyError            the session cannot take this turn now
     ├── SessionExistsError          a fork's new address has a session already
+    ├── ForkRerunsToolsError        a fork would run local tools again; say how (409)
     ├── TurnSuspendedError          turn() parked; resume it instead
     ├── ResumeConflictError         resume() of a turn that is not parked on that input (409)
     ├── ResumeAuthorizationError    the resumer may not answer that input (403)
@@ -90,6 +91,26 @@ class SessionExistsError(DurableTurnsError):
     def __init__(self, session: str) -> None:
         super().__init__(f"session {session!r} exists already: a fork needs a new address")
         self.session = session
+
+
+class ForkRerunsToolsError(DurableTurnsError):
+    """A fork at a checkpoint inside a turn would run that turn's owed local tool calls again,
+    for real, in the app's tables: the fork says how (``tools="live"`` runs them,
+    ``tools="recorded"`` answers them from the source's recording); nothing was written.
+
+    Attributes:
+        session: the source (``agent/session``).
+        calls: ``(call_id, tool name)`` of each local call the fork would run.
+    """
+
+    def __init__(self, session: str, calls: list[tuple[str, str]]) -> None:
+        named = ", ".join(f"{name} (call {call_id})" for call_id, name in calls)
+        super().__init__(
+            f"a fork of {session} here would run local tool calls again, for real, in the "
+            f"app's tables: {named}; fork with tools='recorded' to answer them from the "
+            "recording, or tools='live' to run them")
+        self.session = session
+        self.calls = calls
 
 
 class SessionBusyError(DurableTurnsError):
@@ -423,6 +444,7 @@ ERRORS: tuple[tuple[type[BaseException], ErrorKind], ...] = (
     (ResumeConflictError, ErrorKind(409, 2)),
     (SessionBusyError, ErrorKind(409, 1)),
     (SessionExistsError, ErrorKind(409, 2)),
+    (ForkRerunsToolsError, ErrorKind(409, 2)),
     (TurnConflictError, ErrorKind(409, 1)),
     (TurnSuspendedError, ErrorKind(409, 1)),
     (StoreError, ErrorKind(503, 2)),
@@ -465,6 +487,7 @@ __all__ = [
     "DurableTurnsError",
     "ErrorKind",
     "FatalToolError",
+    "ForkRerunsToolsError",
     "InvalidInputError",
     "LeaseLostError",
     "LeaseTimeoutError",

@@ -77,9 +77,8 @@ class SessionInfo:
     status: SessionStatus
     generation: int
     owner: str | None = None
-    """The principal that created the session through an authenticated host
-    (``SessionQueries.own_session``); ``None`` for one made otherwise (a channel, the CLI, a
-    host in development mode). Set once, never changed."""
+    """The principal that created the session through an authenticated host, set once
+    (``SessionQueries.own_session``); ``None`` if made otherwise (a channel, the CLI, …)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +86,8 @@ class InputRequest:
     """What a parked turn waits for (F6)."""
 
     id: str
-    """Stable within the turn: it keys the answer (step ``input:<turn_id>:<id>``)."""
+    """Stable within the turn: it keys the answer (step ``input:<turn_id>:<id>``). Its JSON
+    names it ``input_id``, as ``resume`` does (``id`` too, as older clients read it)."""
     prompt: str
     schema: dict[str, Any] | None = None
     answerers: dict[str, Any] | None = None
@@ -95,8 +95,7 @@ class InputRequest:
     call_id: str = ""
     child: dict[str, str] | None = None
     """Set when a subagent's turn asked (F13): ``{agent, session, turn_id, input_id}`` of the
-    child's own request. ``resume()`` on the parent routes the answer there, where the
-    child's answerer rules are enforced."""
+    child's own request; ``resume()`` on the parent routes the answer there, to its rules."""
     more: tuple[InputRequest, ...] = ()
     """Other requests the same turn waits for at once: calls of one parallel batch that
     parked too (F15). Each is answered on its own, by its ``id``."""
@@ -107,8 +106,9 @@ class InputRequest:
         return (self, *self.more)
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"id": self.id, "prompt": self.prompt, "schema": self.schema,
-               "answerers": self.answerers, "turn_id": self.turn_id, "call_id": self.call_id}
+        out: dict[str, Any] = {"input_id": self.id, "id": self.id, "prompt": self.prompt,
+               "schema": self.schema, "answerers": self.answerers, "turn_id": self.turn_id,
+               "call_id": self.call_id}
         if self.child is not None:
             out["child"] = dict(self.child)
         if self.more:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import inspect
 import json
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -25,7 +25,7 @@ from ._hitl import Grant, sign
 from .agent import Agent
 from .context import ToolContext
 from .errors import ConfigurationError
-from .history import ForkPlan
+from .history import Checkpoint, ForkPlan
 from .inbound import InboundEvent, Trigger
 from .messages import Message, ToolCall
 from .model import Model
@@ -34,7 +34,7 @@ from .runtime import Runtime
 from .sessions import AgentSession
 from .tools import Tool
 
-__all__ = ["ReplayReport", "TurnDiff", "UnrecordedCallError", "replay"]
+__all__ = ["ReplayReport", "TurnDiff", "UnrecordedCallError", "fork_recorded", "replay"]
 
 Answerer = Callable[[str, dict[str, Any]], Any]
 """``answer(tool_name, input)`` → the result of a call the recording does not have (may be
@@ -195,6 +195,58 @@ async def replay(session: AgentSession, *, model: Model | None = None,
     return ReplayReport(session.key, dst, tuple(diffs))
 
 
+async def fork_recorded(session: AgentSession, to: str, at: Checkpoint | None = None, *,
+                        tools: Literal["recorded", "live"] | Answerer = "recorded",
+                        owner: str | None = None, timeout: float | None = None
+                        ) -> AgentSession:
+    """Fork ``session`` at ``at`` (as :meth:`AgentSession.fork`), the turn under way there
+    driven on with its tools answered from the source's recording, as :func:`replay` answers
+    them: nothing runs again for real, local or remote.
+
+    A call of that turn whose tool and input match a call the source made after the
+    checkpoint gets the source's result; one the recording lacks gets what ``tools`` says
+    (an error result, the real tool, or your function's answer). The turn is driven here,
+    in this process, to its end or its park; the fork's later turns (and a parked tool once
+    answered) run the real tools.
+
+    Args:
+        session: the source.
+        to: the fork's session id.
+        at: a checkpoint of ``session.history()`` (default: its last).
+        tools: what a call the recording lacks gets (as :func:`replay`'s).
+        owner: who owns the fork.
+        timeout: how long to wait for the turn, in seconds (default: no limit).
+
+    Returns:
+        The fork, a session of ``session``'s runtime.
+
+    Raises:
+        SessionExistsError, LookupError: as :meth:`AgentSession.fork`.
+        TimeoutError: the turn did not end or park within ``timeout``.
+    """
+    rt = session.runtime
+    rt.require_open()
+    every = await session.history()
+    where = at or (every[-1] if every else None)
+    if where is None:
+        raise LookupError(f"session {session.key} has no checkpoint to fork from")
+    source = await rt.store.read_messages(session.key, generation=where.generation)
+    answered = {m.call_id for m in source[:where.messages] if m.call_id is not None}
+    recording = _Recording(source, session.agent, skip=answered)
+    wrapped = replace(session.agent, tools=[recording.wrap(t, tools)
+                                            for t in session.agent.tools])
+    others = [a for name, a in rt.agents.items() if name != wrapped.name]
+    runner = Runtime([wrapped, *others], rt.store, rt.model, owns_store=False,
+                     secret=rt.secret)
+    async with runner:
+        forked = await runner.session(session.key.agent, session.key.session).fork(
+            to, where, owner=owner, tools="live")
+        for t in await forked.chain():
+            if t.status.unfinished:
+                await forked.result(t.turn_id, timeout=timeout)
+    return rt.session(session.key.agent, to)
+
+
 async def _run_turn(target: AgentSession, turn_id: str, opening: Message,
                     event: dict[str, Any] | None, answers: dict[str, Any],
                     runner: Runtime) -> TurnResult:
@@ -222,11 +274,14 @@ class _Recording:
     """The source's calls and results, by turn, tool and input (inputs normalised by the
     tool's own validation, as a replayed call's are)."""
 
-    def __init__(self, transcript: list[Message], agent: Agent) -> None:
+    def __init__(self, transcript: list[Message], agent: Agent,
+                 skip: Collection[str] = ()) -> None:
         results = {m.call_id: m.result for m in transcript if m.role == "tool"}
         self.calls: dict[tuple[str, str, str], list[Any]] = {}
         for m in transcript:
             for c in m.tool_calls if m.role == "assistant" else ():
+                if c.id in skip:
+                    continue  # answered in the fork already: not owed again
                 tool = agent.tools_by_name.get(c.name)
                 try:
                     args = tool.validate(dict(c.input)) if tool else dict(c.input)

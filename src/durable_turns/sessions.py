@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import json
 import logging
 import time
@@ -20,7 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from ._forks import plan_fork
+from ._forks import checked_fork
 from ._grants import decided, grant_answer
 from ._hitl import Grant, check_answerer, validate_answer
 from ._queries import summary_of
@@ -501,7 +500,8 @@ class AgentSession:
 
     async def fork(self, to: str, at: Checkpoint | None = None, *, then: str | None = None,
                    turn_id: str | None = None, event: InboundEvent | None = None,
-                   owner: str | None = None) -> AgentSession:
+                   owner: str | None = None, tools: Literal["live"] | None = None
+                   ) -> AgentSession:
         """A new session ``to`` (of this agent) whose transcript, steps and events are this
         session's up to checkpoint ``at`` (default: its last committed one, even while a turn
         runs), written in one transaction; nothing runs again and this session is untouched.
@@ -522,6 +522,9 @@ class AgentSession:
             event: ``then``'s inbound event (who speaks).
             owner: who owns the fork (``SessionSummary.owner``; a host's caller), written in
                 the fork's transaction.
+            tools: ``"live"``: a turn under way at ``at`` runs its owed local tool calls
+                again, for real; without it such a fork is refused (``durable_turns.replay.
+                fork`` answers them from the recording instead).
 
         Returns:
             The fork.
@@ -530,19 +533,16 @@ class AgentSession:
             SessionExistsError: ``to`` exists already (or another owns it).
             LookupError: no such checkpoint (or none at all).
             ValueError: ``then`` at a checkpoint where a turn is under way, or an empty id.
+            ForkRerunsToolsError: the fork would run local tool calls again and ``tools``
+                was not given; nothing was written.
         """
         rt = self.runtime
         rt.require_open()
         dst = SessionKey(self.key.agent, to) if to else None
         if dst is None:
             raise ValueError("a fork needs a session id")
-        plans = await plan_fork(rt.store, self.key, dst, at)
-        under_way = [t.turn_id for t in plans[-1].chain if t.status == TurnStatus.QUEUED]
-        if then is not None and under_way:
-            raise ValueError(f"turn {under_way[0]!r} is under way at that checkpoint: fork "
-                             "at a turn's end to start another turn with then=…")
-        if owner is not None:
-            plans[-1] = dataclasses.replace(plans[-1], owner=owner)
+        plans, under_way = await checked_fork(rt.store, self.agent, self.key, dst, at,
+                                              then=then, tools=tools, owner=owner)
         await rt.store.fork(plans)
         forked = rt.session(dst.agent, dst.session)
         if under_way:

@@ -6,6 +6,10 @@ built folder is then opened from ``file://`` in Debian's chromium (Playwright), 
 and no network, as a reader of a clone would: the home page and its diagram render,
 navigation reaches every guide, search finds what people look for, and the reference lists
 ``AgentSession``'s methods. Any error in the browser's console fails the test.
+
+Issue 37: the site is also built as a fresh clone builds it with the README's commands only
+(the repository's files, no ``npm ci``): searched from ``file://`` and over http, with no
+network and no console error, its diagrams shown as their source.
 """
 
 from __future__ import annotations
@@ -14,11 +18,16 @@ import importlib.util
 import inspect
 import os
 import re
+import shutil
 import subprocess
 import sys
+import threading
 from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, contextmanager
+from functools import partial
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Literal
 from urllib.parse import urlsplit
 
 import pytest
@@ -43,16 +52,44 @@ GUIDES = sorted(p.stem for p in (ROOT / "docs" / "guides").glob("*.md"))
 """Every guide page: each must be in the site's navigation."""
 
 
+def build(root: Path, out: Path) -> None:
+    """``mkdocs build --strict`` of the project at ``root`` into ``out``, with no warning."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
+        cwd=root, capture_output=True, text=True, timeout=BUILD_TIMEOUT,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"}, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, f"mkdocs build --strict failed:\n{proc.stdout}\n{proc.stderr}"
+    assert "WARNING" not in proc.stderr, proc.stderr
+
+
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """The site, built with ``mkdocs build --strict`` into a folder of the test's own."""
     out = tmp_path_factory.mktemp("site")
-    proc = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=BUILD_TIMEOUT,
-        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"}, stdin=subprocess.DEVNULL)
-    assert proc.returncode == 0, f"mkdocs build --strict failed:\n{proc.stdout}\n{proc.stderr}"
-    assert "WARNING" not in proc.stderr, proc.stderr
+    build(ROOT, out)
+    yield out
+
+
+@pytest.fixture(scope="module")
+def fresh_site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The site as a fresh clone builds it with the README's commands: no ``npm ci``.
+
+    The clone is the repository's files (tracked, or new and not ignored), copied without
+    ``docs_build/node_modules`` (which git ignores), and built as the README says.
+    """
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("needs a git checkout to know the repository's files")
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                            cwd=ROOT, capture_output=True, check=True, timeout=WAIT)
+    clone = tmp_path_factory.mktemp("clone")
+    for name in filter(None, listed.stdout.decode().split("\0")):
+        source = ROOT / name
+        if source.is_file():  # a file deleted but not yet committed is listed too
+            (clone / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source, clone / name)
+    assert not (clone / "docs_build" / "node_modules").exists()
+    out = tmp_path_factory.mktemp("fresh-site")
+    build(clone, out)
     yield out
 
 
@@ -118,9 +155,45 @@ browser_only = pytest.mark.skipif(not CHROMIUM.exists(),
                                   reason="needs Debian's chromium (.ci/run installs it)")
 
 
+Over = Literal["file", "http"]
+
+
+class Quiet(SimpleHTTPRequestHandler):
+    """``python -m http.server``'s handler, without a line on stderr per request."""
+
+    def log_message(self, format: str, *args: object) -> None:
+        """Log nothing."""
+
+
+@contextmanager
+def served(folder: Path) -> Iterator[str]:
+    """The folder over http on 127.0.0.1 (a plain static server, as ``python -m http.server``)."""
+    handler = partial(Quiet, directory=str(folder))
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(WAIT)
+
+
+@contextmanager
+def nullserver(site: Path) -> Iterator[str]:
+    """The folder's own ``file://`` address (no server)."""
+    yield site.as_uri() + "/"
+
+
+ELSEWHERE = re.compile(r"^https?://(?!127\.0\.0\.1[:/])")
+"""Any address but the test's own server: the browser may reach none of them."""
+
+
 @asynccontextmanager
-async def reading(site: Path) -> AsyncIterator[Page]:
-    """A Chromium page on the built site, from ``file://``; fails on any console error."""
+async def reading(site: Path, over: Over = "file") -> AsyncIterator[Page]:
+    """A Chromium page on the built site, from ``file://`` or over http; fails on any console
+    error. The browser has no network: a script fetched from anywhere else fails."""
     errors: list[str] = []
 
     def logged(message: ConsoleMessage) -> None:
@@ -130,17 +203,32 @@ async def reading(site: Path) -> AsyncIterator[Page]:
     def uncaught(error: Error) -> None:
         errors.append(f"uncaught {error}")
 
-    async with async_playwright() as p:
-        browser = await p.chromium.launch(executable_path=str(CHROMIUM))
-        try:
-            page = await browser.new_page(viewport={"width": 1400, "height": 900})
-            page.on("console", logged)
-            page.on("pageerror", uncaught)
-            await page.goto((site / "index.html").as_uri())
-            yield page
-        finally:
-            await browser.close()
+    with served(site) if over == "http" else nullserver(site) as base:
+        async with async_playwright() as p:
+            browser = await p.chromium.launch(executable_path=str(CHROMIUM))
+            try:
+                page = await browser.new_page(viewport={"width": 1400, "height": 900})
+                page.on("console", logged)
+                page.on("pageerror", uncaught)
+                await page.route(ELSEWHERE, lambda route: route.abort())
+                await page.goto(base + "index.html")
+                yield page
+            finally:
+                await browser.close()
     assert errors == []
+
+
+async def found(page: Page, query: str) -> list[str]:
+    """What the search box finds for ``query``: the results' links."""
+    # Typed key by key, as a reader does: Material searches on a key, and on the query
+    # typed so far once its index is loaded (it says "Initializing search" until then).
+    box = page.locator("input.md-search__input")
+    await box.click()
+    await box.press_sequentially(query)
+    results = page.locator(".md-search-result__item a")
+    await expect(results.first).to_be_visible()
+    hrefs: list[str] = await results.evaluate_all("links => links.map(a => a.href)")
+    return hrefs
 
 
 async def drawn(page: Page) -> None:
@@ -190,16 +278,32 @@ async def test_navigation_reaches_every_guide(site: Path) -> None:
 
 
 @browser_only
+@pytest.mark.parametrize("over", ["file", "http"])
 @pytest.mark.parametrize(("query", "page_found"), [("approval", "guides/approvals.html"),
                                                    ("PostgreSQL", "guides/postgres.html")])
-async def test_search_finds_it_offline(site: Path, query: str, page_found: str) -> None:
-    async with reading(site) as page:
-        await page.locator("input.md-search__input").fill(query)
-        results = page.locator(".md-search-result__item a")
-        await expect(results.first).to_be_visible()
-        hrefs = await results.evaluate_all("links => links.map(a => a.href)")
+async def test_search_finds_it_offline(site: Path, query: str, page_found: str,
+                                       over: Over) -> None:
+    async with reading(site, over) as page:
+        hrefs = await found(page, query)
         # a result's link is the page, with ?h=<query> (to highlight it) and maybe an anchor
         assert any(urlsplit(href).path.endswith(page_found) for href in hrefs), hrefs
+
+
+@browser_only
+@pytest.mark.parametrize("over", ["file", "http"])
+async def test_a_fresh_clone_s_site_is_searchable_offline(fresh_site: Path, over: Over) -> None:
+    """Issue 37: built with the README's commands only (no npm), the site fetches nothing:
+    search works from file:// and over http, and a diagram is shown as its source."""
+    pages = [p.read_text() for p in fresh_site.rglob("*.html")]
+    assert not any("unpkg.com" in html or "js/mermaid.min.js" in html for html in pages)
+    async with reading(fresh_site, over) as page:
+        hrefs = await found(page, "approval")
+        assert any(urlsplit(href).path.endswith("guides/approvals.html") for href in hrefs), hrefs
+        await page.goto(page.url.split("index.html")[0] + "concepts/architecture.html")
+        await expect(page.locator("article pre code").filter(has_text="flowchart").first) \
+            .to_be_visible()
+        hrefs = await found(page, "PostgreSQL")
+        assert any(urlsplit(href).path.endswith("guides/postgres.html") for href in hrefs), hrefs
 
 
 @browser_only

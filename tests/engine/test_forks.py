@@ -236,3 +236,65 @@ async def test_a_fork_killed_halfway_leaves_no_session(tmp_path: Path) -> None:
             if copied:
                 break
     assert True in outcomes  # the unkilled run forked it whole
+
+
+@tool
+def create_order(item: str, ctx: ToolContext) -> dict[str, Any]:
+    """Place an order (a local tool: a row in the app's table, in the step's transaction)."""
+    db = ctx.store.unwrap()
+    db.execute("create table if not exists orders (item text)")
+    db.execute("insert into orders values (?)", (item,))
+    return {"ordered": item, "n": db.execute("select count(*) from orders").fetchone()[0]}
+
+
+def orderer(request: ModelRequest) -> ModelReply:
+    n = calls_this_turn(request)
+    if n < 2:
+        item = ("keyboard", "mouse")[n]
+        return ModelReply(f"Ordering {item}.", [ToolCall(f"o{n}", "create_order", {"item": item})])
+    return ModelReply("Ordered both.")
+
+
+def orders(db: Path) -> int:
+    import sqlite3
+
+    with sqlite3.connect(db) as c:
+        found: int = c.execute("select count(*) from orders").fetchone()[0]
+    return found
+
+
+async def test_a_fork_that_would_run_local_tools_again_says_so_first(tmp_path: Path) -> None:
+    """Issue 37: forking inside a turn whose local tool calls are owed there would run them
+    again for real in the app's tables: refused (nothing written) unless the fork says how:
+    ``tools="live"`` runs them, ``fork_recorded`` answers them from the recording."""
+    from durable_turns.errors import ForkRerunsToolsError
+    from durable_turns.replay import fork_recorded
+
+    db = tmp_path / "shop.db"
+    async with Runtime([Agent("shop", "You shop.", [create_order])], SqliteStore(db),
+                       scripted(orderer)) as rt:
+        s = rt.session("shop", "s1")
+        assert (await s.turn("order two", turn_id="t1")).text == "Ordered both."
+        assert orders(db) == 2
+        history = await s.history()
+        asked = history[1]  # the model asked for the first order; its result is owed
+        assert asked.kind == "model"
+        with pytest.raises(ForkRerunsToolsError, match=r"create_order \(call o0\)") as refused:
+            await s.fork("f-refused", asked)
+        assert refused.value.calls == [("o0", "create_order")]
+        assert not (await rt.session("shop", "f-refused").summary()).exists
+        assert orders(db) == 2
+        # Recorded: both calls answered with what the source's calls returned; no row added.
+        recorded = await fork_recorded(s, "f-recorded", asked, timeout=WAIT)
+        r = await recorded.result("t1", timeout=WAIT)
+        assert (r.status, r.text) == ("completed", "Ordered both.")
+        assert orders(db) == 2
+        results = [m.result for m in await recorded.transcript() if m.role == "tool"]
+        assert results == [m.result for m in await s.transcript() if m.role == "tool"]
+        # Live: the calls run again, for real.
+        live = await s.fork("f-live", asked, tools="live")
+        assert (await live.result("t1", timeout=WAIT)).status == "completed"
+        assert orders(db) == 4
+        # At a turn's end nothing is owed: no question asked.
+        await s.fork("f-end", history[-1])
+        assert orders(db) == 4

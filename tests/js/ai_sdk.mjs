@@ -7,7 +7,9 @@
 // Scenarios: weather (text, reasoning, a tool call and its output), approval (a park, a wrong
 // answerer, then the right one), forged (an approval nothing waits for), resume (a stream cut
 // mid-turn, resumed), idle (the resume request of a chat where nothing runs), limit (a turn
-// of agent capped parks at its limit of model calls: approved in one chat, denied in another).
+// of agent capped parks at its limit of model calls: approved in one chat, denied in another),
+// by (development mode: the transport's body says who speaks and answers, as
+// docs/guides/frontends.md shows).
 import { writeFileSync } from "node:fs";
 import { AbstractChat, DefaultChatTransport } from "ai";
 
@@ -66,6 +68,14 @@ function chat(messages = [], agent = "desk", id = chatId) {
   return c;
 }
 
+// Development mode (no authenticate): who speaks and answers is the body's `by`.
+function chatAs(by) {
+  return new Chat({
+    id: chatId,
+    transport: new DefaultChatTransport({ api: `${base}/agents/desk/ai-sdk/chat`, body: { by } }),
+  });
+}
+
 function shape(c) {
   return {
     status: c.status,
@@ -98,6 +108,20 @@ async function main() {
     c.clearError();
     await c.sendMessage();
     out.approved = shape(c);
+  } else if (scenario === "by") {
+    const ann = chatAs("ann");
+    await ann.sendMessage({ text: "refund order A-12" });
+    out.parked = shape(ann);
+    const part = ann.messages.at(-1).parts.find((p) => p.type === "tool-refund");
+    // Bob answers the request of Ann's turn: refused, nothing stored.
+    const bob = chatAs("bob");
+    for (const m of ann.messages) bob.st.pushMessage(structuredClone(m));
+    await bob.addToolApprovalResponse({ id: part.approval.id, approved: true });
+    await bob.sendMessage();
+    out.refused = shape(bob);
+    await ann.addToolApprovalResponse({ id: part.approval.id, approved: true });
+    await ann.sendMessage();
+    out.approved = shape(ann);
   } else if (scenario === "forged") {
     const c = chat();
     await c.sendMessage({ text: "refund order A-12" });

@@ -87,3 +87,23 @@ async def test_fork_from_a_timeline_step_and_replay_with_another_model() -> None
         await page.click("h1 a >> nth=1")
         await expect(page.locator(".msg.assistant").last).to_contain_text("Now at 2.")
         assert c.errors == []
+
+
+async def test_a_fork_that_would_run_a_local_tool_again_asks_first() -> None:
+    """Issue 37: "Fork from here" on the step that asked for a local tool's call (owed
+    there) says the fork would run it again, and offers the recording or a live run."""
+    agent, ran = counter()
+    async with console([agent]) as c:
+        await c.rt.session("ops", "s1").turn("count for me")
+        assert ran == [2]
+        page = await c.page(await c.context(), "s1", "#/s/ops/s1")
+        await page.click("#tab-timeline")
+        await expect(page.locator("[data-role=fork]")).to_have_count(3)
+        await page.locator("[data-role=fork]").first.click()  # the model step: the call owed
+        await expect(page.locator(".notice.warning")).to_contain_text("bump (call c1)")
+        assert ran == [2]  # asked first: nothing ran, no fork was written
+        await page.click("[data-role=fork-recorded]")
+        await expect(page.locator("h1")).to_contain_text("s1-fork-")
+        await expect(page.locator(".msg.assistant").last).to_contain_text("The total is 2.")
+        assert ran == [2]  # answered from the recording
+        assert [e for e in c.errors if "status of 409" not in e] == []  # the refused fork

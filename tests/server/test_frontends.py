@@ -10,8 +10,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
+import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -151,6 +154,23 @@ def test_ai_sdk_a_limits_ask_is_an_approval_part_granted_or_denied(
     assert limit["state"] == "output-denied"
     assert denied["status"] == "error" and "LimitExceeded" in (denied["error"] or "")
     assert session(url, "chat-limit-no", agent="capped")["turns"][0]["status"] == "failed"
+
+
+def test_ai_sdk_in_development_mode_the_body_s_by_speaks_and_answers(tmp_path: Path) -> None:
+    """Issue 37: ``DefaultChatTransport({body: {by}})`` (docs/guides/frontends.md) attests the
+    turn's speaker, so only they may answer its approval; another ``by`` is refused."""
+    with served(tmp_path / "gate", development=True) as (url, _rt):
+        out = node("ai_sdk.mjs", "by", url, "chat-by")
+        stored = session(url, "chat-by")
+    tool = next(p for p in assistant(out["parked"])["parts"] if p["type"] == "tool-refund")
+    assert tool["state"] == "approval-requested"
+    assert out["refused"]["status"] == "error"
+    assert out["refused"]["error"].startswith("ResumeAuthorizationError: only user 'ann'"), \
+        out["refused"]["error"]
+    approved = assistant(out["approved"])
+    assert approved["parts"][-1]["text"] == "Done: refunded A-12."
+    assert [m["result"] for m in stored["transcript"] if m["role"] == "tool"] == \
+        ["refunded A-12"]  # one answer, Ann's
 
 
 def test_ai_sdk_forged_approval_is_an_error_part_and_stores_nothing(
@@ -342,24 +362,67 @@ def test_a_protocol_mounts_once_and_only_on_an_app_that_serves_the_api(tmp_path:
         mount_ai_sdk(create_app(rt, api=False))
 
 
-def test_the_docs_ag_ui_client_runs(tmp_path: Path) -> None:
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@contextmanager
+def serving_examples_ops(tmp_path: Path) -> Iterator[str]:
+    """``durable-turns serve examples/ops --db …`` (a copy of the folder), as the guide says
+    to run it: development mode, on a free port; its URL once it listens."""
+    app = tmp_path / "ops"
+    shutil.copytree(Path(__file__).parents[2] / "examples" / "ops", app)
+    port, log = free_port(), tmp_path / "serve.log"
+    with log.open("w") as stderr, subprocess.Popen(
+            [sys.executable, "-m", "durable_turns.cli", "serve", str(app), "--db",
+             str(tmp_path / "ops.db"), "--port", str(port)],
+            stdout=subprocess.PIPE, stderr=stderr, text=True) as proc:
+        try:
+            assert proc.stdout is not None
+            lines: list[str] = []
+            while not lines or not lines[-1].startswith(("authentication: ",
+                                                         "development mode: ")):
+                # readline returns at a line or at the end (a failed start); the test's
+                # timeout (pyproject's) bounds a server that says nothing
+                lines.append(proc.stdout.readline())
+                assert lines[-1], f"serve stopped: {lines} {log.read_text()}"
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            proc.kill()
+            proc.wait(NODE_WAIT)
+
+
+def test_the_docs_ag_ui_client_runs_against_serve_examples_ops(tmp_path: Path) -> None:
+    """Issue 37: the guide's client, against the app the guide names, asks to approve what
+    it said ($30 on order 42), as the ``by`` it sends, and the approval completes it."""
     page = (Path(__file__).parents[2] / "docs" / "guides" / "frontends.md").read_text()
     section = page[page.index("## AG-UI"):]
     snippet = section[section.index("```js\n") + 6:section.index("\n```", section.index("```js"))]
     if shutil.which("node") is None or not (JS / "node_modules" / "@ag-ui").is_dir():
         pytest.fail("the frontend tests need Node and tests/js's packages: "
                     "cd tests/js && npm ci")
-    with served(tmp_path / "gate", name="ops", development=True) as (url, _rt):
+    with serving_examples_ops(tmp_path) as url:
         run = subprocess.run(["node", "--input-type=module", "-e", snippet], cwd=JS,
                              env={**os.environ, "BASE": url}, capture_output=True, text=True,
                              timeout=NODE_WAIT)
-    assert run.returncode == 0, run.stderr[-4000:]
-    # The first run parks on the approval (the interrupt's fields printed), the second one
-    # answers it and streams the rest.
-    parked, _, answered = run.stdout.partition("\nsuccess")
-    assert parked.lstrip().startswith("interrupt") and "Refund order A-12?" in parked, run.stdout
-    assert parked.rstrip().endswith("Done: refunded A-12.") and answered.strip() == "", \
-        run.stdout
+        assert run.returncode == 0, run.stderr[-4000:]
+        stored = httpx.get(f"{url}/agents/ops/sessions/t-1", timeout=NODE_WAIT).json()
+    # The first run parks on the approval (the interrupt's prompt printed), the second one
+    # answers it and streams the rest; what the comment in the guide says it prints.
+    printed = [line.strip() for line in run.stdout.splitlines() if line.strip()]
+    assert printed[:2] == ["A person has to approve a $30.00 refund on order 42 first.",
+                           "interrupt Refund $30.00 on order 42?"], run.stdout
+    assert printed[2].startswith("Refunded $30.00 on order 42 (refund ") and \
+        printed[2].endswith("), as approved.") and printed[3:] == ["success"], run.stdout
+    said = section[section.index("it prints:\n"):section.index("\n```", section.index("```js"))]
+    assert [line.removeprefix("// ") for line in said.splitlines()[1:]] == \
+        [printed[0], printed[1], "Refunded $30.00 on order 42 (refund …), as approved.",
+         "success"]
+    assert stored["transcript"][0] == {"role": "user", "text": "Refund $30 on order 42.",
+                                       "turn_id": "run-1", "by": "ann"}  # forwardedProps.by
 
 
 def test_an_answer_delivered_again_is_one_answer_in_both_protocols(tmp_path: Path) -> None:

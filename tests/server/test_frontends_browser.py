@@ -30,7 +30,7 @@ import { createRoot } from "react-dom/client";
 import { Chat } from "./chat";
 
 const chatId = new URLSearchParams(location.search).get("chat") ?? "page";
-createRoot(document.getElementById("root")!).render(<Chat chatId={chatId} />);
+createRoot(document.getElementById("root")!).render(<Chat chatId={chatId} by="ann" />);
 """
 PAGE = '<!doctype html><div id="root"></div><script type="module" src="/page.js"></script>'
 

@@ -12,8 +12,9 @@ from typing import Any
 import httpx
 from starlette.requests import Request
 
-from durable_turns import Agent, MemoryStore, ModelReply, Runtime, scripted
+from durable_turns import Agent, MemoryStore, ModelReply, Runtime, ToolCall, scripted, tool
 from durable_turns.models import ModelRequest
+from durable_turns.models.scripted import calls_this_turn
 from durable_turns.server import create_app
 from fakes.serving import serving
 
@@ -213,3 +214,67 @@ async def test_a_fork_that_starts_a_turn_where_one_is_under_way_is_a_conflict() 
         assert "under way" in r.json()["error"]["message"]
         r = await a.call("alice", "GET", "/s9-b")
         assert r.status_code == 404, r.text  # no fork was written
+
+
+async def test_development_mode_takes_by_for_the_fork_s_then() -> None:
+    """Issue 37: ``POST …/fork`` takes ``by`` as ``/turn`` and ``/resume`` do: who speaks
+    the turn ``then`` starts (development mode; with ``authenticate``, the principal)."""
+    async with api(development=True) as a:
+        first = await _two_turns(a, None, "s")
+        r = await a.call(None, "POST", "/s/fork",
+                         json={"to": "f", "at": first, "then": "three", "by": "ann"})
+        assert r.status_code == 201, r.text
+        await asyncio.wait_for(a.rt.idle(), WAIT)
+        r = await a.call(None, "GET", "/f")
+        opening = [m for m in r.json()["transcript"] if m["role"] == "user"][-1]
+        assert (opening["text"], opening.get("by")) == ("three", "ann"), opening
+    async with api() as a:  # with authenticate, the principal speaks, whatever by says
+        first = await _two_turns(a, "alice", "s")
+        r = await a.call("alice", "POST", "/s/fork",
+                         json={"to": "f", "at": first, "then": "three", "by": "bob"})
+        assert r.status_code == 201, r.text
+        await asyncio.wait_for(a.rt.idle(), WAIT)
+        r = await a.call("alice", "GET", "/f")
+        opening = [m for m in r.json()["transcript"] if m["role"] == "user"][-1]
+        assert opening.get("by") == "alice", opening
+
+
+ran: list[str] = []
+
+
+@tool
+def note(text: str) -> str:
+    """Write a note (a local tool)."""
+    ran.append(text)
+    return f"noted {text}"
+
+
+def noter(request: ModelRequest) -> ModelReply:
+    if calls_this_turn(request) == 0:
+        return ModelReply("Noting.", [ToolCall("n1", "note", {"text": "hi"})])
+    return ModelReply("Noted.")
+
+
+async def test_a_fork_that_would_run_local_tools_again_is_a_409_until_it_says_how() -> None:
+    ran.clear()
+    rt = Runtime([Agent("desk", "You help.", [note])], MemoryStore(), scripted(noter))
+    async with rt, serving(create_app(rt)) as url, \
+            httpx.AsyncClient(base_url=f"{url}/agents/desk/sessions", timeout=WAIT) as c:
+        assert (await c.post("/s/chat", json={"text": "note"})).json()["text"] == "Noted."
+        checkpoints = (await c.get("/s/history")).json()["checkpoints"]
+        asked = next(cp for cp in checkpoints if cp["kind"] == "model")  # the call is owed
+        at = {k: asked[k] for k in ("generation", "seq", "sub")}
+        r = await c.post("/s/fork", json={"to": "f1", "at": at})
+        assert r.status_code == 409, r.text
+        assert r.json()["error"]["type"] == "ForkRerunsToolsError"
+        assert "note (call n1)" in r.json()["error"]["message"]
+        assert (await c.get("/f1")).status_code == 404  # nothing written
+        r = await c.post("/s/fork", json={"to": "f2", "at": at, "tools": "recorded"})
+        assert r.status_code == 201 and r.json()["status"] == "idle", r.text
+        assert ran == ["hi"]  # answered from the recording: not run again
+        assert [m.get("result") for m in (await c.get("/f2")).json()["transcript"]
+                if m["role"] == "tool"] == ["noted hi"]
+        r = await c.post("/s/fork", json={"to": "f3", "at": at, "tools": "live"})
+        assert r.status_code == 201, r.text
+        await asyncio.wait_for(rt.idle(), WAIT)
+        assert ran == ["hi", "hi"]  # run again, for real

@@ -223,7 +223,7 @@ class _Host:
                                                  claim=c.route.claims), methods=["POST"])
               for c in self.rt.commands if c.route is not None),
             Route(f"{base}/events", g(self.events, "read"), methods=["GET"]),
-            *timetravel_routes(self.rt, g, self.replay_models),
+            *timetravel_routes(self.rt, g, self.replay_models, self.by),
             *console_routes(self.rt, g, self.authenticate is None, list(self.replay_models)),
         ]
         routes += extra

@@ -15,13 +15,17 @@ from starlette.routing import BaseRoute, Route
 
 from .._input_limits import MAX_CURSOR, HttpError
 from ..history import Checkpoint
+from ..inbound import InboundEvent
 from ..model import Model
-from ..replay import replay, replay_id
+from ..replay import fork_recorded, replay, replay_id
 from ..runtime import Runtime
 from ..sessions import AgentSession
 from ._http import read_body
 
 Handler = Callable[[Request], Awaitable[Response]]
+Speaker = Callable[[Request, "str | None"], "tuple[str | None, Any]"]
+"""Who speaks: ``(by, principal)`` of a request (the principal's id, or in development mode
+the body's ``by``), as the app's other routes read it."""
 SESSION_ID = r"^[!-~]{1,200}$"
 """A new session's id: 1 to 200 printable ASCII characters, no spaces."""
 
@@ -56,6 +60,11 @@ class ForkBody(BaseModel):
     then: str | None = Field(default=None, min_length=1)
     """A turn to start in the fork at once (at a checkpoint where no turn is under way)."""
     turn_id: str | None = Field(default=None, pattern=SESSION_ID)
+    by: str | None = Field(default=None, min_length=1, max_length=200)
+    """Development mode only: who speaks ``then`` (with ``authenticate``, the principal)."""
+    tools: Literal["live", "recorded"] | None = None
+    """How a turn under way at ``at`` runs its owed local tool calls: ``recorded`` answered
+    from the source's recording, ``live`` for real; without it such a fork is a 409."""
 
 
 class ReplayBody(BaseModel):
@@ -74,9 +83,10 @@ BODIES: dict[str, type[BaseModel]] = {"fork": ForkBody, "replay": ReplayBody}
 
 
 def timetravel_routes(runtime: Runtime, guard: Callable[..., Handler],
-                      models: Mapping[str, Model]) -> list[BaseRoute]:
+                      models: Mapping[str, Model], speaker: Speaker) -> list[BaseRoute]:
     """``GET …/history``, ``POST …/fork`` and ``POST …/replay`` of a session; a replay may
-    ask one of ``models`` by name (which the operator chose: they spend its credentials)."""
+    ask one of ``models`` by name (which the operator chose: they spend its credentials);
+    ``speaker`` says who speaks a fork's ``then``."""
 
     def source(request: Request) -> AgentSession:
         return runtime.session(request.path_params["agent"], request.path_params["session"])
@@ -95,9 +105,16 @@ def timetravel_routes(runtime: Runtime, guard: Callable[..., Handler],
         body = await read_body(request, ForkBody)
         s = await known(request)
         at = await _checkpoint(s, body.at)
+        by, _principal = speaker(request, body.by)
+        event = None if by is None or body.then is None else \
+            InboundEvent("http", {"id": by, "attested": True}, body.then)
         try:  # the caller owns the fork, written with it (a refused fork writes nothing)
-            forked = await s.fork(body.to, at, then=body.then, turn_id=body.turn_id,
-                                  owner=caller(request))
+            if body.tools == "recorded" and body.then is None:
+                forked = await fork_recorded(s, body.to, at, owner=caller(request))
+            else:  # a local call owed and no ``tools``: ForkRerunsToolsError, a 409
+                forked = await s.fork(body.to, at, then=body.then, turn_id=body.turn_id,
+                                      event=event, owner=caller(request),
+                                      tools="live" if body.tools else None)
         except ValueError as e:  # ``then`` where a turn is under way: the fork's state says no
             raise HttpError(409, "TurnUnderWay", str(e)) from None
         return JSONResponse({**(await forked.summary()).to_dict(),

@@ -120,7 +120,7 @@
   function resume(agent, session, request) {
     return async (value) => {
       const result = await api(`${sessionPath(agent, session)}/resume`, {
-        turn_id: request.turn_id, input_id: request.id, value, by: me(),
+        turn_id: request.turn_id, input_id: request.input_id, value, by: me(),
       });
       updateCount();
       return resumeOutcome(result);
@@ -162,7 +162,7 @@
       document.getElementById("inbox-count").textContent = items.length ? String(items.length) : "";
       const seen = new Set();
       for (const it of items) {
-        const key = `${it.agent}/${it.session}/${it.request.turn_id}/${it.request.id}`;
+        const key = `${it.agent}/${it.session}/${it.request.turn_id}/${it.request.input_id}`;
         seen.add(key);
         if (cards.has(key)) continue;
         const form = answerForm(it.request, resume(it.agent, it.session, it.request));
@@ -484,7 +484,7 @@
     }
 
     function inputRow(t, step) {
-      const request = { id: step.id.split(":").slice(2).join(":"), turn_id: t.turn_id,
+      const request = { input_id: step.id.split(":").slice(2).join(":"), turn_id: t.turn_id,
         prompt: step.prompt, schema: step.schema, answerers: step.answerers };
       const box = el("div", { class: "request", "data-role": "input" },
         el("div", { class: "prompt", text: step.prompt }),
@@ -495,7 +495,7 @@
       } else if (t.status === "suspended") {
         // One form per request for the page's life: a render (every snapshot) moves it
         // rather than making a new one, so what it says (a refusal explained) stays.
-        const key = `${t.turn_id}/${request.id}`;
+        const key = `${t.turn_id}/${request.input_id}`;
         if (!s.forms.has(key)) {
           s.forms.set(key, answerForm(request, async (value) => {
             const out = await resume(agent, session, request)(value);

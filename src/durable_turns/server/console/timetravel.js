@@ -23,13 +23,23 @@
     return found;
   }
 
-  // Copy the session up to `at` into a new one (the caller owns it), and open it.
-  async function fork(agent, session, at, status) {
+  // Copy the session up to `at` into a new one (the caller owns it), and open it. A fork
+  // inside a turn whose local tool calls are owed there would run them again for real: the
+  // server says so (409 ForkRerunsToolsError) and the person chooses, as a replay does.
+  async function fork(agent, session, at, status, tools) {
     const to = `${session.slice(0, 180)}-fork-${randomHex(3)}`;
     try {
-      await api(`${sessionPath(agent, session)}/fork`, { to, at });
+      await api(`${sessionPath(agent, session)}/fork`, tools ? { to, at, tools } : { to, at });
       location.hash = `#/s/${enc(agent)}/${enc(to)}`;
     } catch (e) {
+      if (e.status === 409 && e.type === "ForkRerunsToolsError") {
+        const choose = (how, text) => el("button", { type: "button", class: "secondary small",
+          "data-role": `fork-${how}`, onclick: () => fork(agent, session, at, status, how), text });
+        status.replaceChildren(notice("warning", e.message),
+          choose("recorded", "Answer them from the recording"),
+          choose("live", "Run them for real"));
+        return;
+      }
       status.replaceChildren(notice("error", explain(e)));
     }
   }
