@@ -43,6 +43,7 @@ from ..stores import Transaction, TurnStore
 from ..tools import ToolSpec
 from ._commits import StepCommits
 from ._model_step import Reply, RetryPolicy, ask
+from ._step_context import CompactionSeen, TranscriptCache
 
 __all__ = ["Compactor"]
 
@@ -94,7 +95,7 @@ class Compactor:
     ``context=Compaction(…)``; keeps the newest memo between its steps."""
 
     def __init__(self, config: Compaction, model: Model, store: TurnStore,
-                 commits: StepCommits, retry: RetryPolicy) -> None:
+                 commits: StepCommits, retry: RetryPolicy, seen: TranscriptCache) -> None:
         self.config = config
         self.model: Model = config.model if config.model is not None else model
         self.counter = model if isinstance(model, TokenCounter) else None
@@ -102,15 +103,32 @@ class Compactor:
         self._store = store
         self._commits = commits
         self._retry = retry
+        self._seen = seen
         self._loaded: int | None = None  # the generation the memo below was read for
         self._at, self._memo = -1, None  # type: tuple[int, CompactionMemo | None]
 
     async def _latest(self) -> CompactionMemo | None:
         cp = self._commits
-        if self._loaded != cp.lease.generation or self._at > len(cp.transcript):
-            steps = await self._store.read_steps(cp.lease.key)
+        if self._loaded == cp.lease.generation and self._at <= len(cp.transcript):
+            return self._memo
+        key, generation, size = cp.lease.key, cp.lease.generation, len(cp.transcript)
+        seen = self._seen.compaction(key)
+        if seen is None or seen.generation != generation or seen.upto > size \
+                or seen.at > size:
+            steps = await self._store.read_steps(key)  # every step, once per runtime
             self._at, self._memo = latest_compaction(steps, cp.transcript)
-            self._loaded = cp.lease.generation
+        else:
+            # Only the steps another lease (here or in another process) may have added
+            # since: one compact:<n> for each n the log grew through.
+            self._at, self._memo = seen.at, seen.memo
+            for n in range(seen.upto, size + 1):
+                step_id = str(CompactStepId(n))
+                found = await self._store.read_steps(key, step_id=step_id)
+                if step_id in found:
+                    self._at, self._memo = latest_compaction(found, cp.transcript)
+        self._loaded = generation
+        self._seen.keep_compaction(key, CompactionSeen(generation, size, self._at,
+                                                       self._memo))
         return self._memo
 
     def _estimate(self, system: str, view: list[Message], tools: list[ToolSpec]) -> int:
@@ -268,4 +286,6 @@ class Compactor:
 
         await cp.commit(fill)
         self._at, self._memo = n, memo
+        self._seen.keep_compaction(cp.lease.key, CompactionSeen(cp.lease.generation, n, n,
+                                                                memo))
         return request_view(cp.transcript, memo)
