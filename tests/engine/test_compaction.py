@@ -77,10 +77,13 @@ class Windowed:
 
     def __init__(self) -> None:
         self.sizes: list[int] = []
+        self.first: list[str] = []
+        """The text of each request's first message."""
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
         size = size_of(request)
         self.sizes.append(size)
+        self.first.append(request.messages[0].text)
         assert size <= LIMIT, f"a request of {size} tokens, over the window of {LIMIT}"
         check_pairs(request)
         last = request.messages[-1]

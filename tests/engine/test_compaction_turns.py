@@ -1,8 +1,9 @@
 """F23 long sessions, the harder cases: one long turn outgrowing the window mid-turn (on the
 fake Anthropic API, which refuses a ``tool_use`` without its ``tool_result`` as the real one
 does), a head too big for one summary request (summarised in parts; one message too big by
-itself cut down; a summary model that refuses as over its own window), and forks of a
-compacted session (each sees the context of its own checkpoint).
+itself cut down; a summary model that refuses as over its own window), forks of a
+compacted session (each sees the context of its own checkpoint), and a compaction another
+runtime committed while this one kept the session's log (found, sent, not made again).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 from durable_turns import (
@@ -17,6 +19,7 @@ from durable_turns import (
     Compaction,
     MemoryStore,
     Runtime,
+    SqliteStore,
     Stop,
     TextDelta,
     ToolCall,
@@ -266,3 +269,49 @@ async def test_a_fork_sees_the_context_of_its_checkpoint(store: SessionStore) ->
         assert len(await s.transcript()) == 160  # the source is untouched
         assert [e.to_dict() for e in await s.events()
                 if e.type == "context.compacted" and e.to_dict()["summarised"]] == summarised
+
+
+# -- a compaction another runtime committed ---------------------------------------------------
+
+
+class Refusing(Windowed):
+    """:class:`Windowed`, but fails (for good) the first request that sends a summary: the
+    compaction before it has committed, the model step never will."""
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
+        if request.messages[0].text.startswith(SUMMARY_PREFIX):
+            raise ModelError("provider: HTTP 401 authentication_error: bad key",
+                             provider="provider", status=401)
+        async for ev in super().stream(request):
+            yield ev
+
+
+async def test_a_compaction_another_runtime_committed_is_the_one_sent(tmp_path: Path) -> None:
+    """A runtime keeps a session's newest compaction between its leases; one that another
+    runtime (another process) committed meanwhile is found and sent, never made again."""
+    summariser = Summariser()
+
+    def agent() -> Agent:
+        return Agent("ops", "You run ops.", [fetch], model_retries=0, context=Compaction(
+            trigger_tokens=3000, keep_recent=6, model=summariser))
+
+    db = str(tmp_path / "db.sqlite")
+    mine, theirs = Windowed(), Refusing()
+    async with Runtime([agent()], SqliteStore(db), mine) as here:
+        s = here.session("ops", "long")
+        turn = 0
+        while not any(e.type == "context.compacted" for e in await s.events()):
+            assert (await s.turn(f"turn {turn}")).status == "completed"
+            turn += 1
+        async with Runtime([agent()], SqliteStore(db), theirs) as there:
+            while summariser.calls == 0:
+                failed = await there.session("ops", "long").turn(f"turn {turn}")
+                turn += 1
+            assert failed.status == "failed"  # it summarised, then its model step failed
+        sent = len(mine.sizes)
+        assert (await s.turn("and here?")).status == "completed"
+        events = await s.events()
+    summarised = [e.to_dict() for e in events if e.type == "context.compacted"
+                  and e.to_dict()["summarised"]]
+    assert summariser.calls == len(summarised) == 1
+    assert mine.first[sent] == SUMMARY_PREFIX + summarised[0]["summary"]
