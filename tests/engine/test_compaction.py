@@ -16,6 +16,7 @@ import json
 import signal
 import subprocess
 import sys
+import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -54,8 +55,10 @@ def size_of(request: ModelRequest) -> int:
 
 def check_pairs(request: ModelRequest) -> None:
     """Every tool call of the request has its result right after it, and no result is
-    without its call."""
+    without its call or sent twice."""
     msgs = request.messages
+    answered = [m.call_id for m in msgs if m.role == "tool"]
+    assert len(answered) == len(set(answered)), "a tool result sent twice"
     for i, m in enumerate(msgs):
         if m.role == "tool":
             owner = next(p for p in reversed(msgs[:i]) if p.role != "tool")
@@ -79,16 +82,20 @@ class Windowed:
         self.sizes: list[int] = []
         self.first: list[str] = []
         """The text of each request's first message."""
+        self.last: ModelRequest | None = None
+        self.prefix = f"c{uuid.uuid4().hex[:6]}-"
+        """Its calls' ids begin so: another instance (a process after a crash) makes others."""
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
         size = size_of(request)
         self.sizes.append(size)
         self.first.append(request.messages[0].text)
+        self.last = request
         assert size <= LIMIT, f"a request of {size} tokens, over the window of {LIMIT}"
         check_pairs(request)
         last = request.messages[-1]
         if last.role == "user":
-            yield ToolCall(f"c{len(self.sizes)}", "fetch", {"n": len(self.sizes)})
+            yield ToolCall(f"{self.prefix}{len(self.sizes)}", "fetch", {"n": len(self.sizes)})
             yield Stop("tool_use", {"input_tokens": size, "output_tokens": 10})
         else:
             yield TextDelta("done")
@@ -134,6 +141,8 @@ async def test_a_long_session_stays_under_the_window(store: SessionStore) -> Non
     assert [st.id for st in steps] == [e.to_dict()["step"] for e in compacted]
     assert context.messages[0].text.startswith(SUMMARY_PREFIX)
     assert context.messages[-1] == transcript[-1] and size_of(context) <= LIMIT
+    # The last request sent was that context but for the reply it got, message for message.
+    assert model.last is not None and model.last.messages == context.messages[:-1]
 
 
 CHILD = """

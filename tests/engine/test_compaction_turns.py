@@ -309,7 +309,8 @@ async def test_a_compaction_another_runtime_committed_is_the_one_sent(tmp_path: 
                 turn += 1
             assert failed.status == "failed"  # it summarised, then its model step failed
         sent = len(mine.sizes)
-        assert (await s.turn("and here?")).status == "completed"
+        last = await s.turn("and here?")
+        assert last.status == "completed", last.error
         events = await s.events()
     summarised = [e.to_dict() for e in events if e.type == "context.compacted"
                   and e.to_dict()["summarised"]]

@@ -37,7 +37,7 @@ from ..compaction import (
 )
 from ..errors import ModelError
 from ..events import ContextCompacted, TurnEvent
-from ..messages import Message, encode_json
+from ..messages import Message, encode_json, encode_message
 from ..model import Model, ModelRequest, TokenCounter
 from ..stores import Transaction, TurnStore
 from ..tools import ToolSpec
@@ -106,6 +106,22 @@ class Compactor:
         self._seen = seen
         self._loaded: int | None = None  # the generation the memo below was read for
         self._at, self._memo = -1, None  # type: tuple[int, CompactionMemo | None]
+        # The last view, the memo, generation and log length it is of, and its messages'
+        # JSON length: the next step encodes only the messages added since.
+        self._view: tuple[CompactionMemo | None, int, int, list[Message], int] | None = None
+
+    def _current(self, memo: CompactionMemo | None) -> tuple[list[Message], int]:
+        """The view of the live log under ``memo``, and its messages' JSON length."""
+        transcript, generation = self._commits.transcript, self._commits.lease.generation
+        c = self._view
+        if c is None or c[0] is not memo or c[1] != generation or c[2] > len(transcript):
+            view = list(request_view(transcript, memo))
+            chars = sum(len(encode_message(m)) for m in view)
+        else:
+            new = transcript[c[2]:]
+            view, chars = [*c[3], *new], c[4] + sum(len(encode_message(m)) for m in new)
+        self._view = (memo, generation, len(transcript), view, chars)
+        return view, chars
 
     async def _latest(self) -> CompactionMemo | None:
         cp = self._commits
@@ -131,8 +147,12 @@ class Compactor:
                                                        self._memo))
         return self._memo
 
-    def _estimate(self, system: str, view: list[Message], tools: list[ToolSpec]) -> int:
-        est = estimate_tokens(system, view, tools)
+    def _estimate(self, system: str, view: list[Message], tools: list[ToolSpec],
+                  chars: int | None) -> int:
+        if chars is None:
+            est = estimate_tokens(system, view, tools)
+        else:  # (the same sum as estimate_tokens, its messages' part known already)
+            est = (len(system) + chars + sum(len(encode_json(t.to_dict())) for t in tools)) // 4
         transcript = self._commits.transcript
         for i in range(len(transcript) - 1, max(self._at, 0) - 1, -1):
             m = transcript[i]
@@ -148,7 +168,7 @@ class Compactor:
         return est
 
     async def _size(self, system: str, view: list[Message], tools: list[ToolSpec],
-                    turn_id: str, *, estimate: bool = True) -> int:
+                    turn_id: str, *, estimate: bool = True, chars: int | None = None) -> int:
         """The request's input tokens: the model's own count when it offers one, else the
         estimate (from usage too when ``estimate``; else from the request alone)."""
         if self.counter is not None:
@@ -158,7 +178,7 @@ class Compactor:
             except ModelError as e:
                 log.warning("turn %s: counting the request's tokens failed (%s); using the "
                             "estimate", turn_id, e)
-        return self._estimate(system, view, tools) if estimate \
+        return self._estimate(system, view, tools, chars) if estimate \
             else estimate_tokens(system, view, tools)
 
     async def messages(self, turn_id: str, n: int, system: str, tools: list[ToolSpec], *,
@@ -168,9 +188,9 @@ class Compactor:
         ``refused`` it as over its window)."""
         transcript = self._commits.transcript
         memo = await self._latest()
-        view = request_view(transcript, memo)
+        view, chars = self._current(memo)
         trigger = self.config.trigger_tokens
-        before = await self._size(system, view, tools, turn_id)
+        before = await self._size(system, view, tools, turn_id, chars=chars)
         if before <= trigger and not refused:
             return view
         tail = _tail_start(transcript, self.config.keep_recent, trigger)
