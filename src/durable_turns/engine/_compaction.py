@@ -106,22 +106,29 @@ class Compactor:
         self._seen = seen
         self._loaded: int | None = None  # the generation the memo below was read for
         self._at, self._memo = -1, None  # type: tuple[int, CompactionMemo | None]
-        # The last view, the memo, generation and log length it is of, and its messages'
-        # JSON length: the next step encodes only the messages added since.
-        self._view: tuple[CompactionMemo | None, int, int, list[Message], int] | None = None
+        self._state: CompactionSeen | None = None  # what the runtime keeps of it
 
     def _current(self, memo: CompactionMemo | None) -> tuple[list[Message], int]:
-        """The view of the live log under ``memo``, and its messages' JSON length."""
-        transcript, generation = self._commits.transcript, self._commits.lease.generation
-        c = self._view
-        if c is None or c[0] is not memo or c[1] != generation or c[2] > len(transcript):
+        """The view of the live log under ``memo``, and its messages' JSON length; kept
+        with the session's log between steps and leases, so a step encodes only the
+        messages added since."""
+        transcript = self._commits.transcript
+        st = self._state
+        have = st.view if st is not None and st.memo is memo else None
+        if have is None or have[0] > len(transcript):
             view = list(request_view(transcript, memo))
             chars = sum(len(encode_message(m)) for m in view)
         else:
-            new = transcript[c[2]:]
-            view, chars = [*c[3], *new], c[4] + sum(len(encode_message(m)) for m in new)
-        self._view = (memo, generation, len(transcript), view, chars)
+            new = transcript[have[0]:]
+            view = [*have[1], *new]
+            chars = have[2] + sum(len(encode_message(m)) for m in new)
+        if st is not None and st.memo is memo:
+            self._keep(replace(st, view=(len(transcript), view, chars)))
         return view, chars
+
+    def _keep(self, state: CompactionSeen) -> None:
+        self._state = state
+        self._seen.keep_compaction(self._commits.lease.key, state)
 
     async def _latest(self) -> CompactionMemo | None:
         cp = self._commits
@@ -129,6 +136,7 @@ class Compactor:
             return self._memo
         key, generation, size = cp.lease.key, cp.lease.generation, len(cp.transcript)
         seen = self._seen.compaction(key)
+        view = None
         if seen is None or seen.generation != generation or seen.upto > size \
                 or seen.at > size:
             steps = await self._store.read_steps(key)  # every step, once per runtime
@@ -136,15 +144,15 @@ class Compactor:
         else:
             # Only the steps another lease (here or in another process) may have added
             # since: one compact:<n> for each n the log grew through.
-            self._at, self._memo = seen.at, seen.memo
+            self._at, self._memo, view = seen.at, seen.memo, seen.view
             for n in range(seen.upto, size + 1):
                 step_id = str(CompactStepId(n))
                 found = await self._store.read_steps(key, step_id=step_id)
                 if step_id in found:
                     self._at, self._memo = latest_compaction(found, cp.transcript)
+                    view = None
         self._loaded = generation
-        self._seen.keep_compaction(key, CompactionSeen(generation, size, self._at,
-                                                       self._memo))
+        self._keep(CompactionSeen(generation, size, self._at, self._memo, view))
         return self._memo
 
     def _estimate(self, system: str, view: list[Message], tools: list[ToolSpec],
@@ -306,6 +314,5 @@ class Compactor:
 
         await cp.commit(fill)
         self._at, self._memo = n, memo
-        self._seen.keep_compaction(cp.lease.key, CompactionSeen(cp.lease.generation, n, n,
-                                                                memo))
+        self._keep(CompactionSeen(cp.lease.generation, n, n, memo))
         return request_view(cp.transcript, memo)

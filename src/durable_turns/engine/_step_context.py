@@ -37,6 +37,9 @@ class CompactionSeen:
     at: int
     """Its ``n`` (``-1``: none)."""
     memo: CompactionMemo | None
+    view: tuple[int, list[Message], int] | None = None
+    """The request view of the log's first ``[0]`` messages under :attr:`memo`, and its
+    messages' JSON length: the next lease extends it instead of building it again."""
 
 
 class TranscriptCache:
