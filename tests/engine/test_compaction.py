@@ -33,6 +33,7 @@ from durable_turns import (
     tool,
 )
 from durable_turns.compaction import DEFAULT_INSTRUCTIONS, SUMMARY_PREFIX
+from durable_turns.messages import Message
 from durable_turns.model import ModelEvent, ModelRequest
 from durable_turns.models.anthropic_messages import anthropic
 from durable_turns.models.openai_compat import openai_compatible
@@ -83,6 +84,8 @@ class Windowed:
         self.first: list[str] = []
         """The text of each request's first message."""
         self.last: ModelRequest | None = None
+        self.sent: list[list[Message]] = []
+        """Every request's messages."""
         self.prefix = f"c{uuid.uuid4().hex[:6]}-"
         """Its calls' ids begin so: another instance (a process after a crash) makes others."""
 
@@ -91,6 +94,7 @@ class Windowed:
         self.sizes.append(size)
         self.first.append(request.messages[0].text)
         self.last = request
+        self.sent.append(list(request.messages))
         assert size <= LIMIT, f"a request of {size} tokens, over the window of {LIMIT}"
         check_pairs(request)
         last = request.messages[-1]
@@ -141,6 +145,11 @@ async def test_a_long_session_stays_under_the_window(store: SessionStore) -> Non
     assert [st.id for st in steps] == [e.to_dict()["step"] for e in compacted]
     assert context.messages[0].text.startswith(SUMMARY_PREFIX)
     assert context.messages[-1] == transcript[-1] and size_of(context) <= LIMIT
+    # Between two compactions each request begins with the one before it, message for
+    # message (the system prompt and the summary a stable prefix: prompt caching works).
+    changed = sum(1 for a, b in zip(model.sent, model.sent[1:], strict=False)
+                  if b[:len(a)] != a)
+    assert changed == len(compacted)
     # The last request sent was that context but for the reply it got, message for message.
     assert model.last is not None and model.last.messages == context.messages[:-1]
 

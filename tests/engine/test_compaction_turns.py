@@ -23,6 +23,7 @@ from durable_turns import (
     Stop,
     TextDelta,
     ToolCall,
+    replay,
     tool,
 )
 from durable_turns.compaction import (
@@ -316,3 +317,26 @@ async def test_a_compaction_another_runtime_committed_is_the_one_sent(tmp_path: 
                   and e.to_dict()["summarised"]]
     assert summariser.calls == len(summarised) == 1
     assert mine.first[sent] == SUMMARY_PREFIX + summarised[0]["summary"]
+
+
+async def test_a_replay_of_a_compacted_session_compacts_as_it_goes() -> None:
+    """A replay runs the recorded turns again in a new session (a fork before the first
+    turn): it compacts on its own, every request under the window, and comes out the same."""
+    summariser = Summariser()
+    agent = Agent("ops", "You run ops.", [fetch], context=Compaction(
+        trigger_tokens=3000, keep_recent=6, model=summariser))
+    async with Runtime([agent], MemoryStore(), Windowed()) as rt:
+        s = rt.session("ops", "long")
+        for i in range(30):
+            assert (await s.turn(f"turn {i}")).status == "completed"
+        made = summariser.calls
+        again = Windowed()  # the window is checked on every request of the replay too
+        report = await replay(s, model=again)
+        replayed = rt.session("ops", report.replay.session)
+        events = await replayed.events()
+        assert len(await replayed.transcript()) == len(await s.transcript())
+    assert report.identical, report.render()
+    assert max(again.sizes) <= LIMIT and len(again.sizes) == 60
+    summarised = [e for e in events if e.type == "context.compacted"
+                  and e.to_dict()["summarised"]]
+    assert summarised and summariser.calls == made + len(summarised)
