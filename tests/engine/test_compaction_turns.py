@@ -251,14 +251,21 @@ async def test_a_fork_sees_the_context_of_its_checkpoint(store: SessionStore) ->
         latest = await s.fork("at-end")
         assert (await latest.context()).messages == (await s.context()).messages
 
-        # Right after the first summarising compaction: that summary, and what followed.
+        # Right after the first summarising compaction (its turn under way there, and on in
+        # the fork): it goes on from that summary, never making it again.
+        calls = summariser.calls
         mid = await s.fork("at-first", history[history.index(first)])
+        assert first.turn_id is not None
+        done = await mid.result(first.turn_id, timeout=WAIT)
+        assert done.status == "completed" and summariser.calls == calls
         context = (await mid.context()).messages
         assert context[0].text == SUMMARY_PREFIX + summarised[0]["summary"]
         assert context[1:] == (await mid.transcript())[summarised[0]["covered"]:]
 
-        # Before any compaction: the whole transcript, and the fork compacts on its own.
-        before = history[history.index(compactions[0]) - 1]
+        # At a turn's end before any compaction: the whole transcript, and the fork compacts
+        # on its own as it grows.
+        before = [cp for cp in history[:history.index(compactions[0])]
+                  if any(e.type == "turn.completed" for e in cp.events)][-1]
         early = await s.fork("before", before)
         assert (await early.context()).messages == await early.transcript()
         calls = summariser.calls
