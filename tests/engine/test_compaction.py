@@ -3,7 +3,8 @@
 A 200-turn session whose every turn fetches a large tool result runs to its end with each
 request (measured here, independently of the engine's estimate) under the limit; the summary
 model is called once per summarising compaction and never again on replay (SIGKILL right
-after a compaction step committed, then inside the next model step); no request holds a
+after a compaction step committed, then inside the next model step; a SIGKILL inside the
+summary call leaves nothing and that compaction is made once more); no request holds a
 tool call without its result; every message stays in the store; ``context()`` is what the
 next request sends; ``history()`` shows the compaction steps. Memory, SQLite, PostgreSQL.
 """
@@ -167,6 +168,8 @@ class Counted(tc.Summariser):
     async def stream(self, request):
         with (marks / "summaries").open("a") as f:
             f.write("1\\n")
+        if mode == "in-summary":  # inside the compaction step: nothing of it committed
+            os.kill(os.getpid(), signal.SIGKILL)
         async for ev in super().stream(request):
             yield ev
 
@@ -327,3 +330,40 @@ async def test_openai_context_length_exceeded_compacts_too() -> None:
     compacted = [e for e in events if e.type == "context.compacted"]
     assert compacted and summaries
     assert len(summaries) == sum(1 for e in compacted if e.to_dict()["summarised"])
+
+
+def _store(kind: str, url: str) -> SessionStore:
+    if kind == "postgres":
+        from durable_turns import PostgresStore
+        return PostgresStore(url)
+    return SqliteStore(url)
+
+
+async def test_a_crash_inside_the_compaction_step_replays_it_like_any_step(
+        tmp_path: Path) -> None:
+    """SIGKILL inside the summary call: nothing of the step committed; the next run makes
+    that compaction (its summary once more, and only that one) and goes on."""
+    for kind in ("sqlite", "postgres"):
+        if kind == "postgres":
+            from conftest import PG_DSN, pg_schema_dsn
+            if PG_DSN is None:
+                continue
+            url = pg_schema_dsn()
+        else:
+            url = str(tmp_path / "db.sqlite")
+        marks = tmp_path / kind
+        marks.mkdir()
+        assert await _run(kind, url, marks, "in-summary") == -signal.SIGKILL
+        assert (marks / "summaries").read_text().count("1") == 1
+        async with Runtime([agent(Summariser())], _store(kind, url), Windowed()) as rt:
+            events = await rt.session("ops", "long").events()
+        assert not any(e.type == "context.compacted" and e.to_dict()["summarised"]
+                       for e in events)  # the killed step left no trace
+        assert await _run(kind, url, marks, "finish") == 0
+        async with Runtime([agent(Summariser())], _store(kind, url), Windowed()) as rt:
+            s = rt.session("ops", "long")
+            events = await s.events()
+            assert len(await s.transcript()) == 160
+        summarised = [e for e in events if e.type == "context.compacted"
+                      and e.to_dict()["summarised"]]
+        assert (marks / "summaries").read_text().count("1") == len(summarised) + 1
