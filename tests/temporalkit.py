@@ -16,6 +16,9 @@ Agents (``--agent``):
   (for a ``never`` file) until it is cancelled;
 - ``ask``: a remote tool, ``refund``, that asks ``alice`` (only her) to approve, then appends
   its effect to ``effects.jsonl``.
+- ``compact``: an agent with ``Compaction`` (F23) whose summary model appends a line to
+  ``summaries`` for each call; with ``--kill in-model`` its model SIGKILLs its own worker at
+  the first request that sends a summary (the compaction committed, the model step not).
 - ``flaky``: a remote tool, ``charge`` (``retries=1``), that appends its attempt to
   ``effects.jsonl``, fails its first attempt, SIGKILLs its own worker on its second (both of
   its policy's attempts are then spent) and succeeds after.
@@ -46,6 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import crashkit
 from durable_turns import (
     Agent,
+    Compaction,
     Model,
     ModelReply,
     ModelRequest,
@@ -57,6 +61,7 @@ from durable_turns import (
     scripted,
     tool,
 )
+from durable_turns.compaction import SUMMARY_PREFIX
 from durable_turns.model import Stop
 from durable_turns.models import ModelEvent
 from durable_turns.models.scripted import calls_this_turn
@@ -150,6 +155,37 @@ def flaky_agent(work: Path) -> tuple[Agent, Model]:
     return Agent("flaky", "You charge.", [charge]), scripted(lambda r: script[calls_this_turn(r)])
 
 
+def compact_agent(work: Path, kill: bool) -> tuple[Agent, Model]:
+    @tool
+    async def fetch(n: int) -> str:
+        """A large document."""
+        return f"{n}: " + "x" * 2400
+
+    class Summariser:
+        async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
+            with (work / "summaries").open("a") as f:
+                f.write(f"{os.getpid()}\n")
+            yield TextDelta(f"a summary of {len(request.messages)} messages")
+            yield Stop("end_turn", {"input_tokens": 100, "output_tokens": 10})
+
+    class Reader:
+        async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
+            if kill and request.messages[0].text.startswith(SUMMARY_PREFIX):
+                os.kill(os.getpid(), signal.SIGKILL)
+            size = sum(len(m.text) + len(str(m.result or "")) for m in request.messages) // 4
+            if request.messages[-1].role == "user":
+                yield ToolCall(f"c{len(request.messages)}", "fetch",
+                               {"n": len(request.messages)})
+                yield Stop("tool_use", {"input_tokens": size, "output_tokens": 10})
+            else:
+                yield TextDelta("done")
+                yield Stop("end_turn", {"input_tokens": size, "output_tokens": 2})
+
+    agent = Agent("compact", "You read documents.", [fetch], context=Compaction(
+        trigger_tokens=2000, keep_recent=6, model=Summariser()))
+    return agent, Reader()
+
+
 def build(a: argparse.Namespace, work: Path) -> tuple[Agent, Model, SessionStore, Any]:
     """The agent, its model, the store and the event sink of this child."""
     store: SessionStore
@@ -170,6 +206,8 @@ def build(a: argparse.Namespace, work: Path) -> tuple[Agent, Model, SessionStore
         agent, model = Agent("stall", "You think.", []), StallModel(work, a.tag)
     elif a.agent == "flaky":
         agent, model = flaky_agent(work)
+    elif a.agent == "compact":
+        agent, model = compact_agent(work, a.kill == "in-model")
     else:
         agent, model = ask_agent(work)
     return agent, model, store, sink
@@ -202,7 +240,8 @@ def main() -> None:
     p.add_argument("--dsn")
     p.add_argument("--work", type=Path)
     p.add_argument("--tag", required=True)
-    p.add_argument("--agent", default="crash", choices=["crash", "fence", "stall", "ask", "flaky"])
+    p.add_argument("--agent", default="crash",
+                   choices=["crash", "fence", "stall", "ask", "flaky", "compact"])
     p.add_argument("--kill", default=None)
     a = p.parse_args()
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)

@@ -35,7 +35,7 @@ from .events import TurnEvent
 from .inbound import InboundEvent, Trigger, User
 from .limits import Limits, Price
 from .messages import Message, ToolCall
-from .model import Model, ModelRequest, Stop, TextDelta
+from .model import Model, ModelRequest, Stop, TextDelta, TokenCounter
 from .models.scripted import ModelReply, scripted
 from .records import InputRequest, SessionKey, TurnResult, TurnStatus
 from .replay import replay
@@ -82,6 +82,7 @@ __all__ = [
     "Stop",
     "SurfacePolicy",
     "TextDelta",
+    "TokenCounter",
     "Tool",
     "ToolCall",
     "ToolContext",

@@ -182,6 +182,12 @@ class ContextCompacted(TurnEvent):
     cleared: int
     summarised: bool
     """A model call summarised the head (else only tool results were cleared)."""
+    summary: str | None = None
+    """The summary later requests send (``None`` when only tool results were cleared): what
+    the console shows a person."""
+    summary_calls: int = 0
+    """The model calls the summary took: more than one when the head was too big for one
+    summary request and was summarised in parts."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

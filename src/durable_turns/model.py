@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from .messages import Message, ToolCall
 from .tools import ToolSpec
@@ -26,6 +26,7 @@ __all__ = [
     "Stop",
     "TextDelta",
     "ThinkingDelta",
+    "TokenCounter",
 ]
 
 
@@ -106,3 +107,19 @@ class Model(Protocol):
     """
 
     def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]: ...
+
+
+@runtime_checkable
+class TokenCounter(Protocol):
+    """A :class:`Model` that can also count a request's input tokens (optional, F23).
+
+    Called by the engine before a model step of an agent with ``Agent(context=Compaction(…))``
+    (one count per model step), and on the request a compaction would send; it returns the
+    number of input tokens ``request`` would take (system prompt, messages and tools). It must
+    not create a reply nor persist anything; it raises
+    :class:`~durable_turns.errors.ModelError` when the count fails, and the engine then falls
+    back to its estimate. ``AnthropicModel`` implements it with the Messages API's
+    ``count_tokens`` endpoint.
+    """
+
+    async def count_tokens(self, request: ModelRequest) -> int: ...

@@ -3,7 +3,8 @@
 A 200-turn session whose every turn fetches a large tool result runs to its end with each
 request (measured here, independently of the engine's estimate) under the limit; the summary
 model is called once per summarising compaction and never again on replay (SIGKILL right
-after a compaction step committed, then inside the next model step); no request holds a
+after a compaction step committed, then inside the next model step; a SIGKILL inside the
+summary call leaves nothing and that compaction is made once more); no request holds a
 tool call without its result; every message stays in the store; ``context()`` is what the
 next request sends; ``history()`` shows the compaction steps. Memory, SQLite, PostgreSQL.
 """
@@ -16,6 +17,7 @@ import json
 import signal
 import subprocess
 import sys
+import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -32,6 +34,7 @@ from durable_turns import (
     tool,
 )
 from durable_turns.compaction import DEFAULT_INSTRUCTIONS, SUMMARY_PREFIX
+from durable_turns.messages import Message
 from durable_turns.model import ModelEvent, ModelRequest
 from durable_turns.models.anthropic_messages import anthropic
 from durable_turns.models.openai_compat import openai_compatible
@@ -54,8 +57,10 @@ def size_of(request: ModelRequest) -> int:
 
 def check_pairs(request: ModelRequest) -> None:
     """Every tool call of the request has its result right after it, and no result is
-    without its call."""
+    without its call or sent twice."""
     msgs = request.messages
+    answered = [m.call_id for m in msgs if m.role == "tool"]
+    assert len(answered) == len(set(answered)), "a tool result sent twice"
     for i, m in enumerate(msgs):
         if m.role == "tool":
             owner = next(p for p in reversed(msgs[:i]) if p.role != "tool")
@@ -77,15 +82,25 @@ class Windowed:
 
     def __init__(self) -> None:
         self.sizes: list[int] = []
+        self.first: list[str] = []
+        """The text of each request's first message."""
+        self.last: ModelRequest | None = None
+        self.sent: list[list[Message]] = []
+        """Every request's messages."""
+        self.prefix = f"c{uuid.uuid4().hex[:6]}-"
+        """Its calls' ids begin so: another instance (a process after a crash) makes others."""
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
         size = size_of(request)
         self.sizes.append(size)
+        self.first.append(request.messages[0].text)
+        self.last = request
+        self.sent.append(list(request.messages))
         assert size <= LIMIT, f"a request of {size} tokens, over the window of {LIMIT}"
         check_pairs(request)
         last = request.messages[-1]
         if last.role == "user":
-            yield ToolCall(f"c{len(self.sizes)}", "fetch", {"n": len(self.sizes)})
+            yield ToolCall(f"{self.prefix}{len(self.sizes)}", "fetch", {"n": len(self.sizes)})
             yield Stop("tool_use", {"input_tokens": size, "output_tokens": 10})
         else:
             yield TextDelta("done")
@@ -131,6 +146,13 @@ async def test_a_long_session_stays_under_the_window(store: SessionStore) -> Non
     assert [st.id for st in steps] == [e.to_dict()["step"] for e in compacted]
     assert context.messages[0].text.startswith(SUMMARY_PREFIX)
     assert context.messages[-1] == transcript[-1] and size_of(context) <= LIMIT
+    # Between two compactions each request begins with the one before it, message for
+    # message (the system prompt and the summary a stable prefix: prompt caching works).
+    changed = sum(1 for a, b in zip(model.sent, model.sent[1:], strict=False)
+                  if b[:len(a)] != a)
+    assert changed == len(compacted)
+    # The last request sent was that context but for the reply it got, message for message.
+    assert model.last is not None and model.last.messages == context.messages[:-1]
 
 
 CHILD = """
@@ -146,6 +168,8 @@ class Counted(tc.Summariser):
     async def stream(self, request):
         with (marks / "summaries").open("a") as f:
             f.write("1\\n")
+        if mode == "in-summary":  # inside the compaction step: nothing of it committed
+            os.kill(os.getpid(), signal.SIGKILL)
         async for ev in super().stream(request):
             yield ev
 
@@ -306,3 +330,40 @@ async def test_openai_context_length_exceeded_compacts_too() -> None:
     compacted = [e for e in events if e.type == "context.compacted"]
     assert compacted and summaries
     assert len(summaries) == sum(1 for e in compacted if e.to_dict()["summarised"])
+
+
+def _store(kind: str, url: str) -> SessionStore:
+    if kind == "postgres":
+        from durable_turns import PostgresStore
+        return PostgresStore(url)
+    return SqliteStore(url)
+
+
+async def test_a_crash_inside_the_compaction_step_replays_it_like_any_step(
+        tmp_path: Path) -> None:
+    """SIGKILL inside the summary call: nothing of the step committed; the next run makes
+    that compaction (its summary once more, and only that one) and goes on."""
+    for kind in ("sqlite", "postgres"):
+        if kind == "postgres":
+            from conftest import PG_DSN, pg_schema_dsn
+            if PG_DSN is None:
+                continue
+            url = pg_schema_dsn()
+        else:
+            url = str(tmp_path / "db.sqlite")
+        marks = tmp_path / kind
+        marks.mkdir()
+        assert await _run(kind, url, marks, "in-summary") == -signal.SIGKILL
+        assert (marks / "summaries").read_text().count("1") == 1
+        async with Runtime([agent(Summariser())], _store(kind, url), Windowed()) as rt:
+            events = await rt.session("ops", "long").events()
+        assert not any(e.type == "context.compacted" and e.to_dict()["summarised"]
+                       for e in events)  # the killed step left no trace
+        assert await _run(kind, url, marks, "finish") == 0
+        async with Runtime([agent(Summariser())], _store(kind, url), Windowed()) as rt:
+            s = rt.session("ops", "long")
+            events = await s.events()
+            assert len(await s.transcript()) == 160
+        summarised = [e for e in events if e.type == "context.compacted"
+                      and e.to_dict()["summarised"]]
+        assert (marks / "summaries").read_text().count("1") == len(summarised) + 1

@@ -344,8 +344,17 @@ def _error(status: int, message: str, error_type: str | None = None,
                         headers={"request-id": request_id, **(headers or {})})
 
 
-def anthropic_app(script: Iterable[Entry] = ()) -> Starlette:
-    """A fake ``POST /v1/messages`` playing ``script`` (see the module docstring).
+def tokens_of(body: dict[str, Any]) -> int:
+    """The fake's own token count of a request body: its JSON's length over four."""
+    return len(json.dumps(body)) // 4
+
+
+def anthropic_app(script: Iterable[Entry] = (),
+                  count: Callable[[dict[str, Any]], int] = tokens_of) -> Starlette:
+    """A fake ``POST /v1/messages`` playing ``script`` (see the module docstring), and
+    ``POST /v1/messages/count_tokens`` answering ``{"input_tokens": count(body)}`` for a
+    valid request (the Messages API's own checks; ``max_tokens`` and ``stream`` are refused
+    there as the real endpoint refuses extra inputs), each logged in ``app.state.counted``.
 
     ``app.state``: ``script`` (deque), ``requests`` (list of ``{"headers", "body"}``),
     ``issued`` (thinking signature → text), ``redacted`` (issued redacted data),
@@ -390,7 +399,26 @@ def anthropic_app(script: Iterable[Entry] = ()) -> Starlette:
         return StreamingResponse(stream, media_type="text/event-stream",
                                  headers={"request-id": f"req_{secrets.token_hex(6)}"})
 
-    app = Starlette(routes=[Route("/v1/messages", messages, methods=["POST"])])
+    async def count_tokens(request: Request) -> Response:
+        state = request.app.state
+        if not request.headers.get("x-api-key") and not request.headers.get("authorization"):
+            return _error(401, "invalid x-api-key")
+        if not request.headers.get("anthropic-version"):
+            return _error(400, "anthropic-version: header is required")
+        body = await request.json()
+        state.counted.append(body)
+        for extra in ("max_tokens", "stream"):
+            if extra in body:
+                return _error(400, f"{extra}: Extra inputs are not permitted")
+        problem = check_request({**body, "max_tokens": 1}, state.issued, state.redacted)
+        if problem:
+            return _error(400, problem)
+        return JSONResponse({"input_tokens": count(body)})
+
+    app = Starlette(routes=[Route("/v1/messages", messages, methods=["POST"]),
+                            Route("/v1/messages/count_tokens", count_tokens,
+                                  methods=["POST"])])
+    app.state.counted = []
     app.state.script = deque(script)
     app.state.requests = []
     app.state.issued = {}

@@ -1,7 +1,7 @@
 """F12: The web console's pages in Chromium, on what the first run found: a refusal that must stay
 explained, an inbox count that follows the page, a page for an agent not served, a failed
 turn's Retry, the timeline's footer, the composer steering a running turn and a limit's ask
-(F25).
+(F25), a compaction's mark and summary (F23).
 
 The browser's clock is installed (``BrowserContext.clock``): the pages' timers (the 10 s
 snapshot, the 5 s inbox) fire only when a test runs the clock on, so what a page shows
@@ -11,6 +11,7 @@ without them is shown by the page's own events, and a refresh happens when the t
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import re
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -24,6 +25,7 @@ from durable_turns import Agent, AgentSession, Limits, Stop, TextDelta, ToolCall
 from durable_turns.errors import ModelError
 from durable_turns.models import ModelEvent, ModelRequest
 from test_console import CHROMIUM, WAIT, ask, console, name_me, ops, shot
+from test_timeline import Pages, reader
 
 pytestmark = pytest.mark.skipif(not CHROMIUM.exists(),
                                 reason="needs Debian's chromium (.ci/run installs it)")
@@ -223,4 +225,37 @@ async def test_a_limit_asks_on_the_page_and_approve_grants_more() -> None:
         s = c.rt.session("desk", "s1")
         pending = await s.pending()
         assert pending is not None and pending.id == "limit:2"
+    assert c.errors == []
+
+
+async def test_a_compaction_shows_where_it_happened_and_its_summary_reads() -> None:
+    """F23: the transcript marks where the session was compacted (tokens before and after);
+    opening the mark shows the summary later model calls are sent; the timeline has the
+    compaction's row, with Fork from here."""
+    agent = dataclasses.replace(reader(), model=Pages())
+    async with console([agent]) as c:
+        s = c.rt.session("reader", "s1")
+        for i in range(8):
+            assert (await s.turn(f"read {i}")).status == "completed"
+        events = [e.to_dict() for e in await s.events() if e.type == "context.compacted"]
+        summarised = [e for e in events if e["summarised"]]
+        assert summarised
+        page = await c.page(await c.context(), "ann", "#/s/reader/s1")
+        marks = page.locator("[data-role=compaction]")
+        await expect(marks).to_have_count(len(events))
+        last = marks.nth(events.index(summarised[-1]))
+        e = summarised[-1]
+        await expect(last.locator("summary")).to_have_text(
+            f"context compacted {e['tokens_before']} → {e['tokens_after']} tokens · "
+            f"messages before #{e['covered']} summarised")
+        await expect(last.locator("pre.summary")).to_be_hidden()
+        await last.locator("summary").click()
+        await expect(last.locator("pre.summary")).to_have_text(e["summary"])
+        await shot(page, "31-compaction")
+        await page.click("#tab-timeline")
+        row = page.locator(f"tr[data-kind=compact][data-step='{e['step']}']")
+        await expect(row).to_contain_text(
+            f"compaction: {e['tokens_before']} → {e['tokens_after']} tokens")
+        await expect(row.locator("[data-role=fork]")).to_have_count(1)
+        await shot(page, "32-compaction-timeline")
     assert c.errors == []

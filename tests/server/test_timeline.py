@@ -15,9 +15,11 @@ import httpx
 
 from durable_turns import (
     Agent,
+    Compaction,
     FatalToolError,
     ModelReply,
     Runtime,
+    Stop,
     TextDelta,
     ToolCall,
     ToolContext,
@@ -224,3 +226,55 @@ async def test_a_reset_leaves_the_archived_turns_out_of_the_session_s_turns(
         assert [t["opening"] for t in shown["turns"]] == ["after"]
         assert [t.opening.text for t in await rt.session("ops", "s1").turns()
                 if t.opening] == ["after"]
+
+
+class Pages:
+    """Fetches a page per question, then answers; reports the request's size as usage."""
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
+        size = sum(len(m.text) + len(str(m.result or "")) for m in request.messages) // 4
+        if request.messages[-1].role == "user":
+            yield ToolCall(f"c{len(request.messages)}", "page", {"n": len(request.messages)})
+            yield Stop("tool_use", {"input_tokens": size, "output_tokens": 5})
+        else:
+            yield TextDelta("read it")
+            yield Stop("end_turn", {"input_tokens": size, "output_tokens": 2})
+
+
+class Summary:
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
+        yield TextDelta(f"The user read {len(request.messages)} messages' worth of pages.")
+        yield Stop("end_turn")
+
+
+@tool
+async def page(n: int) -> str:
+    """A page of a long document."""
+    return f"page {n}: " + "lorem ipsum " * 200
+
+
+def reader() -> Agent:
+    return Agent("reader", "You read.", [page], context=Compaction(
+        trigger_tokens=1500, keep_recent=4, model=Summary()))
+
+
+async def test_a_compaction_is_a_row_with_its_tokens_and_summary(store: SessionStore) -> None:
+    """F23: where the session was compacted reads as a ``compact`` row (its step id, the
+    tokens before and after, the summary), before the model row it made room for."""
+    async with Runtime([reader()], store, Pages()) as rt:
+        s = rt.session("reader", "s1")
+        for i in range(8):
+            assert (await s.turn(f"read {i}")).status == "completed"
+        snap = await read_timeline(s)
+        events = [e.to_dict() for e in await s.events() if e.type == "context.compacted"]
+    rows = [r for t in snap["turns"] for r in t["steps"]]
+    compact = [r for r in rows if r["kind"] == "compact"]
+    assert [r["id"] for r in compact] == [e["step"] for e in events] and compact
+    for r, e in zip(compact, events, strict=True):
+        assert (r["tokens_before"], r["tokens_after"], r["summary"], r["summarised"]) == (
+            e["tokens_before"], e["tokens_after"], e["summary"], e["summarised"])
+        after = rows[rows.index(r) + 1]
+        assert after["kind"] == "model" and after["id"] == "model:" + r["id"].split(":")[1]
+    summarised = [r for r in compact if r["summarised"]]
+    assert summarised and summarised[-1]["summary"].startswith("The user read ")
+    assert chained([r for t in snap["turns"] for r in t["steps"]])

@@ -104,7 +104,7 @@ class TurnEngine:
         self._wants_live = ctx.wants_live
         self._retry = RetryPolicy(agent.model_retries, agent.model_retry_delay)
         self.compactor = None if agent.context is None else Compactor(
-            agent.context, self.model, ctx.store, self.commits, self._retry)
+            agent.context, self.model, ctx.store, self.commits, self._retry, ctx.transcripts)
         self.calls = ToolCalls(ctx, agent, self.commits, cancel_reason,
                                self._interruptible)
         self._cancel_reason = self.calls.reason

@@ -13,6 +13,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from .._compact_memo import CompactionMemo
 from ..agent import Agent
 from ..commands import Registry
 from ..context import Sessions
@@ -22,7 +23,23 @@ from ..model import Model
 from ..records import SessionKey, TurnResult
 from ..stores import Lease, SessionStore
 
-__all__ = ["StepContext", "TranscriptCache"]
+__all__ = ["CompactionSeen", "StepContext", "TranscriptCache"]
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionSeen:
+    """The newest compaction step (F23) of a session's generation among its first
+    :attr:`upto` messages' steps, as a runtime last read it."""
+
+    generation: int
+    upto: int
+    """Steps ``compact:<n>`` with ``n <= upto`` were looked at; a later one may exist."""
+    at: int
+    """Its ``n`` (``-1``: none)."""
+    memo: CompactionMemo | None
+    view: tuple[int, list[Message], int] | None = None
+    """The request view of the log's first ``[0]`` messages under :attr:`memo`, and its
+    messages' JSON length: the next lease extends it instead of building it again."""
 
 
 class TranscriptCache:
@@ -35,6 +52,7 @@ class TranscriptCache:
     def __init__(self, size: int = 64) -> None:
         self.size = size
         self._logs: OrderedDict[SessionKey, tuple[int, list[Message]]] = OrderedDict()
+        self._compactions: dict[SessionKey, CompactionSeen] = {}
 
     async def load(self, store: SessionStore, lease: Lease) -> list[Message]:
         """The live log under ``lease``: from the cache when current, reading only the tail."""
@@ -53,11 +71,22 @@ class TranscriptCache:
         self._logs[key] = (generation, log_)
         self._logs.move_to_end(key)
         while len(self._logs) > self.size:
-            self._logs.popitem(last=False)
+            self._compactions.pop(self._logs.popitem(last=False)[0], None)
 
     def forget(self, key: SessionKey) -> None:
         """Drop the session's log (a step failed: the next one reads the store)."""
         self._logs.pop(key, None)
+        self._compactions.pop(key, None)
+
+    def compaction(self, key: SessionKey) -> CompactionSeen | None:
+        """The session's newest compaction as last seen here, if its log is kept."""
+        return self._compactions.get(key) if key in self._logs else None
+
+    def keep_compaction(self, key: SessionKey, seen: CompactionSeen) -> None:
+        """Keep what the session's compactions were last seen to be (with its log): the
+        next lease looks only at the steps after ``seen.upto``, not at every step."""
+        if key in self._logs:
+            self._compactions[key] = seen
 
     def peek(self, key: SessionKey) -> list[Message] | None:
         """The session's live log as the last step here left it, if it is kept."""

@@ -100,6 +100,22 @@ class AnthropicModel:
                                                   "schema": _output_schema(request.output)}}
         return params
 
+    async def count_tokens(self, request: ModelRequest) -> int:
+        """The input tokens of ``request``, counted by the API's ``count_tokens`` endpoint
+        (:class:`~durable_turns.model.TokenCounter`, F23): free of charge, no reply made.
+
+        Raises:
+            ModelError: the count failed (translated as a model call's failure is).
+        """
+        params = self.params(request)
+        del params["max_tokens"]  # (the endpoint refuses it)
+        try:
+            got = await self.client.messages.count_tokens(**params)
+        except (sdk.AnthropicError, httpx2.TransportError, ValueError) as e:
+            raise translate(PROVIDER, sdk, e, midstream="error event",
+                            retryable_types=_RETRYABLE_TYPES) from e
+        return got.input_tokens
+
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
         params = self.params(request)
         reply = _Reply()

@@ -5,7 +5,8 @@ holds whichever process drove the turn and after a restart. Steps of a turn run 
 another, so a step starts when the step before it ended: a model row runs from the previous
 commit to its ``message.completed``; a tool row to its ``action.completed`` (or to the
 ``input.requested`` it parked on); an input row from the park to the person's answer (the time
-the answer was accepted); a tool that parked runs again, from the answer, as a row of its own.
+the answer was accepted); a tool that parked runs again, from the answer, as a row of its own;
+a compaction (F23) is a row of its own before the model row it made room for.
 
 :func:`timeline` is pure (records in, JSON values out); :func:`read_timeline` reads what it
 needs through the session's :class:`~durable_turns.AgentSession`. The snapshot carries
@@ -23,6 +24,7 @@ from ..events import (
     ActionCompleted,
     ActionInDoubt,
     ActionRequested,
+    ContextCompacted,
     InputRequested,
     MessageCompleted,
     MessageSteered,
@@ -110,6 +112,13 @@ class _Turn:
             self.on_action_in_doubt(e)
         elif isinstance(e, InputRequested):
             at = self.on_input_requested(e) or at
+        elif isinstance(e, ContextCompacted):  # where the session was compacted (F23)
+            self.rows.append({"kind": "compact", "id": e.step, "status": "done",
+                              "started_at": self.cursor, "ended_at": e.at,
+                              "tokens_before": e.tokens_before, "tokens_after": e.tokens_after,
+                              "covered": e.covered, "cleared": e.cleared,
+                              "summarised": e.summarised, "summary": e.summary,
+                              "summary_calls": e.summary_calls})
         elif isinstance(e, MessageSteered):  # a message that joined the turn (F25)
             self.rows.append({"kind": "steered", "id": None, "status": "done",
                               "started_at": e.at, "ended_at": e.at, "text": e.text,

@@ -370,7 +370,7 @@
 
     function follow(after) {
       s.es = new EventSource(`${base}/events?after=${after}`);
-      const durable = ["turn.started", "message.completed", "message.steered",
+      const durable = ["turn.started", "message.completed", "message.steered", "context.compacted",
         "action.requested", "action.completed", "action.in_doubt", "input.requested", "turn.completed",
         "turn.failed", "turn.cancelled"];
       const inbox = new Set(["input.requested", "turn.completed", "turn.failed",
@@ -449,6 +449,8 @@
           rows.push(toolRow(step));
         } else if (step.kind === "input") {
           rows.push(inputRow(t, step));
+        } else if (step.kind === "compact") {
+          rows.push(compactRow(step));
         } else if (step.kind === "steered") {
           // Sent while the turn ran: it joined the turn before its next model call (F25).
           rows.push(el("div", { class: "msg user", "data-role": "steered" },
@@ -475,6 +477,20 @@
       step.status === "queued" || step.status === "running" || step.status === "parked" ? "" :
         [el("div", { class: "muted", text: failed ? "error" : "result" }),
           el("pre", { class: "result", text: failed && step.error ? step.error : json(step.result) })]);
+    }
+
+    // Where the session was compacted (F23): the tokens before and after, and the summary
+    // later model calls are sent instead of the messages before it, to read.
+    function compactRow(step) {
+      const what = step.summarised ? `messages before #${step.covered} summarised` +
+        (step.summary_calls > 1 ? ` in ${step.summary_calls} parts` : "") :
+        `tool results before #${step.cleared} cleared`;
+      return el("details", { class: "tool compaction", "data-role": "compaction" },
+        el("summary", {}, el("span", { class: "label", text: "context compacted" }),
+          ` ${step.tokens_before} → ${step.tokens_after} tokens · ${what}`),
+        step.summary ? [el("div", { class: "muted", text: "summary" }),
+          el("pre", { class: "summary", text: step.summary })] :
+          el("div", { class: "muted", text: "the store keeps every message whole" }));
     }
 
     // A call found in doubt on a replay (F26), and how it was settled.

@@ -57,7 +57,8 @@
         el("td", { class: "num muted hide-narrow", text: String(i + 1) }),
         el("td", {}, r.kind === "tool" ? `tool ${r.resumed ? "↻ " : ""}${r.name}` :
           r.kind === "input" ? `input: ${r.prompt}` :
-          r.kind === "steered" ? `steered: ${r.text}` : "model"),
+          r.kind === "steered" ? `steered: ${r.text}` :
+          r.kind === "compact" ? `compaction: ${r.tokens_before} → ${r.tokens_after} tokens` : "model"),
         el("td", {}, badge(r.status)),
         el("td", { class: "num", text: r.duration === null ? (r.ended_at ? "" : "…") : took(r.duration) }),
         el("td", { class: "bar-cell" }, el("div", { class: `bar ${r.status}`,
