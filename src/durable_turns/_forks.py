@@ -66,7 +66,7 @@ async def _plans(store: SessionStore, src: SessionKey, dst: SessionKey, generati
     renames: dict[str, str] = {}
     for step_id, memo in _children(copied):
         child = SessionKey(memo.agent, memo.session)
-        new_id, _turn = child_ids(dst.agent, dst.session, step_id.turn_id, step_id.call_id)
+        new_id, _turn = child_ids(step_id.turn_id, step_id.call_id)
         renames[memo.session] = new_id
         seen = max((int(e.child["seq"]) for cp in copied for e in cp.events
                     if e.child is not None and e.child.get("session") == memo.session),

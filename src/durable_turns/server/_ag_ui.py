@@ -67,6 +67,7 @@ from .._input_limits import HttpError
 from ..access import Action
 from ..channels import ChannelContext, TurnStream
 from ..records import InputRequest
+from ._guard import SESSION_NAME
 from ._http import read_body
 from ._mounts import (
     ProtocolSeam,
@@ -301,7 +302,8 @@ def mount_ag_ui(app: Starlette, *, path: str = "/agents/{agent}/ag-ui") -> None:
     """
     seam = protocol_seam(app)
     schemas = component_schemas(RunAgentInput, "RunAgentInput",
-                                threadId={"minLength": 1, "maxLength": 200},
+                                threadId={"minLength": 1, "maxLength": 200,
+                                          "pattern": SESSION_NAME},
                                 runId={"pattern": RUN_ID})
     for schema in schemas.values():
         # A constant field (a message's role, a part's type) tells which model it is, its

@@ -46,6 +46,7 @@ from ..access import Action
 from ..channels import ChannelContext, TurnStream
 from ..events import InputRequested, TurnEvent
 from ..records import InputRequest, TurnStatus
+from ._guard import SESSION_NAME
 from ._http import read_body
 from ._idempotency import idempotent, open_keyed
 from ._mounts import (
@@ -302,7 +303,7 @@ def mount_ai_sdk(app: Starlette, *, path: str = "/agents/{agent}/ai-sdk/chat") -
     """
     seam = protocol_seam(app)
     seam.add(app, "ai-sdk", _AiSdk(seam).routes(path), _openapi(path),
-             component_schemas(ChatRequest, "AiSdkChatRequest"))
+             component_schemas(ChatRequest, "AiSdkChatRequest", id={"pattern": SESSION_NAME}))
 
 
 def _openapi(path: str) -> dict[str, Any]:
