@@ -24,8 +24,8 @@ import re
 from collections.abc import AsyncIterator
 from typing import Any
 
-__all__ = ["BODY_TIMEOUT", "MAX_CURSOR", "MAX_DEPTH", "HttpError", "cursor", "loads",
-           "read_limited"]
+__all__ = ["BODY_TIMEOUT", "LONE_SURROGATE", "MAX_CURSOR", "MAX_DEPTH", "HttpError",
+           "blank_body", "cursor", "loads", "read_limited"]
 
 MAX_DEPTH = 64
 """The deepest nesting of arrays and objects a JSON body may have."""
@@ -133,6 +133,18 @@ def loads(raw: bytes | str, *, max_depth: int = MAX_DEPTH) -> Any:
         level = [x for x in deeper if not isinstance(x, str)]
         _check_text([x for x in deeper if isinstance(x, str)])
     return value
+
+
+def blank_body(raw: bytes | str) -> bool:
+    """Whether a body is empty (what a route that takes ``{}`` reads as ``{}``).
+
+    Raises:
+        HttpError: 400 a body of white space only (``"\\n"``): neither nothing nor JSON.
+    """
+    if raw and not raw.strip():
+        raise HttpError(400, "MalformedBody", "the body is only white space, which is no "
+                        "JSON: send a JSON object ({} when there is nothing to say) or no body")
+    return not raw
 
 
 def _check_text(values: list[Any]) -> None:

@@ -326,9 +326,10 @@ def _openapi(path: str) -> dict[str, Any]:
         f"{path}/{{session}}/stream": {"get": {
             "summary": "AI SDK resume: the running turn's stream from its start, then live",
             "parameters": [*params, {"name": "session", "in": "path", "required": True,
-                                     "schema": {"type": "string", "minLength": 1}}],
+                                     "schema": {"type": "string", "minLength": 1,
+                                                "pattern": SESSION_NAME}}],
             "responses": {"200": stream, "204": {"description": "no turn runs"},
-                          **{str(c): error for c in (401, 403, 404, 503)}}}},
+                          **{str(c): error for c in (400, 401, 403, 404, 503)}}}},
     }
 
 

@@ -113,8 +113,9 @@ def openapi(bodies: dict[str, type[BaseModel]], agents: list[str],
     schemas["ReplayBody"]["properties"]["model"] = {"anyOf": offered, "default": None}
 
     def errors(*codes: int) -> dict[str, Any]:
-        # 503 (with Retry-After) on every route: the store may be away.
-        return {str(c): _ERROR for c in sorted({401, 403, 503, *codes})}
+        # 503 (with Retry-After) on every route: the store may be away; 400 a path or a
+        # session name that is not what the parameters say (guard.check_name).
+        return {str(c): _ERROR for c in sorted({400, 401, 403, 503, *codes})}
 
     def post(name: str, summary: str, ok: dict[str, Any], *codes: int,
              required: bool = True, status: int = 200) -> dict[str, Any]:
