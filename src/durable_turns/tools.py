@@ -340,9 +340,11 @@ def _pydantic_validator(
     strict = _schema_validator(ToolSpec(model.__name__, "", dict(schema)))
 
     def check(data: dict[str, Any]) -> dict[str, Any]:
-        # The fast path: every field given, with exactly its type, and nothing else.
+        # The fast path: every field given, with exactly its type (a finite number, if a
+        # float), and nothing else.
         if plain is not None and len(data) == len(plain) and data.keys() == names and all(
-                type(data[name]) is kind for name, kind in plain):
+                type(data[name]) is kind and (kind is not float or math.isfinite(data[name]))
+                for name, kind in plain):
             return {name: data[name] for name, _ in plain}
         strict(data)
         try:
