@@ -24,7 +24,8 @@ from fakes.serving import serving
 from fakes.slack_api import SECRET, TEAM, TOKEN, SlackFake, event_callback
 from test_slack import WAIT, World
 
-TOKENS = {"t-bob": {"id": "bob"}, "t-root": {"id": "root", "admin": True}}
+TOKENS: dict[str, dict[str, Any]] = {"t-bob": {"id": "bob"},
+                                     "t-root": {"id": "root", "admin": True}}
 
 
 def authenticate(request: Request) -> dict[str, Any] | None:
