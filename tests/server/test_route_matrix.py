@@ -9,7 +9,8 @@ the route's checks: the guard's decision is what it is here to see).
 Per route, in this order: anonymous → 401; another principal → 404 ``UnknownSession`` on a
 route of the owner's session (the same as for a session that does not exist), and on a
 route of none, nothing of hers shown; the owner and an administrator → passed the guard (no
-401, 403 or 404 of the session) and no 5xx; and the owner's session as it was after the others' calls.
+401, 403 or 404 of the session) and no 5xx; and the owner's session as it was after the
+others' calls.
 """
 
 from __future__ import annotations
