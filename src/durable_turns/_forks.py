@@ -63,8 +63,8 @@ async def checked_fork(store: SessionStore, agent: Agent, src: SessionKey, dst: 
                  if c.name in agent.tools_by_name and not agent.tools_by_name[c.name].remote]
         if calls:
             raise ForkRerunsToolsError(str(src), calls)
-    if owner is not None:
-        plans[-1] = replace(plans[-1], owner=owner)
+    if owner is not None:  # the fork's children too: its owner reads them
+        plans = [replace(p, owner=owner) for p in plans]
     return plans, under_way
 
 
@@ -114,7 +114,7 @@ async def _plans(store: SessionStore, src: SessionKey, dst: SessionKey, generati
     renames: dict[str, str] = {}
     for step_id, memo in _children(copied):
         child = SessionKey(memo.agent, memo.session)
-        new_id, _turn = child_ids(dst.agent, dst.session, step_id.turn_id, step_id.call_id)
+        new_id, _turn = child_ids(step_id.turn_id, step_id.call_id)
         renames[memo.session] = new_id
         seen = max((int(e.child["seq"]) for cp in copied for e in cp.events
                     if e.child is not None and e.child.get("session") == memo.session),

@@ -2,12 +2,16 @@
 
 A remote tool parks its turn with ``await ctx.request_input(...)``. Who may answer:
 
-- ``{"user": id}``: exactly that verified identity (the resumer's ``by``);
+- ``{"user": id}``: exactly that verified identity (the resumer's ``by``), qualified by
+  where it was verified (``slack:U1``, ``http:alice``: ``inbound.identity``); a bare id the
+  tool names is read in the source of the turn that asks (``{"user": "U1"}`` in a Slack turn
+  is ``slack:U1``), and stored so;
 - ``{"policy": p, "scope": s}``: only with a :class:`Grant` that :func:`grant_answer` issued
   after the agent's ``authorize_answer`` said yes — ``by`` alone never answers a policy, and
   a grant never answers a user;
-- none named: the turn's speaker if the channel attested them; an unattested speaker cannot
-  park (name an answerer); a turn with no inbound event has no restriction.
+- none named: the turn's speaker (``<source>:<id>``) if the channel attested them; an
+  unattested speaker cannot park (name an answerer); a turn with no inbound event has no
+  restriction.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import ConfigurationError, InvalidInputError, ResumeAuthorizationError
-from .inbound import InboundEvent
+from .inbound import InboundEvent, answers_as, identity, source_of
 from .records import InputRequest
 from .tools import compile_schema, schema_problem
 
@@ -36,6 +40,9 @@ def default_answerers(
     if answerers is not None:
         answerers = dict(answerers)
         if set(answerers) == {"user"} and answerers["user"]:
+            if event is not None and isinstance(answerers["user"], str) and \
+                    source_of(answerers["user"]) is None:
+                return {"user": identity(event.source, answerers["user"])}
             return answerers
         if "policy" in answerers and set(answerers) <= {"policy", "scope"}:
             return {"policy": answerers["policy"], "scope": answerers.get("scope")}
@@ -46,7 +53,7 @@ def default_answerers(
     if event is None:
         return None  # programmatic or proactive turn: the app drives its own resume
     if event.user is not None and event.user.attested:
-        return {"user": event.user.id}
+        return {"user": identity(event.source, event.user.id)}
     raise ConfigurationError(
         f"request_input({input_id!r}): the turn's speaker is not attested by its channel "
         f"({event.source!r}), so nobody could be trusted to answer; name an answerer "
@@ -75,7 +82,7 @@ def validate_answer(request: InputRequest, value: Any) -> None:
         InvalidInputError: saying what is wrong.
     """
     try:
-        json.dumps(value)
+        json.dumps(value, allow_nan=False)  # (NaN and infinities are no JSON)
     except (TypeError, ValueError) as e:
         raise InvalidInputError(f"the answer to {request.id!r} is not JSON: {e}",
                                 input_id=request.id) from None
@@ -115,9 +122,11 @@ def sign(grant: Grant, secret: bytes) -> Grant:
 
 
 def check_answerer(
-    request: InputRequest, session: str, by: str | None, granted: Grant | None, secret: bytes
+    request: InputRequest, session: str, by: str | None, granted: Grant | None, secret: bytes,
+    source: str | None = None,
 ) -> None:
-    """May ``by`` (with ``granted``) answer ``request``?
+    """May ``by`` (with ``granted``) answer ``request``? ``source``: the source of the turn
+    that asked (a bare id in a rule is read in it: ``inbound.answers_as``).
 
     Raises:
         ResumeAuthorizationError: saying who may answer instead.
@@ -126,7 +135,7 @@ def check_answerer(
     if who is None:
         return
     if "user" in who:
-        if not by or by != who["user"]:
+        if not answers_as(str(who["user"]), by, source):
             raise ResumeAuthorizationError(
                 f"only user {who['user']!r} may answer {request.id!r}"
                 + (f"; {by!r} may not" if by else "; the resume named nobody (by=…)"),

@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 
-__all__ = ["BODY_TIMEOUT", "MAX_CURSOR", "MAX_DEPTH", "HttpError", "cursor", "loads",
-           "read_limited"]
+__all__ = ["BODY_TIMEOUT", "LONE_SURROGATE", "MAX_CURSOR", "MAX_DEPTH", "HttpError",
+           "blank_body", "cursor", "loads", "read_limited"]
 
 MAX_DEPTH = 64
 """The deepest nesting of arrays and objects a JSON body may have."""
@@ -74,22 +76,49 @@ async def read_limited(chunks: AsyncIterator[bytes], limit: int, *,
     return bytes(raw)
 
 
+class _NotFinite(ValueError):
+    """A number no JSON reader keeps: ``NaN``, ``Infinity``, or one past a double's range."""
+
+
+def _finite(text: str) -> float:
+    number = float(text)
+    if not math.isfinite(number):
+        raise _NotFinite(text)
+    return number
+
+
+def _constant(text: str) -> Any:
+    raise _NotFinite(text)
+
+
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+"""Half of a UTF-16 pair, alone (``"\\ud800"`` in JSON): no text has one."""
+
+
 def loads(raw: bytes | str, *, max_depth: int = MAX_DEPTH) -> Any:
-    """Decode JSON text of at most ``max_depth`` nested arrays and objects.
+    """Decode JSON text of at most ``max_depth`` nested arrays and objects, with finite
+    numbers only and no lone surrogate in a string.
 
     Raises:
-        HttpError: 400, saying why: not UTF-8, not JSON, or nested too deep.
+        HttpError: 400, saying why: not UTF-8, not JSON, a number that is not finite
+            (``1e400``, ``NaN``, ``Infinity``: it would be stored as something else than was
+            sent), a string with a lone surrogate (it is no text), or nested too deep.
     """
     try:
-        value = json.loads(raw)
+        value = json.loads(raw, parse_float=_finite, parse_constant=_constant)
     except RecursionError:
         raise _too_deep(max_depth) from None
     except UnicodeDecodeError:
         raise HttpError(400, "MalformedBody", "the body is not UTF-8 text") from None
+    except _NotFinite as e:
+        raise HttpError(400, "MalformedBody",
+                        f"the body holds the number {str(e)[:40]}, which is not finite (past a "
+                        "double's range, or NaN or Infinity, which JSON does not have)") from None
     except ValueError as e:
         raise HttpError(400, "MalformedBody", f"the body is not JSON: {e}") from None
     level, depth = [value], 0
     while level:  # breadth first, containers only: no recursion, whatever the depth
+        _check_text(level)
         if not isinstance(level[0], (list, dict)):
             break
         depth += 1
@@ -98,9 +127,32 @@ def loads(raw: bytes | str, *, max_depth: int = MAX_DEPTH) -> Any:
         deeper: list[Any] = []
         for v in level:
             items = v.values() if isinstance(v, dict) else v
-            deeper.extend(x for x in items if isinstance(x, (list, dict)))
-        level = deeper
+            deeper.extend(x for x in items if isinstance(x, (list, dict, str)))
+            if isinstance(v, dict):
+                _check_text(list(v))
+        level = [x for x in deeper if not isinstance(x, str)]
+        _check_text([x for x in deeper if isinstance(x, str)])
     return value
+
+
+def blank_body(raw: bytes | str) -> bool:
+    """Whether a body is empty (what a route that takes ``{}`` reads as ``{}``).
+
+    Raises:
+        HttpError: 400 a body of white space only (``"\\n"``): neither nothing nor JSON.
+    """
+    if raw and not raw.strip():
+        raise HttpError(400, "MalformedBody", "the body is only white space, which is no "
+                        "JSON: send a JSON object ({} when there is nothing to say) or no body")
+    return not raw
+
+
+def _check_text(values: list[Any]) -> None:
+    for v in values:
+        if isinstance(v, str) and LONE_SURROGATE.search(v):
+            raise HttpError(400, "MalformedBody",
+                            "a string of the body holds a lone surrogate (half of a UTF-16 "
+                            "pair, such as \\ud800): it is not text")
 
 
 def _too_deep(max_depth: int) -> HttpError:

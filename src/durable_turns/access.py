@@ -5,7 +5,8 @@ action, ``authorize(principal, action, session)``, in one place, as LangGraph Pl
 ``@auth.on`` handlers decide theirs:
 
 - ``principal`` is what ``authenticate`` returned (its ``id``, a key or an attribute, is the
-  caller's id; ``admin`` set to ``True`` marks an administrator);
+  caller's id, qualified by where it was verified: :func:`principal_id`, ``http:alice``;
+  ``admin`` set to ``True`` marks an administrator);
 - ``action`` is one of the host's own (:data:`HOST_ACTIONS`): ``read`` (a session's
   transcript, timeline, events, history), ``turn`` (start a turn), ``fork`` (copy it to a
   new session the caller owns, or replay it into one), ``list`` (an agent's sessions) and
@@ -21,11 +22,11 @@ It answers ``True`` (allowed), ``False`` (refused: 403), or, for ``list`` and ``
 store in its query (``True`` shows them all). It may be ``async``.
 
 :func:`default_authorize` is what a host uses when the app gives none: a principal sees and
-acts on the sessions it owns (the first principal to start a turn in a session, reset it or
-follow its events owns it), answerers see and answer the requests they may answer, an
-administrator sees and does everything. Who may *answer* a request is still decided by the
-request's answerers (F6) after this: an administrator is no answerer of someone else's
-request.
+acts on the sessions it owns (the first principal to start a turn in a session or reset it
+owns it; a child session is its parent's owner's), answerers see and answer the requests
+they may answer, an administrator sees and does everything. Who may *answer* a request is
+still decided by the request's answerers (F6) after this: an administrator is no answerer
+of someone else's request.
 """
 
 from __future__ import annotations
@@ -36,11 +37,13 @@ from typing import Any
 
 from .commands import COMMANDS, Registry
 from .errors import ConfigurationError, SessionAccessError
+from .inbound import identity, source_of
 from .records import InputRequest, SessionSummary, Visibility
 
 __all__ = [
     "ACTIONS",
     "HOST_ACTIONS",
+    "HTTP",
     "LISTINGS",
     "Action",
     "Authorize",
@@ -57,6 +60,8 @@ __all__ = [
 
 Action = str
 """What a caller asks to do (see the module's docstring)."""
+HTTP = "http"
+"""The source of an HTTP host's principals (``http:alice``)."""
 HOST_ACTIONS: tuple[Action, ...] = ("read", "turn", "fork", "list", "inbox")
 """The actions of the host's own routes (reads, turns, forks, listings)."""
 
@@ -78,10 +83,18 @@ Authorize = Callable[[Any, Action, SessionSummary | None], Decision | Awaitable[
 
 
 def principal_id(principal: Any) -> str | None:
-    """The caller's id: ``principal["id"]`` or ``principal.id``, as text (``None``: none)."""
-    who = principal.get("id") if isinstance(principal, Mapping) else getattr(principal, "id",
-                                                                               None)
-    return None if who is None else str(who)
+    """The caller's identity: ``<source>:<id>`` (``inbound.identity``) of ``principal["id"]``
+    or ``principal.id``, where ``source`` (a key or an attribute) says where it was verified,
+    ``http`` when the principal does not say (what an HTTP host's ``authenticate`` returns);
+    ``None``: it has no id."""
+    def field(name: str) -> Any:
+        return principal.get(name) if isinstance(principal, Mapping) else getattr(
+            principal, name, None)
+
+    who, source = field("id"), field("source")
+    if who is None:
+        return None
+    return identity(source if isinstance(source, str) and source else HTTP, str(who))
 
 
 def is_admin(principal: Any) -> bool:
@@ -100,7 +113,12 @@ def may_answer(request: InputRequest | None, who: str | None) -> bool:
         return False
     for r in request.all:
         answerers = r.answerers or {}
-        if answerers.get("user") == who or "policy" in answerers:
+        rule = answerers.get("user")
+        # A bare rule (stored before identities were qualified) lets its id of any source
+        # past this pre-check; the answer itself is checked in the turn's source (F6).
+        if rule == who or "policy" in answerers or (
+                isinstance(rule, str) and source_of(rule) is None
+                and who.partition(":")[2] == rule):
             return True
     return False
 

@@ -45,9 +45,11 @@ class Sessions(Protocol):
         ...
 
     async def start(self, key: SessionKey, text: str, *, turn_id: str,
-                    event: InboundEvent | None = None, deliver: str | None = None) -> None:
+                    event: InboundEvent | None = None, deliver: str | None = None,
+                    parent: SessionKey | None = None) -> None:
         """Accept a turn of session ``key`` (a redelivery if ``turn_id`` is known there);
-        ``deliver`` as ``AgentSession.start``'s."""
+        ``deliver`` as ``AgentSession.start``'s; a session the store does not have yet made
+        ``parent``'s child: owned by its owner."""
         ...
 
     async def wait(self, key: SessionKey, turn_id: str, *,

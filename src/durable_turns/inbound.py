@@ -1,10 +1,61 @@
-"""What opens a turn: a person's message from a channel, or a trigger with no person."""
+"""What opens a turn: a person's message from a channel, or a trigger with no person; and
+who a person is: an identity qualified by where it was verified (``source:id``).
+
+An id means something only where it was verified: Slack's ``U024BE7LH`` and an HTTP bearer
+user who calls itself ``U024BE7LH`` are two people. So every host that verifies its callers
+names them as :func:`identity` does, ``<source>:<id>`` (``slack:U024BE7LH``, ``http:alice``,
+``teams:29:1a…``): in the ``by`` of an answer, a session's owner, answerer rules and grants.
+A bare id (no ``source:`` in front) comes from the app's own code (a test, the CLI, an
+answerer rule written before identities were qualified); :func:`answers_as` says how the two
+meet.
+"""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+SOURCE_NAME = re.compile(r"[a-z][a-z0-9_.-]{0,39}")
+"""What a source's name looks like (``slack``, ``http``, ``teams``): the part of an identity
+before its first ``:``."""
+
+
+def identity(source: str, who: str) -> str:
+    """``who`` as verified by ``source``: ``<source>:<who>`` (an id that already starts with
+    ``<source>:`` is kept as it is)."""
+    return who if who.startswith(f"{source}:") else f"{source}:{who}"
+
+
+def source_of(who: str) -> str | None:
+    """The source an identity names (``slack`` for ``slack:U1``); ``None`` for a bare id."""
+    head, sep, _ = who.partition(":")
+    return head if sep and SOURCE_NAME.fullmatch(head) else None
+
+
+def answers_as(rule: str, by: str | None, source: str | None = None) -> bool:
+    """Whether the resumer ``by`` is the person an answerer rule ``{"user": rule}`` names.
+
+    - The same identity: yes (``slack:U1`` and ``slack:U1``).
+    - A bare rule (``U1``: a request stored before identities were qualified) names that id
+      in the source of the turn that asked (``source``): ``slack:U1`` answers it in a Slack
+      turn, ``http:U1`` does not; with no source known, only the bare ``U1`` does.
+    - A bare ``by`` is the app's own code answering (the CLI's ``--by``, a test's
+      ``resume(by=…)``; hosts never pass one): it answers for that id in any source.
+
+    Args:
+        rule: the rule's ``user``.
+        by: who answers.
+        source: the source of the turn that asked (its inbound event's).
+    """
+    if by is None:
+        return False
+    if by == rule:
+        return True
+    if source_of(rule) is None:
+        return source is not None and by == identity(source, rule)
+    return source_of(by) is None and rule == identity(str(source_of(rule)), by)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,4 +133,5 @@ class Trigger:
     by: str = "system"
 
 
-__all__ = ["InboundEvent", "Trigger", "User"]
+__all__ = ["SOURCE_NAME", "InboundEvent", "Trigger", "User", "answers_as", "identity",
+           "source_of"]

@@ -403,7 +403,8 @@ class AgentSession:
         earlier = await self.entry(resume.entry_id)
         if earlier is not None:
             return await self._repeated(earlier, resume)
-        request = resume.request(self.key, await self._pending())
+        pending = await self._pending()
+        request = resume.request(self.key, pending)
         if granted is None and authorize and "policy" in (request.answerers or {}):
             granted = await decided(self, request, by, principal)
         if request.child is not None:
@@ -413,7 +414,9 @@ class AgentSession:
             await rt.session(c["agent"], c["session"]).resume(
                 c["turn_id"], c["input_id"], value, by=by, granted=granted)
         else:
-            check_answerer(request, str(self.key), by, granted, rt.secret)
+            asked = next((t.event for t in pending if t.turn_id == request.turn_id), None)
+            check_answerer(request, str(self.key), by, granted, rt.secret,
+                           (asked or {}).get("source"))
             validate_answer(request, value)
         rec, new = await rt.accept(self.key, resume.entry())
         if not new:
@@ -509,8 +512,8 @@ class AgentSession:
         Each turn is in the fork as it stood at ``at``: ended turns with their outcome, a
         parked one with its request (answerable in the fork, on its own), one under way
         queued and driven on from the checkpoint (by this runtime's scheduler: here, or by
-        its workers). Subagent children the copied steps started are forked too, under ids
-        derived from the fork. The fork is a new timeline: idempotency keys derive from the
+        its workers). Subagent children the copied steps started are forked too, under new
+        ids (``subagents.child_ids``). The fork is a new timeline: idempotency keys derive from the
         session, so a remote tool run after the fork point is a new effect.
 
         Args:

@@ -3,13 +3,16 @@
 ``subagent("researcher", description=…)`` is a remote tool (input ``{"task": str}``, result
 ``{"answer": text}``). When the model calls it, the tool:
 
-1. derives the child's session and turn id from the parent's session, turn and call id
-   (:func:`child_ids`: never from a position, so a replay finds the same ids) and records
-   them as the parent's step ``child:<turn_id>:<call_id>`` **before** the child starts; a
-   replay after a crash re-attaches to that child instead of starting a second one;
+1. makes the child's session id, ``subagent:<32 random hex digits>`` (:func:`child_ids`:
+   nobody can predict it, so nobody can make the session first, and no host makes a name
+   under ``subagent:``), and its turn id ``<turn_id>:<call_id>``, and records them as the
+   parent's step ``child:<turn_id>:<call_id>`` **before** the child starts; a replay after
+   a crash re-attaches to that child (:func:`find_child` reads it) instead of starting a
+   second one;
 2. starts the child's turn (a redelivery if it exists: nothing of it runs twice, and the
-   child's local tools keep their exactly-once) with the task as its opening text and the
-   parent's inbound event, so the child's requests default to the same speaker;
+   child's local tools keep their exactly-once) in a session owned by the parent's owner
+   (who may then read it), with the task as its opening text and the parent's inbound
+   event, so the child's requests default to the same speaker;
 3. forwards the child's logged events into the parent's stream as they commit, each tagged
    ``child: {agent, session, turn_id, seq}`` (``agent``, ``session``, ``turn_id`` of the
    event are the parent's), so an HTTP stream, the console or Slack can show nested work;
@@ -36,13 +39,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 from collections.abc import Iterable
 from dataclasses import replace
-from typing import Any
+from typing import Any, Protocol
 
 from .context import Sessions, StepServices, ToolContext
 from .errors import ConfigurationError, Parked
 from .events import MessageCompleted, MessageDelta, MessageThinking, TurnEvent
+from .history import Checkpoint
 from .records import ChainEntry, ChildMemo, ChildStepId, InputRequest, SessionKey, TurnStatus
 from .tools import Tool, ToolSpec
 
@@ -61,10 +66,33 @@ INPUT = {
 }
 
 
-def child_ids(agent: str, session: str, turn_id: str, call_id: str) -> tuple[str, str]:
-    """The child's session id and turn id for the parent's call ``call_id`` of ``turn_id``
-    in session ``agent/session``."""
-    return f"{agent}:{session}:{turn_id}:{call_id}", f"{turn_id}:{call_id}"
+CHILD = "subagent"
+"""The name space of child sessions (``subagent:…``): a host makes no session under it."""
+
+
+def child_ids(turn_id: str, call_id: str) -> tuple[str, str]:
+    """A new child's session id for the parent's call ``call_id`` of ``turn_id``
+    (``subagent:<32 random hex digits>``: unpredictable) and its turn id
+    (``<turn_id>:<call_id>``)."""
+    return f"{CHILD}:{secrets.token_hex(16)}", f"{turn_id}:{call_id}"
+
+
+class Past(Protocol):
+    """What :func:`find_child` reads of a parent session (an ``AgentSession``)."""
+
+    async def history(self, *, generation: int | None = None) -> list[Checkpoint]: ...
+
+
+async def find_child(parent: Past, turn_id: str, call_id: str) -> tuple[str, str] | None:
+    """The session id and turn id of the child the parent's call ``call_id`` of turn
+    ``turn_id`` started (its step ``child:<turn_id>:<call_id>``); ``None`` before that step
+    was recorded."""
+    for cp in await parent.history():
+        for step in cp.steps:
+            if step.id == str(ChildStepId(turn_id, call_id)) and \
+                    isinstance(step.result, ChildMemo):
+                return step.result.session, step.result.turn_id
+    return None
 
 
 def turn_usage(events: Iterable[TurnEvent], turn_id: str) -> dict[str, int]:
@@ -106,14 +134,15 @@ async def _run_child(agent_name: str, task: str, ctx: ToolContext) -> dict[str, 
     if agent_name not in sessions.agent_names():
         raise ConfigurationError(f"subagent {agent_name!r}: the runtime has no such agent "
                                  f"({sorted(sessions.agent_names())})")
-    session_id, turn_id = child_ids(ctx.agent, ctx.session, ctx.turn_id, ctx.call_id)
+    session_id, turn_id = child_ids(ctx.turn_id, ctx.call_id)
     # Recorded before the child starts: a replay re-attaches to exactly this child.
     memo = await services.remember(ChildStepId(ctx.turn_id, ctx.call_id),
                                    ChildMemo(agent_name, session_id, turn_id))
     key, turn_id = SessionKey(memo.agent, memo.session), memo.turn_id
     tag = {"agent": key.agent, "session": key.session, "turn_id": turn_id}
     try:
-        await sessions.start(key, task, turn_id=turn_id, event=ctx.event)
+        await sessions.start(key, task, turn_id=turn_id, event=ctx.event,
+                             parent=SessionKey(ctx.agent, ctx.session))
         rec = await _follow(ctx, services, key, turn_id, tag)
     except asyncio.CancelledError:
         reason = services.cancel_reason()
@@ -249,10 +278,13 @@ async def reset_children(sessions: Sessions, entry_id: str, parked: Iterable[Cha
 
 __all__ = [
     "CANCEL_WAIT",
+    "CHILD",
     "INPUT",
     "POLL",
+    "Past",
     "cancel_children",
     "child_ids",
+    "find_child",
     "reset_children",
     "subagent",
     "turn_usage",

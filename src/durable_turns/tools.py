@@ -15,6 +15,7 @@ import asyncio
 import functools
 import inspect
 import json
+import math
 import random
 import time
 from collections.abc import Callable, Mapping
@@ -266,12 +267,31 @@ def _compile(canonical: str) -> Any:
 
 
 def schema_problem(validator: Any, value: Any) -> str | None:
-    """The most relevant reason ``value`` does not fit, naming the field; ``None`` if it fits."""
+    """The most relevant reason ``value`` does not fit, naming the field; ``None`` if it fits.
+    A number that is not finite (``1e400`` read as infinity, ``NaN``) fits no schema: JSON
+    has no such number, so it could not be stored as it was given."""
+    infinite = _not_finite(value, ())
+    if infinite is not None:
+        return f"{'.'.join(infinite)}: not a finite number" if infinite else \
+            "not a finite number"
     error = jsonschema.exceptions.best_match(validator.iter_errors(value))
     if error is None:
         return None
     where = ".".join(str(p) for p in error.absolute_path)
     return f"{where}: {error.message}" if where else str(error.message)
+
+
+def _not_finite(value: Any, path: tuple[str, ...]) -> tuple[str, ...] | None:
+    """Where in ``value`` a number is not finite (``()``: ``value`` itself); ``None``: none."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return path
+    items = value.items() if isinstance(value, dict) else enumerate(value) \
+        if isinstance(value, list | tuple) else ()
+    for k, v in items:
+        found = _not_finite(v, (*path, str(k)))
+        if found is not None:
+            return found
+    return None
 
 
 def _schema_validator(spec: ToolSpec) -> Callable[[dict[str, Any]], dict[str, Any]]:
@@ -320,9 +340,11 @@ def _pydantic_validator(
     strict = _schema_validator(ToolSpec(model.__name__, "", dict(schema)))
 
     def check(data: dict[str, Any]) -> dict[str, Any]:
-        # The fast path: every field given, with exactly its type, and nothing else.
+        # The fast path: every field given, with exactly its type (a finite number, if a
+        # float), and nothing else.
         if plain is not None and len(data) == len(plain) and data.keys() == names and all(
-                type(data[name]) is kind for name, kind in plain):
+                type(data[name]) is kind and (kind is not float or math.isfinite(data[name]))
+                for name, kind in plain):
             return {name: data[name] for name, _ in plain}
         strict(data)
         try:

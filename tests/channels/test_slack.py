@@ -269,7 +269,7 @@ async def test_a_parked_refund_refuses_another_user_and_resumes_for_the_speaker(
         assert answers[0].result == {"refunded": True}
         steps = await w.runtime.store.read_steps(s.key)
         answer = json.loads(steps["input:slack:C1:500.000001:approve"].data)
-        assert answer == {"value": True, "by": "U1"} or answer.get("by") == "U1"
+        assert answer == {"value": True, "by": "slack:U1"} or answer.get("by") == "slack:U1"
 
 
 async def test_the_apps_authorize_decides_for_slack_users_too(tmp_path: Path) -> None:

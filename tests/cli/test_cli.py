@@ -355,12 +355,12 @@ async def test_refund_parks_and_a_second_process_approves_it(tmp_path: Path) -> 
 
     code, out, err, _ = demo("pending", "--db", str(db))
     assert code == 0 and err == ""
-    assert turn in out and "approve-refund" in out and "only alice may answer" in out
-    assert f"--turn {turn} --input approve-refund --by alice" in out
+    assert turn in out and "approve-refund" in out and "only cli:alice may answer" in out
+    assert f"--turn {turn} --input approve-refund --by cli:alice" in out
 
     # Bad answers are refused with a clear message, exit 2, no traceback, nothing stored.
     assert_refused(*demo("approve", "--db", str(db), "--turn", turn, user="mallory")[:3],
-                   "demo approve", "ResumeAuthorizationError", "only user 'alice' may answer",
+                   "demo approve", "ResumeAuthorizationError", "only user 'cli:alice' may answer",
                    "'mallory' may not")
     assert_refused(*demo("approve", "--db", str(db), "--turn", turn, "--by", "bob")[:3],
                    "demo approve", "ResumeAuthorizationError")
@@ -424,14 +424,14 @@ async def test_an_approver_other_than_the_asker(tmp_path: Path) -> None:
     code, out, err, _ = demo("refund", "--db", str(db), "--order", "7", "--amount", "5",
                             "--approver", "bob", "--session", "desk-1")
     assert code == 0, out + err
-    assert "ops/desk-1" in out and "--by bob" in out
+    assert "ops/desk-1" in out and "--by cli:bob" in out
     turn = parked_turn(out)
     # One park at a time: the session takes no other turn until this one is answered.
     busy = demo("refund", "--db", str(db), "--order", "8", "--amount", "5", "--session",
                "desk-1")
     assert_refused(*busy[:3], "demo refund", "is parked on turn", "durable-turns demo pending")
     assert_refused(*demo("approve", "--db", str(db), "--turn", turn)[:3], "demo approve",
-                   "only user 'bob' may answer", "'alice' may not")
+                   "only user 'cli:bob' may answer", "'alice' may not")
     code, out, err, pid = demo("approve", "--db", str(db), "--turn", turn, "--by", "bob")
     assert code == 0, out + err
     assert [r[:4] for r in refunds(db)] == [("7", 5.0, "alice", pid)]

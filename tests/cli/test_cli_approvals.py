@@ -83,30 +83,31 @@ async def test_pending_lists_an_app_s_park_and_approve_finishes_it(tmp_path: Pat
     assert listed.returncode == 0 and listed.stderr == "", listed.stderr
     assert f"session s1, turn {turn}, input 'approve-refund' (in tool refund)" in listed.stdout
     assert "Refund $30.00 on order 42?" in listed.stdout
-    assert "asked by ann; only ann may answer" in listed.stdout
+    assert "asked by ann; only http:ann may answer" in listed.stdout
     suggested = [line.strip() for line in listed.stdout.splitlines()
                  if line.strip().startswith("durable-turns ")]
     assert [s.split()[1] for s in suggested] == ["approve", "deny"]
-    assert f"--session s1 --turn {turn} --input approve-refund --by ann" in suggested[0]
+    assert f"--session s1 --turn {turn} --input approve-refund --by http:ann" in suggested[0]
 
     refused(cli("approve", str(OPS), "--db", str(db), "--session", "s1", user="bob"),
-            "approve", "only user 'ann' may answer", "'bob' may not")
+            "approve", "only user 'http:ann' may answer", "'bob' may not")
     done = cli(*suggested[0].split()[1:])  # the command pending suggested, as printed
     assert done.returncode == 0 and done.stderr == "", done.stderr
     assert done.stdout.startswith(f"answered 'approve-refund' of turn {turn} (ops/s1): "
-                                  "true, by ann (stored)\n")
+                                  "true, by http:ann (stored)\n")
     assert "  ✓ refund: {\"refunded\": true" in done.stdout
     assert "agent> Refunded $30.00 on order 42" in done.stdout
     assert done.stdout.endswith("the turn completed\n")
 
-    again = cli("approve", str(OPS), "--db", str(db), "--turn", turn)
+    # (the answer's by is the identity the request named, as the suggestion said it)
+    again = cli("approve", str(OPS), "--db", str(db), "--turn", turn, "--by", "http:ann")
     assert again.returncode == 0, again.stderr
-    assert "was answered already, true by ann: the same answer, so nothing runs again" in \
-        again.stdout
+    assert "was answered already, true by http:ann: the same answer, so nothing runs again" \
+        in again.stdout
     refused(cli("deny", str(OPS), "--db", str(db), "--turn", turn), "deny",
-            "answered already by 'ann' (true), with another answer than this one")
+            "answered already by 'http:ann' (true), with another answer than this one")
     refused(cli("approve", str(OPS), "--db", str(db), "--turn", turn, user="bob"), "approve",
-            "answered already by 'ann' (true), with the same answer")
+            "answered already by 'http:ann' (true), with the same answer")
     nothing = cli("pending", "--app", str(OPS), "--db", str(db))
     assert nothing.stdout == f"nothing in {db} is waiting for input\n"
 

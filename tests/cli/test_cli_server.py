@@ -208,7 +208,7 @@ async def test_serve_authenticates_with_agent_py(tmp_path: Path) -> None:
         assert done.status_code == 200 and done.json()["status"] == "completed"
         shown = (await client.get("/agents/desk/sessions/s1", headers=ann)).json()
         (opening,) = [m for m in shown["transcript"] if m["role"] == "user"]
-        assert opening["by"] == "ann"
+        assert opening["by"] == "http:ann"
 
 
 async def test_serve_takes_auth_from_an_option(tmp_path: Path) -> None:
@@ -229,7 +229,7 @@ async def check(request):
                               headers={"X-Key": "zoe"})
         assert r.status_code == 200 and r.json()["text"] == "You said: hi"
         shown = (await client.get("/agents/desk/sessions/s1", headers={"X-Key": "zoe"})).json()
-        assert [m["by"] for m in shown["transcript"] if m["role"] == "user"] == ["ZOE"]
+        assert [m["by"] for m in shown["transcript"] if m["role"] == "user"] == ["http:ZOE"]
 
 
 async def test_serve_says_how_to_add_authentication(tmp_path: Path) -> None:

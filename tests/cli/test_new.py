@@ -102,7 +102,7 @@ def test_the_first_app_guide_serves_parks_crashes_and_approves(tmp_path: Path) -
                          stdin=subprocess.DEVNULL)
     assert ran.returncode == 0, ran.stdout + ran.stderr
     assert '"status":"suspended"' in ran.stdout  # curl: the served turn parked
-    assert "only ann may answer" in ran.stdout  # pending, after the crash
+    assert "only http:ann may answer" in ran.stdout  # pending, after the crash
     # approve replayed it in a new process: the local tool's step was not run again.
     assert 'save_note returned {"saved": "text", "notes": 1}' in ran.stdout
     assert ran.stdout.rstrip().endswith("the turn completed")

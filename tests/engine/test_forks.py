@@ -29,7 +29,7 @@ from durable_turns.models import ModelRequest
 from durable_turns.models.scripted import calls_this_turn
 from durable_turns.scheduling import NoDriveScheduler
 from durable_turns.stores import SessionStore
-from durable_turns.subagents import child_ids
+from durable_turns.subagents import find_child
 
 WAIT = 30.0
 """The bound on every wait: a backstop against a hang, not a timing claim."""
@@ -179,7 +179,9 @@ async def test_children_are_forked_with_their_parent(store: SessionStore) -> Non
     assert (await s.result("t1", timeout=WAIT)).status == "suspended"
     fork = await s.fork("p1-fork")
     pending = await fork.pending()
-    new_child, child_turn = child_ids("lead", "p1-fork", "t1", "c1")
+    found = await find_child(fork, "t1", "c1")
+    assert found is not None
+    new_child, child_turn = found
     assert pending is not None and pending.child is not None
     assert pending.child["session"] == new_child
     child = rt.session("helper", new_child)
@@ -189,7 +191,9 @@ async def test_children_are_forked_with_their_parent(store: SessionStore) -> Non
     assert done.text == "Helper: {'answer': 'Done with: refund 7'}"
     assert (await child.result(child_turn)).status == "completed"
     # The source's child was not touched: it still waits.
-    old_child, _ = child_ids("lead", "p1", "t1", "c1")
+    old = await find_child(s, "t1", "c1")
+    assert old is not None and old[0] != new_child  # a new child, under a new id
+    old_child = old[0]
     assert await rt.session("helper", old_child).pending() is not None
     assert await s.pending() is not None
     await rt.close()

@@ -119,8 +119,9 @@ async def test_the_attested_speaker_is_the_default_answerer(store: SessionStore)
     s = rt.session("ops", "s1")
     t = await s.start(event=slack("U1"))
     r = await s.result(t.turn_id)
-    assert r.request is not None and r.request.answerers == {"user": "U1"}
-    with pytest.raises(ResumeAuthorizationError, match="only user 'U1'"):
+    # Qualified by where it was verified: Slack's U1, not an HTTP principal of that name.
+    assert r.request is not None and r.request.answerers == {"user": "slack:U1"}
+    with pytest.raises(ResumeAuthorizationError, match="only user 'slack:U1'"):
         await s.resume(t.turn_id, "approve-refund", True, by="U2")
     with pytest.raises(ResumeAuthorizationError, match="named nobody"):
         await s.resume(t.turn_id, "approve-refund", True)

@@ -28,8 +28,9 @@ from durable_turns.models import ModelEvent, ModelRequest
 from durable_turns.models.scripted import calls_this_turn
 from durable_turns.records import Answer, SessionKey, TurnStatus
 from durable_turns.scheduling import ClaimingScheduler, NoDriveScheduler
+from durable_turns.sessions import AgentSession
 from durable_turns.stores import SessionStore
-from durable_turns.subagents import child_ids, turn_usage
+from durable_turns.subagents import find_child, turn_usage
 from durable_turns.testing import get_turn, step_result
 
 WAIT = 30.0
@@ -52,6 +53,13 @@ async def approve(amount: int, ctx: ToolContext) -> str:
     return "paid" if ok else "not paid"
 
 
+async def child_of(parent: AgentSession, turn_id: str, call_id: str) -> tuple[str, str]:
+    """The child session and turn the parent's call started (recorded in its steps)."""
+    found = await find_child(parent, turn_id, call_id)
+    assert found is not None, f"no child of {turn_id}/{call_id} recorded"
+    return found
+
+
 def runtime(store: SessionStore, helper_model: Any, *helper_tools: Any) -> Runtime:
     lead = Agent("lead", "You delegate.", [subagent("helper", description="Does sums.")],
                  model=scripted(relay))
@@ -70,7 +78,7 @@ async def test_a_parent_gets_its_subagents_answer(store: SessionStore) -> None:
     # The child's live text reached the parent's observers, tagged, and was not stored.
     live = [e for e in seen if e.type == "message.delta" and e.child is not None]
     assert "".join(e.text for e in live) == "42"  # type: ignore[attr-defined]
-    session_id, child_turn = child_ids("lead", "s1", "t1", "c1")
+    session_id, child_turn = await child_of(rt.session("lead", "s1"), "t1", "c1")
     child = rt.session("helper", session_id)
     assert [(m.role, m.text) for m in await child.transcript()] == [
         ("user", "What is six times seven?"), ("assistant", "42")]
@@ -105,7 +113,7 @@ async def test_cancelling_a_parent_parked_on_its_child_withdraws_both_requests(
     alice = InboundEvent("web", {"id": "alice", "attested": True}, "Pay the bill")
     t = await s.start(event=alice, turn_id="t1")
     assert (await s.result(t.turn_id, timeout=WAIT)).status == "suspended"
-    session_id, child_turn = child_ids("lead", "s1", "t1", "c1")
+    session_id, child_turn = await child_of(rt.session("lead", "s1"), "t1", "c1")
     child = rt.session("helper", session_id)
     assert await child.pending() is not None
     assert await s.cancel("t1", reason="not needed") == ["t1"]
@@ -132,9 +140,9 @@ async def test_a_child_that_parks_parks_the_parent_and_is_answered_through_it(
     assert r.status == "suspended" and r.request is not None
     pending = await s.pending()
     assert pending == r.request
-    session_id, child_turn = child_ids("lead", "s1", "t1", "c1")
+    session_id, child_turn = await child_of(rt.session("lead", "s1"), "t1", "c1")
     assert pending.prompt == "Pay 42?" and pending.schema == {"type": "boolean"}
-    assert pending.answerers == {"user": "alice"}  # the child's rule: the speaker
+    assert pending.answerers == {"user": "web:alice"}  # the child's rule: the speaker
     assert pending.child == {"agent": "helper", "session": session_id,
                              "turn_id": child_turn, "input_id": "approve"}
     assert (pending.turn_id, pending.call_id) == ("t1", "c1")
@@ -189,7 +197,7 @@ async def test_cancelling_or_resetting_the_parent_cancels_its_running_child(
         await asyncio.wait_for(s.reset(), WAIT)
     r = await s.result("t1", timeout=WAIT)
     assert r.status == "cancelled"
-    session_id, child_turn = child_ids("lead", "s1", "t1", "c1")
+    session_id, child_turn = await child_of(rt.session("lead", "s1"), "t1", "c1")
     child = await get_turn(store, rt.key("helper", session_id), child_turn)
     assert child is not None and child.status == TurnStatus.CANCELLED
     assert "parent turn cancelled" in (child.reason or "")
@@ -247,7 +255,7 @@ async def test_a_cancel_that_comes_as_the_parent_wakes_for_its_child_still_stops
         await gate.wait()  # never opened: only a cancel ends this call
         return ModelReply("done")
 
-    session_id, child_turn = child_ids("lead", "s1", "t1", "c1")
+    child_turn = "t1:c1"
     store = FollowedStore(child_turn)
     rt = runtime(store, scripted(child_reply), pause)
     await rt.open()
@@ -257,6 +265,7 @@ async def test_a_cancel_that_comes_as_the_parent_wakes_for_its_child_still_stops
         await pausing.wait()
         store.caught_up.clear()
         await store.caught_up.wait()  # the parent has every child event so far, and waits
+    session_id, _turn = await child_of(s, "t1", "c1")
     cancels: list[asyncio.Task[list[str]]] = []
 
     def on_child(events: list[TurnEvent] | None) -> None:
@@ -338,7 +347,7 @@ async def test_parks_and_cancels_cross_workers_on_postgres(pg_dsn: str) -> None:
             await helper_model.streaming.wait()
             await s2.cancel("t2", reason="enough")
             assert (await s2.result("t2")).status == "cancelled"
-            session_id, child_turn = child_ids("lead", "s2", "t2", "c1")
+            session_id, child_turn = await child_of(s2, "t2", "c1")
             child = await front.session("helper", session_id).result(child_turn)
             assert child.status == "cancelled"
     finally:
@@ -369,7 +378,7 @@ async def test_resetting_a_parent_parked_on_its_children_withdraws_their_request
     await s.start("pay both", turn_id="t1")
     r = await s.result("t1", timeout=WAIT)
     assert r.status == "suspended" and r.request is not None and len(r.request.all) == 2
-    children = [child_ids("lead", "s1", "t1", call) for call in ("a", "b")]
+    children = [await child_of(s, "t1", call) for call in ("a", "b")]
     for session_id, _turn in children:
         assert await rt.session("helper", session_id).pending() is not None
     await asyncio.wait_for(s.reset(), WAIT)
@@ -387,7 +396,7 @@ async def test_resetting_a_parent_parked_on_its_children_withdraws_their_request
             await child.resume(turn_id, "approve", True)
         # The child's history is archived, as a reset's is: still there to read.
         assert [m.text for m in (await child.archive(0)).messages][:1] == [
-            "pay alice" if session_id.endswith(":a") else "pay bob"]
+            "pay alice" if turn_id.endswith(":a") else "pay bob"]
     await rt.close()
 
 
@@ -409,8 +418,8 @@ async def test_two_subagents_of_one_batch_park_and_are_answered_one_by_one(
     r = await s.result("t1", timeout=WAIT)
     assert (r.status, r.text) == (
         "completed", "{'answer': 'Payment done.'}; {'answer': 'Payment done.'}")
-    a_session, a_turn = child_ids("lead", "s1", "t1", "a")
-    b_session, b_turn = child_ids("lead", "s1", "t1", "b")
+    a_session, a_turn = await child_of(rt.session("lead", "s1"), "t1", "a")
+    b_session, b_turn = await child_of(rt.session("lead", "s1"), "t1", "b")
     assert await step_result(store, rt.key("helper", a_session), f"input:{a_turn}:approve") \
         == Answer(True)
     assert await step_result(store, rt.key("helper", b_session), f"input:{b_turn}:approve") \
@@ -429,7 +438,7 @@ async def test_cancelling_a_parent_cancels_every_child_of_its_batch(
     await s.cancel("t1", reason="stop")
     assert (await s.result("t1", timeout=WAIT)).status == "cancelled"
     for call in ("a", "b"):
-        session_id, turn_id = child_ids("lead", "s1", "t1", call)
+        session_id, turn_id = await child_of(rt.session("lead", "s1"), "t1", call)
         rec = await get_turn(store, rt.key("helper", session_id), turn_id)
         assert rec is not None and rec.status == TurnStatus.CANCELLED
     assert [m.result for m in await s.transcript() if m.role == "tool"] == [
@@ -492,7 +501,7 @@ async def test_a_parent_that_fails_mid_batch_cancels_its_running_child(
     await rt.open()
     r = await rt.session("lead", "s1").turn("go", turn_id="t1")
     assert r.status == "failed" and "cannot go on" in (r.error or "")
-    session_id, turn_id = child_ids("lead", "s1", "t1", "a")
+    session_id, turn_id = await child_of(rt.session("lead", "s1"), "t1", "a")
     rec = await get_turn(store, rt.key("helper", session_id), turn_id)
     assert rec is not None and rec.status == TurnStatus.CANCELLED
     assert "turn failed" in (rec.reason or "")

@@ -43,10 +43,10 @@ async def test_a_refused_answer_stays_explained_when_the_page_refreshes(tmp_path
         page = await c.page(ctx, "bob", "#/s/ops/r1")
         await name_me(page, "bob")
         request = page.locator("[data-role=input]")
-        await expect(request).to_contain_text("Only alice may answer.")
+        await expect(request).to_contain_text("Only http:alice may answer.")
         await request.get_by_role("button", name="Approve").click()
         refused = request.locator(".notice.error")
-        await expect(refused).to_contain_text("You may not do this: only user 'alice' may "
+        await expect(refused).to_contain_text("You may not do this: only user 'http:alice' may "
                                               "answer 'approve-refund'; 'bob' may not.")
         snapshots = len(await c.asked("/timeline", 1))
         await page.clock.run_for(10_500)  # the page's periodic snapshot, and its render

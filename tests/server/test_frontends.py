@@ -108,7 +108,7 @@ def test_ai_sdk_approval_refused_for_the_wrong_answerer_then_given_by_the_right_
     assert out["reloaded"]["messages"] == [parked]  # what the store has: the same message
     # Ann started the chat but only the boss may approve: an error part, nothing stored.
     assert out["refused"]["status"] == "error"
-    assert out["refused"]["error"].startswith("ResumeAuthorizationError: only user 'boss'")
+    assert out["refused"]["error"].startswith("ResumeAuthorizationError: only user 'http:boss'")
     # The boss's answer runs the tool, and the answer arrives in the same message.
     approved = assistant(out["approved"])
     assert approved["id"] == parked["id"]
@@ -254,7 +254,7 @@ def test_ag_ui_interrupt_then_a_wrong_answerer_then_the_resume_that_answers_it(
         "toolCallId": "call-1", "responseSchema": {"type": "boolean"}}]
     refused = out["refused"]
     assert refused["types"] == ["RUN_STARTED", "RUN_ERROR"]
-    assert refused["error"].startswith("RUN_ERROR ResumeAuthorizationError: only user 'boss'")
+    assert refused["error"].startswith("RUN_ERROR ResumeAuthorizationError: only user 'http:boss'")
     approved = out["approved"]
     assert approved["error"] is None
     assert approved["types"] == ["RUN_STARTED", "TOOL_CALL_RESULT", "TEXT_MESSAGE_START",

@@ -370,7 +370,7 @@ async def test_authenticate_names_the_speaker_and_the_resumer() -> None:
         assert r3.status_code == 200 and r3.json()["status"] == "completed"
         (opening,) = [m for m in await host.rt.session("desk", "s1").transcript()
                       if m.role == "user"]
-        assert opening.by == "alice"
+        assert opening.by == "http:alice"  # an identity of where it was verified
 
 
 # -- the session, its list, cancel and reset ---------------------------------------------------

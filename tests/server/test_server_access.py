@@ -24,7 +24,7 @@ from durable_turns import (
     scripted,
     tool,
 )
-from durable_turns.access import Action
+from durable_turns.access import Action, principal_id
 from durable_turns.errors import ConfigurationError
 from durable_turns.models import ModelRequest
 from durable_turns.models.scripted import calls_this_turn
@@ -184,7 +184,7 @@ async def test_a_new_session_is_owned_by_whoever_starts_it_and_only_one_of_two()
     async with api() as a:
         r = await a.call("bob", "POST", "/fresh/chat", json={"text": "mine"})
         assert r.status_code == 200
-        assert (await a.rt.session("desk", "fresh").summary()).owner == "bob"
+        assert (await a.rt.session("desk", "fresh").summary()).owner == "http:bob"
         assert (await a.call("alice", "GET", "/fresh")).status_code == 404
         # Two principals start one new session at once: one owns it, the other is refused.
         for n in range(5):
@@ -193,7 +193,7 @@ async def test_a_new_session_is_owned_by_whoever_starts_it_and_only_one_of_two()
                 for who in ("alice", "bob")))
             assert sorted(r.status_code for r in got) == [200, 404], [r.text for r in got]
             owner = (await a.rt.session("desk", f"race-{n}").summary()).owner
-            winner = "alice" if got[0].status_code == 200 else "bob"
+            winner = "http:alice" if got[0].status_code == 200 else "http:bob"
             assert owner == winner
             users = {m.by for m in await a.rt.session("desk", f"race-{n}").transcript()
                      if m.role == "user"}
@@ -216,7 +216,7 @@ async def test_no_get_takes_a_session_not_even_a_cross_site_navigation() -> None
         assert (await a.rt.queries.sessions("desk")) == []
         r = await a.call("alice", "POST", "/NEW/chat", json={"text": "mine"})
         assert r.status_code == 200, r.text
-        assert (await a.rt.session("desk", "NEW").summary()).owner == "alice"
+        assert (await a.rt.session("desk", "NEW").summary()).owner == "http:alice"
 
 
 async def test_a_stream_of_a_session_someone_else_starts_is_not_theirs() -> None:
@@ -257,10 +257,12 @@ async def test_an_apps_authorize_decides_every_route_in_one_place() -> None:
         asked.append((principal["id"], action, None if session is None else
                       session.key.session))
         if action in ("list", "inbox"):  # support reads every session; bob his own
-            return True if principal["id"] == "carol" else Visibility(owner=principal["id"])
+            return True if principal["id"] == "carol" else Visibility(
+                owner=principal_id(principal))
         if principal["id"] == "carol":
             return action == "read"
-        return session is not None and session.owner in (None, principal["id"])
+        # An owner is an identity (http:bob): compared with the principal's, not its bare id.
+        return session is not None and session.owner in (None, principal_id(principal))
 
     async with api(authorize=authorize) as a:
         assert (await a.call("bob", "POST", "/b1/chat", json={"text": "hi"})).status_code == 200
@@ -302,7 +304,7 @@ async def test_the_store_is_asked_for_what_a_listing_shows_not_for_everything() 
 
     rt = Runtime([Agent("desk", "You help.", [refund])], Watching(), scripted(reply))
     async with rt:
-        await rt.queries.own(SessionKey("desk", "x"), "alice")
+        await rt.queries.own(SessionKey("desk", "x"), "http:alice")
         app = create_app(rt, authenticate)
         async with serving(app) as url, httpx.AsyncClient(base_url=url, timeout=WAIT) as c:
             for who in ("alice", "root"):
@@ -310,5 +312,5 @@ async def test_the_store_is_asked_for_what_a_listing_shows_not_for_everything() 
                     r = await c.get(f"/agents/desk/{what}",
                                     headers={"Authorization": f"Bearer t-{who}"})
                     assert r.status_code == 200
-    assert seen == [Visibility(owner="alice"), Visibility(owner="alice", answerer="alice"),
-                    None, None]
+    assert seen == [Visibility(owner="http:alice"),
+                    Visibility(owner="http:alice", answerer="http:alice"), None, None]

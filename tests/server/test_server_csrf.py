@@ -186,7 +186,9 @@ async def test_reads_a_page_of_another_site_makes_are_refused_but_links_work() -
 async def test_development_mode_refuses_other_host_names() -> None:
     async with parked() as p, httpx.AsyncClient(base_url=p.url, timeout=WAIT) as c:
         for host in ("attacker.example", "attacker.example:80", "127.0.0.1.nip.io",
-                     "localhost.attacker.example", "[::2]", ""):
+                     "localhost.attacker.example", "[::2]", "",
+                     # (issue 38: a userinfo or an unclosed bracket is no loopback name)
+                     "127.0.0.1:8702@evil.com", "[::1", "localhost:80@evil.com", "[::1]x"):
             r = await c.post("/agents/ops/sessions/s1/resume", json=p.answer(by="alice"),
                              headers={"Host": host})
             assert r.status_code == 403, host

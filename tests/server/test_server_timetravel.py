@@ -84,7 +84,7 @@ async def test_history_then_a_fork_at_the_first_turn_owned_by_the_caller() -> No
         first = await _two_turns(a, "alice", "s")
         r = await a.call("alice", "POST", "/s/fork", json={"to": "s2", "at": first})
         assert r.status_code == 201, r.text
-        assert r.json()["owner"] == "alice" and r.json()["session"] == "s2"
+        assert r.json()["owner"] == "http:alice" and r.json()["session"] == "s2"
         assert await a.transcript("alice", "s2") == ["one", "You said: one"]
         assert await a.transcript("alice", "s") == [
             "one", "You said: one", "two", "You said: two"]
@@ -119,7 +119,7 @@ async def test_who_may_fork_and_replay() -> None:
         assert (await a.call("root", "GET", "/stolen")).status_code == 404  # nothing written
         # An administrator may; the fork is the administrator's.
         r = await a.call("root", "POST", "/s/fork", json={"to": "audit", "at": first})
-        assert r.status_code == 201 and r.json()["owner"] == "root", r.text
+        assert r.status_code == 201 and r.json()["owner"] == "http:root", r.text
         assert (await a.call("alice", "GET", "/audit")).status_code == 404
         # A fork onto a session that exists (another's, or the caller's own) is refused,
         # and that session is left as it was.
@@ -147,7 +147,7 @@ async def test_a_replay_over_http_reports_turn_by_turn() -> None:
         assert r.status_code == 201, r.text
         made = r.json()["replay"].removeprefix("desk/")
         assert made.startswith("s~replay-")
-        assert (await a.call("alice", "GET", f"/{made}")).json()["owner"] == "alice"
+        assert (await a.call("alice", "GET", f"/{made}")).json()["owner"] == "http:alice"
         # Another model the host offers, by name: each turn's text differs.
         r = await a.call("alice", "POST", "/s/replay", json={"model": "shouty"})
         assert r.status_code == 201, r.text

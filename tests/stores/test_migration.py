@@ -85,7 +85,7 @@ async def test_sqlite_version_2_opens_reads_and_goes_on(tmp_path: Path) -> None:
     await _goes_on(SqliteStore(db), SqliteStore(db))
     c = sqlite3.connect(db)
     try:
-        assert c.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 6
+        assert c.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 9
         tables = {r[0] for r in c.execute("SELECT name FROM sqlite_master WHERE type='table'")}
         assert "log" in tables and not tables & {"messages", "steps", "events"}
     finally:
@@ -279,3 +279,41 @@ async def test_postgres_version_4_opens_reads_and_goes_on(pg_dsn: str) -> None:
         indexes = {r[0] for r in c.execute(
             "SELECT indexname FROM pg_indexes WHERE schemaname = current_schema()")}
         assert {"turns_owed", "turns_runnable", "turns_by_id", "log_lookup"} <= indexes
+
+
+# -- version 9: owners are identities qualified by their source (issue 38) -----------------
+
+
+async def test_sqlite_version_6_owners_become_http_identities(tmp_path: Path) -> None:
+    """An owner recorded before version 9 was an HTTP host's principal: it opens as
+    ``http:<id>``, and a session without one keeps none."""
+    db = tmp_path / "v6.sqlite"
+    store = SqliteStore(db)
+    async with Runtime([Agent("ops", "")], store, scripted([])):
+        assert await store.own_session(SessionKey("ops", "mine"), "http:x") == "http:x"
+        assert await store.own_session(SessionKey("ops", "theirs"), "http:y") == "http:y"
+        await store.enqueue(SessionKey("ops", "none"), _entry("t1"))
+    c = sqlite3.connect(db)
+    try:  # as a version-6 file holds them
+        c.execute("UPDATE sessions SET owner = substr(owner, 6)")
+        c.execute("PRAGMA user_version = 6")
+        c.commit()
+    finally:
+        c.close()
+    reopened = SqliteStore(db)
+    async with Runtime([Agent("ops", "")], reopened, scripted([])):
+        owners = {k: (await reopened.session_info(SessionKey("ops", k))) for k in
+                  ("mine", "theirs", "none")}
+        assert {k: i.owner if i else "missing" for k, i in owners.items()} == {
+            "mine": "http:x", "theirs": "http:y", "none": None}
+    c = sqlite3.connect(db)
+    try:
+        assert c.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    finally:
+        c.close()
+
+
+def _entry(turn_id: str) -> Any:
+    from durable_turns.records import NewEntry
+
+    return NewEntry(turn_id, Message("user", "hi", turn_id=turn_id))

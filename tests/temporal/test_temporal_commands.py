@@ -28,7 +28,7 @@ from durable_turns import (
     subagent,
 )
 from durable_turns.models.scripted import calls_this_turn
-from durable_turns.subagents import child_ids
+from durable_turns.subagents import find_child
 from durable_turns.temporal import Connection, connect, workflow_id
 from temporalkit import WAIT, StallModel, ask_agent, front, inline_worker, queue, spawn, stop
 
@@ -150,7 +150,9 @@ async def test_a_subagent_runs_as_a_child_session_with_its_own_workflow(
         await session.start("what is it?", turn_id="t1")
         res = await session.result("t1", timeout=WAIT)
         assert (res.status, res.text) == (TurnStatus.COMPLETED, "The answer is 42.")
-    child_session, _ = child_ids("lead", "s1", "t1", "c1")
+        found = await find_child(session, "t1", "c1")
+    assert found is not None
+    child_session, _ = found
     history = await client.get_workflow_handle(
         workflow_id(q, "researcher", child_session)).fetch_history()
     scheduled = [e for e in history.events if e.HasField(

@@ -227,9 +227,9 @@ class SlackChannel(ThreadChannel):
         if event["type"] == "message":
             in_thread = event.get("thread_ts") not in (None, ts)
             is_dm = event.get("channel_type") == "im"
-            if not is_dm and not (in_thread and (
-                    await self.ctx.session(session).summary()).exists):
-                return  # not a thread the bot is in
+            found = await self.ctx.session(session).summary() if in_thread else None
+            if not is_dm and not (found is not None and found.exists and self.made(found)):
+                return  # not a thread the bot is in (a session it made)
         text = _strip_mentions(event.get("text") or "", bots) or "(empty message)"
         await self.message(Said(
             session, f"slack:{channel}:{ts}", user, text, raw=envelope,

@@ -40,7 +40,8 @@ from ..errors import (
     TurnConflictError,
 )
 from ..events import TurnEvent
-from ..inbound import InboundEvent
+from ..inbound import InboundEvent, identity, source_of
+from ..records import SessionSummary
 from ..sessions import AgentSession
 from ._context import ChannelContext, mount_agent
 from .threads import STREAM_IDLE, Chunk, Thread, ThreadDeliveries
@@ -268,9 +269,24 @@ class ThreadChannel:
             Exception: the store failed (the platform should send the message again).
         """
         s = self.ctx.session(said.session)
+        found = await s.summary()
+        if found.exists and not self.made(found):
+            # Not this channel's session (made elsewhere under one of its names, before the
+            # API refused them): nothing said here is stored there.
+            self.log.warning("%s: session %s is not this channel's (owner %r): message %s "
+                             "refused", self.name, s.key, found.owner, said.turn_id)
+            self.spawn(self.note(said, REFUSED))
+            return
         if not await self.allowed(said.user, said.principal, "turn", s):
             self.spawn(self.note(said, REFUSED))
             return
+        if not found.exists:
+            # The thread's session is the channel's, owned by its first speaker (of two
+            # surfaces that make it at once, one owns it: the other refuses).
+            owner = await self.ctx.runtime.queries.own(s.key, identity(self.name, said.user))
+            if owner is not None and source_of(owner) != self.name:
+                self.spawn(self.note(said, REFUSED))
+                return
         event = InboundEvent(self.name, {"id": said.user, "attested": True}, said.text,
                              raw=said.raw, meta=dict(said.route))
         try:
@@ -300,11 +316,12 @@ class ThreadChannel:
         updated (:meth:`answered`), or the clicker told why not (:meth:`refuse_click`).
         Returns whether it answered."""
         s = self.ctx.session(click.session)
+        by = identity(self.name, click.by)
         try:
-            if not await self.allowed(click.by, click.principal, "resume", s):
-                raise ResumeAuthorizationError("refused by the app's rule", by=click.by)
-            await self.threads.answer(s, click.turn_id, click.input_id, click.value,
-                                      by=click.by)
+            if not await self.heard_here(s, click.turn_id) or \
+                    not await self.allowed(click.by, click.principal, "resume", s):
+                raise ResumeAuthorizationError("refused by the app's rule", by=by)
+            await self.threads.answer(s, click.turn_id, click.input_id, click.value, by=by)
         except ResumeAuthorizationError:
             await self.refuse_click(click, NOT_YOURS)
             return False
@@ -316,6 +333,19 @@ class ThreadChannel:
             return False
         await self.answered(click)
         return True
+
+    def made(self, found: SessionSummary) -> bool:
+        """Whether this channel made the session: its owner is one of the channel's people
+        (``<name>:<id>``, the first who spoke in the thread), or it has none (a thread of a
+        version that recorded no owner). A session the API or a subagent made under one of
+        the channel's names is not its own."""
+        return found.owner is None or source_of(found.owner) == self.name
+
+    async def heard_here(self, s: AgentSession, turn_id: str) -> bool:
+        """Whether turn ``turn_id`` came from this channel (a message heard in a thread, or a
+        ``receive()`` turn it delivers): a prompt's button answers only those."""
+        rec = await s.entry(turn_id)
+        return rec is not None and (rec.event or {}).get("source") == self.name
 
     async def allowed(self, user: str, principal: Mapping[str, Any], action: Action,
                       s: AgentSession) -> bool:

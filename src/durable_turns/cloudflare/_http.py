@@ -19,7 +19,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from pydantic import BaseModel, ValidationError
 
-from .._input_limits import HttpError, loads
+from .._input_limits import HttpError, blank_body, loads
 from ..errors import StoreError, error_kind
 from ..events import TurnEvent
 from ._values import to_py
@@ -137,10 +137,11 @@ async def read_body(request: Url, model: type[B]) -> B:
     raw = str(await request.request.text())
     if len(raw.encode()) > MAX_BODY:
         raise HttpError(413, "PayloadTooLarge", f"the body is over {MAX_BODY} bytes")
-    if raw.strip() and not is_json:
+    empty = blank_body(raw)
+    if not empty and not is_json:
         raise HttpError(415, "UnsupportedMediaType",
                         "the body must be JSON sent as Content-Type: application/json")
-    data = loads(raw) if raw.strip() else {}
+    data = {} if empty else loads(raw)
     try:
         return model.model_validate(data)
     except ValidationError as e:

@@ -36,8 +36,10 @@ class GuardedSessions:
         return self._h.agent_names()
 
     async def start(self, key: SessionKey, text: str, *, turn_id: str,
-                    event: InboundEvent | None = None, deliver: str | None = None) -> None:
-        await self._s.guard(self._h.start(key, text, turn_id=turn_id, event=event, deliver=deliver))
+                    event: InboundEvent | None = None, deliver: str | None = None,
+                    parent: SessionKey | None = None) -> None:
+        await self._s.guard(self._h.start(key, text, turn_id=turn_id, event=event,
+                                          deliver=deliver, parent=parent))
 
     async def wait(self, key: SessionKey, turn_id: str, *,
                    timeout: float | None = None) -> TurnResult:

@@ -27,7 +27,14 @@ class RuntimeSessions:
         return self._rt.agents.keys()
 
     async def start(self, key: SessionKey, text: str, *, turn_id: str,
-                    event: InboundEvent | None = None, deliver: str | None = None) -> None:
+                    event: InboundEvent | None = None, deliver: str | None = None,
+                    parent: SessionKey | None = None) -> None:
+        if parent is not None:
+            # Before the child's first turn: its owner is the parent's, from the start (its
+            # id is unpredictable, so no one else could have made it meanwhile).
+            info = await self._rt.store.session_info(parent)
+            if info is not None and info.owner is not None:
+                await self._rt.store.own_session(key, info.owner)
         await self._rt.session(key.agent, key.session).start(text, turn_id=turn_id,
                                                              event=event, deliver=deliver)
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Literal, get_origin
 
 try:
     from ag_ui.core import (
@@ -58,6 +58,7 @@ try:
 except ImportError as e:  # pragma: no cover - depends on the install
     raise ImportError("mount_ag_ui needs the ag-ui extra: pip install 'durable-turns[ag-ui]'") \
         from e
+from pydantic import BaseModel
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
@@ -67,6 +68,7 @@ from .._input_limits import HttpError
 from ..access import Action
 from ..channels import ChannelContext, TurnStream
 from ..records import InputRequest
+from ._guard import SESSION_NAME
 from ._http import read_body
 from ._mounts import (
     ProtocolSeam,
@@ -117,7 +119,31 @@ def _text(body: RunAgentInput) -> str:
     return text
 
 
+def _untagged(value: Any, path: str = "") -> str | None:
+    """Where ``value`` leaves out a constant field (a message's ``role``, a tool call's
+    ``type``): the protocol's schemas require them (``toolCalls[].type`` is ``"function"``),
+    though the package's models fill them in. ``None``: nowhere."""
+    if isinstance(value, BaseModel):
+        for name, info in type(value).model_fields.items():
+            alias = info.alias or name
+            if get_origin(info.annotation) is Literal and name not in value.model_fields_set:
+                return f"{path}{alias}"
+            found = _untagged(getattr(value, name), f"{path}{alias}.")
+            if found is not None:
+                return found
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            found = _untagged(item, f"{path}{i}.")
+            if found is not None:
+                return found
+    return None
+
+
 def _check(body: RunAgentInput) -> RunAgentInput:
+    missing = _untagged(body)
+    if missing is not None:
+        raise HttpError(400, "MalformedBody", f"{missing}: a required field of the AG-UI "
+                        "protocol is missing (RunAgentInput's schema)")
     if not re.fullmatch(RUN_ID, body.run_id):
         raise HttpError(400, "MalformedBody",
                         "runId names the turn: 1 to 200 printable ASCII characters, no spaces")
@@ -301,7 +327,8 @@ def mount_ag_ui(app: Starlette, *, path: str = "/agents/{agent}/ag-ui") -> None:
     """
     seam = protocol_seam(app)
     schemas = component_schemas(RunAgentInput, "RunAgentInput",
-                                threadId={"minLength": 1, "maxLength": 200},
+                                threadId={"minLength": 1, "maxLength": 200,
+                                          "pattern": SESSION_NAME},
                                 runId={"pattern": RUN_ID})
     for schema in schemas.values():
         # A constant field (a message's role, a part's type) tells which model it is, its

@@ -51,6 +51,7 @@ from ..access import Action
 from ..channels import ChannelContext, TurnStream
 from ..events import InputRequested, TurnEvent
 from ..records import InputRequest, TurnStatus
+from ._guard import SESSION_NAME
 from ._http import read_body
 from ._idempotency import idempotent, open_keyed
 from ._mounts import (
@@ -333,7 +334,7 @@ def mount_ai_sdk(app: Starlette, *, path: str = "/agents/{agent}/ai-sdk/chat") -
     """
     seam = protocol_seam(app)
     seam.add(app, "ai-sdk", _AiSdk(seam).routes(path), _openapi(path),
-             component_schemas(ChatRequest, "AiSdkChatRequest"))
+             component_schemas(ChatRequest, "AiSdkChatRequest", id={"pattern": SESSION_NAME}))
 
 
 def _openapi(path: str) -> dict[str, Any]:
@@ -356,9 +357,10 @@ def _openapi(path: str) -> dict[str, Any]:
         f"{path}/{{session}}/stream": {"get": {
             "summary": "AI SDK resume: the running turn's stream from its start, then live",
             "parameters": [*params, {"name": "session", "in": "path", "required": True,
-                                     "schema": {"type": "string", "minLength": 1}}],
+                                     "schema": {"type": "string", "minLength": 1,
+                                                "pattern": SESSION_NAME}}],
             "responses": {"200": stream, "204": {"description": "no turn runs"},
-                          **{str(c): error for c in (401, 403, 404, 503)}}}},
+                          **{str(c): error for c in (400, 401, 403, 404, 503)}}}},
     }
 
 

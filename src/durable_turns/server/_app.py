@@ -116,8 +116,10 @@ def create_app(runtime: Runtime, authenticate: Authenticate | None = None,
         channels: the platforms it serves beside the API (:class:`~durable_turns.channels.
             Channel`; their ``mount(runtime)`` gives their routes). A channel checks its own
             requests (Slack: signatures), not ``authenticate``. A channel's ``name`` is the
-            source of its turns: an agent's policy for a source neither it nor the API
-            (``"http"``) emits is logged as a warning.
+            source of its turns (an agent's policy for a source neither it nor the API,
+            ``"http"``, emits is logged as a warning) and its name space: the API makes no
+            session named ``<name>:…`` (nor ``subagent:…``, a subagent's child), so nobody can
+            make a session the channel will use first.
         authorize: ``authorize(principal, action, session)`` (sync or async) decides every
             route's action on a session (``read``, ``turn``, ``cancel``, ``reset``,
             ``resume``, ``fork``: ``history`` reads, ``fork`` and ``replay`` fork) and
@@ -178,7 +180,7 @@ def create_app(runtime: Runtime, authenticate: Authenticate | None = None,
     models = {name: resolve_model(m) for name, m in (replay_models or {}).items()}
     host = _Host(runtime, authenticate, ping, max_backlog, models,
                  Guard(runtime, authenticate, authorize or default_authorize, origins,
-                       body_timeout=body_timeout))
+                       body_timeout=body_timeout, reserved=sources - {SOURCE}))
     lifespan = host_lifespan(runtime, list(channels), host.streams.end_all, grace=grace)
     app = host.app([*mounted, *routes], lifespan, api=api)
     app.state.channel_routes = served

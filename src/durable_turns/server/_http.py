@@ -17,7 +17,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse
 
-from .._input_limits import BODY_TIMEOUT, HttpError, loads, read_limited
+from .._input_limits import BODY_TIMEOUT, HttpError, blank_body, loads, read_limited
 from ..access import principal_id
 from ..errors import StoreError, error_kind
 from ..events import TurnEvent
@@ -106,10 +106,11 @@ async def read_body(request: Request, model: type[B], *,
     except ClientDisconnect:  # nobody to answer; not a failure of the server either
         raise HttpError(400, "ClientDisconnect", "the client left before its body came") \
             from None
-    if raw.strip() and not is_json:
+    empty = blank_body(raw)
+    if not empty and not is_json:
         raise HttpError(415, "UnsupportedMediaType",
                         "the body must be JSON sent as Content-Type: application/json")
-    data = loads(raw) if raw.strip() else {}
+    data = {} if empty else loads(raw)
     try:
         body = model.model_validate(data)
     except ValidationError as e:

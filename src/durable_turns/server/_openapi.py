@@ -17,6 +17,7 @@ from .._input_limits import MAX_CURSOR
 from ..commands import Registry
 from ..events import EventType
 from ..sessions import MODES
+from ._guard import SESSION_NAME
 
 _ERROR = {"description": "refused: {\"error\": {\"type\", \"message\"}}",
           "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
@@ -100,7 +101,7 @@ def openapi(bodies: dict[str, type[BaseModel]], agents: list[str],
         {"name": "agent", "in": "path", "required": True,
          "schema": {"type": "string", "enum": agents}},
         {"name": "session", "in": "path", "required": True,
-         "schema": {"type": "string", "minLength": 1}}]
+         "schema": {"type": "string", "minLength": 1, "pattern": SESSION_NAME}}]
     schemas: dict[str, Any] = dict(_SCHEMAS)
     for model in bodies.values():
         schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
@@ -112,8 +113,9 @@ def openapi(bodies: dict[str, type[BaseModel]], agents: list[str],
     schemas["ReplayBody"]["properties"]["model"] = {"anyOf": offered, "default": None}
 
     def errors(*codes: int) -> dict[str, Any]:
-        # 503 (with Retry-After) on every route: the store may be away.
-        return {str(c): _ERROR for c in sorted({401, 403, 503, *codes})}
+        # 503 (with Retry-After) on every route: the store may be away; 400 a path or a
+        # session name that is not what the parameters say (guard.check_name).
+        return {str(c): _ERROR for c in sorted({400, 401, 403, 503, *codes})}
 
     def post(name: str, summary: str, ok: dict[str, Any], *codes: int,
              required: bool = True, status: int = 200) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from ..model import Model
 from ..replay import fork_recorded, replay, replay_id
 from ..runtime import Runtime
 from ..sessions import AgentSession
+from ._guard import Guard
 from ._http import read_body
 
 Handler = Callable[[Request], Awaitable[Response]]
@@ -82,7 +83,7 @@ BODIES: dict[str, type[BaseModel]] = {"fork": ForkBody, "replay": ReplayBody}
 """The routes' bodies, for the OpenAPI document."""
 
 
-def timetravel_routes(runtime: Runtime, guard: Callable[..., Handler],
+def timetravel_routes(runtime: Runtime, guard: Guard,
                       models: Mapping[str, Model], speaker: Speaker) -> list[BaseRoute]:
     """``GET …/history``, ``POST …/fork`` and ``POST …/replay`` of a session; a replay may
     ask one of ``models`` by name (which the operator chose: they spend its credentials);
@@ -104,6 +105,7 @@ def timetravel_routes(runtime: Runtime, guard: Callable[..., Handler],
     async def fork(request: Request) -> Response:
         body = await read_body(request, ForkBody)
         s = await known(request)
+        guard.check_new(body.to)
         at = await _checkpoint(s, body.at)
         by, _principal = speaker(request, body.by)
         event = None if by is None or body.then is None else \
@@ -130,8 +132,11 @@ def timetravel_routes(runtime: Runtime, guard: Callable[..., Handler],
                 raise HttpError(400, "UnknownModel",
                                 f"no replay model {body.model!r}; this host offers "
                                 f"{sorted(models) or 'none (create_app(replay_models=…))'}")
-        report = await replay(s, model=model, tools=body.tools,
-                              to=body.to or replay_id(s.key.session), owner=caller(request))
+        # A replay of another surface's session is the API's (``slack~T1:C9:17~replay-…``).
+        to = body.to or replay_id(s.key.session.replace(":", "~", 1) if guard.space(
+            s.key.session) else s.key.session)
+        guard.check_new(to)
+        report = await replay(s, model=model, tools=body.tools, to=to, owner=caller(request))
         return JSONResponse(report.to_dict(), status_code=201)
 
     base = "/agents/{agent}/sessions/{session}"

@@ -217,6 +217,10 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(5, columns=("turns.deliver",), indexes=("turns_owed",)),
     # 6: the principal that owns a session (sessions made before it have none).
     Migration(6, columns=("sessions.owner",)),
+    # 9: an owner is an identity qualified by where it was verified (``http:alice``); every
+    # owner before it was an HTTP host's principal. (7 and 8 are other changes' numbers.)
+    Migration(9, statements=(
+        "UPDATE sessions SET owner = 'http:' || owner WHERE owner IS NOT NULL",)),
 )
 """Append-only: a database of version ``v`` runs every migration after ``v``."""
 
