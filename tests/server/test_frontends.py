@@ -165,7 +165,7 @@ def test_ai_sdk_in_development_mode_the_body_s_by_speaks_and_answers(tmp_path: P
     tool = next(p for p in assistant(out["parked"])["parts"] if p["type"] == "tool-refund")
     assert tool["state"] == "approval-requested"
     assert out["refused"]["status"] == "error"
-    assert out["refused"]["error"].startswith("ResumeAuthorizationError: only user 'ann'"), \
+    assert out["refused"]["error"].startswith("ResumeAuthorizationError: only user 'http:ann'"), \
         out["refused"]["error"]
     approved = assistant(out["approved"])
     assert approved["parts"][-1]["text"] == "Done: refunded A-12."

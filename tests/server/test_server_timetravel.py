@@ -236,7 +236,7 @@ async def test_development_mode_takes_by_for_the_fork_s_then() -> None:
         await asyncio.wait_for(a.rt.idle(), WAIT)
         r = await a.call("alice", "GET", "/f")
         opening = [m for m in r.json()["transcript"] if m["role"] == "user"][-1]
-        assert opening.get("by") == "alice", opening
+        assert opening.get("by") == "http:alice", opening
 
 
 ran: list[str] = []
