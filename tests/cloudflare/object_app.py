@@ -1,7 +1,8 @@
 """The agent object the Durable Object tests serve, in CPython and under Pyodide alike: one
 agent (``desk``) whose scripted model calls a local tool (``note``: a row in the object's
 SQLite, through the step's transaction), asks a person (``ask``: the turn parks), or waits
-for a gate the test opens (``hang``), as the turn's text says.
+for a gate the test opens (``hang``; ``hold``: in a tool, then it answers with the user
+texts it was shown, joined by ``|``: what a steer adds shows), as the turn's text says.
 
 ``env`` (the Worker's bindings) may carry ``authenticate`` (the object's hook), ``gate`` (an
 ``asyncio.Event`` a ``hang`` turn waits on) and ``ran`` (called each time ``note`` runs, with
@@ -35,6 +36,13 @@ class DeskObject(AgentObject):
         gate = getattr(env, "gate", None)
         ran = getattr(env, "ran", None)
 
+        @tool
+        async def hold() -> str:
+            """Wait for the test's gate (a remote tool: no transaction held)."""
+            if gate is not None:
+                await gate.wait()
+            return "held"
+
         @tool(name="note")
         def noted(value: str, ctx: ToolContext) -> dict[str, str]:
             """Write a note (a row of the object's storage, committed with the step)."""
@@ -52,10 +60,15 @@ class DeskObject(AgentObject):
                 return ModelReply("", [ToolCall("n1", "note", {"value": said[5:]})])
             if said == "ask" and first:
                 return ModelReply("", [ToolCall("a1", "ask", {})])
+            if "hold" in [m.text for m in request.messages if m.role == "user"]:
+                if first:
+                    return ModelReply("", [ToolCall("h1", "hold", {})])
+                return ModelReply("|".join(m.text or "" for m in request.messages
+                                           if m.role == "user"))
             if said == "hang" and gate is not None:
                 await gate.wait()
             last = request.messages[-1]
             return ModelReply(f"{said}: {last.result if last.role == 'tool' else 'done'}")
 
-        return ObjectSetup([Agent("desk", "You help.", [noted, ask])], scripted(reply),
+        return ObjectSetup([Agent("desk", "You help.", [noted, ask, hold])], scripted(reply),
                            authenticate=getattr(env, "authenticate", None))
