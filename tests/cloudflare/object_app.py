@@ -1,7 +1,9 @@
 """The agent object the Durable Object tests serve, in CPython and under Pyodide alike: one
 agent (``desk``) whose scripted model calls a local tool (``note``: a row in the object's
 SQLite, through the step's transaction), asks a person (``ask``: the turn parks), or waits
-for a gate the test opens (``hang``), as the turn's text says.
+for a gate the test opens (``hang``; ``hold``: in a tool, then it answers with the user
+texts of its turn it was shown, joined by ``|``: what a steer adds shows), or returns a long text
+(``big <n>``: ``n`` characters, one tool result over a row's limit), as the turn's text says.
 
 ``env`` (the Worker's bindings) may carry ``authenticate`` (the object's hook), ``gate`` (an
 ``asyncio.Event`` a ``hang`` turn waits on) and ``ran`` (called each time ``note`` runs, with
@@ -35,6 +37,18 @@ class DeskObject(AgentObject):
         gate = getattr(env, "gate", None)
         ran = getattr(env, "ran", None)
 
+        @tool
+        async def hold() -> str:
+            """Wait for the test's gate (a remote tool: no transaction held)."""
+            if gate is not None:
+                await gate.wait()
+            return "held"
+
+        @tool
+        def big(size: int) -> str:
+            """A result of ``size`` characters."""
+            return "b" * size
+
         @tool(name="note")
         def noted(value: str, ctx: ToolContext) -> dict[str, str]:
             """Write a note (a row of the object's storage, committed with the step)."""
@@ -50,12 +64,25 @@ class DeskObject(AgentObject):
             first = calls_this_turn(request) == 0
             if said.startswith("note ") and first:
                 return ModelReply("", [ToolCall("n1", "note", {"value": said[5:]})])
+            if said.startswith("big ") and first:
+                return ModelReply("", [ToolCall("b1", "big", {"size": int(said[4:])})])
             if said == "ask" and first:
                 return ModelReply("", [ToolCall("a1", "ask", {})])
+            turn = request.messages[-1].turn_id  # a steer's message is its turn's
+            users = [m.text or "" for m in request.messages
+                     if m.role == "user" and m.turn_id == turn]
+            if users[:1] == ["hold"]:
+                if first:
+                    return ModelReply("", [ToolCall("h1", "hold", {})])
+                return ModelReply("|".join(users))
             if said == "hang" and gate is not None:
                 await gate.wait()
             last = request.messages[-1]
+            if said.startswith("big "):
+                return ModelReply(f"{said}: {len(str(last.result))}")
             return ModelReply(f"{said}: {last.result if last.role == 'tool' else 'done'}")
 
-        return ObjectSetup([Agent("desk", "You help.", [noted, ask])], scripted(reply),
+        # (results up to 16 MiB: the ``big`` tool's are over a Durable Object's 4 MiB a value)
+        desk = Agent("desk", "You help.", [noted, ask, hold, big], max_result_bytes=16 << 20)
+        return ObjectSetup([desk], scripted(reply),
                            authenticate=getattr(env, "authenticate", None))

@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import json
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -97,12 +97,31 @@ class ObjectProcess:
                                    "body": None if body is None else json.dumps(body)}
         if leave_after is not None:
             command["leaveAfter"] = leave_after
+        return await (await self.begin(command))
+
+    async def begin(self, command: dict[str, Any]) -> Awaitable[Answer]:
+        """Send a request; once its response has begun (status and headers: for a turn,
+        once it is stored), what awaits the whole of it."""
         queue = await self._send(command)
         head = await self._next(queue)
-        chunks = []
-        while "end" not in (line := await self._next(queue)):
-            chunks.append(line["chunk"])
-        return Answer(head["status"], head["headers"], "".join(chunks))
+
+        async def rest() -> Answer:
+            chunks = []
+            while "end" not in (line := await self._next(queue)):
+                chunks.append(line["chunk"])
+            return Answer(head["status"], head["headers"], "".join(chunks))
+
+        return asyncio.ensure_future(rest())
+
+    async def started(self, path: str, body: Any) -> Awaitable[Answer]:
+        """``POST path`` with a JSON body, returned once its response began (:meth:`begin`)."""
+        return await self.begin({"op": "fetch", "method": "POST", "path": path,
+                                 "headers": {"Content-Type": "application/json"},
+                                 "body": json.dumps(body)})
+
+    async def open_gate(self) -> None:
+        """Set the gate a ``hold`` turn's tool waits on."""
+        await self._next(await self._send({"op": "open"}))
 
     async def send_fetch(self, method: str, path: str, body: Any) -> None:
         """Send a request without waiting for its answer (the process may die meanwhile)."""

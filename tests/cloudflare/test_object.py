@@ -147,6 +147,37 @@ async def test_events_replay_from_a_cursor(tmp_path: Path) -> None:
     assert bad.status == 400
 
 
+async def test_mode_steer_joins_the_running_turn_and_streams_it(tmp_path: Path) -> None:
+    """``POST …/turn?mode=steer`` while a turn runs answers with that turn's events, the
+    steered text among them (``message.steered``) before its next model call, which sees it;
+    a bad mode is a 400, ``steer`` with ``replace`` a 422, and neither stores a turn."""
+    gate = asyncio.Event()
+    ns = _namespace(tmp_path, gate=gate)
+    first = await _call(ns, "POST", "s1/turn", {"text": "hold"})
+    turn_id = first.headers["X-Turn-Id"]
+    for query, body, status in [("mode=sideways", {"text": "x"}, 400),
+                                ("mode=steer&replace=1", {"text": "x"}, 422),
+                                ("mode=steer", {"text": "x", "replace": True}, 422)]:
+        got = await _call(ns, "POST", f"s1/turn?{query}", body)
+        assert got.status == status, query
+        assert (await got.json())["error"]["type"] == "InvalidMode"
+    steer = await _call(ns, "POST", "s1/turn?mode=steer", {"text": "also this"})
+    assert steer.status == 200, await steer.read()
+    assert steer.headers["X-Turn-Id"] == turn_id  # the turn it joins
+    gate.set()
+    joined = await _events(steer)
+    ran = await _events(first)
+    assert [e["type"] for e in joined] == [e["type"] for e in ran]  # that turn's stream
+    steered = [e for e in joined if e["type"] == "message.steered"]
+    assert len(steered) == 1 and steered[0]["turn_id"] == turn_id
+    assert joined[-1]["type"] == "turn.completed" and joined[-1]["turn_id"] == turn_id
+    assert joined[-1]["text"] == "hold|also this"
+    await _idle(ns)
+    shown = await (await _call(ns, "GET", "s1")).json()
+    users = [m["text"] for m in shown["transcript"] if m["role"] == "user"]
+    assert users == ["hold", "also this"]  # the refused ones stored nothing
+
+
 async def test_the_alarm_finishes_a_turn_an_eviction_cut_off(tmp_path: Path) -> None:
     now = [1_000.0]
     gate = asyncio.Event()

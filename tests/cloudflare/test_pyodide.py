@@ -3,8 +3,9 @@ on ``ctx.storage`` faked over ``node:sqlite`` (``tests/pyodide/storage.mjs``): a
 over the object's SSE, a local tool exactly once with the Node process SIGKILLed inside its
 step and a new process on the same files finishing the turn from the alarm, a park that
 survives an eviction (the process killed) and resumes, a cancel, a reset, a replay by
-cursor, a client that leaves a turn's stream (the turn goes on); and the engine's core
-imported there without orjson, rpds-py or a thread."""
+cursor, a client that leaves a turn's stream (the turn goes on), ``?mode=steer`` joining a
+running turn, a tool result over the storage's 4 MiB per value committed in parts; and the
+engine's core imported there without orjson, rpds-py or a thread."""
 
 from __future__ import annotations
 
@@ -93,3 +94,32 @@ async def test_a_local_tool_runs_exactly_once_across_a_sigkill_inside_its_step(
         assert await obj.alarm_at() is None
     assert _notes(database) == ["pears"]  # exactly once, though the tool ran twice
     assert runs.read_text() == "pears\npears\n"
+
+
+async def test_under_pyodide_a_steer_joins_the_running_turn_and_a_5_mb_result_commits(
+        tmp_path: Path) -> None:
+    require_pyodide()
+    database, runs = tmp_path / "object.sqlite", tmp_path / "runs"
+    base = "/agents/desk/sessions/s1"
+    async with object_process(database, runs) as obj:
+        first = await obj.started(f"{base}/turn", {"text": "hold"})
+        bad = await obj.fetch("POST", f"{base}/turn?mode=steer&replace=1", {"text": "x"})
+        assert bad.status == 422 and bad.json()["error"]["type"] == "InvalidMode", bad.body
+        steer = await obj.started(f"{base}/turn?mode=steer", {"text": "also this"})
+        await obj.open_gate()
+        joined, ran = await steer, await first
+        assert joined.status == 200 and joined.headers["x-turn-id"] == ran.headers["x-turn-id"]
+        types = [e["type"] for e in joined.events()]
+        assert types.count("message.steered") == 1 and types[-1] == "turn.completed"
+        assert joined.events()[-1]["text"] == "hold|also this"
+
+        size = 5_000_000  # over workerd's 4 MiB per value, which storage.mjs refuses too
+        big = await obj.fetch("POST", f"{base}/chat", {"text": f"big {size}"})
+        assert big.status == 200 and big.json()["text"] == f"big {size}: {size}", big.body[:300]
+    async with object_process(database, runs) as obj:  # a new process reads it back whole
+        shown = (await obj.fetch("GET", base)).json()
+        results = [m.get("result") for m in shown["transcript"] if m["role"] == "tool"]
+        assert results[-1] == "b" * size
+    with sqlite3.connect(database) as c:  # the log holds a reference, the parts the text
+        assert c.execute("SELECT max(length(body)) FROM log").fetchone()[0] < 100_000
+        assert c.execute("SELECT sum(length(data)) FROM dt_parts").fetchone()[0] >= size

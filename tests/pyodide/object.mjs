@@ -52,12 +52,13 @@ globalThis.noteRan = (value) => {
   }
 };
 const object = await pyodide.runPythonAsync(`
-import sys, types
+import asyncio, sys, types
 sys.path[:0] = ["/repo/src", "/repo/tests/cloudflare"]
 import js
 from object_app import DeskObject
 
-DeskObject(js.objectCtx, types.SimpleNamespace(ran=js.noteRan))
+gate = asyncio.Event()  # what a "hold" turn waits on, until the op "open"
+DeskObject(js.objectCtx, types.SimpleNamespace(ran=js.noteRan, gate=gate))
 `);
 
 // What the engine's core needed here: which modules it imported, which threads run.
@@ -96,6 +97,9 @@ async function serve(command) {
       say({ id, done: true });
     } else if (command.op === "probe") {
       say({ id, probe: JSON.parse(pyodide.runPython(PROBE)) });
+    } else if (command.op === "open") {
+      pyodide.runPython("gate.set()");
+      say({ id, done: true });
     } else if (command.op === "alarmAt") {
       say({ id, at: await storage.getAlarm() });
     } else {

@@ -10,12 +10,15 @@
 // - transactionSync(fn): a savepoint, undone if fn throws; transaction(async fn): the same
 //   across awaits (no implicit commit meanwhile), undone by a throw or txn.rollback();
 // - refused: SQL transaction control, PRAGMA user_version, names starting _cf_, more than
-//   100 bindings, undefined as a binding;
+//   100 bindings, undefined as a binding, a value over 4 MiB (workerd's, as SQLite's
+//   "string or blob too big");
 // - one alarm, kept in the database (setAlarm, getAlarm, deleteAlarm).
 import { DatabaseSync } from "node:sqlite";
 
 const CONTROL = /^\s*(BEGIN|COMMIT|END|ROLLBACK|SAVEPOINT|RELEASE)\b/i;
 const REFUSED = [/\bPRAGMA\s+user_version\b/i, /\b_cf_/i, /\bATTACH\b/i, /\bTEMP(ORARY)?\s+TABLE\b/i];
+
+const VALUE_BYTES = 4 * 1024 * 1024;
 
 export class Storage {
   constructor(path) {
@@ -51,6 +54,9 @@ export class Storage {
     }
     if (bindings.length > 100) throw new Error("too many SQL variables");
     if (bindings.some((b) => b === undefined)) throw new Error("Wrong type: undefined");
+    if (bindings.some((b) => typeof b === "string" && Buffer.byteLength(b) > VALUE_BYTES)) {
+      throw new Error("string or blob too big: SQLITE_TOOBIG");
+    }
     this.join();
     const before = this.db.prepare("SELECT total_changes() AS n").get().n;
     const statement = this.db.prepare(query);

@@ -35,7 +35,7 @@ from ..inbound import InboundEvent
 from ..messages import encode_message
 from ..model import Model
 from ..runtime import Runtime
-from ..sessions import AgentSession
+from ..sessions import MODES, AgentSession
 from ._alarm import BACKSTOP, AlarmScheduler
 from ._http import SSE_HEADERS, Reply, Url, error_reply, frame, is_loopback, json_reply, read_body
 from ._store import DurableObjectStore
@@ -261,9 +261,15 @@ class AgentObject(_Base):
         event = None if by is None else InboundEvent(SOURCE, {"id": by, "attested": True},
                                                      body.text)
         replace = body.replace or req.query.get("replace") in ("1", "true")
+        asked = req.query.get("mode", "queue")
+        mode = next((m for m in MODES if m == asked), None)
+        if mode is None:
+            raise HttpError(400, "InvalidMode", f"mode is one of {', '.join(MODES)}")
+        if mode == "steer" and replace:  # (each is valid alone: 422, as the HTTP host's)
+            raise HttpError(422, "InvalidMode", "mode=steer does not go with replace")
         stream = await self._channels[s.key.agent].open_turn(
             body.text, session=s.key.session, replace=replace, event=event,
-            turn_id=body.turn_id)
+            turn_id=body.turn_id, mode=mode)
         headers = {"X-Turn-Id": stream.turn_id}
         if not chat or "text/event-stream" in (req.header("accept") or ""):
             return Reply(200, {**SSE_HEADERS, **headers}, _frames(stream))

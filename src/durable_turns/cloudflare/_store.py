@@ -10,6 +10,11 @@ the public SQL kit ``durable_turns.stores.sql``, written on the kit's public nam
   transaction alone a tool's writes would commit at the next await, before the step's, and
   a crash between them would run the tool again on replay.
 - **The schema's version** lives in a table (``PRAGMA user_version`` is refused).
+- **Values over a row's limit** (workerd refuses a value or row over 4 MiB): a text value
+  whose UTF-8 is over :data:`PART_BYTES` is written as parts of ``dt_parts`` rows and its
+  column holds a reference to them (``_Connection``), in the statement's own transaction, so
+  a commit with one 5 MB tool result stays one commit; a read joins the parts back. A value
+  that looks like a reference is stored as parts too, so every reference read is one.
 - **One writer**: a Durable Object has one live instance per id, so a session's lease is a
   lock held in this isolate (``ProcessLocks``) and the epoch fences a step an eviction cut
   off; nothing else shares the storage, so there is nothing to tell another process and no
@@ -47,17 +52,54 @@ SYNTAX = Syntax(
 )
 
 
+PART_BYTES = 1 << 20
+"""The most UTF-8 bytes of a text value kept in its own column; a longer one is written as
+``dt_parts`` rows of at most this many bytes each (a row of the store then stays within
+workerd's 4 MiB: none has more than three columns that can be long)."""
+_PART_CHARS = PART_BYTES // 4  # a character is at most 4 bytes of UTF-8
+_REF = "\x01dt-parts:"  # never the start of JSON, which escapes control characters
+PARTS_TABLE = ("CREATE TABLE IF NOT EXISTS dt_parts (id INTEGER NOT NULL, part INTEGER "
+               "NOT NULL, data TEXT NOT NULL, PRIMARY KEY (id, part)) WITHOUT ROWID")
+"""The table of long values' parts (made at open, beside the kit's schema)."""
+
+
 class _Connection:
-    """The kit's ``Connection`` over ``ctx.storage.sql``."""
+    """The kit's ``Connection`` over ``ctx.storage.sql``; long text values go to parts."""
 
     def __init__(self, sql: Any) -> None:
         self.sql = sql
 
+    def _exec(self, query: str, params: Sequence[Any]) -> Any:
+        return self.sql.exec(query, *[to_js(self._bound(v)) for v in params])
+
+    def _bound(self, value: Any) -> Any:
+        """``value``, or a reference to the parts it was written as (see the module)."""
+        if not isinstance(value, str) or not (
+                (len(value) > _PART_CHARS and len(value.encode()) > PART_BYTES)
+                or value.startswith(_REF)):
+            return value
+        ident = int(py_rows(self.sql.exec(
+            "SELECT coalesce(max(id), 0) + 1 FROM dt_parts").raw().toArray())[0][0])
+        pieces = [value[i:i + _PART_CHARS] for i in range(0, len(value), _PART_CHARS)]
+        for k, piece in enumerate(pieces):
+            self.sql.exec("INSERT INTO dt_parts (id, part, data) VALUES (?, ?, ?)",
+                          ident, k, piece)
+        return f"{_REF}{ident}"
+
+    def _joined(self, found: list[list[Any]]) -> list[list[Any]]:
+        for row in found:
+            for i, v in enumerate(row):
+                if isinstance(v, str) and v.startswith(_REF):
+                    row[i] = "".join(str(p[0]) for p in py_rows(self.sql.exec(
+                        "SELECT data FROM dt_parts WHERE id = ? ORDER BY part",
+                        int(v[len(_REF):])).raw().toArray()))
+        return found
+
     def rows(self, query: str, params: Sequence[Any] = (), /) -> list[Any]:
-        return py_rows(self.sql.exec(query, *map(to_js, params)).raw().toArray())
+        return self._joined(py_rows(self._exec(query, params).raw().toArray()))
 
     def changes(self, query: str, params: Sequence[Any] = (), /) -> int:
-        self.sql.exec(query, *map(to_js, params))
+        self._exec(query, params)
         return int(py_rows(self.sql.exec("SELECT changes()").raw().toArray())[0][0])
 
 
@@ -85,7 +127,11 @@ class _Dialect:
             raise StoreError(f"the Durable Object's storage failed: {e}") from e
 
     async def open(self, store: SqlStore) -> None:
-        self.run(lambda c: self.atomic(c, lambda c: upgrade(c, SYNTAX, "the object's storage")))
+        def job(c: _Connection) -> None:
+            upgrade(c, SYNTAX, "the object's storage")
+            c.sql.exec(PARTS_TABLE)
+
+        self.run(lambda c: self.atomic(c, job))
 
     async def close(self) -> None:
         return None  # the storage is the object's: it stays
