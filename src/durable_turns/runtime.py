@@ -25,7 +25,7 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from ._queries import Queries
 from .agent import Agent
@@ -48,7 +48,7 @@ from .errors import (
 from .events import EventSink, TurnEvent
 from .model import Model
 from .records import ChainEntry, NewEntry, SessionKey, TurnResult
-from .scheduling import ClockLoop, InProcessScheduler, Scheduler
+from .scheduling import ClockLoop, InProcessScheduler, Scheduler, StoreWakeups
 from .sessions import AgentSession
 from .stores import Lease, SessionStore, Subscription
 
@@ -146,20 +146,23 @@ class Runtime:
         """What hosts read across sessions (summaries, an inbox, owed deliveries)."""
         self.sessions: Sessions = RuntimeSessions(self)
         """The runtime's sessions as a tool step sees them (a subagent's child turns)."""
+        self.clock: Clock = clock if clock is not None else SystemClock()
+        """What time it is, for everything that acts at a time (F24)."""
         self._ctx = StepContext(
             store=store, agents=self.agents, model_for=self.model_for, sessions=self.sessions,
             transcripts=self._transcripts, publish=self._publish,
             publish_live=self._publish_live, wants_live=self._wants_live,
-            finished=self._finished, commands=commands)
+            finished=self._finished, commands=commands, clock=self.clock)
         self.scheduler: Scheduler = scheduler if scheduler is not None else InProcessScheduler()
         """When and where the sessions' steps run."""
         self.scheduler.attach(self)
-        self.clock: Clock = clock if clock is not None else SystemClock()
-        """What time it is, for everything that acts at a time (F24)."""
         self.clock_loop = ClockLoop(self.clock)
         """Waits on :attr:`clock` for the next due thing of its sources and has them fire
         (:class:`~durable_turns.scheduling.DueSource`; ``clock_loop.add(source)`` plugs one
-        in). Started by :meth:`open` when this runtime steps sessions here."""
+        in). Started by :meth:`open` when this runtime steps sessions here; its first source is
+        the store's wake-ups (sleeps, deadlines, reminders of this runtime's agents)."""
+        self.clock_loop.add(StoreWakeups(self))
+        self._unwatch_parks: Callable[[], None] | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -174,6 +177,9 @@ class Runtime:
                 self._opened = True
                 if self.scheduler.steps_here:
                     self.clock_loop.start()
+                    # A park with a time (a sleep, a deadline) may be due before the loop's
+                    # next look: it looks again when one commits here or a change is heard.
+                    self._unwatch_parks = self.store.watch(None, self._parks_changed)
 
     @property
     def is_open(self) -> bool:
@@ -188,6 +194,9 @@ class Runtime:
     async def close(self) -> None:
         """Stop driving (unfinished turns stay durable for ``recover()``) and close the store
         (unless another owns it: ``owns_store=False``)."""
+        if self._unwatch_parks is not None:
+            self._unwatch_parks()
+            self._unwatch_parks = None
         await self.clock_loop.stop()
         await self.scheduler.close()
         for driver in list(self._drivers.values()):
@@ -549,6 +558,11 @@ class Runtime:
                 self.sink.emit(e)
             except Exception:
                 log.exception("event sink failed on %s", e.type)
+
+    def _parks_changed(self, events: list[TurnEvent] | None) -> None:
+        if events is None or any(e.type in ("input.requested", "turn.sleeping")
+                                 for e in events):
+            self.clock_loop.poke()
 
     def _wants_live(self, key: SessionKey) -> bool:
         return self.sink is not None or self.store.wants_live(key)
