@@ -433,8 +433,9 @@ class SqlStore:
     async def arm_timer(self, timer: Timer) -> None:
         await self.statement(lambda c: self.statements.timers.arm(c, timer))
 
-    async def next_timer(self, agents: Collection[str]) -> datetime | None:
-        return await self.read(lambda c: self.statements.timers.next_due(c, agents))
+    async def next_timer(self, agents: Collection[str], *,
+                         key: SessionKey | None = None) -> datetime | None:
+        return await self.read(lambda c: self.statements.timers.next_due(c, agents, key))
 
     async def claim_timers(self, agents: Collection[str], now: datetime, *, limit: int = 100,
                            hold: float = 30.0) -> list[Timer]:
