@@ -56,6 +56,9 @@ log = logging.getLogger("durable_turns")
 
 TRANSCRIPT_CACHE = 64
 """How many recent sessions' transcripts a runtime keeps, so a step never re-reads history."""
+PARKS_HEARD_AFTER = 0.1
+"""Seconds after a change heard from another process that the clock loop looks for wake-ups
+(the changes of that while are one look)."""
 
 
 class Runtime:
@@ -560,8 +563,9 @@ class Runtime:
                 log.exception("event sink failed on %s", e.type)
 
     def _parks_changed(self, events: list[TurnEvent] | None) -> None:
-        if events is None or any(e.type in ("input.requested", "turn.sleeping")
-                                 for e in events):
+        if events is None:  # another process's commit (a worker's park?): one look for many
+            self.clock_loop.poke(after=PARKS_HEARD_AFTER)
+        elif any(e.type in ("input.requested", "turn.sleeping") for e in events):
             self.clock_loop.poke()
 
     def _wants_live(self, key: SessionKey) -> bool:
@@ -572,4 +576,4 @@ class Runtime:
         self._publish([event])
 
 
-__all__ = ["TRANSCRIPT_CACHE", "Runtime"]
+__all__ = ["PARKS_HEARD_AFTER", "TRANSCRIPT_CACHE", "Runtime"]

@@ -83,6 +83,7 @@ class ClockLoop:
         self._looks = 0
         self._looked = asyncio.Event()
         self._stopping = False
+        self._later: asyncio.TimerHandle | None = None
 
     def add(self, source: DueSource) -> Callable[[], None]:
         """Register ``source`` (also while running: it is asked at once).
@@ -103,10 +104,19 @@ class ClockLoop:
         """The registered sources, in registration order."""
         return tuple(self._sources)
 
-    def poke(self) -> None:
-        """Look again now: something may have become due earlier than the loop waits for
-        (a wake-up was armed). Safe to call from the event loop's thread at any time."""
-        self._poked.set()
+    def poke(self, *, after: float = 0.0) -> None:
+        """Look again: something may have become due earlier than the loop waits for (a
+        wake-up was armed). ``after``: in that many seconds (real time), pokes meanwhile
+        coalesced into that one (a change heard from another process, which may be one of
+        many). Call it on the event loop's thread."""
+        if after <= 0:
+            self._poked.set()
+            return
+        if self._later is None:
+            def now() -> None:
+                self._later = None
+                self._poked.set()
+            self._later = asyncio.get_running_loop().call_later(after, now)
 
     @property
     def running(self) -> bool:
@@ -121,6 +131,9 @@ class ClockLoop:
     async def stop(self) -> None:
         """Stop the loop's task and wait for it (a look under way ends first)."""
         task, self._task = self._task, None
+        if self._later is not None:
+            self._later.cancel()
+            self._later = None
         if task is None:
             return
         # Told through its interrupt rather than cancelled: a clock's wait ends as the
