@@ -697,7 +697,7 @@ async def test_the_inbox_shows_a_deadline_and_its_reminders_and_no_sleep() -> No
         await expect(card.locator(".prompt")).to_have_text("Refund order 9?")
         await expect(card.locator(".deadline")).to_contain_text("else: false")
         await expect(card.locator(".deadline")).to_contain_text("reminded every 20 min")
-        await shot(page, "16-inbox-deadline")
+        await shot(page, "31-inbox-deadline")
         clock.advance(3600)  # the deadline: the card's request is gone
         await expect(card.locator(".gone")).to_contain_text("No longer waiting", timeout=15_000)
         done = await asking.result("a")
