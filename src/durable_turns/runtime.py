@@ -200,8 +200,9 @@ class Runtime:
         if self._unwatch_parks is not None:
             self._unwatch_parks()
             self._unwatch_parks = None
-        await self.clock_loop.stop()
+        self.clock_loop.halt()  # (at once: the sessions' steps stop where they are)
         await self.scheduler.close()
+        await self.clock_loop.stop()
         for driver in list(self._drivers.values()):
             self._let_go(driver)
         if self._opened:

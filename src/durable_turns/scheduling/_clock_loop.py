@@ -128,19 +128,25 @@ class ClockLoop:
         if not self.running:
             self._task = asyncio.create_task(self._run(), name="durable-turns clock loop")
 
-    async def stop(self) -> None:
-        """Stop the loop's task and wait for it (a look under way ends first)."""
-        task, self._task = self._task, None
+    def halt(self) -> None:
+        """Tell the loop to stop, without waiting (it looks no more; a look under way ends);
+        :meth:`stop` waits for it."""
         if self._later is not None:
             self._later.cancel()
             self._later = None
+        if self._task is not None:
+            # Told through its interrupt rather than cancelled: a clock's wait ends as the
+            # protocol says it does, whatever its implementation makes of a cancel (on
+            # Python 3.11, asyncio.wait_for can keep a cancelled waiter waiting).
+            self._stopping = True
+            self._poked.set()
+
+    async def stop(self) -> None:
+        """Stop the loop's task and wait for it (a look under way ends first)."""
+        self.halt()
+        task, self._task = self._task, None
         if task is None:
             return
-        # Told through its interrupt rather than cancelled: a clock's wait ends as the
-        # protocol says it does, whatever its implementation makes of a cancel (on Python
-        # 3.11, asyncio.wait_for can keep a cancelled waiter waiting).
-        self._stopping = True
-        self._poked.set()
         try:
             async with asyncio.timeout(STOP_WAIT):
                 await asyncio.shield(task)
