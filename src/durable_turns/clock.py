@@ -14,6 +14,7 @@ waiting for it. Times are aware datetimes in UTC.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from datetime import UTC, datetime, timedelta
 from typing import Protocol, runtime_checkable
@@ -55,10 +56,11 @@ class SystemClock:
         delay = (utc(until) - self.now()).total_seconds()
         if delay <= 0:
             return
-        try:
-            await asyncio.wait_for(interrupt.wait(), delay)
-        except TimeoutError:
-            return
+        # Not asyncio.wait_for: on Python 3.11 a cancel that comes as its wait ends can be
+        # lost, and the cancelled waiter waits on (a task that never stops).
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(delay):
+                await interrupt.wait()
 
 
 class ManualClock:

@@ -26,10 +26,11 @@ import contextlib
 import dataclasses
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from ._queries import Queries
 from .agent import Agent
+from .clock import Clock, SystemClock
 from .commands import COMMANDS, Registry, check_redelivery, supersede_at_once
 from .context import Sessions
 from .engine._driver import ChainState, SessionDriver, chain_state
@@ -48,7 +49,7 @@ from .errors import (
 from .events import EventSink, TurnEvent
 from .model import Model
 from .records import ChainEntry, NewEntry, SessionKey, TurnResult
-from .scheduling import InProcessScheduler, Scheduler
+from .scheduling import ClockLoop, InProcessScheduler, Scheduler, StoreWakeups
 from .sessions import AgentSession
 from .stores import Lease, SessionStore, Subscription
 
@@ -56,6 +57,9 @@ log = logging.getLogger("durable_turns")
 
 TRANSCRIPT_CACHE = 64
 """How many recent sessions' transcripts a runtime keeps, so a step never re-reads history."""
+PARKS_HEARD_AFTER = 0.1
+"""Seconds after a change heard from another process that the clock loop looks for wake-ups
+(the changes of that while are one look)."""
 
 
 class Runtime:
@@ -83,6 +87,9 @@ class Runtime:
             closes (a replay's runtime shares its source's): ``close()`` leaves it open.
         commands: its sessions' commands (the hosts' routes, verbs and actions are built
             from it): ``commands.COMMANDS``, or that registry ``with_`` more.
+        clock: the time its sleeps, deadlines and other due things are read from and waited
+            on (F24): :class:`~durable_turns.clock.SystemClock` unless given (a test passes
+            a :class:`~durable_turns.clock.ManualClock`).
 
     Raises:
         ConfigurationError: two agents share a name, a model is a string, or the removed
@@ -101,6 +108,7 @@ class Runtime:
         scheduler: Scheduler | None = None,
         owns_store: bool = True,
         commands: Registry = COMMANDS,
+        clock: Clock | None = None,
         drive: None = None,
     ) -> None:
         if drive is not None:  # removed: a clear error rather than a TypeError
@@ -142,14 +150,23 @@ class Runtime:
         """What hosts read across sessions (summaries, an inbox, owed deliveries)."""
         self.sessions: Sessions = RuntimeSessions(self)
         """The runtime's sessions as a tool step sees them (a subagent's child turns)."""
+        self.clock: Clock = clock if clock is not None else SystemClock()
+        """What time it is, for everything that acts at a time (F24)."""
         self._ctx = StepContext(
             store=store, agents=self.agents, model_for=self.model_for, sessions=self.sessions,
             transcripts=self._transcripts, publish=self._publish,
             publish_live=self._publish_live, wants_live=self._wants_live,
-            finished=self._finished, commands=commands)
+            finished=self._finished, commands=commands, clock=self.clock)
         self.scheduler: Scheduler = scheduler if scheduler is not None else InProcessScheduler()
         """When and where the sessions' steps run."""
         self.scheduler.attach(self)
+        self.clock_loop = ClockLoop(self.clock)
+        """Waits on :attr:`clock` for the next due thing of its sources and has them fire
+        (:class:`~durable_turns.scheduling.DueSource`; ``clock_loop.add(source)`` plugs one
+        in). Started by :meth:`open` when this runtime steps sessions here; its first source is
+        the store's wake-ups (sleeps, deadlines, reminders of this runtime's agents)."""
+        self.clock_loop.add(StoreWakeups(self))
+        self._unwatch_parks: Callable[[], None] | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -162,6 +179,11 @@ class Runtime:
             if not self._opened:
                 await self.store.open()
                 self._opened = True
+                if self.scheduler.steps_here:
+                    self.clock_loop.start()
+                    # A park with a time (a sleep, a deadline) may be due before the loop's
+                    # next look: it looks again when one commits here or a change is heard.
+                    self._unwatch_parks = self.store.watch(None, self._parks_changed)
 
     @property
     def is_open(self) -> bool:
@@ -176,7 +198,12 @@ class Runtime:
     async def close(self) -> None:
         """Stop driving (unfinished turns stay durable for ``recover()``) and close the store
         (unless another owns it: ``owns_store=False``)."""
+        if self._unwatch_parks is not None:
+            self._unwatch_parks()
+            self._unwatch_parks = None
+        self.clock_loop.halt()  # (at once: the sessions' steps stop where they are)
         await self.scheduler.close()
+        await self.clock_loop.stop()
         for driver in list(self._drivers.values()):
             self._let_go(driver)
         if self._opened:
@@ -540,6 +567,12 @@ class Runtime:
             except Exception:
                 log.exception("event sink failed on %s", e.type)
 
+    def _parks_changed(self, events: list[TurnEvent] | None) -> None:
+        if events is None:  # another process's commit (a worker's park?): one look for many
+            self.clock_loop.poke(after=PARKS_HEARD_AFTER)
+        elif any(e.type in ("input.requested", "turn.sleeping") for e in events):
+            self.clock_loop.poke()
+
     def _wants_live(self, key: SessionKey) -> bool:
         return self.sink is not None or self.store.wants_live(key)
 
@@ -548,4 +581,4 @@ class Runtime:
         self._publish([event])
 
 
-__all__ = ["TRANSCRIPT_CACHE", "Runtime"]
+__all__ = ["PARKS_HEARD_AFTER", "TRANSCRIPT_CACHE", "Runtime"]

@@ -9,23 +9,22 @@ how its leases work and how the store hears of other processes' commits.
 
 The write path, once for every dialect:
 
-- **accept** (:meth:`SqlStore.enqueue`): a transaction that applies the chain's rules; where
-  statements are serialised (``Syntax.serialised``), the common accept (a plain turn of a
-  known session) is one statement first;
+- **accept** (:meth:`SqlStore.enqueue`): a transaction that applies the chain's rules; the
+  common accept (a plain turn of a known session) one statement where they are serialised;
 - **a step's commit** (:class:`SqlTransaction`): the fencing check, one log row and the
   chain's updates, in one transaction; where statements are serialised, the common step (a
   log row and nothing else) is one fenced statement;
-- **local tools** (:meth:`SqlTransaction.run_local`): the step's link runs each inside the
-  step's transaction, which the first one begins and the commit ends; a tool that raises
-  has its writes undone, and one that ends the transaction through the raw handle fails the
-  turn (:func:`tool_ended_transaction`);
-- **cancel, turn data, settled deliveries**: one transaction (or statement) each, no lease.
+- **local tools** (:meth:`SqlTransaction.run_local`): the step's link runs each in the step's
+  transaction, which the first begins and the commit ends; a tool that raises has its writes
+  undone, one that ends it through the raw handle fails the turn (:func:`tool_ended_transaction`);
+- **cancel, turn data, settled deliveries, timers**: a transaction (or statement) each.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Protocol, TypeVar
 
 from ...errors import FatalToolError, LeaseLostError, StoreError
@@ -41,7 +40,7 @@ from ...records import (
     StepRecord,
     Visibility,
 )
-from .. import StoreCapabilities, Watcher
+from .. import StoreCapabilities, Timer, Watcher
 from .._feed import Feed, Subscription
 from .._signals import Signals
 from ..kit import BufferedTransaction, LeaseCounters
@@ -439,6 +438,22 @@ class SqlStore:
         for plan in plans:
             self.feed.changed(plan.dst)
 
+    # -- wake-ups (F24): ``TurnStore.arm_timer`` and the three after it, in ``sql._timers``
+    async def arm_timer(self, timer: Timer) -> None:
+        await self.statement(lambda c: self.statements.timers.arm(c, timer))
+
+    async def next_timer(self, agents: Collection[str], *, key: SessionKey | None = None
+                         ) -> datetime | None:
+        return await self.read(lambda c: self.statements.timers.next_due(c, agents, key))
+
+    async def claim_timers(self, agents: Collection[str], now: datetime, *, limit: int = 100,
+                           hold: float = 30.0) -> list[Timer]:
+        return await self.transact(lambda c: self.statements.timers.claim(c, agents, now,
+                                                                          limit, hold))
+
+    async def drop_timer(self, timer: Timer) -> None:
+        await self.statement(lambda c: self.statements.timers.drop(c, timer))
+
     # -- the feed --------------------------------------------------------------------------
 
     def subscribe(self, key: SessionKey, after_seq: int | None = None, *,
@@ -581,7 +596,8 @@ class SqlTransaction(BufferedTransaction):
             return st.append(c, lease.sid, lease.epoch, lease.generation, self.first_index(), w)
         if not st.holds(c, lease.sid, lease.epoch):
             return False
-        st.flush(c, lease.sid, lease.generation, self.first_index(), w, seq=lease.last_seq)
+        st.flush(c, lease.sid, lease.generation, self.first_index(), w, seq=lease.last_seq,
+                 key=lease.key)
         return True
 
 

@@ -11,6 +11,8 @@ row's columns)::
                                   -- one append-only row per step
     log_transcript (sid, gen, n, seq, body)
                                   -- the log's messages again, many per row
+    timers   (sid, id, due, kind, turn_id, input_id, claimed_until)
+                                  -- wake-ups: a sleep's end, a deadline, a reminder
 
 A dialect may add columns to ``sessions`` (PostgreSQL's row lease: ``lease_until``,
 ``lease_owner``) and indexes of its own (:class:`Syntax`).
@@ -173,6 +175,15 @@ TABLES: tuple[Table, ...] = (
         Column("seq", "bigint", not_null=True),
         Column("body", "text", not_null=True),
     ), key=("sid", "gen", "n")),
+    Table("timers", (
+        Column("sid", "bigint", not_null=True),
+        Column("id", "text", not_null=True),
+        Column("due", "bigint", not_null=True),
+        Column("kind", "text", not_null=True),
+        Column("turn_id", "text", not_null=True),
+        Column("input_id", "text", not_null=True),
+        Column("claimed_until", "bigint"),
+    ), key=("sid", "id")),
 )
 """The tables, as a new database gets them."""
 
@@ -181,6 +192,7 @@ INDEXES: tuple[Index, ...] = (
     Index("log_lookup", "log", "sid, gen, step", LOOKED_UP),
     # Only the entries whose delivery is owed: settling one takes it out of the index.
     Index("turns_owed", "turns", "deliver, ordinal", "deliver IS NOT NULL"),
+    Index("timers_due", "timers", "due"),
 )
 """The indexes every dialect has."""
 
@@ -217,8 +229,11 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(5, columns=("turns.deliver",), indexes=("turns_owed",)),
     # 6: the principal that owns a session (sessions made before it have none).
     Migration(6, columns=("sessions.owner",)),
+    # 7: wake-ups (F24): a sleep's end, a request's deadline and reminders, one row each
+    # (``due`` and ``claimed_until`` in milliseconds since the epoch).
+    Migration(7, tables=("timers",), indexes=("timers_due",)),
     # 9: an owner is an identity qualified by where it was verified (``http:alice``); every
-    # owner before it was an HTTP host's principal. (7 and 8 are other changes' numbers.)
+    # owner before it was an HTTP host's principal. (8 is another change's number.)
     Migration(9, statements=(
         "UPDATE sessions SET owner = 'http:' || owner WHERE owner IS NOT NULL",)),
 )
