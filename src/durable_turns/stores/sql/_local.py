@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from ...records import SessionKey
 from ..kit import claim_found, retry_until
-from ._store import Grant, tool_ended_transaction
+from ._dialect import Grant, tool_ended_transaction
 
 if TYPE_CHECKING:
     from ._store import SqlLease, SqlStore
