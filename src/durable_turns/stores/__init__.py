@@ -57,6 +57,7 @@ from typing import Any, Literal, Protocol, TypeVar
 from ..events import TurnEvent
 from ..history import Checkpoint, ForkPlan
 from ..messages import Message
+from ..schedules import ScheduleBook
 from ..records import (
     ChainEntry,
     NewEntry,
@@ -429,6 +430,9 @@ class SessionQueries(Protocol):
     """What hosts read (the HTTP host, the CLI, channels), and the lease-free writes they
     keep their own state with. Each query is one statement on a SQL store, whatever the number
     of sessions it answers for."""
+
+    schedules: ScheduleBook
+    """Its schedules (F24): what ``Runtime.schedule`` stores and its clock fires."""
 
     async def session_info(self, key: SessionKey) -> SessionInfo | None:
         """The session's status and generation, or ``None`` for a session never seen."""

@@ -49,6 +49,7 @@ from ..live import LiveRelay, LiveWire
 from ._cancels import Cancels
 from ._history import fork as write_fork
 from ._reads import SqlReads
+from ._schedules import SqlScheduleBook
 from ._statements import Statements
 from .schema import Syntax
 
@@ -272,6 +273,8 @@ class SqlStore:
         process shares the storage)."""
         self.cancels = Cancels(self)
         """Its cancels: written at once, never behind a running step (``sql._cancels``)."""
+        self.schedules = SqlScheduleBook(self, dialect.syntax)
+        """Its schedules (``SessionQueries.schedules``, F24)."""
 
     def _listen(self) -> None:
         self.dialect.listen(self.feed)

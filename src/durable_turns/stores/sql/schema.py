@@ -11,6 +11,8 @@ row's columns)::
                                   -- one append-only row per step
     log_transcript (sid, gen, n, seq, body)
                                   -- the log's messages again, many per row
+    schedules (name, agent, next_fire, claimed_until, claimed_by, body)
+                                  -- F24's schedules (``sql._schedules``)
 
 A dialect may add columns to ``sessions`` (PostgreSQL's row lease: ``lease_until``,
 ``lease_owner``) and indexes of its own (:class:`Syntax`).
@@ -173,6 +175,14 @@ TABLES: tuple[Table, ...] = (
         Column("seq", "bigint", not_null=True),
         Column("body", "text", not_null=True),
     ), key=("sid", "gen", "n")),
+    Table("schedules", (
+        Column("name", "text", not_null=True),
+        Column("agent", "text", not_null=True),
+        Column("next_fire", "bigint"),
+        Column("claimed_until", "bigint"),
+        Column("claimed_by", "text"),
+        Column("body", "text", not_null=True),
+    ), key=("name",)),
 )
 """The tables, as a new database gets them."""
 
@@ -181,6 +191,8 @@ INDEXES: tuple[Index, ...] = (
     Index("log_lookup", "log", "sid, gen, step", LOOKED_UP),
     # Only the entries whose delivery is owed: settling one takes it out of the index.
     Index("turns_owed", "turns", "deliver, ordinal", "deliver IS NOT NULL"),
+    # Only the schedules that will fire again, by their next time (a claim's scan).
+    Index("schedules_due", "schedules", "next_fire", "next_fire IS NOT NULL"),
 )
 """The indexes every dialect has."""
 
@@ -217,6 +229,9 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(5, columns=("turns.deliver",), indexes=("turns_owed",)),
     # 6: the principal that owns a session (sessions made before it have none).
     Migration(6, columns=("sessions.owner",)),
+    # 8: schedules (F24): each a row, its next fire time and the claim of the worker firing
+    # it (``sql._schedules``).
+    Migration(8, tables=("schedules",), indexes=("schedules_due",)),
 )
 """Append-only: a database of version ``v`` runs every migration after ``v``."""
 
