@@ -33,8 +33,8 @@ LAYERS: tuple[Layer, ...] = (
     Layer(
         "records",
         "plain data, and errors that carry their ids",
-        ("errors", "clock", "messages", "_compact_memo", "records", "events", "history",
-         "inbound"),
+        ("errors", "clock", "messages", "_compact_memo", "_step_records", "records", "events",
+         "history", "inbound"),
     ),
     Layer(
         "tools",

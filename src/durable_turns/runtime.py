@@ -29,6 +29,7 @@ from collections.abc import Iterable
 
 from ._queries import Queries
 from .agent import Agent
+from .clock import Clock, SystemClock
 from .commands import COMMANDS, Registry, check_redelivery, supersede_at_once
 from .context import Sessions
 from .engine._driver import ChainState, SessionDriver, chain_state
@@ -47,7 +48,7 @@ from .errors import (
 from .events import EventSink, TurnEvent
 from .model import Model
 from .records import ChainEntry, NewEntry, SessionKey, TurnResult
-from .scheduling import InProcessScheduler, Scheduler
+from .scheduling import ClockLoop, InProcessScheduler, Scheduler
 from .sessions import AgentSession
 from .stores import Lease, SessionStore, Subscription
 
@@ -82,6 +83,9 @@ class Runtime:
             closes (a replay's runtime shares its source's): ``close()`` leaves it open.
         commands: its sessions' commands (the hosts' routes, verbs and actions are built
             from it): ``commands.COMMANDS``, or that registry ``with_`` more.
+        clock: the time its sleeps, deadlines and other due things are read from and waited
+            on (F24): :class:`~durable_turns.clock.SystemClock` unless given (a test passes
+            a :class:`~durable_turns.clock.ManualClock`).
 
     Raises:
         ConfigurationError: two agents share a name, a model is a string, or the removed
@@ -100,6 +104,7 @@ class Runtime:
         scheduler: Scheduler | None = None,
         owns_store: bool = True,
         commands: Registry = COMMANDS,
+        clock: Clock | None = None,
         drive: None = None,
     ) -> None:
         if drive is not None:  # removed: a clear error rather than a TypeError
@@ -149,6 +154,12 @@ class Runtime:
         self.scheduler: Scheduler = scheduler if scheduler is not None else InProcessScheduler()
         """When and where the sessions' steps run."""
         self.scheduler.attach(self)
+        self.clock: Clock = clock if clock is not None else SystemClock()
+        """What time it is, for everything that acts at a time (F24)."""
+        self.clock_loop = ClockLoop(self.clock)
+        """Waits on :attr:`clock` for the next due thing of its sources and has them fire
+        (:class:`~durable_turns.scheduling.DueSource`; ``clock_loop.add(source)`` plugs one
+        in). Started by :meth:`open` when this runtime steps sessions here."""
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -161,6 +172,8 @@ class Runtime:
             if not self._opened:
                 await self.store.open()
                 self._opened = True
+                if self.scheduler.steps_here:
+                    self.clock_loop.start()
 
     @property
     def is_open(self) -> bool:
@@ -175,6 +188,7 @@ class Runtime:
     async def close(self) -> None:
         """Stop driving (unfinished turns stay durable for ``recover()``) and close the store
         (unless another owns it: ``owns_store=False``)."""
+        await self.clock_loop.stop()
         await self.scheduler.close()
         for driver in list(self._drivers.values()):
             self._let_go(driver)

@@ -13,18 +13,25 @@ returns has nothing ``more``. The runtime takes one in ``Runtime(scheduler=…)`
   shared store (:meth:`ClaimingScheduler.run`) and steps them here, as the in-process one;
 - ``durable_turns.temporal.TemporalScheduler``: a Temporal workflow per session, each step an
   activity on a Temporal worker (the ``temporal`` extra).
+
+Time (F24): a runtime's :class:`ClockLoop` (``runtime.clock_loop``) waits on its clock for the
+next due time of its :class:`DueSource` s (the store's wake-ups; schedules) and has them
+fire; ``Runtime.open`` starts it wherever sessions are stepped here.
 """
 
 from __future__ import annotations
 
 from ..engine._driver import ChainState
 from ._claiming import ClaimingScheduler
+from ._clock_loop import ClockLoop, DueSource
 from ._inprocess import InProcessScheduler, NoDriveScheduler
 from ._scheduler import Scheduler, Stepped
 
 __all__ = [
     "ChainState",
     "ClaimingScheduler",
+    "ClockLoop",
+    "DueSource",
     "InProcessScheduler",
     "NoDriveScheduler",
     "Scheduler",
