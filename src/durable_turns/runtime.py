@@ -26,6 +26,7 @@ import contextlib
 import logging
 import os
 from collections.abc import Iterable
+from typing import Any
 
 from ._queries import Queries
 from .agent import Agent
@@ -48,6 +49,8 @@ from .errors import (
 from .events import EventSink, TurnEvent
 from .model import Model
 from .records import ChainEntry, NewEntry, SessionKey, TurnResult
+from .schedule_fires import ScheduleFires
+from .schedules import Schedule
 from .scheduling import ClockLoop, InProcessScheduler, Scheduler
 from .sessions import AgentSession
 from .stores import Lease, SessionStore, Subscription
@@ -160,6 +163,9 @@ class Runtime:
         """Waits on :attr:`clock` for the next due thing of its sources and has them fire
         (:class:`~durable_turns.scheduling.DueSource`; ``clock_loop.add(source)`` plugs one
         in). Started by :meth:`open` when this runtime steps sessions here."""
+        self.fires = ScheduleFires(self, self.clock)
+        """Its store's schedules, a source of :attr:`clock_loop` (F24)."""
+        self.clock_loop.add(self.fires)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -266,6 +272,35 @@ class Runtime:
     async def idle(self) -> None:
         """Wait until this runtime steps no session (for tests and orderly shutdown)."""
         await self.scheduler.wait_idle()
+
+    # -- schedules (F24: durable_turns.schedule_fires) ---------------------------------------
+
+    async def schedule(self, name: str, *, agent: str, seed: str,
+                       **spec: Any) -> Schedule:
+        """Store a schedule: each of its times starts a proactive turn in ``session`` (default
+        ``schedule:<name>``) whose id comes from the schedule and the time, so it runs once
+        across workers and restarts. ``spec``: ``cron=`` (with ``tz=``) | ``every=`` |
+        ``at=``, ``session``, ``target``, ``channel``, ``by``, ``overlap``, ``missed``
+        (:class:`~durable_turns.schedules.Schedule`). The same definition again keeps its
+        times; another replaces it.
+
+        Raises:
+            ScheduleError: bad input (two of cron/every/at, a bad cron or zone or policy).
+            UnknownAgentError: no such agent.
+        """
+        return await self.fires.define(name, agent=agent, seed=seed, **spec)
+
+    async def unschedule(self, name: str) -> None:
+        """Delete a schedule (its turns stay).
+
+        Raises:
+            UnknownScheduleError: none of that name.
+        """
+        await self.fires.remove(name)
+
+    async def schedules(self, agent: str | None = None) -> list[Schedule]:
+        """The store's schedules (of ``agent``), by name, each with its next fire."""
+        return await self.fires.all(agent)
 
     # -- the public API the sessions, channels and hosts use -------------------------------
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from .clock import utc
+from .clock import Clock, utc
 from .errors import SessionBusyError, TurnConflictError, UnknownAgentError
 from .inbound import InboundEvent, Trigger
 from .records import SessionKey
@@ -80,14 +80,16 @@ class ScheduleFires:
 
     Args:
         runtime: whose store keeps them and whose sessions get the turns.
+        clock: what a new schedule's first time counts from (the runtime's).
         owner: this process's name in the claims (default: random).
         claim_for: how long a claim holds (:data:`CLAIM_FOR`).
         batch: how many due schedules one claim takes.
     """
 
-    def __init__(self, runtime: RuntimeAPI, *, owner: str | None = None,
+    def __init__(self, runtime: RuntimeAPI, clock: Clock, *, owner: str | None = None,
                  claim_for: timedelta = CLAIM_FOR, batch: int = 100) -> None:
         self.runtime = runtime
+        self.clock = clock
         self.owner = owner or uuid.uuid4().hex
         self.claim_for = claim_for
         self.batch = batch
@@ -98,7 +100,11 @@ class ScheduleFires:
         a host that has the schedule's channel delivers it (``channels.deliver_fires``).
         Returns the undo."""
         self._hooks.append(hook)
-        return lambda: self._hooks.remove(hook) if hook in self._hooks else None
+
+        def undo() -> None:
+            if hook in self._hooks:
+                self._hooks.remove(hook)
+        return undo
 
     # -- the API Runtime.schedule / unschedule / schedules expose ---------------------------
 
@@ -122,7 +128,8 @@ class ScheduleFires:
         if unknown:
             raise ScheduleError(f"a schedule has no {', '.join(unknown)}: it takes "
                                 f"{', '.join(sorted(known))}")
-        s = Schedule.define(name, agent=agent, seed=seed, start=now, **spec)
+        s = Schedule.define(name, agent=agent, seed=seed,
+                            start=now if now is not None else self.clock.now(), **spec)
         book = self.runtime.store.schedules
         old = await book.get(name)
         if old is not None and old.same_definition(s):
@@ -140,10 +147,10 @@ class ScheduleFires:
         if not await self.runtime.store.schedules.delete(name):
             raise UnknownScheduleError(name)
 
-    async def list(self, agent: str | None = None) -> list[Schedule]:
+    async def all(self, agent: str | None = None) -> list[Schedule]:
         """Every schedule (of ``agent``), by name."""
         self.runtime.require_open()
-        return await self.runtime.store.schedules.list(agent)
+        return await self.runtime.store.schedules.all(agent)
 
     async def turns(self, schedule: Schedule) -> list[str]:
         """The ids of the turns the schedule's fires started, oldest first (in its session's

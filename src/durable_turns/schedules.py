@@ -53,7 +53,7 @@ time fires), or ``run_once`` for all of them (one turn, at the latest missed tim
 OVERLAP: tuple[str, ...] = ("skip", "queue", "replace")
 MISSED: tuple[str, ...] = ("skip", "run_once")
 
-MISSED_AFTER = timedelta(seconds=60)
+MISSED_AFTER = timedelta(seconds=10)
 """A fire found later than this after its time, or with a later time of the schedule also
 due, was *missed* (a downtime): ``missed`` decides whether it runs."""
 
@@ -305,7 +305,7 @@ class ScheduleBook(Protocol):
         """Delete it; whether there was one."""
         ...
 
-    async def list(self, agent: str | None = None) -> list[Schedule]:
+    async def all(self, agent: str | None = None) -> list[Schedule]:
         """Every schedule (of ``agent``), by name."""
         ...
 

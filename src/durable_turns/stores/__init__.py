@@ -57,7 +57,6 @@ from typing import Any, Literal, Protocol, TypeVar
 from ..events import TurnEvent
 from ..history import Checkpoint, ForkPlan
 from ..messages import Message
-from ..schedules import ScheduleBook
 from ..records import (
     ChainEntry,
     NewEntry,
@@ -71,6 +70,7 @@ from ..records import (
     TurnResult,
     Visibility,
 )
+from ..schedules import ScheduleBook
 
 T = TypeVar("T")
 
@@ -431,8 +431,10 @@ class SessionQueries(Protocol):
     keep their own state with. Each query is one statement on a SQL store, whatever the number
     of sessions it answers for."""
 
-    schedules: ScheduleBook
-    """Its schedules (F24): what ``Runtime.schedule`` stores and its clock fires."""
+    @property
+    def schedules(self) -> ScheduleBook:
+        """Its schedules (F24): what ``Runtime.schedule`` stores and its clock fires."""
+        ...
 
     async def session_info(self, key: SessionKey) -> SessionInfo | None:
         """The session's status and generation, or ``None`` for a session never seen."""

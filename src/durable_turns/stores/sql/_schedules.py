@@ -69,8 +69,11 @@ class ScheduleStatements:
                  "AND (claimed_until IS NULL OR claimed_until < ?){agents} "
                  f"ORDER BY next_fire LIMIT ?{skip_locked}) RETURNING body, next_fire")
         self._claim = q(claim.format(agents=""))
-        self._claim_of = lambda n: q(claim.format(
-            agents=f" AND agent IN ({', '.join('?' * n)})"))
+
+        def claim_of(n: int) -> str:
+            return q(claim.format(agents=f" AND agent IN ({', '.join('?' * n)})"))
+
+        self._claim_of = claim_of
         self._advance = q(
             "UPDATE schedules SET next_fire = ?, body = ?, claimed_until = NULL, "
             "claimed_by = NULL WHERE name = ? AND next_fire = ?")
@@ -80,7 +83,11 @@ class ScheduleStatements:
         nxt = ("SELECT MIN(CASE WHEN claimed_until > next_fire THEN claimed_until "
                "ELSE next_fire END) FROM schedules WHERE next_fire IS NOT NULL{agents}")
         self._next = nxt.format(agents="")
-        self._next_of = lambda n: q(nxt.format(agents=f" AND agent IN ({', '.join('?' * n)})"))
+
+        def next_of(n: int) -> str:
+            return q(nxt.format(agents=f" AND agent IN ({', '.join('?' * n)})"))
+
+        self._next_of = next_of
 
     def put(self, c: Connection, s: Schedule) -> None:
         """Store ``s`` under its name, replacing one of that name (and its claim)."""
@@ -95,7 +102,7 @@ class ScheduleStatements:
         """Delete the schedule of that name; whether there was one."""
         return c.changes(self._delete, (name,)) > 0
 
-    def list(self, c: Connection, agent: str | None) -> list[Schedule]:
+    def all(self, c: Connection, agent: str | None) -> list[Schedule]:
         """Every schedule (of ``agent``), by name."""
         rows = c.rows(self._all) if agent is None else c.rows(self._of_agent, (agent,))
         return [_schedule(body, nxt) for body, nxt in rows]
@@ -158,7 +165,11 @@ class SqlScheduleBook:
     def watch(self, fn: Callable[[], None]) -> Callable[[], None]:
         """Call ``fn`` after each schedule this process puts or deletes; returns the undo."""
         self._watchers.append(fn)
-        return lambda: self._watchers.remove(fn) if fn in self._watchers else None
+
+        def undo() -> None:
+            if fn in self._watchers:
+                self._watchers.remove(fn)
+        return undo
 
     def _changed(self) -> None:
         for fn in list(self._watchers):
@@ -179,9 +190,9 @@ class SqlScheduleBook:
         self._changed()
         return gone
 
-    async def list(self, agent: str | None = None) -> list[Schedule]:
-        """``ScheduleBook.list``."""
-        return await self._store.read(lambda c: self._st.list(c, agent))
+    async def all(self, agent: str | None = None) -> list[Schedule]:
+        """``ScheduleBook.all``."""
+        return await self._store.read(lambda c: self._st.all(c, agent))
 
     async def claim(self, now: datetime, until: datetime, owner: str, limit: int = 100, *,
                     agents: Sequence[str] | None = None) -> list[Schedule]:
