@@ -25,10 +25,12 @@ import argparse
 import asyncio
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+from typing import Any
 
+from .._loader import App
 from ..agent import check_surfaces
 from ..channels._registry import channel_from_env
 from ..commands import COMMANDS, Registry
@@ -56,6 +58,7 @@ from ._args import (
 from ._demo import add_demo_commands
 from ._new import add_new_command
 from ._reload import reload_serving
+from ._schedules import add_schedules_command, put_app_schedules
 from ._sessions import (
     add_replay_command,
     add_session_commands,
@@ -161,6 +164,7 @@ def build_parser(registry: Registry = COMMANDS) -> argparse.ArgumentParser:
     add_session_commands(sessions, run_action=_sessions, run_retry=_sessions_retry,
                          commands=registry)
     add_replay_command(commands, run=_replay)
+    add_schedules_command(commands)
 
     work = commands.add_parser(
         "worker", help="drive an app's queued turns from a shared store, until interrupted",
@@ -231,11 +235,13 @@ def _worker(args: argparse.Namespace) -> int:
 
 
 async def _work(args: argparse.Namespace) -> int:
-    agent = agent_of(args)
+    app = load(app_dir(args), args.model)
+    agent = app.agent
     make, named = store_of(args, create=True, lease_ttl=args.lease_ttl)
     scheduler = ClaimingScheduler(poll_interval=args.poll_interval,
                                   max_sessions=args.max_sessions)
-    async with Runtime([agent], make(), scheduler=scheduler):
+    async with Runtime([agent], make(), scheduler=scheduler) as runtime:
+        await put_app_schedules(runtime, app)  # and its clock fires every schedule
         print(f"worker of agent {agent.name!r} on {named}: driving queued turns", flush=True)
         await scheduler.run()
     return 0
@@ -298,9 +304,21 @@ def _serving(args: argparse.Namespace) -> int:
         print(auth, flush=True)
 
     with asyncio.Runner(loop_factory=loop_factory()) as runner:  # uvloop, as uvicorn
-        runner.run(serve(runtime, host=args.host, port=args.port, on_listening=listening,
-                         authenticate=authenticate, channels=channels, api=api))
+        runner.run(_with_schedules(runtime, app, serve(
+            runtime, host=args.host, port=args.port, on_listening=listening,
+            authenticate=authenticate, channels=channels, api=api)))
     return 0
+
+
+async def _with_schedules(runtime: Runtime, app: App, serving: Coroutine[Any, Any, None]
+                          ) -> None:
+    try:
+        await runtime.open()  # (the server's lifespan finds it open)
+        await put_app_schedules(runtime, app)
+    except BaseException:
+        serving.close()
+        raise
+    await serving
 
 
 # -- receive ---------------------------------------------------------------------------------

@@ -1,0 +1,81 @@
+"""F24: ``durable-turns schedules APP_DIR list|add|remove``, and ``schedules = [...]`` in an
+app folder's agent.py (checked at load, stored by ``worker``/``serve``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from durable_turns._loader import load_app
+from durable_turns.cli import main
+from durable_turns.errors import ConfigurationError
+
+
+def app(tmp_path: Path, agent_py: str = "") -> Path:
+    folder = tmp_path / "ops"
+    folder.mkdir()
+    (folder / "instructions.md").write_text("Report.")
+    (folder / "agent.py").write_text(agent_py)
+    return folder
+
+
+def test_add_list_remove(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    folder, db = app(tmp_path), str(tmp_path / "store.db")
+    assert main(["schedules", str(folder), "add", "standup", "--db", db, "--seed",
+                 "Post the standup", "--cron", "0 9 * * 1-5", "--tz", "Europe/Paris",
+                 "--overlap", "queue"]) == 0
+    assert "standup\tcron '0 9 * * 1-5' Europe/Paris\tnext " in capsys.readouterr().out
+    assert main(["schedules", str(folder), "add", "hourly", "--db", db, "--seed", "Check",
+                 "--every", "3600"]) == 0
+    capsys.readouterr()
+    assert main(["schedules", str(folder), "list", "--db", db, "--json"]) == 0
+    listed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(s["name"], s["agent"], s["overlap"]) for s in listed] == [
+        ("hourly", "ops", "skip"), ("standup", "ops", "queue")]
+    assert listed[1]["next_fire"].endswith(("T08:00:00+00:00", "T07:00:00+00:00"))
+    assert main(["schedules", str(folder), "remove", "hourly", "--db", db]) == 0
+    assert main(["schedules", str(folder), "list", "--db", db]) == 0
+    out = capsys.readouterr().out
+    assert "hourly" not in out.replace("removed schedule 'hourly'", "") and "standup" in out
+
+
+def test_bad_input_is_one_line_and_exit_2(tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    folder, db = app(tmp_path), str(tmp_path / "store.db")
+    assert main(["schedules", str(folder), "add", "x", "--db", db, "--seed", "Go",
+                 "--cron", "every day"]) == 2
+    err = capsys.readouterr().err
+    assert "cron 'every day' does not parse" in err and "Traceback" not in err
+    assert main(["schedules", str(folder), "add", "x", "--db", db, "--seed", "Go",
+                 "--every", "60", "--tz", "Nowhere/Land"]) == 2
+    assert "unknown time zone 'Nowhere/Land'" in capsys.readouterr().err
+    assert main(["schedules", str(folder), "remove", "x", "--db", db]) == 2
+    assert "no schedule named 'x'" in capsys.readouterr().err
+    assert main(["schedules", str(folder), "list", "--db", db]) == 0
+    assert "no schedules of agent 'ops'" in capsys.readouterr().out
+
+
+def test_agent_py_declares_schedules(tmp_path: Path) -> None:
+    folder = app(tmp_path, 'schedules = [{"name": "daily", "seed": "Digest", '
+                           '"cron": "0 7 * * *", "tz": "UTC", "missed": "run_once"}]\n')
+    (daily,) = load_app(folder).schedules
+    assert daily == {"name": "daily", "seed": "Digest", "cron": "0 7 * * *", "tz": "UTC",
+                     "missed": "run_once", "agent": "ops"}
+
+
+@pytest.mark.parametrize(("agent_py", "message"), [
+    ('schedules = {"name": "x"}\n', "schedules must be a list"),
+    ('schedules = [{"seed": "x", "every": 60}]\n', "must be a mapping with a name"),
+    ('schedules = [{"name": "x", "seed": "x", "every": 60, "at": "2026-01-01T00:00:00Z"}]\n',
+     "exactly one of cron=, every= or at="),
+    ('schedules = [{"name": "x", "seed": "x", "every": 60, "overlap": "no"}]\n',
+     "overlap must be one of"),
+])
+def test_agent_py_schedules_are_checked_at_load(tmp_path: Path, agent_py: str,
+                                                message: str) -> None:
+    folder = app(tmp_path, agent_py)
+    with pytest.raises(ConfigurationError, match=message) as caught:
+        load_app(folder)
+    assert "agent.py" in str(caught.value)
