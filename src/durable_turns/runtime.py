@@ -163,7 +163,7 @@ class Runtime:
         """Waits on :attr:`clock` for the next due thing of its sources and has them fire
         (:class:`~durable_turns.scheduling.DueSource`; ``clock_loop.add(source)`` plugs one
         in). Started by :meth:`open` when this runtime steps sessions here."""
-        self.fires = ScheduleFires(self, self.clock)
+        self.fires = ScheduleFires(self, self.clock, changed=self.clock_loop.poke)
         """Its store's schedules, a source of :attr:`clock_loop` (F24)."""
         self.clock_loop.add(self.fires)
 

@@ -81,15 +81,19 @@ class ScheduleFires:
     Args:
         runtime: whose store keeps them and whose sessions get the turns.
         clock: what a new schedule's first time counts from (the runtime's).
+        changed: called once a schedule was stored or deleted here (the runtime's clock loop
+            looks again: a new schedule may be due before it would have looked).
         owner: this process's name in the claims (default: random).
         claim_for: how long a claim holds (:data:`CLAIM_FOR`).
         batch: how many due schedules one claim takes.
     """
 
     def __init__(self, runtime: RuntimeAPI, clock: Clock, *, owner: str | None = None,
-                 claim_for: timedelta = CLAIM_FOR, batch: int = 100) -> None:
+                 claim_for: timedelta = CLAIM_FOR, batch: int = 100,
+                 changed: Callable[[], None] | None = None) -> None:
         self.runtime = runtime
         self.clock = clock
+        self.changed = changed
         self.owner = owner or uuid.uuid4().hex
         self.claim_for = claim_for
         self.batch = batch
@@ -135,6 +139,8 @@ class ScheduleFires:
         if old is not None and old.same_definition(s):
             return old
         await book.put(s)
+        if self.changed is not None:
+            self.changed()
         return s
 
     async def remove(self, name: str) -> None:
@@ -146,6 +152,8 @@ class ScheduleFires:
         self.runtime.require_open()
         if not await self.runtime.store.schedules.delete(name):
             raise UnknownScheduleError(name)
+        if self.changed is not None:
+            self.changed()
 
     async def all(self, agent: str | None = None) -> list[Schedule]:
         """Every schedule (of ``agent``), by name."""
