@@ -1,12 +1,13 @@
 """The host's lifespan: what an ASGI server runs as the app starts and as it stops.
 
 Starting, it opens the runtime, has its unfinished turns replayed (``Runtime.recover()``
-tells the runtime's scheduler), starts each channel and lets it recover what a stopped process left
-undelivered; a schedule's fire (F24) whose channel it serves is delivered by that channel
-(it takes up what it owes, as at start). Stopping, it ends the open event streams, gives
-running turns ``grace`` seconds, stops the channels and closes the runtime. So ``uvicorn module:app`` (or any ASGI
-server that runs lifespans) serves as ``durable-turns serve`` does. The lifespan is what
-opens the runtime: an app driven without one (directly, in a test) serves a runtime its
+tells the runtime's scheduler), starts each channel and lets it recover what a stopped
+process left undelivered; a schedule's fire (F24) whose channel it serves is delivered by
+that channel (it takes up what it owes, as at start). Stopping, it ends the open event
+streams, gives running turns ``grace`` seconds, stops the channels and closes the runtime.
+So ``uvicorn module:app`` (or any ASGI server that runs lifespans) serves as
+``durable-turns serve`` does. The lifespan is what opens the runtime: an app driven without
+one (directly, in a test) serves a runtime its
 caller opened (``async with runtime:``), and answers 500 naming that otherwise.
 """
 
