@@ -7,8 +7,8 @@ that channel (it takes up what it owes, as at start). Stopping, it ends the open
 streams, gives running turns ``grace`` seconds, stops the channels and closes the runtime.
 So ``uvicorn module:app`` (or any ASGI server that runs lifespans) serves as
 ``durable-turns serve`` does. The lifespan is what opens the runtime: an app driven without
-one (directly, in a test) serves a runtime its
-caller opened (``async with runtime:``), and answers 500 naming that otherwise.
+one (directly, in a test) serves a runtime its caller opened (``async with runtime:``), and
+answers 500 naming that otherwise.
 """
 
 from __future__ import annotations
