@@ -13,8 +13,10 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Any, Protocol
 
+from .clock import utc
 from .errors import ToolDeclarationError
 from .events import TurnEvent
 from .inbound import InboundEvent, User
@@ -88,13 +90,24 @@ class StepServices(Protocol):
         ...
 
     async def ask(self, input_id: str, prompt: str, schema: Mapping[str, Any] | None,
-                  answerers: Mapping[str, Any] | None) -> Any:
-        """The answer to a request of this turn, if a person gave it; else park the turn on
-        it (raises the park signal). See :meth:`ToolContext.request_input`."""
+                  answerers: Mapping[str, Any] | None, *,
+                  timeout: float | timedelta | None = None, default: Any = None,
+                  remind_every: float | timedelta | None = None) -> Any:
+        """The answer to a request of this turn, if a person (or its deadline) gave it; else
+        park the turn on it (raises the park signal). See :meth:`ToolContext.request_input`."""
+        ...
+
+    async def sleep(self, input_id: str, until: datetime) -> None:
+        """Return if this sleep ended (or ``until`` has passed); else park the turn until
+        ``until`` (raises the park signal). See :meth:`ToolContext.sleep`."""
         ...
 
     def cancel_reason(self) -> str | None:
         """Why this turn is being cancelled (or its batch is stopping), if it is."""
+        ...
+
+    def now(self) -> datetime:
+        """The runtime's clock's time (what a sleep counts from)."""
         ...
 
     async def remember(self, step: ChildStepId, memo: ChildMemo) -> ChildMemo:
@@ -134,12 +147,18 @@ class ToolContext:
     """Which attempt of this call this is (1-based): above 1 when ``Tool(retries=…)`` asked
     again; every attempt sees the same :attr:`idempotency_key`."""
 
+    _sleeps: int = field(default=0, repr=False)
+
     def request_input(
         self,
         id: str,
         prompt: str,
         schema: Mapping[str, Any] | None = None,
         answerers: Mapping[str, Any] | None = None,
+        *,
+        timeout: float | timedelta | None = None,
+        default: Any = None,
+        remind_every: float | timedelta | None = None,
     ) -> Awaitable[Any]:
         """Ask a person; the first call parks the turn, the replay after ``resume()`` returns
         the answer (F6). The tool runs again from the top on resume: put side effects after
@@ -151,9 +170,16 @@ class ToolContext:
             schema: a JSON schema the answer must fit.
             answerers: ``{"user": id}`` or ``{"policy": p, "scope": s}``; default: the
                 turn's attested speaker.
+            timeout: seconds (or a timedelta) after which, unanswered, the turn goes on with
+                ``default``, answered ``by="timeout"`` (event ``input.expired``); an answer
+                that comes later is refused (409), F24.
+            default: the answer a ``timeout`` gives.
+            remind_every: seconds (or a timedelta) between ``input.reminder`` events while
+                the request stands (channels ask again: Slack posts its buttons again).
 
         Raises:
             ToolDeclarationError: in a local tool, whose transaction cannot stay open.
+            ConfigurationError: ``timeout`` or ``remind_every`` is not a positive time.
         """
         if self.services is None:
             raise ToolDeclarationError(
@@ -161,7 +187,38 @@ class ToolContext:
                 "store transaction, which cannot stay open while a person answers; declare "
                 "the tool `async def`"
             )
-        return self.services.ask(id, prompt, schema, answerers)
+        return self.services.ask(id, prompt, schema, answerers, timeout=timeout,
+                                 default=default, remind_every=remind_every)
+
+    def sleep(self, seconds: float | timedelta | None = None, *,
+              until: datetime | None = None) -> Awaitable[None]:
+        """Sleep durably (F24): park the turn until ``seconds`` from now (or ``until``, an
+        aware datetime), nothing held in memory; status ``suspended``, event
+        ``turn.sleeping``. Whatever drives the turns wakes it then, after any restart; the
+        tool runs again from the top and this call returns at once: put side effects after
+        it. Each call of a tool's run is its own sleep, counted in order.
+
+        Raises:
+            ToolDeclarationError: in a local tool.
+            ValueError: neither or both of ``seconds`` and ``until``, a negative time, or a
+                naive ``until``.
+        """
+        if self.services is None:
+            raise ToolDeclarationError(
+                "sleep() in a local tool: a plain def runs inside the step's store "
+                "transaction, which cannot stay open while it sleeps; declare the tool "
+                "`async def`")
+        if (seconds is None) == (until is None):
+            raise ValueError("sleep(seconds) or sleep(until=datetime): one of them")
+        self._sleeps += 1
+        input_id = f"sleep:{self.call_id}:{self._sleeps}"
+        if until is None:
+            span = seconds.total_seconds() if isinstance(seconds, timedelta) else seconds
+            if span is None or span < 0:
+                raise ValueError(f"sleep({seconds!r}): a time to sleep is not negative")
+            return self.services.sleep(input_id, self.services.now()
+                                       + timedelta(seconds=float(span)))
+        return self.services.sleep(input_id, utc(until))
 
     def cancelled(self) -> str | None:
         """Why this turn is being cancelled, if it is (a long remote tool may look and stop

@@ -32,6 +32,9 @@ EventType = Literal[
     "action.completed",
     "action.in_doubt",
     "input.requested",
+    "input.reminder",
+    "input.expired",
+    "turn.sleeping",
     "turn.completed",
     "turn.failed",
     "turn.cancelled",
@@ -242,6 +245,37 @@ class InputRequested(TurnEvent):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class InputReminder(TurnEvent):
+    """A request still stands unanswered (``request_input(remind_every=…)``, F24): channels
+    ask again (Slack posts its buttons again)."""
+
+    type: ClassVar[EventType] = "input.reminder"
+    request: InputRequest
+    """The request, as it stands."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InputExpired(TurnEvent):
+    """A request's deadline passed unanswered: the turn goes on with its default, answered
+    ``by="timeout"`` (F24); an answer that comes later is refused (409)."""
+
+    type: ClassVar[EventType] = "input.expired"
+    input_id: str
+    default: Any = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TurnSleeping(TurnEvent):
+    """A tool sleeps (``await ctx.sleep(…)``, F24): the turn is suspended until ``until``
+    (ISO time, UTC), nothing held in memory; whatever drives turns wakes it then."""
+
+    type: ClassVar[EventType] = "turn.sleeping"
+    until: str
+    request: InputRequest
+    """The sleep's request (``sleep=True``), which only the clock answers."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class TurnCompleted(TurnEvent):
     type: ClassVar[EventType] = "turn.completed"
     text: str
@@ -261,8 +295,9 @@ class TurnCancelled(TurnEvent):
 
 TURN_ENDS: tuple[type[TurnEvent], ...] = (TurnCompleted, TurnFailed, TurnCancelled)
 """The events a turn ends on."""
-STREAM_ENDS: tuple[type[TurnEvent], ...] = (*TURN_ENDS, InputRequested)
-"""The events a stream of one turn ends on: its end, or a park (``input.requested``)."""
+STREAM_ENDS: tuple[type[TurnEvent], ...] = (*TURN_ENDS, InputRequested, TurnSleeping)
+"""The events a stream of one turn ends on: its end, or a park (``input.requested``, or
+``turn.sleeping``)."""
 
 _BY_TYPE: dict[str, type[TurnEvent]] = {
     cls.type: cls
@@ -279,6 +314,9 @@ _BY_TYPE: dict[str, type[TurnEvent]] = {
         ActionCompleted,
         ActionInDoubt,
         InputRequested,
+        InputReminder,
+        InputExpired,
+        TurnSleeping,
         TurnCompleted,
         TurnFailed,
         TurnCancelled,
@@ -300,7 +338,8 @@ def event_from_fields(agent: str, session: str, seq: int, turn_id: str, type: st
     call = data.get("call")
     if isinstance(call, dict):
         data["call"] = ToolCall.from_dict(call)
-    if type == "input.requested" and isinstance(data.get("request"), dict):
+    if type in ("input.requested", "input.reminder", "turn.sleeping") and isinstance(
+            data.get("request"), dict):
         data["request"] = InputRequest.from_dict(data["request"])
     calls = data.get("tool_calls")
     if calls is not None and not isinstance(calls, tuple):
@@ -329,6 +368,8 @@ __all__ = [
     "EventIds",
     "EventSink",
     "EventType",
+    "InputExpired",
+    "InputReminder",
     "InputRequested",
     "MessageCompleted",
     "MessageDelta",
@@ -339,6 +380,7 @@ __all__ = [
     "TurnCompleted",
     "TurnEvent",
     "TurnFailed",
+    "TurnSleeping",
     "TurnStarted",
     "event_from_fields",
 ]

@@ -119,6 +119,18 @@ class InputRequest:
     more: tuple[InputRequest, ...] = ()
     """Other requests the same turn waits for at once: calls of one parallel batch that
     parked too (F15). Each is answered on its own, by its ``id``."""
+    expires: str | None = None
+    """When it is answered by the clock if nobody answers first (ISO time, UTC; F24): a
+    request with a deadline (``request_input(timeout=…)``) is answered then with
+    :attr:`default`, ``by="timeout"``; a sleep (:attr:`sleep`) wakes then."""
+    default: Any = None
+    """The answer a request with a deadline gets when it expires."""
+    remind_every: float | None = None
+    """Seconds between ``input.reminder`` events while it stands unanswered."""
+    remind_at: str | None = None
+    """When the first reminder is due (ISO time, UTC)."""
+    sleep: bool = False
+    """A sleeping tool's wait (``ctx.sleep``): only the clock answers it, at :attr:`expires`."""
 
     @property
     def all(self) -> tuple[InputRequest, ...]:
@@ -132,13 +144,24 @@ class InputRequest:
             out["child"] = dict(self.child)
         if self.more:
             out["more"] = [r.to_dict() for r in self.more]
+        if self.expires is not None:
+            out["expires"] = self.expires
+            out["default"] = self.default
+        if self.remind_every is not None:
+            out["remind_every"] = self.remind_every
+            out["remind_at"] = self.remind_at
+        if self.sleep:
+            out["sleep"] = True
         return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> InputRequest:
         return cls(data["id"], data["prompt"], data.get("schema"), data.get("answerers"),
                    data.get("turn_id", ""), data.get("call_id", ""), data.get("child"),
-                   tuple(cls.from_dict(r) for r in data.get("more", ())))
+                   tuple(cls.from_dict(r) for r in data.get("more", ())),
+                   expires=data.get("expires"), default=data.get("default"),
+                   remind_every=data.get("remind_every"), remind_at=data.get("remind_at"),
+                   sleep=bool(data.get("sleep", False)))
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,7 +25,7 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from ._queries import Queries
@@ -51,7 +51,7 @@ from .model import Model
 from .records import ChainEntry, NewEntry, SessionKey, TurnResult
 from .schedule_fires import ScheduleFires
 from .schedules import Schedule
-from .scheduling import ClockLoop, InProcessScheduler, Scheduler
+from .scheduling import ClockLoop, InProcessScheduler, Scheduler, StoreWakeups
 from .sessions import AgentSession
 from .stores import Lease, SessionStore, Subscription
 
@@ -149,22 +149,26 @@ class Runtime:
         """What hosts read across sessions (summaries, an inbox, owed deliveries)."""
         self.sessions: Sessions = RuntimeSessions(self)
         """The runtime's sessions as a tool step sees them (a subagent's child turns)."""
+        self.clock: Clock = clock if clock is not None else SystemClock()
+        """What time it is, for everything that acts at a time (F24)."""
         self._ctx = StepContext(
             store=store, agents=self.agents, model_for=self.model_for, sessions=self.sessions,
             transcripts=self._transcripts, publish=self._publish,
             publish_live=self._publish_live, wants_live=self._wants_live,
-            finished=self._finished, commands=commands)
+            finished=self._finished, commands=commands, clock=self.clock)
         self.scheduler: Scheduler = scheduler if scheduler is not None else InProcessScheduler()
         """When and where the sessions' steps run."""
         self.scheduler.attach(self)
-        self.clock: Clock = clock if clock is not None else SystemClock()
-        """What time it is, for everything that acts at a time (F24)."""
         self.clock_loop = ClockLoop(self.clock)
         """Waits on :attr:`clock` for the next due thing of its sources and has them fire
         (:class:`~durable_turns.scheduling.DueSource`; ``clock_loop.add(source)`` plugs one
-        in). Started by :meth:`open` when this runtime steps sessions here."""
+        in). Started by :meth:`open` when this runtime steps sessions here; its sources are
+        the store's wake-ups (sleeps, deadlines, reminders of this runtime's agents) and
+        :attr:`fires`."""
+        self.clock_loop.add(StoreWakeups(self))
+        self._unwatch_parks: Callable[[], None] | None = None
         self.fires = ScheduleFires(self, self.clock, changed=self.clock_loop.poke)
-        """Its store's schedules, a source of :attr:`clock_loop` (F24)."""
+        """Its store's schedules (F24)."""
         self.clock_loop.add(self.fires)
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -180,6 +184,9 @@ class Runtime:
                 self._opened = True
                 if self.scheduler.steps_here:
                     self.clock_loop.start()
+                    # A park with a time (a sleep, a deadline) may be due before the loop's
+                    # next look: it looks again when one commits here or a change is heard.
+                    self._unwatch_parks = self.store.watch(None, self._parks_changed)
 
     @property
     def is_open(self) -> bool:
@@ -194,6 +201,9 @@ class Runtime:
     async def close(self) -> None:
         """Stop driving (unfinished turns stay durable for ``recover()``) and close the store
         (unless another owns it: ``owns_store=False``)."""
+        if self._unwatch_parks is not None:
+            self._unwatch_parks()
+            self._unwatch_parks = None
         await self.clock_loop.stop()
         await self.scheduler.close()
         for driver in list(self._drivers.values()):
@@ -273,29 +283,17 @@ class Runtime:
         """Wait until this runtime steps no session (for tests and orderly shutdown)."""
         await self.scheduler.wait_idle()
 
-    # -- schedules (F24: durable_turns.schedule_fires) ---------------------------------------
+    # -- schedules (F24: durable_turns.schedule_fires) --------------------------------------
 
-    async def schedule(self, name: str, *, agent: str, seed: str,
-                       **spec: Any) -> Schedule:
-        """Store a schedule: each of its times starts a proactive turn in ``session`` (default
-        ``schedule:<name>``) whose id comes from the schedule and the time, so it runs once
-        across workers and restarts. ``spec``: ``cron=`` (with ``tz=``) | ``every=`` |
-        ``at=``, ``session``, ``target``, ``channel``, ``by``, ``overlap``, ``missed``
-        (:class:`~durable_turns.schedules.Schedule`). The same definition again keeps its
-        times; another replaces it.
-
-        Raises:
-            ScheduleError: bad input (two of cron/every/at, a bad cron or zone or policy).
-            UnknownAgentError: no such agent.
-        """
+    async def schedule(self, name: str, *, agent: str, seed: str, **spec: Any) -> Schedule:
+        """Store a schedule (``spec``: :meth:`~durable_turns.schedules.Schedule.define`'s
+        ``cron``/``every``/``at``, ``tz``, ``session``, ``channel``, ``target``, ``by``,
+        ``overlap``, ``missed``): each of its times starts a proactive turn whose id is the
+        schedule's and the time's. Raises ``ScheduleError`` on bad input."""
         return await self.fires.define(name, agent=agent, seed=seed, **spec)
 
     async def unschedule(self, name: str) -> None:
-        """Delete a schedule (its turns stay).
-
-        Raises:
-            UnknownScheduleError: none of that name.
-        """
+        """Delete a schedule (its turns stay); ``UnknownScheduleError`` if there is none."""
         await self.fires.remove(name)
 
     async def schedules(self, agent: str | None = None) -> list[Schedule]:
@@ -584,6 +582,11 @@ class Runtime:
                 self.sink.emit(e)
             except Exception:
                 log.exception("event sink failed on %s", e.type)
+
+    def _parks_changed(self, events: list[TurnEvent] | None) -> None:
+        if events is None or any(e.type in ("input.requested", "turn.sleeping")
+                                 for e in events):
+            self.clock_loop.poke()
 
     def _wants_live(self, key: SessionKey) -> bool:
         return self.sink is not None or self.store.wants_live(key)

@@ -86,10 +86,11 @@ class ScheduleFires:
         owner: this process's name in the claims (default: random).
         claim_for: how long a claim holds (:data:`CLAIM_FOR`).
         batch: how many due schedules one claim takes.
+        parallel: how many of them fire at once.
     """
 
     def __init__(self, runtime: RuntimeAPI, clock: Clock, *, owner: str | None = None,
-                 claim_for: timedelta = CLAIM_FOR, batch: int = 100,
+                 claim_for: timedelta = CLAIM_FOR, batch: int = 100, parallel: int = 16,
                  changed: Callable[[], None] | None = None) -> None:
         self.runtime = runtime
         self.clock = clock
@@ -97,6 +98,7 @@ class ScheduleFires:
         self.owner = owner or uuid.uuid4().hex
         self.claim_for = claim_for
         self.batch = batch
+        self.parallel = parallel
         self._hooks: list[FireHook] = []
 
     def on_fire(self, hook: FireHook) -> Callable[[], None]:
@@ -184,15 +186,24 @@ class ScheduleFires:
         now = utc(now)
         book = self.runtime.store.schedules
         out: list[Fired] = []
+        gate = asyncio.Semaphore(self.parallel)
         while True:
             claimed = await book.claim(now, now + self.claim_for, self.owner, self.batch,
                                        agents=sorted(self.runtime.agents))
-            for s in claimed:
-                try:
-                    out.append(await self._fire(s, now))
-                except Exception:
-                    log.exception("firing schedule %r failed; it is fired again once its "
-                                  "claim runs out", s.name)
+
+            async def one(s: Schedule) -> Fired | None:
+                async with gate:
+                    try:
+                        return await self._fire(s, now)
+                    except Exception:
+                        log.exception("firing schedule %r failed; it is fired again once its "
+                                      "claim runs out", s.name)
+                        return None
+
+            # Each schedule's fire is its own (its own session, its own row): they run side
+            # by side, as many at once as ``parallel`` says.
+            out += [f for f in await asyncio.gather(*(one(s) for s in claimed))
+                    if f is not None]
             if len(claimed) < self.batch:
                 return out
 

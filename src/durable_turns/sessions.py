@@ -405,6 +405,10 @@ class AgentSession:
         if earlier is not None:
             return await self._repeated(earlier, resume)
         request = resume.request(self.key, await self._pending())
+        if request.sleep:
+            raise ResumeConflictError(
+                f"turn {turn_id!r} sleeps until {request.expires}; only the clock wakes it",
+                session=str(self.key), turn_id=turn_id, input_id=input_id)
         if granted is None and authorize and "policy" in (request.answerers or {}):
             granted = await decided(self, request, by, principal)
         if request.child is not None:

@@ -1,5 +1,6 @@
 """Commands: what is asked of a session besides a turn — cancel it, reset it, answer its
-parked turn, retry a failed turn (F2, F6, F7, F8) — one module each, and the registry.
+parked turn, retry a failed turn, steer it, and the clock's wake-ups and reminders (F2, F6,
+F7, F8, F24) — one module each, and the registry.
 
 Each module declares its command once (a :class:`~durable_turns.commands._registry.
 CommandSpec`): how it is accepted (``queued`` behind the running turn as a chain entry,
@@ -38,6 +39,7 @@ from ._retry import SPEC as RETRY_SPEC
 from ._retry import Retry, latest_turn
 from ._steer import SPEC as STEER_SPEC
 from ._steer import Steer, check_steer, steer_entry
+from ._wake import REMIND_SPEC, WAKE_SPEC, Remind, Wake
 
 __all__ = [
     "COMMANDS",
@@ -53,6 +55,7 @@ __all__ = [
     "JoiningCommand",
     "Place",
     "Registry",
+    "Remind",
     "Reset",
     "Resume",
     "Retry",
@@ -60,6 +63,7 @@ __all__ = [
     "Steer",
     "Streamed",
     "Verb",
+    "Wake",
     "check_redelivery",
     "check_steer",
     "joined_turn",
@@ -69,5 +73,6 @@ __all__ = [
     "supersede_at_once",
 ]
 
-COMMANDS = Registry([CANCEL_SPEC, RESET_SPEC, RESUME_SPEC, RETRY_SPEC, STEER_SPEC])
+COMMANDS = Registry([CANCEL_SPEC, RESET_SPEC, RESUME_SPEC, RETRY_SPEC, STEER_SPEC, WAKE_SPEC,
+                     REMIND_SPEC])
 """The commands every runtime knows."""

@@ -37,17 +37,20 @@ class Place:
         return [t for t in self.pending if t.parked]
 
     async def end(self, result: TurnResult, *, reopen: str | None = None,
-                  answer: tuple[InputStepId, Answer] | None = None) -> TurnResult:
+                  answer: tuple[InputStepId, Answer] | None = None,
+                  events: Sequence[TurnEvent] = ()) -> TurnResult:
         """Commit the command's outcome, and with it: turn ``reopen`` running again (its
-        place in the chain comes next), after storing ``answer`` (a person's) for it."""
+        place in the chain comes next), after storing ``answer`` (a person's) for it, and
+        ``events`` (numbered as they are logged)."""
         async def fill(tx: Transaction) -> list[TurnEvent]:
+            logged = [tx.add_event(e) for e in events]
             if answer is not None and reopen is not None:
                 tx.add_step(answer[0], reopen, answer[1])
             tx.set_turn(result)
             if reopen is not None:
                 tx.set_turn(TurnResult(reopen, TurnStatus.RUNNING))
                 tx.set_status("running")
-            return []
+            return logged
 
         await self.commits.commit(fill)
         return result

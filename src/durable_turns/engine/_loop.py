@@ -44,6 +44,7 @@ from ..events import (
     TurnCompleted,
     TurnEvent,
     TurnFailed,
+    TurnSleeping,
     TurnStarted,
 )
 from ..inbound import InboundEvent
@@ -397,6 +398,9 @@ class TurnEngine:
         if out.status == TurnStatus.CANCELLED:
             return [tx.add_event(TurnCancelled(**ids, reason=out.reason or ""))]
         assert out.request is not None
+        if all(r.sleep for r in out.request.all):  # only the clock wakes it (F24)
+            until = min(r.expires or "" for r in out.request.all)
+            return [tx.add_event(TurnSleeping(**ids, until=until, request=out.request))]
         return [tx.add_event(InputRequested(**ids, request=out.request))]
 
     async def _finish(self, out: TurnResult, *, owed: bool = True) -> TurnResult:

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..agent import Agent
+from ..clock import Clock, SystemClock
 from ..commands import Registry
 from ..context import Sessions
 from ..events import TurnEvent
@@ -91,3 +92,5 @@ class StepContext:
     commands: Registry
     """The runtime's command registry: how a chain entry's command is read back and
     applied."""
+    clock: Clock = field(default_factory=SystemClock)
+    """The runtime's clock: when a request's deadline or a sleep ends (F24)."""

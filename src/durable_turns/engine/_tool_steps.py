@@ -26,15 +26,12 @@ import dataclasses
 import hashlib
 import inspect
 import logging
-from collections.abc import Awaitable, Callable, Collection, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
-import jsonschema
-
-from .._hitl import default_answerers
 from .._tracing import StepSpan
 from ..agent import Agent
-from ..context import Sessions, ToolContext, Watcher
+from ..context import Sessions, ToolContext
 from ..errors import (
     RUNTIME_FAILURES,
     ConfigurationError,
@@ -48,22 +45,16 @@ from ..events import ActionCompleted, ActionRetry, TurnEvent
 from ..inbound import InboundEvent
 from ..messages import ToolCall, encode_json
 from ..records import (
-    Answer,
     CallOutcome,
-    ChainEntry,
-    ChildMemo,
-    ChildStepId,
     InputRequest,
-    InputStepId,
-    SessionKey,
     StepId,
     StepResult,
     ToolMemo,
     ToolStepId,
-    TurnResult,
 )
 from ..stores import Transaction
-from ..tools import Tool, compile_schema
+from ..tools import Tool
+from ._call_services import CallServices
 from ._commits import StepCommits
 from ._in_doubt import settle
 from ._step_context import StepContext
@@ -147,125 +138,6 @@ def _abandon_if_failed(services: Any) -> None:
         raise services.failure
 
 
-class CallServices:
-    """What a remote call's step offers its tool (``ctx.services``): see
-    :class:`~durable_turns.context.StepServices`."""
-
-    def __init__(self, calls: ToolCalls, turn_id: str, call_id: str,
-                 event: InboundEvent | None) -> None:
-        self._calls = calls
-        self._turn_id = turn_id
-        self._call_id = call_id
-        self._event = event
-        self._sessions = _GuardedSessions(calls.sessions, self)
-        self.failure: BaseException | None = None
-        """The first runtime failure (``errors.RUNTIME_FAILURES``) a call on its context met:
-        the tool's attempt is abandoned, whatever the tool made of it."""
-
-    @property
-    def sessions(self) -> Sessions:
-        return self._sessions
-
-    async def guard(self, running: Awaitable[T]) -> T:
-        """Await a call the tool made on its context, keeping a runtime failure it meets."""
-        try:
-            return await running
-        except Exception as e:
-            found = runtime_failure(e)
-            if found is not None and self.failure is None:
-                self.failure = found
-            raise
-
-    def cancel_reason(self) -> str | None:
-        return self._calls.reason(self._turn_id) or self._calls.failing
-
-    async def ask(self, input_id: str, prompt: str, schema: Mapping[str, Any] | None,
-                  answerers: Mapping[str, Any] | None) -> Any:
-        step = InputStepId(self._turn_id, input_id)
-        stored = await self.guard(self._calls.read_step(step))
-        if isinstance(stored, Answer):
-            trace = self._calls.commits.trace
-            if trace is not None:
-                trace.input(str(step), stored.by)
-            return stored.value
-        if schema is not None:
-            try:
-                compile_schema(schema)
-            except jsonschema.SchemaError as e:
-                raise ConfigurationError(
-                    f"request_input({input_id!r}): invalid schema: {e.message}") from e
-        raise Parked(InputRequest(input_id, prompt, dict(schema) if schema else None,
-                                  default_answerers(answerers, self._event, input_id),
-                                  self._turn_id, self._call_id))
-
-    async def remember(self, step: ChildStepId, memo: ChildMemo) -> ChildMemo:
-        stored = await self.guard(self._calls.read_step(step))
-        if isinstance(stored, ChildMemo):
-            return stored
-        turn_id = self._turn_id
-
-        async def fill(tx: Transaction) -> list[TurnEvent]:
-            tx.add_step(step, turn_id, memo)
-            return []
-
-        await self.guard(self._calls.commits.beside(fill, shielded=True))
-        return memo
-
-    async def forward(self, events: list[TurnEvent]) -> None:
-        ids = self._calls.commits.ids(self._turn_id)
-
-        async def fill(tx: Transaction) -> list[TurnEvent]:
-            # Each event names its child already; it joins this turn's stream.
-            return [tx.add_event(dataclasses.replace(e, seq=0, **ids)) for e in events]
-
-        await self.guard(self._calls.commits.beside(fill, shielded=True))
-
-    def forward_live(self, event: TurnEvent) -> None:
-        commits = self._calls.commits
-        # After this turn's last durable event, as every live event is.
-        self._calls.publish_live(dataclasses.replace(
-            event, seq=commits.lease.last_seq, **commits.ids(self._turn_id)))
-
-
-class _GuardedSessions:
-    """The runtime's sessions as a remote tool reaches them (``ctx.services.sessions``): each call
-    goes through :meth:`CallServices.guard`, so a store failure it meets abandons the step."""
-
-    def __init__(self, sessions: Sessions, services: CallServices) -> None:
-        self._h = sessions
-        self._s = services
-
-    def agent_names(self) -> Collection[str]:
-        return self._h.agent_names()
-
-    async def start(self, key: SessionKey, text: str, *, turn_id: str,
-                    event: InboundEvent | None = None) -> None:
-        await self._s.guard(self._h.start(key, text, turn_id=turn_id, event=event))
-
-    async def wait(self, key: SessionKey, turn_id: str, *,
-                   timeout: float | None = None) -> TurnResult:
-        return await self._s.guard(self._h.wait(key, turn_id, timeout=timeout))
-
-    async def interrupt(self, key: SessionKey, turn_id: str, *, reason: str) -> list[str]:
-        return await self._s.guard(self._h.interrupt(key, turn_id, reason=reason))
-
-    async def reset(self, key: SessionKey, entry_id: str) -> None:
-        await self._s.guard(self._h.reset(key, entry_id))
-
-    async def entry(self, key: SessionKey, turn_id: str) -> ChainEntry | None:
-        return await self._s.guard(self._h.entry(key, turn_id))
-
-    async def events(self, key: SessionKey, *, after_seq: int = 0,
-                     turn_id: str | None = None) -> list[TurnEvent]:
-        return await self._s.guard(self._h.events(key, after_seq=after_seq, turn_id=turn_id))
-
-    def watch(self, key: SessionKey, watcher: Watcher) -> Callable[[], None]:
-        return self._h.watch(key, watcher)
-
-    def live(self, key: SessionKey, taker: Callable[[TurnEvent], None]) -> Callable[[], None]:
-        return self._h.live(key, taker)
-
-
 class ToolCalls:
     """Runs and commits the tool calls of one drive of a session.
 
@@ -286,6 +158,7 @@ class ToolCalls:
         self.publish_live: PublishLive = ctx.publish_live
         self.sessions: Sessions = ctx.sessions
         self._store = ctx.store
+        self.clock = ctx.clock
         self._interruptible = interruptible
         self.asked_at = -1
         """The transcript index of the last reply this drive committed (a batch it asked

@@ -26,6 +26,7 @@ from ._claiming import ClaimingScheduler
 from ._clock_loop import ClockLoop, DueSource
 from ._inprocess import InProcessScheduler, NoDriveScheduler
 from ._scheduler import Scheduler, Stepped
+from ._wakeups import StoreWakeups
 
 __all__ = [
     "ChainState",
@@ -36,4 +37,5 @@ __all__ = [
     "NoDriveScheduler",
     "Scheduler",
     "Stepped",
+    "StoreWakeups",
 ]

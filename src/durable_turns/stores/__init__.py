@@ -52,6 +52,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Literal, Protocol, TypeVar
 
 from ..events import TurnEvent
@@ -88,6 +89,8 @@ __all__ = [
     "StepRecord",
     "StoreCapabilities",
     "Subscription",
+    "Timer",
+    "TimerKind",
     "Transaction",
     "TurnStore",
     "Visibility",
@@ -424,6 +427,53 @@ class TurnStore(Protocol):
         waking for new work). Spurious calls are allowed. Returns the function that stops
         watching."""
         ...
+
+    # -- wake-ups (F24) --------------------------------------------------------------------
+
+    async def arm_timer(self, timer: Timer) -> None:
+        """Keep ``timer`` (a new one, or one of that id moved to its new ``due``, unclaimed):
+        a lease-free single write. A commit that parks a turn on a request with a deadline,
+        a reminder or a sleep arms its timers itself, in the park's transaction."""
+        ...
+
+    async def next_timer(self, agents: Collection[str]) -> datetime | None:
+        """The earliest time one of these agents' timers is due, or its claim ends if it is
+        claimed (``None``: no timer)."""
+        ...
+
+    async def claim_timers(self, agents: Collection[str], now: datetime, *, limit: int = 100,
+                           hold: float = 30.0) -> list[Timer]:
+        """Claim up to ``limit`` of these agents' timers due at ``now``, earliest first, for
+        ``hold`` seconds: no other claim gets them until then (PostgreSQL: ``FOR UPDATE
+        SKIP LOCKED``, so workers claiming at once never wait on each other nor get the same
+        timer; SQLite and memory: in the store's write transaction). A claim that is not
+        dropped (:meth:`drop_timer`) before its hold ends is claimed again: a timer fires at
+        least once, and its fire must be idempotent (a chain entry of its own id)."""
+        ...
+
+    async def drop_timer(self, timer: Timer) -> None:
+        """Forget a fired timer, unless it was armed again since (its ``due`` changed)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Timer:
+    """A wake-up a store keeps (F24): at ``due``, the request ``input_id`` of turn
+    ``turn_id`` gets its clock's answer (``kind="wake"``: a sleep's end, a deadline's
+    default) or a reminder (``kind="remind"``)."""
+
+    key: SessionKey
+    id: str
+    """Unique within the session: ``<kind>:<turn_id>:<input_id>``."""
+    due: datetime
+    """Aware, UTC; kept to the millisecond."""
+    kind: TimerKind
+    turn_id: str
+    input_id: str
+
+
+TimerKind = Literal["wake", "remind"]
+"""What a :class:`Timer` does when due."""
 
 
 class SessionQueries(Protocol):

@@ -9,6 +9,8 @@
 - the chain's rules that are decided in Python (:func:`check_enqueue`, each entry's rule while
   a turn is parked,
   :func:`supersede_reason`, :func:`updated_request`);
+- the timers a park arms (:func:`timers_of`, F24) and the times SQL keeps
+  (:func:`millis`, :func:`from_millis`);
 - claim helpers: :func:`retry_until` (a claim that waits, backing off) and
   :func:`claim_found` (``claim_ready`` from a list of candidates and a claim that does not
   wait);
@@ -27,8 +29,10 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Collection, Iterable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
+from ..clock import utc
 from ..errors import LeaseTimeoutError, SessionBusyError
 from ..events import TurnEvent
 from ..messages import Message
@@ -42,6 +46,7 @@ from ..records import (
     TurnStatus,
     WhileParked,
 )
+from . import Timer
 from ._feed import Feed, Subscription
 from ._thread import StoreThread
 from .live import LiveRelay, LiveWire
@@ -57,9 +62,13 @@ __all__ = [
     "Writes",
     "check_enqueue",
     "claim_found",
+    "from_millis",
+    "millis",
     "retry_until",
     "supersede_reason",
+    "timers_of",
     "updated_request",
+    "utc_time",
 ]
 
 T = TypeVar("T")
@@ -248,6 +257,39 @@ def supersede_reason(kind: EntryKind, supersede: str | None) -> str | None:
     one it carries (``NewEntry.supersede``, a command's own; ``kind`` is kept for the stores
     that call this)."""
     return supersede
+
+
+def timers_of(key: SessionKey, result: TurnResult) -> list[Timer]:
+    """The timers a commit of ``result`` arms (F24): for a turn suspended on requests, a
+    ``wake`` at each one's ``expires`` (a sleep's end, a deadline) and a ``remind`` at each
+    one's ``remind_at``. A store writes them in the commit's transaction, keeping a timer of
+    the same id that it has already (a park made again keeps its first times)."""
+    if result.status != TurnStatus.SUSPENDED or result.request is None:
+        return []
+    out: list[Timer] = []
+    for r in result.request.all:
+        if r.expires is not None:
+            out.append(Timer(key, f"wake:{result.turn_id}:{r.id}", utc_time(r.expires),
+                             "wake", result.turn_id, r.id))
+        if r.remind_at is not None and not r.sleep:
+            out.append(Timer(key, f"remind:{result.turn_id}:{r.id}", utc_time(r.remind_at),
+                             "remind", result.turn_id, r.id))
+    return out
+
+
+def utc_time(text: str) -> datetime:
+    """An ISO time a request keeps, as an aware datetime in UTC."""
+    return utc(datetime.fromisoformat(text))
+
+
+def millis(when: datetime) -> int:
+    """A time as the integer milliseconds since the epoch that the SQL stores keep."""
+    return round(utc(when).timestamp() * 1000)
+
+
+def from_millis(ms: int) -> datetime:
+    """:func:`millis` read back."""
+    return datetime.fromtimestamp(ms / 1000, UTC)
 
 
 def updated_request(result: TurnResult) -> dict[str, Any] | None:

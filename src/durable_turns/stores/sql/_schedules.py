@@ -16,14 +16,15 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
-from typing import Any, Protocol, TypeVar
+from functools import cached_property
+from typing import Any, Protocol, TypeVar, cast
 
 from ...messages import encode_json
 from ...schedules import Schedule
 from ._connection import Connection
 from .schema import Syntax
 
-__all__ = ["ScheduleStatements", "SqlScheduleBook", "millis"]
+__all__ = ["KeepsSchedules", "ScheduleStatements", "SqlScheduleBook", "millis"]
 
 T = TypeVar("T")
 
@@ -211,3 +212,13 @@ class SqlScheduleBook:
     async def next_due(self, agents: Sequence[str] | None = None) -> datetime | None:
         """``ScheduleBook.next_due``."""
         return await self._store.read(lambda c: self._st.next_due(c, agents))
+
+
+class KeepsSchedules:
+    """What a SQL store has of schedules (``SqlStore`` is one): :attr:`schedules`."""
+
+    @cached_property
+    def schedules(self) -> SqlScheduleBook:
+        """Its schedules (``SessionQueries.schedules``, F24), in its ``schedules`` table."""
+        syntax: Syntax = cast(Any, self).dialect.syntax
+        return SqlScheduleBook(cast(_Runs, self), syntax)

@@ -44,10 +44,11 @@ from ...records import (
     decode_while_parked,
     encode_entry,
 )
-from ..kit import Writes, check_enqueue, supersede_reason, updated_request
+from ..kit import Writes, check_enqueue, supersede_reason, timers_of, updated_request
 from ._connection import Connection, first
 from ._filters import visible_where
 from ._log import LOOKED_UP, events_of, row_of, steps_of
+from ._timers import TimerStatements
 from .schema import OPEN as _OPEN
 from .schema import Syntax
 
@@ -128,6 +129,7 @@ class Statements:
         lock = " FOR UPDATE" if syntax.lock_rows else ""
         self.q = q
         """Rewrites a statement's ``?`` placeholders for the dialect."""
+        self.timers = TimerStatements(syntax)
         self._lookup_hint = syntax.lookup_hint
         self._contains = syntax.contains
         self._sid = q("SELECT sid FROM sessions WHERE agent = ? AND session = ?")
@@ -270,9 +272,10 @@ class Statements:
                                                step, memo, events, sid, epoch)) == 1
 
     def flush(self, c: Connection, sid: int, gen: int, first: int, w: Writes, *,
-              seq: int) -> None:
+              seq: int, key: SessionKey) -> None:
         """Write a transaction's buffered writes (messages numbered from ``first``; ``seq``:
-        the session's newest event seq before them): one log row, the chain's updates."""
+        the session's newest event seq before them): one log row, the chain's updates, the
+        timers a park arms."""
         if w.messages or w.steps or w.events:
             n, turn_id, body, step, memo, events = row_of(w.messages, w.steps, w.events, first)
             if w.events:
@@ -284,6 +287,8 @@ class Statements:
         for turn_id, r in w.turns.items():
             c.changes(self._update_turn, (r.status.value, r.text, r.error, r.reason,
                                           _dump(updated_request(r)), sid, turn_id))
+            for timer in timers_of(key, r):
+                self.timers.arm_new(c, sid, timer)
         for turn_id, name, value in w.data:
             self._merge_data(c, sid, turn_id, name, value, only_new=False)
         if w.turns and not w.new_generation:

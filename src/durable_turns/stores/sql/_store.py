@@ -15,17 +15,17 @@ The write path, once for every dialect:
 - **a step's commit** (:class:`SqlTransaction`): the fencing check, one log row and the
   chain's updates, in one transaction; where statements are serialised, the common step (a
   log row and nothing else) is one fenced statement;
-- **local tools** (:meth:`SqlTransaction.run_local`): the step's link runs each inside the
-  step's transaction, which the first one begins and the commit ends; a tool that raises
-  has its writes undone, and one that ends the transaction through the raw handle fails the
-  turn (:func:`tool_ended_transaction`);
-- **cancel, turn data, settled deliveries**: one transaction (or statement) each, no lease.
+- **local tools** (:meth:`SqlTransaction.run_local`): the step's link runs each in the step's
+  transaction, which the first begins and the commit ends; a tool that raises has its writes
+  undone, one that ends it through the raw handle fails the turn (:func:`tool_ended_transaction`);
+- **cancel, turn data, settled deliveries, timers**: a transaction (or statement) each.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Protocol, TypeVar
 
 from ...errors import FatalToolError, LeaseLostError, StoreError
@@ -41,7 +41,7 @@ from ...records import (
     StepRecord,
     Visibility,
 )
-from .. import StoreCapabilities, Watcher
+from .. import StoreCapabilities, Timer, Watcher
 from .._feed import Feed, Subscription
 from .._signals import Signals
 from ..kit import BufferedTransaction, LeaseCounters
@@ -49,7 +49,7 @@ from ..live import LiveRelay, LiveWire
 from ._cancels import Cancels
 from ._history import fork as write_fork
 from ._reads import SqlReads
-from ._schedules import SqlScheduleBook
+from ._schedules import KeepsSchedules
 from ._statements import Statements
 from .schema import Syntax
 
@@ -252,7 +252,7 @@ class Dialect(Protocol):
         ...
 
 
-class SqlStore:
+class SqlStore(KeepsSchedules):
     """A session store on a SQL database: the ``SessionStore`` seam over a :class:`Dialect`.
 
     Args:
@@ -269,12 +269,9 @@ class SqlStore:
         """The store's event feed (its dialect's wake-ups tell it)."""
         wire = dialect.live
         self.relay = None if wire is None else LiveRelay(wire, self.feed.live)
-        """What carries this store's live events to other processes (``None``: no other
-        process shares the storage)."""
+        """What carries its live events to other processes (``None``: none shares the storage)."""
         self.cancels = Cancels(self)
         """Its cancels: written at once, never behind a running step (``sql._cancels``)."""
-        self.schedules = SqlScheduleBook(self, dialect.syntax)
-        """Its schedules (``SessionQueries.schedules``, F24)."""
 
     def _listen(self) -> None:
         self.dialect.listen(self.feed)
@@ -432,6 +429,21 @@ class SqlStore:
         for plan in plans:
             self.feed.changed(plan.dst)
 
+    # -- wake-ups (F24): ``TurnStore.arm_timer`` and the three after it, in ``sql._timers``
+    async def arm_timer(self, timer: Timer) -> None:
+        await self.statement(lambda c: self.statements.timers.arm(c, timer))
+
+    async def next_timer(self, agents: Collection[str]) -> datetime | None:
+        return await self.read(lambda c: self.statements.timers.next_due(c, agents))
+
+    async def claim_timers(self, agents: Collection[str], now: datetime, *, limit: int = 100,
+                           hold: float = 30.0) -> list[Timer]:
+        return await self.transact(
+            lambda c: self.statements.timers.claim(c, agents, now, limit, hold))
+
+    async def drop_timer(self, timer: Timer) -> None:
+        await self.statement(lambda c: self.statements.timers.drop(c, timer))
+
     # -- the feed --------------------------------------------------------------------------
 
     def subscribe(self, key: SessionKey, after_seq: int | None = None, *,
@@ -574,7 +586,8 @@ class SqlTransaction(BufferedTransaction):
             return st.append(c, lease.sid, lease.epoch, lease.generation, self.first_index(), w)
         if not st.holds(c, lease.sid, lease.epoch):
             return False
-        st.flush(c, lease.sid, lease.generation, self.first_index(), w, seq=lease.last_seq)
+        st.flush(c, lease.sid, lease.generation, self.first_index(), w, seq=lease.last_seq,
+                 key=lease.key)
         return True
 
 

@@ -11,6 +11,8 @@ row's columns)::
                                   -- one append-only row per step
     log_transcript (sid, gen, n, seq, body)
                                   -- the log's messages again, many per row
+    timers   (sid, id, due, kind, turn_id, input_id, claimed_until)
+                                  -- wake-ups: a sleep's end, a deadline, a reminder
     schedules (name, agent, next_fire, claimed_until, claimed_by, body)
                                   -- F24's schedules (``sql._schedules``)
 
@@ -175,6 +177,15 @@ TABLES: tuple[Table, ...] = (
         Column("seq", "bigint", not_null=True),
         Column("body", "text", not_null=True),
     ), key=("sid", "gen", "n")),
+    Table("timers", (
+        Column("sid", "bigint", not_null=True),
+        Column("id", "text", not_null=True),
+        Column("due", "bigint", not_null=True),
+        Column("kind", "text", not_null=True),
+        Column("turn_id", "text", not_null=True),
+        Column("input_id", "text", not_null=True),
+        Column("claimed_until", "bigint"),
+    ), key=("sid", "id")),
     Table("schedules", (
         Column("name", "text", not_null=True),
         Column("agent", "text", not_null=True),
@@ -191,6 +202,7 @@ INDEXES: tuple[Index, ...] = (
     Index("log_lookup", "log", "sid, gen, step", LOOKED_UP),
     # Only the entries whose delivery is owed: settling one takes it out of the index.
     Index("turns_owed", "turns", "deliver, ordinal", "deliver IS NOT NULL"),
+    Index("timers_due", "timers", "due"),
     # Only the schedules that will fire again, by their next time (a claim's scan).
     Index("schedules_due", "schedules", "next_fire", "next_fire IS NOT NULL"),
 )
@@ -229,6 +241,9 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(5, columns=("turns.deliver",), indexes=("turns_owed",)),
     # 6: the principal that owns a session (sessions made before it have none).
     Migration(6, columns=("sessions.owner",)),
+    # 7: wake-ups (F24): a sleep's end, a request's deadline and reminders, one row each
+    # (``due`` and ``claimed_until`` in milliseconds since the epoch).
+    Migration(7, tables=("timers",), indexes=("timers_due",)),
     # 8: schedules (F24): each a row, its next fire time and the claim of the worker firing
     # it (``sql._schedules``).
     Migration(8, tables=("schedules",), indexes=("schedules_due",)),
