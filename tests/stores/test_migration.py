@@ -85,9 +85,10 @@ async def test_sqlite_version_2_opens_reads_and_goes_on(tmp_path: Path) -> None:
     await _goes_on(SqliteStore(db), SqliteStore(db))
     c = sqlite3.connect(db)
     try:
-        assert c.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 6
+        assert c.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 8
         tables = {r[0] for r in c.execute("SELECT name FROM sqlite_master WHERE type='table'")}
         assert "log" in tables and not tables & {"messages", "steps", "events"}
+        assert {"timers", "schedules"} <= tables  # versions 7 and 8 (F24)
     finally:
         c.close()
 
