@@ -10,6 +10,8 @@ from datetime import UTC, datetime, timedelta
 from ..schedules import Schedule
 from ..stores import SessionStore
 
+__all__ = ["check_due_schedules_are_claimed_once", "check_schedules_are_stored_and_read_back"]
+
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
