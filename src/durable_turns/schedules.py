@@ -252,7 +252,10 @@ class Schedule:
                 nxt = self.after(now)
                 break
         latest = times[-1]
-        on_time = len(times) == 1 and now - latest <= MISSED_AFTER
+        # Late counts from when it could first have fired: an ``at`` already past when it
+        # was defined fires at once, on time.
+        since = max(latest, self.start) if self.start is not None else latest
+        on_time = len(times) == 1 and now - since <= MISSED_AFTER
         if on_time or self.missed == "run_once":
             return latest, nxt, times[:-1]
         if now - latest <= MISSED_AFTER:  # the earlier ones were missed; this one is on time

@@ -67,11 +67,21 @@ async def turns_of(r: Runtime, key: SessionKey = KEY) -> list[tuple[str, str]]:
     return [(e.turn_id, e.status.value) for e in await r.store.entries(key)]
 
 
-async def advance(r: Runtime, clock: ManualClock, seconds: float) -> None:
-    """Move the clock and wait (real time, bounded) for the loop to look at the new time."""
+async def caught_up(r: Runtime, clock: ManualClock) -> None:
+    """Wait (real time, bounded) until the clock loop fired every schedule due at the clock's
+    time: each one's next fire is later (it moves on once its fire's turn is stored), one
+    look at a time (a look after the last change comes)."""
     looks = r.clock_loop.looks
+    async with asyncio.timeout(10):
+        while any(s.next_fire is not None and s.next_fire <= clock.now()
+                  for s in await r.schedules()):
+            looks = await r.clock_loop.looked(looks)
+
+
+async def advance(r: Runtime, clock: ManualClock, seconds: float) -> None:
+    """Move the clock and wait until the loop fired what became due."""
     clock.advance(seconds)
-    await r.clock_loop.looked(looks)
+    await caught_up(r, clock)
 
 
 async def test_bad_input_is_a_clear_error_and_stores_nothing(rt: Runtime) -> None:
@@ -149,6 +159,16 @@ async def test_an_at_schedule_fires_once(rt: Runtime, clock: ManualClock) -> Non
     assert len(await turns_of(rt, SessionKey("ops", "schedule:once"))) == 1
 
 
+async def test_an_at_already_past_when_defined_fires_at_once(rt: Runtime,
+                                                           clock: ManualClock) -> None:
+    past = T0 - timedelta(days=3)
+    await rt.schedule("late", agent="ops", seed="Late", at=past)  # missed="skip" (default)
+    await caught_up(rt, clock)  # the new schedule had the loop look again
+    result = await rt.wait(SessionKey("ops", "schedule:late"), fire_turn_id("late", past),
+                           timeout=10)
+    assert result.status.value == "completed"
+
+
 @pytest.mark.parametrize("overlap", ["skip", "queue", "replace"])
 async def test_overlap_with_a_turn_still_running(overlap: str, clock: ManualClock) -> None:
     gate = Gate()
@@ -185,7 +205,7 @@ async def test_missed_after_a_downtime_covering_three_fire_times(
         await r.schedule("report", agent="ops", seed="Report", every=60, missed=missed)
     clock.advance(200)  # no process runs at 08:01, 08:02, 08:03
     async with runtime(SqliteStore(db), clock) as r:
-        await r.clock_loop.looked(0)
+        await caught_up(r, clock)
         (s,) = await r.schedules()
         assert s.next_fire == T0 + timedelta(seconds=240)
         if missed == "run_once":

@@ -3,7 +3,6 @@ their next fire times and the turns they started, each a link to its session."""
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import pytest
@@ -21,15 +20,13 @@ pytestmark = pytest.mark.skipif(not CHROMIUM.exists(),
 async def test_the_schedules_page_lists_next_fires_and_turns(tmp_path: Path) -> None:
     async with console([Agent("desk", "You help.", model=TestModel())]) as c:
         now = c.rt.clock.now().replace(microsecond=0)
-        # Due now: the runtime's clock loop fires it at once.
+        # Due now: the new schedule has the runtime's clock loop look, and fire it.
+        looks = c.rt.clock_loop.looks
         await c.rt.schedule("hello", agent="desk", seed="Say hello", at=now)
+        await c.rt.clock_loop.looked(looks)
         hourly = await c.rt.schedule("hourly", agent="desk", seed="Check", every=3600)
         turn = fire_turn_id("hello", now)
-        key = c.rt.key("desk", "schedule:hello")
-        async with asyncio.timeout(WAIT):  # the clock loop was poked by the new schedule
-            while not await c.rt.store.entries(key, turn_id=turn):
-                await c.rt.clock_loop.looked(c.rt.clock_loop.looks)
-        await c.rt.wait(key, turn, timeout=WAIT)
+        await c.rt.wait(c.rt.key("desk", "schedule:hello"), turn, timeout=WAIT)
         ctx = await c.context()
         page = await c.page(ctx, "ann", "#/schedules")
         hello = page.locator("tr[data-schedule=hello]")

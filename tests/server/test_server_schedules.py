@@ -4,6 +4,7 @@ a message, nothing stored."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -56,7 +57,9 @@ async def test_add_list_fire_and_remove(client: tuple[Runtime, httpx.AsyncClient
     assert r.json()["next_fire"] == (T0 + timedelta(seconds=60)).isoformat()
     looks = rt.clock_loop.looks
     clock.advance(60)
-    await rt.clock_loop.looked(looks)
+    async with asyncio.timeout(WAIT):  # until the loop fired it (the schedule moved on)
+        while (await rt.schedules())[0].next_fire == T0 + timedelta(seconds=60):
+            looks = await rt.clock_loop.looked(looks)
     turn = fire_turn_id("digest", T0 + timedelta(seconds=60))
     assert (await rt.wait(rt.key("desk", "schedule:digest"), turn, timeout=WAIT)).status.value \
         == "completed"
