@@ -3,14 +3,37 @@ app folder's agent.py (checked at load, stored by ``worker``/``serve``)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
+from durable_turns import SqliteStore
 from durable_turns._loader import load_app
 from durable_turns.cli import main
 from durable_turns.errors import ConfigurationError
+from durable_turns.records import SessionKey
+from durable_turns.schedules import fire_turn_id
+
+WAIT = 60.0
+T = TypeVar("T")
+
+
+async def read(db: Path, what: Callable[[SqliteStore], Awaitable[T]]) -> T:
+    store = SqliteStore(db)
+    await store.open()
+    try:
+        return await what(store)
+    finally:
+        await store.close()
 
 
 def app(tmp_path: Path, agent_py: str = "") -> Path:
@@ -79,3 +102,40 @@ def test_agent_py_schedules_are_checked_at_load(tmp_path: Path, agent_py: str,
     with pytest.raises(ConfigurationError, match=message) as caught:
         load_app(folder)
     assert "agent.py" in str(caught.value)
+
+
+async def test_worker_stores_and_fires_the_app_folder_s_schedules(tmp_path: Path) -> None:
+    """``durable-turns worker`` (a real process) stores agent.py's schedules as it starts and
+    its clock fires them: an ``at`` already past fires at once, once."""
+    folder = app(tmp_path, (
+        "from durable_turns import ModelReply, scripted\n"
+        "model = scripted(lambda _request: ModelReply('digest posted'))\n"
+        'schedules = [{"name": "digest", "seed": "Post the digest", '
+        '"at": "2026-01-01T09:00:00+00:00"}]\n'))
+    db = tmp_path / "store.db"
+    key = SessionKey("ops", "schedule:digest")
+    turn = fire_turn_id("digest", datetime(2026, 1, 1, 9, tzinfo=UTC))
+    with (tmp_path / "stderr").open("wb") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "durable_turns.cli", "worker",
+                                 str(folder), "--store", str(db), "--poll-interval", "0.05"],
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=err)
+    try:
+        deadline = time.monotonic() + WAIT
+        while True:  # the worker's writes, read from the same file
+            assert proc.poll() is None, (tmp_path / "stderr").read_text()
+            assert time.monotonic() < deadline, "timed out waiting for the worker's fire"
+            if db.exists():
+                found = await read(db, lambda store: store.entries(key, turn_id=turn))
+                if found and found[0].status.final:
+                    break
+            await asyncio.sleep(0.05)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=WAIT)
+    assert proc.returncode == 130, (tmp_path / "stderr").read_text()
+    (entry,) = await read(db, lambda store: store.entries(key))
+    (stored,) = await read(db, lambda store: store.schedules.all())
+    assert (entry.turn_id, entry.status.value, entry.text) == (turn, "completed",
+                                                               "digest posted")
+    assert stored.next_fire is None and stored.last_turn == turn
