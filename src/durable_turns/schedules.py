@@ -31,6 +31,7 @@ from .clock import utc
 from .errors import DurableTurnsError
 
 __all__ = [
+    "MAX_EVERY",
     "MISSED",
     "MISSED_AFTER",
     "OVERLAP",
@@ -56,6 +57,9 @@ MISSED: tuple[str, ...] = ("skip", "run_once")
 MISSED_AFTER = timedelta(seconds=10)
 """A fire found later than this after its time, or with a later time of the schedule also
 due, was *missed* (a downtime): ``missed`` decides whether it runs."""
+
+MAX_EVERY = 10 * 366 * 86400
+"""The longest ``every``, in seconds (ten years)."""
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 
@@ -98,10 +102,10 @@ def _cron_after(expr: str, tz: str, after: datetime) -> datetime | None:
     try:
         it = CronSim(expr, local)
         nxt = next(it)
-    except CronSimError as e:
-        raise ScheduleError(f"cron {expr!r} does not parse: {e}") from e
     except StopIteration:
         return None
+    except (CronSimError, ValueError, LookupError, OverflowError) as e:
+        raise ScheduleError(f"cron {expr!r} does not parse: {e}") from e
     return utc(nxt)
 
 
@@ -181,8 +185,9 @@ class Schedule:
             every = every.total_seconds()
         if every is not None:
             if isinstance(every, bool) or not isinstance(every, (int, float)) \
-                    or not math.isfinite(every) or every < 1:
-                raise ScheduleError(f"every must be a number of seconds >= 1, not {every!r}")
+                    or not math.isfinite(every) or not 1 <= every <= MAX_EVERY:
+                raise ScheduleError(f"every must be a number of seconds from 1 to {MAX_EVERY} "
+                                    f"(ten years), not {every!r}")
             every = float(every)
         if isinstance(at, str):
             try:
@@ -194,7 +199,10 @@ class Schedule:
                 raise ScheduleError(f"at must be a datetime, not {at!r}")
             if at.tzinfo is None:
                 at = at.replace(tzinfo=ZoneInfo(tz))
-            at = utc(at).replace(microsecond=0)
+            try:
+                at = utc(at).replace(microsecond=0)
+            except OverflowError as e:
+                raise ScheduleError(f"at={at.isoformat()} is out of range") from e
         if cron is not None and not isinstance(cron, str):
             raise ScheduleError(f"cron must be a string, not {cron!r}")
         if target is not None and not isinstance(target, Mapping):

@@ -86,10 +86,13 @@ async def test_add_list_fire_and_remove(client: tuple[Runtime, httpx.AsyncClient
 
 
 @pytest.mark.parametrize(("body", "status", "message"), [
-    ({"name": "x", "seed": "go", "every": 60, "cron": "* * * * *"}, 400, "exactly one of"),
-    ({"name": "x", "seed": "go", "cron": "not a cron"}, 400, "does not parse"),
-    ({"name": "x", "seed": "go", "cron": "0 9 * * *", "tz": "Atlantis/Capital"}, 400,
+    ({"name": "x", "seed": "go", "every": 60, "cron": "* * * * *"}, 422, "exactly one of"),
+    ({"name": "x", "seed": "go"}, 422, "exactly one of"),
+    ({"name": "x", "seed": "go", "cron": "not a cron"}, 422, "does not parse"),
+    ({"name": "x", "seed": "go", "cron": "0 9 * * *", "tz": "Atlantis/Capital"}, 422,
      "unknown time zone"),
+    ({"name": "x", "seed": "go", "at": "0001-01-01T00:00:00+14:00"}, 422, "out of range"),
+    ({"name": "x", "seed": "go", "every": 2.5e16}, 400, "every"),
     ({"name": "x", "seed": "go", "every": 60, "overlap": "sometimes"}, 400, "overlap"),
     ({"name": "x", "seed": "go", "every": 60, "colour": "red"}, 400, "colour"),
     ({"name": "x y", "seed": "go", "every": 60}, 400, "name"),

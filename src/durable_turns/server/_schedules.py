@@ -18,7 +18,8 @@ from starlette.routing import BaseRoute, Route
 
 from ..access import decide
 from ..runtime import Runtime
-from ..schedules import Schedule, UnknownScheduleError
+from .._input_limits import HttpError
+from ..schedules import MAX_EVERY, Schedule, ScheduleError, UnknownScheduleError
 from ._guard import Guard
 from ._http import read_body
 
@@ -32,7 +33,7 @@ class ScheduleBody(BaseModel):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
     seed: str = Field(min_length=1, max_length=100_000)
     cron: str | None = Field(default=None, max_length=200)
-    every: float | None = Field(default=None, ge=1)
+    every: float | None = Field(default=None, ge=1, le=MAX_EVERY)
     at: str | None = Field(default=None, max_length=64,
                            description="an ISO 8601 time (with its zone)")
     tz: str = Field(default="UTC", max_length=64)
@@ -70,7 +71,10 @@ def schedule_routes(rt: Runtime, guard: Guard) -> list[BaseRoute]:
     async def create(request: Request) -> Response:
         agent = request.path_params["agent"]
         body = await read_body(request, ScheduleBody)
-        s = await rt.schedule(body.name, agent=agent, **body.model_dump(exclude={"name"}))
+        try:
+            s = await rt.schedule(body.name, agent=agent, **body.model_dump(exclude={"name"}))
+        except ScheduleError as e:  # well-formed, but no schedule: as an answer that misfits
+            raise HttpError(422, "InvalidSchedule", str(e)) from None
         return JSONResponse(await shown(request, s), status_code=201)
 
     async def delete(request: Request) -> Response:
@@ -85,11 +89,14 @@ def schedule_routes(rt: Runtime, guard: Guard) -> list[BaseRoute]:
         await rt.unschedule(name)
         return Response(status_code=204)
 
+    listed = guard(listing)
+    created = guard(create, "schedule", body=ScheduleBody, claim=True, session=_session)
+
+    async def schedules(request: Request) -> Response:  # one route: its Allow names both
+        return await (created if request.method == "POST" else listed)(request)
+
     return [
-        Route("/agents/{agent}/schedules", guard(listing), methods=["GET"]),
-        Route("/agents/{agent}/schedules", guard(create, "schedule", body=ScheduleBody,
-                                                 claim=True, session=_session),
-              methods=["POST"]),
+        Route("/agents/{agent}/schedules", schedules, methods=["GET", "POST"]),
         Route("/agents/{agent}/schedules/{name}", guard(delete), methods=["DELETE"]),
     ]
 
