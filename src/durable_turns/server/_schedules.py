@@ -10,6 +10,7 @@ owns); ``GET`` lists the schedules whose session the caller may ``read``.
 from __future__ import annotations
 
 from typing import Any, Literal
+from zoneinfo import available_timezones
 
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import Request
@@ -26,17 +27,28 @@ from ._http import read_body
 __all__ = ["ScheduleBody", "schedule_paths", "schedule_routes"]
 
 
-class ScheduleBody(BaseModel):
-    """``POST /agents/{agent}/schedules``: ``Runtime.schedule``'s arguments."""
+def _one_of_when() -> list[dict[str, Any]]:
+    kinds = {"cron": {"type": "string"}, "every": {"type": "number"},
+             "at": {"type": "string", "format": "date-time"}}
+    return [{"required": [k], "properties": {o: kinds[o] if o == k else {"type": "null"}
+                                             for o in kinds}} for k in kinds]
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+
+class ScheduleBody(BaseModel):
+    """``POST /agents/{agent}/schedules``: ``Runtime.schedule``'s arguments (exactly one of
+    ``cron``, ``every``, ``at``)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True,
+                              json_schema_extra={"oneOf": _one_of_when()})
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
     seed: str = Field(min_length=1, max_length=100_000)
     cron: str | None = Field(default=None, max_length=200)
     every: float | None = Field(default=None, ge=1, le=MAX_EVERY)
     at: str | None = Field(default=None, max_length=64,
-                           description="an ISO 8601 time (with its zone)")
-    tz: str = Field(default="UTC", max_length=64)
+                           description="an ISO 8601 time (with its zone)",
+                           json_schema_extra={"format": "date-time"})
+    tz: str = Field(default="UTC", max_length=64, description="an IANA time zone",
+                    json_schema_extra={"enum": sorted(available_timezones() | {"UTC"})})
     session: str | None = Field(default=None, min_length=1, max_length=200)
     channel: str | None = Field(default=None, min_length=1, max_length=64)
     target: dict[str, Any] | None = None
