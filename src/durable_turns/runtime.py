@@ -59,6 +59,9 @@ log = logging.getLogger("durable_turns")
 
 TRANSCRIPT_CACHE = 64
 """How many recent sessions' transcripts a runtime keeps, so a step never re-reads history."""
+PARKS_HEARD_AFTER = 0.1
+"""Seconds after a change heard from another process that the clock loop looks for wake-ups
+(the changes of that while are one look)."""
 
 
 class Runtime:
@@ -204,8 +207,9 @@ class Runtime:
         if self._unwatch_parks is not None:
             self._unwatch_parks()
             self._unwatch_parks = None
-        await self.clock_loop.stop()
+        self.clock_loop.halt()  # (at once: the sessions' steps stop where they are)
         await self.scheduler.close()
+        await self.clock_loop.stop()
         for driver in list(self._drivers.values()):
             self._let_go(driver)
         if self._opened:
@@ -584,8 +588,9 @@ class Runtime:
                 log.exception("event sink failed on %s", e.type)
 
     def _parks_changed(self, events: list[TurnEvent] | None) -> None:
-        if events is None or any(e.type in ("input.requested", "turn.sleeping")
-                                 for e in events):
+        if events is None:  # another process's commit (a worker's park?): one look for many
+            self.clock_loop.poke(after=PARKS_HEARD_AFTER)
+        elif any(e.type in ("input.requested", "turn.sleeping") for e in events):
             self.clock_loop.poke()
 
     def _wants_live(self, key: SessionKey) -> bool:
@@ -596,4 +601,4 @@ class Runtime:
         self._publish([event])
 
 
-__all__ = ["TRANSCRIPT_CACHE", "Runtime"]
+__all__ = ["PARKS_HEARD_AFTER", "TRANSCRIPT_CACHE", "Runtime"]

@@ -50,6 +50,7 @@ from durable_turns import (
 )
 from durable_turns._demo.brain import ops_model
 from durable_turns._demo.refunds import ensure_refunds_schema, read_refunds, refund_tool
+from durable_turns.clock import Clock, ManualClock
 from durable_turns.models import ModelEvent, ModelRequest
 from durable_turns.models.scripted import calls_this_turn
 from durable_turns.server import create_app
@@ -180,9 +181,10 @@ async def shot(page: Page, name: str) -> None:
 
 @asynccontextmanager
 async def console(agents: list[Agent], store: SessionStore | None = None,
-                  authenticate: Any = None, **options: Any) -> AsyncIterator[Console]:
+                  authenticate: Any = None, clock: Clock | None = None,
+                  **options: Any) -> AsyncIterator[Console]:
     """The agents served (``create_app(…, **options)``) to a Chromium of the test's own."""
-    rt = Runtime(agents, store or MemoryStore())
+    rt = Runtime(agents, store or MemoryStore(), clock=clock)
     async with rt, serving(create_app(rt, authenticate, **options)) as url, \
             async_playwright() as p:
         browser = await p.chromium.launch(executable_path=str(CHROMIUM))
@@ -652,3 +654,54 @@ async def test_two_calls_parked_at_once_are_two_cards_answered_one_by_one() -> N
             "the turn completed. Both answered: a: yes, b: no.")
         await shot(page, "14-inbox-both-answered")
     assert c.errors == []
+
+
+@tool
+async def timed_refund(ctx: ToolContext) -> dict[str, Any]:
+    """Refund once approved; unanswered for an hour, it is not."""
+    ok = await ctx.request_input("approve", "Refund order 9?", schema={"type": "boolean"},
+                                 timeout=3600, default=False, remind_every=1200)
+    return {"refunded": ok}
+
+
+@tool
+async def nap(ctx: ToolContext) -> str:
+    """Sleep an hour."""
+    await ctx.sleep(3600)
+    return "rested"
+
+
+def _timed_model(request: ModelRequest) -> ModelReply:
+    if calls_this_turn(request) > 0:
+        return ModelReply("Done.")
+    opening = next(m for m in reversed(request.messages) if m.is_opening)
+    name = "nap" if opening.text == "nap" else "timed_refund"
+    return ModelReply("", [ToolCall("c1", name, {})])
+
+
+async def test_the_inbox_shows_a_deadline_and_its_reminders_and_no_sleep() -> None:
+    """F24: a request with a deadline shows when it ends and what it answers then, and its
+    reminders; a sleeping turn is parked too but is no card (only the clock answers it)."""
+    clock = ManualClock()
+    agent = Agent("timed", "", [timed_refund, nap], model=scripted(_timed_model))
+    async with console([agent], clock=clock) as c:
+        napping = c.rt.session("timed", "n1")
+        await napping.start("nap", turn_id="n")
+        asking = c.rt.session("timed", "a1")
+        await asking.start("refund 9", turn_id="a")
+        for s, turn in ((napping, "n"), (asking, "a")):
+            assert (await s.result(turn)).status == "suspended"
+        page = await c.page(await c.context(), "alice", "#/inbox")
+        await expect(page.locator("#inbox-count")).to_have_text("1")
+        card = page.locator(".card.request")
+        await expect(card).to_have_count(1)
+        await expect(card.locator(".prompt")).to_have_text("Refund order 9?")
+        await expect(card.locator(".deadline")).to_contain_text("else: false")
+        await expect(card.locator(".deadline")).to_contain_text("reminded every 20 min")
+        await shot(page, "31-inbox-deadline")
+        clock.advance(3600)  # the deadline: the card's request is gone
+        await expect(card.locator(".gone")).to_contain_text("No longer waiting", timeout=15_000)
+        done = await asking.result("a")
+        assert done.text == "Done."
+    assert c.errors == []
+

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ from ..events import (
     ActionCompleted,
     ActionInDoubt,
     ActionRequested,
+    InputReminder,
     InputRequested,
     MessageCompleted,
     MessageDelta,
@@ -41,6 +43,7 @@ from ..events import (
     TurnCompleted,
     TurnEvent,
     TurnFailed,
+    TurnSleeping,
     TurnStarted,
 )
 from ..inbound import InboundEvent
@@ -238,7 +241,19 @@ class ThreadReply:
                                                                                request)
             self.seq = e.seq
             await self._save()
-            return True
+            # A request the clock answers or reminds of (F24): the reply follows on, to
+            # post the reminders and what the turn does after its deadline.
+            return not any(r.expires or r.remind_every for r in e.request.all)
+        elif isinstance(e, InputReminder):
+            # Asked again: its buttons posted again, the newest prompt the one answered.
+            request = dataclasses.replace(e.request, more=())
+            self.prompts[request.id] = await self.platform.post_prompt(self.thread, request)
+            self.seq = e.seq
+            await self._save()
+        elif isinstance(e, TurnSleeping):
+            await self._finish(e)  # the reply goes on once the clock wakes the turn
+            self.seq = e.seq
+            await self._save()
         elif isinstance(e, TURN_ENDS):
             await self._finish(e)
             self.seq = e.seq

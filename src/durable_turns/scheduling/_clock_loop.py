@@ -24,6 +24,8 @@ log = logging.getLogger("durable_turns")
 LOOK_EVERY = 30.0
 """Seconds (on the clock) between the loop's looks when no source names an earlier time: what
 another process armed without this one hearing of it is found within this."""
+STOP_WAIT = 5.0
+"""Seconds ``stop`` waits for a look under way before it cancels it."""
 RETRY_AFTER = 1.0
 """Seconds (on the clock) before a source that failed is asked again."""
 
@@ -80,6 +82,8 @@ class ClockLoop:
         self._task: asyncio.Task[None] | None = None
         self._looks = 0
         self._looked = asyncio.Event()
+        self._stopping = False
+        self._later: asyncio.TimerHandle | None = None
 
     def add(self, source: DueSource) -> Callable[[], None]:
         """Register ``source`` (also while running: it is asked at once).
@@ -100,10 +104,19 @@ class ClockLoop:
         """The registered sources, in registration order."""
         return tuple(self._sources)
 
-    def poke(self) -> None:
-        """Look again now: something may have become due earlier than the loop waits for
-        (a wake-up was armed). Safe to call from the event loop's thread at any time."""
-        self._poked.set()
+    def poke(self, *, after: float = 0.0) -> None:
+        """Look again: something may have become due earlier than the loop waits for (a
+        wake-up was armed). ``after``: in that many seconds (real time), pokes meanwhile
+        coalesced into that one (a change heard from another process, which may be one of
+        many). Call it on the event loop's thread."""
+        if after <= 0:
+            self._poked.set()
+            return
+        if self._later is None:
+            def now() -> None:
+                self._later = None
+                self._poked.set()
+            self._later = asyncio.get_running_loop().call_later(after, now)
 
     @property
     def running(self) -> bool:
@@ -115,13 +128,34 @@ class ClockLoop:
         if not self.running:
             self._task = asyncio.create_task(self._run(), name="durable-turns clock loop")
 
+    def halt(self) -> None:
+        """Tell the loop to stop, without waiting (it looks no more; a look under way ends);
+        :meth:`stop` waits for it."""
+        if self._later is not None:
+            self._later.cancel()
+            self._later = None
+        if self._task is not None:
+            # Told through its interrupt rather than cancelled: a clock's wait ends as the
+            # protocol says it does, whatever its implementation makes of a cancel (on
+            # Python 3.11, asyncio.wait_for can keep a cancelled waiter waiting).
+            self._stopping = True
+            self._poked.set()
+
     async def stop(self) -> None:
-        """Stop the loop's task and wait for it."""
+        """Stop the loop's task and wait for it (a look under way ends first)."""
+        self.halt()
         task, self._task = self._task, None
-        if task is not None:
+        if task is None:
+            return
+        try:
+            async with asyncio.timeout(STOP_WAIT):
+                await asyncio.shield(task)
+        except TimeoutError:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        finally:
+            self._stopping = False
 
     async def looked(self, after: int, *, timeout: float = 10.0) -> int:
         """Wait (real time, at most ``timeout`` s) until the loop finished look number
@@ -162,13 +196,15 @@ class ClockLoop:
         return soonest
 
     async def _run(self) -> None:
-        while True:
+        while not self._stopping:
             self._poked.clear()
             soonest = await self.look()
             self._looks += 1
             self._looked.set()
             latest = self.clock.now() + timedelta(seconds=self.look_every)
             until = latest if soonest is None or soonest > latest else soonest
+            if self._stopping:
+                return
             if until <= self.clock.now():
                 await asyncio.sleep(0)  # due again already: let the fired work start
                 continue

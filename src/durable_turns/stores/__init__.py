@@ -436,9 +436,10 @@ class TurnStore(Protocol):
         a reminder or a sleep arms its timers itself, in the park's transaction."""
         ...
 
-    async def next_timer(self, agents: Collection[str]) -> datetime | None:
-        """The earliest time one of these agents' timers is due, or its claim ends if it is
-        claimed (``None``: no timer)."""
+    async def next_timer(self, agents: Collection[str], *,
+                         key: SessionKey | None = None) -> datetime | None:
+        """The earliest time one of these agents' timers (of session ``key`` only, if
+        given) is due, or its claim ends if it is claimed (``None``: no timer)."""
         ...
 
     async def claim_timers(self, agents: Collection[str], now: datetime, *, limit: int = 100,

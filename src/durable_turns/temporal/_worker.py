@@ -40,12 +40,15 @@ from ..agent import Agent
 from ..engine._driver import ChainState
 from ..engine._model_step import BACKOFF_CAP
 from ..errors import RetryStep
+from ..records import SessionKey
 from ..runtime import Runtime
+from ..scheduling import StoreWakeups
 from ..tools import RETRY_BACKOFF_CAP
 from ._client import TASK_QUEUE
 from ._workflow import (
     ACTIVITY,
     BACKOFF,
+    FIRE,
     PLAN,
     SessionWorkflow,
     StepInput,
@@ -175,7 +178,21 @@ class StepActivity:
             with contextlib.suppress(asyncio.CancelledError):
                 await beat
         agent = self.runtime.agents[key.agent]
-        return StepOutcome(state.more, state.parked, step_options(agent, state, self.settings))
+        return StepOutcome(state.more, state.parked, step_options(agent, state, self.settings),
+                           await self._wake_at(key) if state.parked else None)
+
+    @activity.defn(name=FIRE)
+    async def fire(self, req: StepInput) -> float:
+        """Fire the wake-ups due now (``scheduling.StoreWakeups``: each is claimed once and
+        accepted as a command, which signals its session's workflow); returns when the
+        session's next one is due (Unix seconds; 0: it has none)."""
+        key = self.runtime.key(req.agent, req.session)
+        await StoreWakeups(self.runtime).fire_due(self.runtime.clock.now())
+        return await self._wake_at(key) or 0.0
+
+    async def _wake_at(self, key: SessionKey) -> float | None:
+        due = await self.runtime.store.next_timer([key.agent], key=key)
+        return None if due is None else due.timestamp()
 
     @activity.defn(name=PLAN)
     async def plan(self, req: StepInput) -> StepOptions:
@@ -230,7 +247,7 @@ def temporal_worker(runtime: Runtime, client: Client,
     acts = StepActivity(runtime, settings, client)
     return Worker(
         client, task_queue=settings.task_queue, workflows=[SessionWorkflow],
-        activities=[acts.step, acts.plan, acts.backoff],
+        activities=[acts.step, acts.plan, acts.backoff, acts.fire],
         max_concurrent_activities=settings.max_steps,
         sticky_queue_schedule_to_start_timeout=timedelta(seconds=settings.sticky_timeout),
         workflow_runner=UnsandboxedWorkflowRunner(),

@@ -49,6 +49,10 @@ ACTIVITY = "durable_turns.step"
 PLAN = "durable_turns.plan"
 """A local activity: how to schedule the session's next step, from the store's chain (after
 a wake, before a step no earlier step's outcome described)."""
+FIRE = "durable_turns.fire"
+"""An activity: fire the wake-ups that are due (a parked session's workflow runs it when its
+timer ends: a sleep's end, a deadline, a reminder); returns when the session's next one is
+due (Unix seconds; 0: none)."""
 BACKOFF = "durable_turns.backoff"
 """A local activity: the attempt the session's step waits to run, if it waits out a retry's
 backoff (0 if it runs or is not retried)."""
@@ -140,6 +144,9 @@ class StepOutcome:
     more: bool
     parked: bool
     options: StepOptions = field(default_factory=StepOptions)
+    wake_at: float | None = None
+    """While parked: when the session's next wake-up is due (Unix seconds; F24), which the
+    workflow waits for with a timer of its own."""
 
 
 @workflow.defn(name=WORKFLOW)
@@ -166,14 +173,24 @@ class SessionWorkflow:
         """
         self._woken = self._woken or start.woken
         options, parked, steps, known = start.options, False, 0, start.known
+        wake_at: float | None = None
         while True:
             if not self._woken:
-                # Parked: wait for the answer (or a cancel) as long as it takes; idle: a
-                # while, then end (the next wake starts the workflow again).
+                # Parked: wait for the answer (or a cancel) as long as it takes, or until
+                # its next wake-up (a workflow timer: F24); idle: a while, then end (the
+                # next wake starts the workflow again).
+                timeout: float | None = None if parked else start.idle
+                if parked and wake_at is not None:
+                    timeout = max(wake_at - workflow.now().timestamp(), 0.0)
                 try:
-                    await workflow.wait_condition(
-                        lambda: self._woken, timeout=None if parked else start.idle)
+                    await workflow.wait_condition(lambda: self._woken, timeout=timeout)
                 except TimeoutError:
+                    if not self._woken and parked and wake_at is not None:
+                        # Fired as a command of the session, which wakes this workflow.
+                        later = await self._fire(start)
+                        floor = workflow.now().timestamp() + 1.0  # never a busy loop
+                        wake_at = None if later is None else max(later, floor)
+                        continue
                     if not self._woken:
                         return "idle"
             if steps >= start.steps_per_run or workflow.info().is_continue_as_new_suggested():
@@ -187,7 +204,19 @@ class SessionWorkflow:
             out = await self._step(start, options)
             steps += 1
             options, parked, known = out.options, out.parked, out.more
+            wake_at = out.wake_at
             self._woken = self._woken or out.more
+
+    async def _fire(self, start: SessionStart) -> float | None:
+        """Fire the wake-ups due now (an activity); the session's next one, if any."""
+        try:
+            later: float = await workflow.execute_activity(
+                FIRE, StepInput(start.agent, start.session), result_type=float,
+                start_to_close_timeout=timedelta(seconds=60),
+                retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=10)))
+            return later if later > 0 else None
+        except ActivityError:
+            return workflow.now().timestamp() + 10.0
 
     async def _plan(self, start: SessionStart, options: StepOptions) -> StepOptions:
         """The next step's options, read from the store by a local activity (its retry
@@ -259,6 +288,7 @@ class SessionWorkflow:
 __all__ = [
     "ACTIVITY",
     "BACKOFF",
+    "FIRE",
     "NON_RETRYABLE",
     "PLAN",
     "STEPS_PER_RUN",

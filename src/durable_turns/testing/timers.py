@@ -63,3 +63,6 @@ async def check_due_timers_are_claimed_once(store: SessionStore) -> None:
     assert len(held) == 4 and moved.id not in {t.id for t in held if t.key == moved.key}
     assert [(t.key, t.id) for t in await store.claim_timers([KEY.agent], _at(100))] == [
         (moved.key, moved.id)]
+
+
+__all__ = ["T0", "check_a_park_arms_its_timers", "check_due_timers_are_claimed_once"]

@@ -133,10 +133,25 @@
     const lists = await Promise.all(app.agents.map(async (a) => {
       const got = await api(`/agents/${enc(a.agent)}/pending`);
       // A parallel batch may park on several calls at once (F15): each is its own card.
+      // A sleep (F24) is parked too, but only the clock answers it: not a card.
       return got.pending.flatMap((p) => [p.request, ...(p.request.more || [])]
+        .filter((request) => !request.sleep)
         .map((request) => ({ agent: a.agent, ...p, request })));
     }));
     return lists.flat();
+  }
+
+  // A request's deadline and reminders (F24), in words: empty for one that has neither.
+  function deadlineOf(request) {
+    const parts = [];
+    if (request.expires) {
+      parts.push(`Answer by ${new Date(request.expires).toLocaleString()}, else: ` +
+        JSON.stringify(request.default === undefined ? null : request.default));
+    }
+    if (request.remind_every) {
+      parts.push(`reminded every ${Math.round(request.remind_every / 60)} min`);
+    }
+    return parts.join("; ");
   }
 
   async function updateCount() {
@@ -171,6 +186,7 @@
             text: `${it.agent} / ${it.session}` })),
           el("div", { class: "prompt", text: it.request.prompt }),
           el("div", { class: "muted answerers", text: whoMay(it.request.answerers) }),
+          el("div", { class: "muted deadline", text: deadlineOf(it.request) }),
           el("div", { class: "gone" }), form);
         cards.set(key, { card, form });
         list.append(card);
@@ -372,9 +388,9 @@
       s.es = new EventSource(`${base}/events?after=${after}`);
       const durable = ["turn.started", "message.completed", "message.steered",
         "action.requested", "action.completed", "action.in_doubt", "input.requested", "turn.completed",
-        "turn.failed", "turn.cancelled"];
+        "turn.failed", "turn.cancelled", "input.reminder", "input.expired", "turn.sleeping"];
       const inbox = new Set(["input.requested", "turn.completed", "turn.failed",
-        "turn.cancelled"]);
+        "turn.cancelled", "input.reminder", "input.expired"]);
       for (const type of durable) {
         s.es.addEventListener(type, (ev) => {
           const e = JSON.parse(ev.data);

@@ -9,9 +9,8 @@ how its leases work and how the store hears of other processes' commits.
 
 The write path, once for every dialect:
 
-- **accept** (:meth:`SqlStore.enqueue`): a transaction that applies the chain's rules; where
-  statements are serialised (``Syntax.serialised``), the common accept (a plain turn of a
-  known session) is one statement first;
+- **accept** (:meth:`SqlStore.enqueue`): a transaction that applies the chain's rules; the
+  common accept (a plain turn of a known session) one statement where they are serialised;
 - **a step's commit** (:class:`SqlTransaction`): the fencing check, one log row and the
   chain's updates, in one transaction; where statements are serialised, the common step (a
   log row and nothing else) is one fenced statement;
@@ -433,13 +432,14 @@ class SqlStore(KeepsSchedules):
     async def arm_timer(self, timer: Timer) -> None:
         await self.statement(lambda c: self.statements.timers.arm(c, timer))
 
-    async def next_timer(self, agents: Collection[str]) -> datetime | None:
-        return await self.read(lambda c: self.statements.timers.next_due(c, agents))
+    async def next_timer(self, agents: Collection[str], *, key: SessionKey | None = None
+                         ) -> datetime | None:
+        return await self.read(lambda c: self.statements.timers.next_due(c, agents, key))
 
     async def claim_timers(self, agents: Collection[str], now: datetime, *, limit: int = 100,
                            hold: float = 30.0) -> list[Timer]:
-        return await self.transact(
-            lambda c: self.statements.timers.claim(c, agents, now, limit, hold))
+        return await self.transact(lambda c: self.statements.timers.claim(c, agents, now,
+                                                                          limit, hold))
 
     async def drop_timer(self, timer: Timer) -> None:
         await self.statement(lambda c: self.statements.timers.drop(c, timer))

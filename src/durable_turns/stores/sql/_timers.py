@@ -60,13 +60,16 @@ class TimerStatements:
         c.changes(self._arm, (timer.id, millis(timer.due), timer.kind, timer.turn_id,
                               timer.input_id, timer.key.agent, timer.key.session))
 
-    def next_due(self, c: Connection, agents: Collection[str]) -> datetime | None:
+    def next_due(self, c: Connection, agents: Collection[str],
+                 key: SessionKey | None = None) -> datetime | None:
         """``TurnStore.next_timer``."""
         if not agents:
             return None
+        one = "" if key is None else self._q(" AND s.agent = ? AND s.session = ?")
         row = first(c.rows(
             "SELECT min(coalesce(t.claimed_until, t.due)) FROM timers t JOIN sessions s "
-            f"ON s.sid = t.sid WHERE {self._agents(agents)}", tuple(agents)))
+            f"ON s.sid = t.sid WHERE {self._agents(agents)}{one}",
+            (*agents, *(() if key is None else (key.agent, key.session)))))
         return None if row is None or row[0] is None else from_millis(int(row[0]))
 
     def claim(self, c: Connection, agents: Collection[str], now: datetime, limit: int,
