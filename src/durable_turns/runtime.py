@@ -165,13 +165,12 @@ class Runtime:
         self.clock_loop = ClockLoop(self.clock)
         """Waits on :attr:`clock` for the next due thing of its sources and has them fire
         (:class:`~durable_turns.scheduling.DueSource`; ``clock_loop.add(source)`` plugs one
-        in). Started by :meth:`open` when this runtime steps sessions here; its sources are
-        the store's wake-ups (sleeps, deadlines, reminders of this runtime's agents) and
-        :attr:`fires`."""
+        in). Started by :meth:`open` when this runtime steps sessions here; its first source is
+        the store's wake-ups (sleeps, deadlines, reminders of this runtime's agents)."""
         self.clock_loop.add(StoreWakeups(self))
         self._unwatch_parks: Callable[[], None] | None = None
         self.fires = ScheduleFires(self, self.clock, changed=self.clock_loop.poke)
-        """Its store's schedules (F24)."""
+        """Its store's schedules (F24): the clock loop's second source."""
         self.clock_loop.add(self.fires)
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -287,13 +286,10 @@ class Runtime:
         """Wait until this runtime steps no session (for tests and orderly shutdown)."""
         await self.scheduler.wait_idle()
 
-    # -- schedules (F24: durable_turns.schedule_fires) --------------------------------------
-
     async def schedule(self, name: str, *, agent: str, seed: str, **spec: Any) -> Schedule:
-        """Store a schedule (``spec``: :meth:`~durable_turns.schedules.Schedule.define`'s
-        ``cron``/``every``/``at``, ``tz``, ``session``, ``channel``, ``target``, ``by``,
-        ``overlap``, ``missed``): each of its times starts a proactive turn whose id is the
-        schedule's and the time's. Raises ``ScheduleError`` on bad input."""
+        """Store a schedule (F24; ``spec``: ``Schedule.define``'s ``cron``/``every``/``at``,
+        ``tz``, ``session``, ``channel``, ``target``, ``by``, ``overlap``, ``missed``): each time
+        starts a turn whose id is the schedule's and the time's; ``ScheduleError`` if bad."""
         return await self.fires.define(name, agent=agent, seed=seed, **spec)
 
     async def unschedule(self, name: str) -> None:

@@ -12,26 +12,30 @@ from __future__ import annotations
 from typing import Any, Literal
 from zoneinfo import available_timezones
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, JsonValue
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
+from .._input_limits import HttpError
 from ..access import decide
 from ..runtime import Runtime
-from .._input_limits import HttpError
 from ..schedules import MAX_EVERY, Schedule, ScheduleError, UnknownScheduleError
 from ._guard import Guard
 from ._http import read_body
 
-__all__ = ["ScheduleBody", "schedule_paths", "schedule_routes"]
+__all__ = ["ZONES", "ScheduleBody", "schedule_paths", "schedule_routes"]
 
 
-def _one_of_when() -> list[dict[str, Any]]:
-    kinds = {"cron": {"type": "string"}, "every": {"type": "number"},
-             "at": {"type": "string", "format": "date-time"}}
+def _one_of_when() -> list[JsonValue]:
+    kinds: dict[str, JsonValue] = {"cron": {"type": "string"}, "every": {"type": "number"},
+                                   "at": {"type": "string", "format": "date-time"}}
     return [{"required": [k], "properties": {o: kinds[o] if o == k else {"type": "null"}
                                              for o in kinds}} for k in kinds]
+
+
+ZONES: list[JsonValue] = [*sorted(available_timezones() | {"UTC"})]
+"""The time zones the body's ``tz`` may name (as its schema says)."""
 
 
 class ScheduleBody(BaseModel):
@@ -48,7 +52,7 @@ class ScheduleBody(BaseModel):
                            description="an ISO 8601 time (with its zone)",
                            json_schema_extra={"format": "date-time"})
     tz: str = Field(default="UTC", max_length=64, description="an IANA time zone",
-                    json_schema_extra={"enum": sorted(available_timezones() | {"UTC"})})
+                    json_schema_extra={"enum": ZONES})
     session: str | None = Field(default=None, min_length=1, max_length=200)
     channel: str | None = Field(default=None, min_length=1, max_length=64)
     target: dict[str, Any] | None = None
