@@ -25,12 +25,11 @@ import argparse
 import asyncio
 import json
 import sys
-from collections.abc import Coroutine, Sequence
+from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-from .._loader import App
 from ..agent import check_surfaces
 from ..channels._registry import channel_from_env
 from ..commands import COMMANDS, Registry
@@ -291,7 +290,13 @@ def _serving(args: argparse.Namespace) -> int:
             f"serves them too); {DEV_MODE_HINT}")
     agent = app.agent.name
 
+    storing: list[asyncio.Task[Any]] = []
+
     def listening(at: Listening) -> None:
+        if app.schedules:  # agent.py's, once it serves (the port bound, the store open)
+            storing.append(asyncio.get_running_loop().create_task(
+                put_app_schedules(runtime, app)))
+            storing[-1].add_done_callback(_schedules_stored)
         where = f"{at.url}/agents/{agent}/sessions" if api else at.url
         print(f"serving agent {agent!r} at {where} (store {named}{drives}); SIGTERM or "
               "Ctrl-C stops", flush=True)
@@ -304,21 +309,15 @@ def _serving(args: argparse.Namespace) -> int:
         print(auth, flush=True)
 
     with asyncio.Runner(loop_factory=loop_factory()) as runner:  # uvloop, as uvicorn
-        runner.run(_with_schedules(runtime, app, serve(
-            runtime, host=args.host, port=args.port, on_listening=listening,
-            authenticate=authenticate, channels=channels, api=api)))
+        runner.run(serve(runtime, host=args.host, port=args.port, on_listening=listening,
+                         authenticate=authenticate, channels=channels, api=api))
     return 0
 
 
-async def _with_schedules(runtime: Runtime, app: App, serving: Coroutine[Any, Any, None]
-                          ) -> None:
-    try:
-        await runtime.open()  # (the server's lifespan finds it open)
-        await put_app_schedules(runtime, app)
-    except BaseException:
-        serving.close()
-        raise
-    await serving
+def _schedules_stored(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        print(f"{PROG} serve: agent.py's schedules were not stored: {task.exception()}",
+              file=sys.stderr, flush=True)
 
 
 # -- receive ---------------------------------------------------------------------------------
