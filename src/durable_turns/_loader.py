@@ -7,8 +7,9 @@
       instructions.slack.md    the overlay for turns whose event source is "slack"
                                (appended; a ``surfaces`` entry in agent.py may change that)
       agent.py                 name, surfaces, authorize_answer, model, mcp_servers,
-                               authenticate, channels (all optional; ``authenticate`` and
-                               ``channels`` are for ``serve`` and ``receive``)
+                               authenticate, channels, schedules (all optional;
+                               ``authenticate`` and ``channels`` are for ``serve`` and
+                               ``receive``)
       tools/*.py               one Tool per module: a @tool function or `tool = Tool(…)`
 
 Every mistake is an assembly error (:class:`~durable_turns.errors.ConfigurationError`) that
@@ -25,6 +26,12 @@ are read when the folder is loaded.
 ``channels`` in ``agent.py`` maps a channel's name to a factory, ``factory(env) -> Channel``
 (:data:`durable_turns.channels.ChannelFactory`): ``durable-turns serve --channel NAME`` and
 ``receive --channel NAME`` find the app's own channels there before the built-in ones.
+
+``schedules`` in ``agent.py`` is a list of schedules (F24), each a mapping of
+``Runtime.schedule``'s arguments (``name``, ``seed``, one of ``cron``/``every``/``at``, and
+``tz``, ``session``, ``channel``, ``target``, ``by``, ``overlap``, ``missed``) for the app's
+agent: ``serve`` and ``worker`` store them when they start (the same definition keeps its
+times).
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ from typing import Any
 
 from .agent import Agent, SurfacePolicy
 from .errors import ConfigurationError
+from .schedules import Schedule, ScheduleError
 from .tools import Tool
 
 
@@ -97,6 +105,9 @@ class App:
     channels: Mapping[str, Callable[..., Any]] = field(default_factory=dict)
     """agent.py's ``channels``: the app's own channels by name, each a factory
     ``factory(env) -> Channel`` (``durable_turns.channels.channel_from_env(…, factories=…)``)."""
+    schedules: tuple[Mapping[str, Any], ...] = ()
+    """agent.py's ``schedules``: each ``Runtime.schedule``'s keyword arguments (checked), its
+    ``agent`` the app's."""
 
 
 def load_agent(path: str | Path) -> Agent:
@@ -171,7 +182,33 @@ def load_app(path: str | Path) -> App:
         surfaces=surfaces,
         authorize_answer=settings.get("authorize_answer"),
     )
-    return App(agent, authenticate, dict(channels))
+    return App(agent, authenticate, dict(channels),
+               _schedules(settings.get("schedules"), agent.name, root / "agent.py"))
+
+
+def _schedules(declared: Any, agent: str, where: Path) -> tuple[Mapping[str, Any], ...]:
+    if declared is None:
+        return ()
+    if isinstance(declared, str | Mapping) or not isinstance(declared, list | tuple):
+        raise ConfigurationError(f"{where}: schedules must be a list of mappings")
+    out: list[Mapping[str, Any]] = []
+    for n, entry in enumerate(declared):
+        if not isinstance(entry, Mapping) or not isinstance(entry.get("name"), str):
+            raise ConfigurationError(f"{where}: schedules[{n}] must be a mapping with a name")
+        spec = {k: v for k, v in entry.items() if k != "agent"}
+        if entry.get("agent", agent) != agent:
+            raise ConfigurationError(f"{where}: schedules[{n}] names agent "
+                                     f"{entry['agent']!r}; the app's agent is {agent!r}")
+        try:
+            Schedule.define(agent=agent, **spec)
+        except (ScheduleError, TypeError) as e:
+            raise ConfigurationError(f"{where}: schedules[{n}] ({entry['name']!r}): {e}"
+                                     ) from None
+        out.append({**spec, "agent": agent})
+    names = [s["name"] for s in out]
+    if len(set(names)) != len(names):
+        raise ConfigurationError(f"{where}: two schedules share a name")
+    return tuple(out)
 
 
 def load_callable(spec: str) -> Callable[..., Any]:

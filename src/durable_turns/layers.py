@@ -33,8 +33,8 @@ LAYERS: tuple[Layer, ...] = (
     Layer(
         "records",
         "plain data, and errors that carry their ids",
-        ("errors", "clock", "messages", "_compact_memo", "_step_records", "records", "events",
-         "history", "inbound"),
+        ("errors", "clock", "schedules", "messages", "_compact_memo", "_step_records",
+         "records", "events", "history", "inbound"),
     ),
     Layer(
         "tools",
@@ -60,6 +60,7 @@ LAYERS: tuple[Layer, ...] = (
         "driver), commands, subagents, forks, the schedulers that have steps run, queries "
         "for hosts, AgentSession (a façade), Runtime, replay",
         ("engine", "commands", "subagents", "_forks", "scheduling", "_queries", "sessions",
+         "schedule_fires",
          "_grants", "runtime", "replay"),
     ),
     Layer(

@@ -15,8 +15,8 @@ host) is built on it:
 
 A crash loses nothing: an accepted entry is in the store before ``accept`` returns, and
 ``Runtime.recover()`` (or a redelivery of the turn id) wakes the scheduler again; the next
-step replays from the transcript. Nothing per session stays in memory once its steps end,
-except a bounded cache of recent transcripts.
+step replays from the transcript. Nothing per session stays in memory once its steps end
+but a bounded cache of recent transcripts.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import dataclasses
 import logging
 import os
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from ._queries import Queries
 from .agent import Agent
@@ -49,6 +50,8 @@ from .errors import (
 from .events import EventSink, TurnEvent
 from .model import Model
 from .records import ChainEntry, NewEntry, SessionKey, TurnResult
+from .schedule_fires import ScheduleFires
+from .schedules import Schedule
 from .scheduling import ClockLoop, InProcessScheduler, Scheduler, StoreWakeups
 from .sessions import AgentSession
 from .stores import Lease, SessionStore, Subscription
@@ -161,11 +164,14 @@ class Runtime:
         """When and where the sessions' steps run."""
         self.scheduler.attach(self)
         self.clock_loop = ClockLoop(self.clock)
-        """Waits on :attr:`clock` for the next due thing of its sources and has them fire
-        (:class:`~durable_turns.scheduling.DueSource`; ``clock_loop.add(source)`` plugs one
-        in). Started by :meth:`open` when this runtime steps sessions here; its first source is
-        the store's wake-ups (sleeps, deadlines, reminders of this runtime's agents)."""
+        """Waits on :attr:`clock` for its sources' next due time and has them fire
+        (:class:`~durable_turns.scheduling.DueSource`, plugged in by ``clock_loop.add``);
+        started by :meth:`open` when this runtime steps sessions here. Its sources: the
+        store's wake-ups (sleeps, deadlines, reminders) and :attr:`fires`."""
+        self.fires = ScheduleFires(self, self.clock, changed=self.clock_loop.poke)
+        """Its store's schedules (F24)."""
         self.clock_loop.add(StoreWakeups(self))
+        self.clock_loop.add(self.fires)
         self._unwatch_parks: Callable[[], None] | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -281,6 +287,19 @@ class Runtime:
         """Wait until this runtime steps no session (for tests and orderly shutdown)."""
         await self.scheduler.wait_idle()
 
+    async def schedule(self, name: str, *, agent: str, seed: str, **spec: Any) -> Schedule:
+        """Store a schedule (F24; ``spec`` as ``Schedule.define`` takes it): each fire starts a
+        turn whose id is the schedule's and the time's; ``ScheduleError`` if bad."""
+        return await self.fires.define(name, agent=agent, seed=seed, **spec)
+
+    async def unschedule(self, name: str) -> None:
+        """Delete a schedule (its turns stay); ``UnknownScheduleError`` if there is none."""
+        await self.fires.remove(name)
+
+    async def schedules(self, agent: str | None = None) -> list[Schedule]:
+        """The store's schedules (of ``agent``), by name, each with its next fire."""
+        return await self.fires.all(agent)
+
     # -- the public API the sessions, channels and hosts use -------------------------------
 
     async def accept(self, key: SessionKey, entry: NewEntry) -> tuple[ChainEntry, bool]:
@@ -347,13 +366,8 @@ class Runtime:
                 wake.set_result(None)
 
         def on_change(events: list[TurnEvent] | None) -> None:
-            if events is None:
+            if events is None or any(e.turn_id == turn_id and e.ends_turn for e in events):
                 rouse()
-                return
-            for e in events:
-                if e.turn_id == turn_id and e.ends_turn:
-                    rouse()
-                    return
 
         unwatch = self.store.watch(key, on_change)
         done: asyncio.Future[TurnResult | None] = loop.create_future()

@@ -31,8 +31,10 @@ from durable_turns import (
     tool,
 )
 from durable_turns.channels import Channel, channel_from_env, receive
+from durable_turns.clock import Clock, ManualClock
 from durable_turns.models import ModelRequest
 from durable_turns.models.scripted import calls_this_turn
+from durable_turns.schedules import fire_turn_id
 from durable_turns.server import create_app
 from fakes.serving import serving
 from fakes.toychat_api import SECRET, TOKEN, Post, ToyChatFake
@@ -70,11 +72,11 @@ def brain(request: ModelRequest) -> ModelReply:
 
 
 @asynccontextmanager
-async def hosted(fake: ToyChatFake, api: str, db: Path) -> AsyncIterator[tuple[Runtime,
-                                                                                ToyChat]]:
+async def hosted(fake: ToyChatFake, api: str, db: Path, clock: Clock | None = None
+                 ) -> AsyncIterator[tuple[Runtime, ToyChat]]:
     """The app of a runtime on ``db`` with the ToyChat channel, served with its lifespan."""
     runtime = Runtime([Agent("desk", "You help.", tools=[refund, approve_digest])], SqliteStore(db),
-                      scripted(brain, chunks=3))
+                      scripted(brain, chunks=3), clock=clock)
     env = {"TOYCHAT_API": api, "TOYCHAT_TOKEN": TOKEN, "TOYCHAT_SECRET": SECRET}
     channel = channel_from_env("toychat", env, factories={"toychat": toychat_from_env})
     assert isinstance(channel, ToyChat) and isinstance(channel, Channel)
@@ -163,3 +165,21 @@ async def test_a_turn_nobody_on_the_platform_started_is_posted_and_its_prompt_an
         assert prompt.text == "Send the digest? (approved by ann)" and done.id != prompt.id
         result = await rt.session("desk", "proactive:cron:daily").result("digest-1")
         assert result.status == "completed" and result.text == "Digest sent."
+
+
+async def test_a_schedule_with_a_channel_is_delivered_through_it(tmp_path: Path) -> None:
+    """F24: a schedule's fire (the runtime's clock moved by hand) is posted by the channel it
+    names, to its target, as ``receive`` does."""
+    fake = ToyChatFake()
+    clock = ManualClock()
+    async with serving(fake.app) as api, hosted(fake, api, tmp_path / "s.db",
+                                                clock=clock) as (rt, _ch):
+        await rt.schedule("hello", agent="desk", seed="good morning", every=3600,
+                          channel="toychat", target={"room": "ops"})
+        clock.advance(3600)  # due: the clock loop fires it, the channel posts it
+        posted = await fake.wait(lambda: next((p for p in fake.thread("ops", "main")
+                                               if not p.streaming), None), "the post")
+        assert posted.text == "You said: good morning"
+        turn = fire_turn_id("hello", clock.now())
+        result = await rt.session("desk", "schedule:hello").result(turn)
+        assert result.status == "completed"

@@ -212,8 +212,8 @@ async def test_approve_refuses_another_app_s_database_and_creates_nothing(tmp_pa
     before = tables(ops)
     refused(cli("demo", "approve", "--db", str(ops), "--turn", "t"), "demo approve",
             "not one the demo made")
-    assert tables(ops) == before == ["log", "log_transcript", "orders", "sessions", "timers",
-                                           "turns"]
+    assert tables(ops) == before == ["log", "log_transcript", "orders", "schedules", "sessions",
+                                           "timers", "turns"]
 
 
 async def test_approve_on_postgresql(pg_dsn: str) -> None:

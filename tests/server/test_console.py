@@ -203,7 +203,8 @@ async def check_public(c: Console) -> None:
     async with httpx.AsyncClient(base_url=c.url, timeout=WAIT, headers=headers) as client:
         spec = (await client.get("/openapi.json")).json()
     routes = [re.compile("^" + re.sub(r"\{[^/]+\}", "[^/]+", p) + "$") for p in spec["paths"]]
-    files = {f"/console/{name}" for name in ("kit.js", "timetravel.js", "app.js", "app.css")}
+    files = {f"/console/{name}" for name in ("kit.js", "timetravel.js", "schedules.js", "app.js",
+                                               "app.css")}
     private = [p for p in c.paths
                if p.split("?")[0] not in files and not any(r.match(p.split("?")[0])
                                                             for r in routes)]

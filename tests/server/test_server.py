@@ -456,6 +456,7 @@ async def test_openapi_describes_every_route(host: Host) -> None:
     base = "/agents/{agent}/sessions/{session}"
     assert set(doc["paths"]) == {
         "/", "/agents", "/agents/{agent}/sessions", "/agents/{agent}/pending", base,
+        "/agents/{agent}/schedules", "/agents/{agent}/schedules/{name}",
         *(f"{base}/{r}" for r in ("turn", "chat", "resume", "cancel", "reset", "retry", "events",
                                   "timeline", "history", "fork", "replay"))}
     assert "text" in doc["components"]["schemas"]["TurnBody"]["properties"]

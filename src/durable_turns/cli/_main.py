@@ -28,6 +28,7 @@ import sys
 from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+from typing import Any
 
 from ..agent import check_surfaces
 from ..channels._registry import channel_from_env
@@ -56,6 +57,7 @@ from ._args import (
 from ._demo import add_demo_commands
 from ._new import add_new_command
 from ._reload import reload_serving
+from ._schedules import add_schedules_command, put_app_schedules
 from ._sessions import (
     add_replay_command,
     add_session_commands,
@@ -161,6 +163,7 @@ def build_parser(registry: Registry = COMMANDS) -> argparse.ArgumentParser:
     add_session_commands(sessions, run_action=_sessions, run_retry=_sessions_retry,
                          commands=registry)
     add_replay_command(commands, run=_replay)
+    add_schedules_command(commands)
 
     work = commands.add_parser(
         "worker", help="drive an app's queued turns from a shared store, until interrupted",
@@ -231,11 +234,13 @@ def _worker(args: argparse.Namespace) -> int:
 
 
 async def _work(args: argparse.Namespace) -> int:
-    agent = agent_of(args)
+    app = load(app_dir(args), args.model)
+    agent = app.agent
     make, named = store_of(args, create=True, lease_ttl=args.lease_ttl)
     scheduler = ClaimingScheduler(poll_interval=args.poll_interval,
                                   max_sessions=args.max_sessions)
-    async with Runtime([agent], make(), scheduler=scheduler):
+    async with Runtime([agent], make(), scheduler=scheduler) as runtime:
+        await put_app_schedules(runtime, app)  # and its clock fires every schedule
         print(f"worker of agent {agent.name!r} on {named}: driving queued turns", flush=True)
         await scheduler.run()
     return 0
@@ -285,7 +290,13 @@ def _serving(args: argparse.Namespace) -> int:
             f"serves them too); {DEV_MODE_HINT}")
     agent = app.agent.name
 
+    storing: list[asyncio.Task[Any]] = []
+
     def listening(at: Listening) -> None:
+        if app.schedules:  # agent.py's, once it serves (the port bound, the store open)
+            storing.append(asyncio.get_running_loop().create_task(
+                put_app_schedules(runtime, app)))
+            storing[-1].add_done_callback(_schedules_stored)
         where = f"{at.url}/agents/{agent}/sessions" if api else at.url
         print(f"serving agent {agent!r} at {where} (store {named}{drives}); SIGTERM or "
               "Ctrl-C stops", flush=True)
@@ -301,6 +312,12 @@ def _serving(args: argparse.Namespace) -> int:
         runner.run(serve(runtime, host=args.host, port=args.port, on_listening=listening,
                          authenticate=authenticate, channels=channels, api=api))
     return 0
+
+
+def _schedules_stored(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        print(f"{PROG} serve: agent.py's schedules were not stored: {task.exception()}",
+              file=sys.stderr, flush=True)
 
 
 # -- receive ---------------------------------------------------------------------------------

@@ -47,6 +47,7 @@ from ._idempotency import HEADER, idempotent, open_keyed
 from ._lifespan import GRACE, host_lifespan
 from ._mounts import ProtocolSeam
 from ._openapi import openapi
+from ._schedules import ScheduleBody, schedule_paths, schedule_routes
 from ._timeline import last_activity
 from ._timetravel import BODIES as TIME_TRAVEL_BODIES
 from ._timetravel import timetravel_routes
@@ -225,6 +226,7 @@ class _Host:
                                                  claim=c.route.claims), methods=["POST"])
               for c in self.rt.commands if c.route is not None),
             Route(f"{base}/events", g(self.events, "read"), methods=["GET"]),
+            *schedule_routes(self.rt, g),
             *timetravel_routes(self.rt, g, self.replay_models, self.by),
             *console_routes(self.rt, g, self.authenticate is None, list(self.replay_models)),
         ]
@@ -283,6 +285,8 @@ class _Host:
         doc = openapi(bodies(self.rt.commands), sorted(self.rt.agents),
                       sorted(self.replay_models), self.rt.commands)
         doc["paths"].update(self.protocols.paths)  # the mounted protocols' routes
+        doc["paths"].update(schedule_paths(sorted(self.rt.agents)))
+        doc["components"]["schemas"]["ScheduleBody"] = ScheduleBody.model_json_schema()
         doc["components"]["schemas"].update(self.protocols.schemas)
         return JSONResponse(doc)
 

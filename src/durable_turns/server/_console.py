@@ -27,6 +27,7 @@ ASSETS = {
     "index.html": "text/html; charset=utf-8",
     "kit.js": "text/javascript; charset=utf-8",
     "timetravel.js": "text/javascript; charset=utf-8",
+    "schedules.js": "text/javascript; charset=utf-8",
     "app.js": "text/javascript; charset=utf-8",
     "app.css": "text/css; charset=utf-8",
 }

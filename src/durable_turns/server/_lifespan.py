@@ -1,12 +1,14 @@
 """The host's lifespan: what an ASGI server runs as the app starts and as it stops.
 
 Starting, it opens the runtime, has its unfinished turns replayed (``Runtime.recover()``
-tells the runtime's scheduler), starts each channel and lets it recover what a stopped process left
-undelivered. Stopping, it ends the open event streams, gives running turns ``grace``
-seconds, stops the channels and closes the runtime. So ``uvicorn module:app`` (or any ASGI
-server that runs lifespans) serves as ``durable-turns serve`` does. The lifespan is what
-opens the runtime: an app driven without one (directly, in a test) serves a runtime its
-caller opened (``async with runtime:``), and answers 500 naming that otherwise.
+tells the runtime's scheduler), starts each channel and lets it recover what a stopped
+process left undelivered; a schedule's fire (F24) whose channel it serves is delivered by
+that channel (it takes up what it owes, as at start). Stopping, it ends the open event
+streams, gives running turns ``grace`` seconds, stops the channels and closes the runtime.
+So ``uvicorn module:app`` (or any ASGI server that runs lifespans) serves as
+``durable-turns serve`` does. The lifespan is what opens the runtime: an app driven without
+one (directly, in a test) serves a runtime its caller opened (``async with runtime:``), and
+answers 500 naming that otherwise.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from typing import Any
 
 from ..channels import Channel
 from ..runtime import Runtime
+from ..schedule_fires import Fired
+from ..schedules import Schedule
 
 log = logging.getLogger("durable_turns.server")
 
@@ -58,6 +62,14 @@ def host_lifespan(runtime: Runtime, channels: Sequence[Channel], end_streams: Ca
                 taken = await ch.recover()
                 if taken:
                     log.warning("channel %s: taking up %d undelivered turn(s)", ch.name, taken)
+            by_name = {ch.name: ch for ch in started}
+
+            async def deliver_fire(schedule: Schedule, fired: Fired) -> None:
+                ch = by_name.get(schedule.channel or "")
+                if ch is not None:
+                    await ch.recover()  # its fire's turn is owed: taken up in the background
+
+            undo = runtime.fires.on_fire(deliver_fire)
         except BaseException as e:
             app.state.lifespan_error = e
             await _stop(runtime, started, grace)
@@ -74,6 +86,7 @@ def host_lifespan(runtime: Runtime, channels: Sequence[Channel], end_streams: Ca
             except TimeoutError:
                 log.warning("turns still running after %ss; they replay on the next start",
                             grace)
+            undo()
             await _stop(runtime, started, grace)
 
     return lifespan

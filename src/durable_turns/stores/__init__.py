@@ -71,6 +71,7 @@ from ..records import (
     TurnResult,
     Visibility,
 )
+from ..schedules import ScheduleBook
 
 T = TypeVar("T")
 
@@ -482,6 +483,11 @@ class SessionQueries(Protocol):
     """What hosts read (the HTTP host, the CLI, channels), and the lease-free writes they
     keep their own state with. Each query is one statement on a SQL store, whatever the number
     of sessions it answers for."""
+
+    @property
+    def schedules(self) -> ScheduleBook:
+        """Its schedules (F24): what ``Runtime.schedule`` stores and its clock fires."""
+        ...
 
     async def session_info(self, key: SessionKey) -> SessionInfo | None:
         """The session's status and generation, or ``None`` for a session never seen."""

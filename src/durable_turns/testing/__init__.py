@@ -15,7 +15,8 @@ the checks of two tiers:
   write read back as written, the chain's rules, generations, workers' claims, turn data,
   the feed and its live events, the queries hosts read (sessions' owners, and what a
   listing shows whom), a session's history and its forks, wake-ups (a park arms its timers,
-  each due one claimed once: F24), and a well-formed declaration of capabilities);
+  each due one claimed once: F24), schedules (stored, claimed once, moved on once: F24),
+  and a well-formed declaration of capabilities);
 - :data:`OPTIONAL`: checks keyed by the capability they need (``store.capabilities``, a
   :class:`~durable_turns.stores.StoreCapabilities`). A store passes the checks of every
   capability it declares, and :func:`run_check` skips the others; a store that declares
@@ -63,7 +64,7 @@ from typing import Any, cast
 
 from ..models._test_model import TestModel, example_input
 from ..stores import SessionStore, StoreCapabilities
-from . import capabilities, chain, history, leases, log, queries, timers
+from . import capabilities, chain, history, leases, log, queries, schedules, timers
 from .capabilities import StoreFactory
 from .helpers import get_turn, step_result
 
@@ -121,6 +122,8 @@ REQUIRED: list[Check] = [
     leases.check_ready_sessions_are_claimed_once,
     timers.check_a_park_arms_its_timers,
     timers.check_due_timers_are_claimed_once,
+    schedules.check_schedules_are_stored_and_read_back,
+    schedules.check_due_schedules_are_claimed_once,
     capabilities.check_capabilities_are_declared,
 ]
 """The checks every store passes."""

@@ -585,6 +585,7 @@
     if (m) page = showSession(decodeURIComponent(m[1]), decodeURIComponent(m[2]));
     else if (r) page = DC.showReplay(view, decodeURIComponent(r[1]), decodeURIComponent(r[2]));
     else if (hash.startsWith("#/inbox")) page = showInbox();
+    else if (hash.startsWith("#/schedules")) page = DC.showSchedules(view);
     else page = showSessions((hash.match(/status=(\w+)/) || [])[1] || "");
     updateCount();
   }

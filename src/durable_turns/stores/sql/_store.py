@@ -49,6 +49,7 @@ from ._cancels import Cancels
 from ._dialect import Grant, StepLink, tool_ended_transaction
 from ._history import fork as write_fork
 from ._reads import SqlReads
+from ._schedules import KeepsSchedules
 from ._statements import Statements
 from .schema import Syntax
 
@@ -191,7 +192,7 @@ class Dialect(Protocol):
         ...
 
 
-class SqlStore:
+class SqlStore(KeepsSchedules):
     """A session store on a SQL database: the ``SessionStore`` seam over a :class:`Dialect`.
 
     Args:
@@ -208,8 +209,7 @@ class SqlStore:
         """The store's event feed (its dialect's wake-ups tell it)."""
         wire = dialect.live
         self.relay = None if wire is None else LiveRelay(wire, self.feed.live)
-        """What carries this store's live events to other processes (``None``: no other
-        process shares the storage)."""
+        """What carries its live events to other processes (``None``: none shares the storage)."""
         self.cancels = Cancels(self)
         """Its cancels: written at once, never behind a running step (``sql._cancels``)."""
         self.accepts = Accepts(self)

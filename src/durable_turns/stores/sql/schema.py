@@ -13,6 +13,8 @@ row's columns)::
                                   -- the log's messages again, many per row
     timers   (sid, id, due, kind, turn_id, input_id, claimed_until)
                                   -- wake-ups: a sleep's end, a deadline, a reminder
+    schedules (name, agent, next_fire, claimed_until, claimed_by, body)
+                                  -- F24's schedules (``sql._schedules``)
 
 A dialect may add columns to ``sessions`` (PostgreSQL's row lease: ``lease_until``,
 ``lease_owner``) and indexes of its own (:class:`Syntax`).
@@ -184,6 +186,14 @@ TABLES: tuple[Table, ...] = (
         Column("input_id", "text", not_null=True),
         Column("claimed_until", "bigint"),
     ), key=("sid", "id")),
+    Table("schedules", (
+        Column("name", "text", not_null=True),
+        Column("agent", "text", not_null=True),
+        Column("next_fire", "bigint"),
+        Column("claimed_until", "bigint"),
+        Column("claimed_by", "text"),
+        Column("body", "text", not_null=True),
+    ), key=("name",)),
 )
 """The tables, as a new database gets them."""
 
@@ -193,6 +203,8 @@ INDEXES: tuple[Index, ...] = (
     # Only the entries whose delivery is owed: settling one takes it out of the index.
     Index("turns_owed", "turns", "deliver, ordinal", "deliver IS NOT NULL"),
     Index("timers_due", "timers", "due"),
+    # Only the schedules that will fire again, by their next time (a claim's scan).
+    Index("schedules_due", "schedules", "next_fire", "next_fire IS NOT NULL"),
 )
 """The indexes every dialect has."""
 
@@ -232,8 +244,11 @@ MIGRATIONS: tuple[Migration, ...] = (
     # 7: wake-ups (F24): a sleep's end, a request's deadline and reminders, one row each
     # (``due`` and ``claimed_until`` in milliseconds since the epoch).
     Migration(7, tables=("timers",), indexes=("timers_due",)),
+    # 8: schedules (F24): each a row, its next fire time and the claim of the worker firing
+    # it (``sql._schedules``).
+    Migration(8, tables=("schedules",), indexes=("schedules_due",)),
     # 9: an owner is an identity qualified by where it was verified (``http:alice``); every
-    # owner before it was an HTTP host's principal. (8 is another change's number.)
+    # owner before it was an HTTP host's principal.
     Migration(9, statements=(
         "UPDATE sessions SET owner = 'http:' || owner WHERE owner IS NOT NULL",)),
 )
