@@ -4,7 +4,7 @@ own: two of them disagree by whatever their pace makes it).
 
     python tests/schedulekit.py DSN WORK TAG END_ISO
 
-It writes ``ready-TAG`` once open and waits for ``go`` (files in WORK); then, until every
+It writes ``ready-TAG`` once open and waits for ``go-TAG`` (files in WORK); then, until every
 fire time up to END is past: it fires what is due at the schedule's next time (or, when
 another worker holds that schedule's claim, at when the claim runs out), printing one line
 per fire it started. The runtime drives nothing (its turns stay queued: the test counts
@@ -32,7 +32,7 @@ async def main(dsn: str, work: Path, tag: str, end: datetime) -> None:
     async with runtime:
         (work / f"ready-{tag}").write_text("")
         deadline = time.monotonic() + TIMEOUT
-        while not (work / "go").exists():
+        while not (work / f"go-{tag}").exists():
             if time.monotonic() > deadline:
                 raise TimeoutError("no go")
             await asyncio.sleep(0.005)

@@ -43,15 +43,19 @@ async def test_two_workers_fire_each_time_once_with_one_killed(pg_dsn: str,
     try:
         for tag, p in zip("ab", procs, strict=True):
             _wait_for(tmp_path / f"ready-{tag}", p)
-        (tmp_path / "go").write_text("")
+        # Worker a fires first; b joins once a has started 5 fires, and a is killed at its
+        # 8th, while both fire (so a's kill lands mid-way whatever the two workers' pace).
+        (tmp_path / "go-a").write_text("")
         victim = procs[0]
         assert victim.stdout is not None
         started = 0
         deadline = time.monotonic() + TIMEOUT
-        while started < 10:  # mid-way through its fires: killed
+        while started < 8:
             line = victim.stdout.readline()
             assert line, f"worker a ended early: {victim.stderr.read() if victim.stderr else ''}"
             started += line.startswith("started")
+            if started == 5 and not (tmp_path / "go-b").exists():
+                (tmp_path / "go-b").write_text("")
             assert time.monotonic() < deadline
         os.kill(victim.pid, signal.SIGKILL)
         victim.wait(TIMEOUT)

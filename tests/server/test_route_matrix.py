@@ -95,7 +95,12 @@ def example(schema: dict[str, Any], depth: int = 0) -> Any:
     for key in ("anyOf", "oneOf"):
         if key in schema:
             options = [o for o in schema[key] if _resolve(o).get("type") != "null"]
-            return example(options[0], depth + 1)
+            chosen = example(options[0], depth + 1)
+            if "properties" not in schema:
+                return chosen
+            # An object's own members, and one of the alternatives it must also take.
+            base = example({k: v for k, v in schema.items() if k != key}, depth + 1)
+            return {**base, **(chosen or {})}
     if "allOf" in schema:
         merged: dict[str, Any] = {}
         for part in schema["allOf"]:
@@ -126,7 +131,7 @@ def request_of(method: str, path: str, who: str) -> tuple[str, dict[str, Any], b
     """``(url, httpx keywords, names a session)`` of a call of the route on the owner's
     session; ``who`` makes a new session's name (a fork's) its own."""
     op = DOC["paths"][path][method.lower()]
-    names_session = "{session}" in path
+    names_session = "{session}" in path or path.endswith("/schedules/{name}")
     url, params = path, {}
     for p in op.get("parameters", []):
         value = SESSION if p["name"] == "session" else "desk" if p["name"] == "agent" \
@@ -140,10 +145,15 @@ def request_of(method: str, path: str, who: str) -> tuple[str, dict[str, Any], b
     kw: dict[str, Any] = {"params": params}
     body = op.get("requestBody")
     if body is not None:
-        data = example(body["content"]["application/json"]["schema"])
-        for name in SESSION_FIELDS:
+        schema = _resolve(body["content"]["application/json"]["schema"])
+        data = example(schema)
+        if "session" in schema.get("properties", {}):  # a schedule's: the owner's session
+            data["session"] = SESSION
+        for name in (*SESSION_FIELDS, "session"):
             if name in data:
                 data[name], names_session = SESSION, True
+        if "cron" in data:
+            data["cron"] = "0 9 * * *"
         if "text" in data:
             data["text"] = "hi"
         if "to" in data:
@@ -159,6 +169,9 @@ async def hosted() -> AsyncIterator[tuple[Runtime, httpx.AsyncClient]]:
         r = await c.post(f"/agents/desk/sessions/{SESSION}/chat", json={"text": "hello"},
                          headers={"Authorization": f"Bearer t-{OWNER}"})
         assert r.json()["status"] == "completed", r.text
+        r = await c.post("/agents/desk/schedules", headers={"Authorization": f"Bearer t-{OWNER}"},
+                         json={"name": "x", "seed": "hi", "every": 3600, "session": SESSION})
+        assert r.status_code == 201, r.text  # the schedule a /schedules/{name} call names
         yield rt, c
         await asyncio.wait_for(rt.idle(), WAIT)
 
@@ -193,7 +206,7 @@ async def test_every_route_for_owner_other_anonymous_and_admin(method: str, path
         r = await call(c, OTHER, method, path)
         if names_session:
             assert r.status_code == 404, (method, path, r.text[:300])
-            assert r.json()["error"]["type"] == "UnknownSession"
+            assert r.json()["error"]["type"] in ("UnknownSession", "UnknownScheduleError")
         else:
             assert r.status_code < 400, (method, path, r.text[:300])
             assert SESSION not in r.text  # a listing shows nothing of hers

@@ -21,7 +21,7 @@ from .._input_limits import HttpError
 from ..access import decide
 from ..runtime import Runtime
 from ..schedules import MAX_EVERY, Schedule, ScheduleError, UnknownScheduleError
-from ._guard import Guard
+from ._guard import SESSION_NAME, Guard
 from ._http import read_body
 
 __all__ = ["ZONES", "ScheduleBody", "schedule_paths", "schedule_routes"]
@@ -53,7 +53,8 @@ class ScheduleBody(BaseModel):
                            json_schema_extra={"format": "date-time"})
     tz: str = Field(default="UTC", max_length=64, description="an IANA time zone",
                     json_schema_extra={"enum": ZONES})
-    session: str | None = Field(default=None, min_length=1, max_length=200)
+    session: str | None = Field(default=None, min_length=1, max_length=200,
+                                json_schema_extra={"pattern": SESSION_NAME})
     channel: str | None = Field(default=None, min_length=1, max_length=64)
     target: dict[str, Any] | None = None
     by: str | None = Field(default=None, min_length=1, max_length=200)
